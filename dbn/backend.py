@@ -1,0 +1,134 @@
+"""One array module for NumPy (CPU) and CuPy (GPU).
+
+The model code calls ``backend.xp`` (numpy or cupy) and the few helpers here, so
+the same maths runs on either device. Arrays stay on the device between steps;
+only ``to_numpy`` brings them back to the host.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+DEVICES = ("cpu", "gpu", "auto")
+DTYPES = ("float32", "float64")
+
+
+class BackendError(RuntimeError):
+    """The requested device or dtype cannot be used on this machine."""
+
+
+def _import_cupy():
+    try:
+        import cupy
+    except ImportError:
+        return None
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return None
+    except Exception:  # no driver, no device: CuPy imports but cannot run
+        return None
+    return cupy
+
+
+def gpu_available() -> bool:
+    """True when CuPy is installed and sees at least one CUDA device."""
+    return _import_cupy() is not None
+
+
+def resolve_device(device: str) -> str:
+    """Turn ``"cpu" | "gpu" | "auto"`` into ``"cpu"`` or ``"gpu"``."""
+    if device not in DEVICES:
+        raise BackendError(f"device must be one of {DEVICES}, got {device!r}")
+    if device == "auto":
+        return "gpu" if gpu_available() else "cpu"
+    if device == "gpu" and not gpu_available():
+        raise BackendError(
+            "device='gpu' needs CuPy and a CUDA device: install the extra "
+            "(pip install 'dbn-yarn[gpu]') on a machine with a GPU, or use device='cpu'"
+        )
+    return device
+
+
+class Backend:
+    """An array module, a dtype and a seeded random stream on one device.
+
+    Parameters
+    ----------
+    device : "cpu", "gpu" or "auto"
+        "auto" picks the GPU when CuPy sees one.
+    dtype : "float32" (default) or "float64"
+        float64 is for gradient checks; training uses float32.
+    seed : int or None
+        Seeds the device's random numbers and the host generator used for
+        shuffling. The same seed gives the same numbers on the same device.
+    """
+
+    def __init__(self, device: str = "auto", dtype: str = "float32", seed: int | None = None):
+        if dtype not in DTYPES:
+            raise BackendError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+        self.device = resolve_device(device)
+        self.dtype = np.dtype(dtype)
+        if self.device == "gpu":
+            import cupy
+
+            self.xp = cupy
+            self._rng = cupy.random.default_rng(seed)
+        else:
+            self.xp = np
+            self._rng = np.random.default_rng(seed)
+        # Shuffling orders are drawn on the host so that both devices visit
+        # minibatches in the same order for the same seed.
+        self.host_rng = np.random.default_rng(seed)
+
+    def __repr__(self) -> str:
+        return f"Backend(device={self.device!r}, dtype={self.dtype.name!r})"
+
+    def asarray(self, x, dtype=None):
+        """Copy ``x`` to the device (no copy when it is already there in ``dtype``)."""
+        return self.xp.asarray(x, dtype=dtype or self.dtype)
+
+    def to_numpy(self, x) -> np.ndarray:
+        """Bring a device array (or scalar) back to the host as NumPy."""
+        if self.device == "gpu":
+            return self.xp.asnumpy(x)
+        return np.asarray(x)
+
+    def empty(self, shape, dtype=None):
+        return self.xp.empty(shape, dtype=dtype or self.dtype)
+
+    def zeros(self, shape, dtype=None):
+        return self.xp.zeros(shape, dtype=dtype or self.dtype)
+
+    def uniform(self, out):
+        """Fill ``out`` with uniform [0, 1) numbers on the device and return it."""
+        self._rng.random(out=out, dtype=out.dtype)
+        return out
+
+    def normal(self, shape, scale: float = 1.0):
+        """Normal(0, scale^2) numbers of the backend dtype on the device."""
+        x = self._rng.standard_normal(shape, dtype=self.dtype)
+        if scale != 1.0:
+            x *= scale
+        return x
+
+    def sigmoid(self, x, out=None):
+        """Logistic function, computed as 0.5*tanh(x/2)+0.5: no overflow, SIMD-fast.
+
+        With ``out=x`` it works in place, which the training loops rely on.
+        """
+        xp = self.xp
+        out = xp.multiply(x, 0.5, out=out)
+        xp.tanh(out, out=out)
+        out *= 0.5
+        out += 0.5
+        return out
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (for honest timings on the GPU)."""
+        if self.device == "gpu":
+            self.xp.cuda.get_current_stream().synchronize()
+
+
+def get_backend(device: str = "auto", dtype: str = "float32", seed: int | None = None) -> Backend:
+    """Convenience constructor, see :class:`Backend`."""
+    return Backend(device=device, dtype=dtype, seed=seed)

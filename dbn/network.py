@@ -1,0 +1,198 @@
+"""The feed-forward network that backprop fine-tunes: sigmoid hidden layers, softmax output.
+
+Like the RBM, minibatches are columns (features x batch) and the unit of work for
+the distributed runtime is :meth:`Network.train_epoch` from the current
+parameters (:meth:`get_state` / :meth:`set_state`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .backend import Backend
+
+
+@dataclass
+class FinetuneStats:
+    """What one call of :meth:`Network.train_epoch` did."""
+
+    epoch: int
+    n_samples: int
+    loss: float  # mean cross-entropy of the minibatches as trained (dropout on)
+    train_error: float  # fraction misclassified in those minibatches
+
+
+class Network:
+    """Sigmoid hidden layers and a softmax output layer, trained by SGD with momentum.
+
+    ``weights[i]`` has shape (n_in, n_out) and ``biases[i]`` shape (n_out,); the last
+    pair is the softmax layer. All arrays live on ``backend``'s device.
+    """
+
+    def __init__(self, weights, biases, backend: Backend):
+        if len(weights) != len(biases) or not weights:
+            raise ValueError("a network needs matching, non-empty lists of weights and biases")
+        self.backend = backend
+        self.weights = [backend.asarray(w) for w in weights]
+        self.biases = [backend.asarray(b) for b in biases]
+        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+            if w.ndim != 2 or b.shape != (w.shape[1],):
+                raise ValueError(f"layer {i}: weights {w.shape} and bias {b.shape} do not match")
+            if i and w.shape[0] != self.weights[i - 1].shape[1]:
+                raise ValueError(f"layer {i} takes {w.shape[0]} inputs but layer {i - 1} gives {self.weights[i - 1].shape[1]}")
+        xp = backend.xp
+        self.weights_inc = [xp.zeros_like(w) for w in self.weights]
+        self.biases_inc = [xp.zeros_like(b) for b in self.biases]
+
+    @property
+    def n_inputs(self) -> int:
+        return int(self.weights[0].shape[0])
+
+    @property
+    def n_classes(self) -> int:
+        return int(self.weights[-1].shape[1])
+
+    # ---------------------------------------------------------------- state
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        """Parameters and momentum increments as host NumPy arrays."""
+        to_np = self.backend.to_numpy
+        state = {}
+        for i in range(len(self.weights)):
+            state[f"weights.{i}"] = to_np(self.weights[i])
+            state[f"biases.{i}"] = to_np(self.biases[i])
+            state[f"weights_inc.{i}"] = to_np(self.weights_inc[i])
+            state[f"biases_inc.{i}"] = to_np(self.biases_inc[i])
+        return state
+
+    def set_state(self, state: dict) -> "Network":
+        """Load parameters (and increments, zero when absent) onto the device."""
+        be, xp = self.backend, self.backend.xp
+        for i in range(len(self.weights)):
+            self.weights[i] = be.asarray(state[f"weights.{i}"])
+            self.biases[i] = be.asarray(state[f"biases.{i}"])
+            self.weights_inc[i] = be.asarray(state[f"weights_inc.{i}"]) if f"weights_inc.{i}" in state else xp.zeros_like(self.weights[i])
+            self.biases_inc[i] = be.asarray(state[f"biases_inc.{i}"]) if f"biases_inc.{i}" in state else xp.zeros_like(self.biases[i])
+        return self
+
+    # ------------------------------------------------------------- forward
+
+    def _forward(self, x, dropout=(), train=False):
+        """Activations of every layer for column batch ``x`` (n_in, B).
+
+        Returns (activations, inputs): ``activations[i]`` is layer i's output
+        (``activations[0]`` is ``x``) and ``inputs[i]`` what layer i multiplied,
+        which differs only under dropout. ``dropout[i]`` is the drop probability
+        of layer i's input; kept units are scaled by 1/(1-p), so prediction
+        needs no rescaling.
+        """
+        be, xp = self.backend, self.backend.xp
+        activations, inputs = [x], []
+        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+            a = activations[-1]
+            p = dropout[i] if train and i < len(dropout) else 0.0
+            if p > 0:
+                keep = be.uniform(be.empty(a.shape)) >= p
+                a = a * keep * (1.0 / (1.0 - p))
+            inputs.append(a)
+            z = xp.matmul(w.T, a)
+            z += b[:, None]
+            if i < len(self.weights) - 1:
+                be.sigmoid(z, out=z)
+            else:  # softmax over classes (rows), stabilised
+                z -= z.max(axis=0, keepdims=True)
+                xp.exp(z, out=z)
+                z /= z.sum(axis=0, keepdims=True)
+            activations.append(z)
+        return activations, inputs
+
+    def predict_proba_device(self, X, chunk: int = 4096):
+        """Class probabilities for row matrix ``X`` (on the device), shape (n, n_classes)."""
+        xp = self.backend.xp
+        parts = []
+        for start in range(0, X.shape[0], chunk):
+            acts, _ = self._forward(xp.ascontiguousarray(X[start:start + chunk].T))
+            parts.append(acts[-1].T)
+        return xp.concatenate(parts, axis=0)
+
+    # ------------------------------------------------------------ training
+
+    def loss_and_grads(self, x, targets, weight_cost: float = 0.0, dropout=(), train=False):
+        """Mean cross-entropy (+ L2 on weights) of column batch ``x`` and its gradients.
+
+        ``targets`` is one-hot (n_classes, B). Returns (loss, weight grads, bias
+        grads, output probabilities); the gradient check test uses this directly.
+        """
+        xp = self.backend.xp
+        B = x.shape[1]
+        acts, inputs = self._forward(x, dropout, train)
+        probs = acts[-1]
+        loss = -float(xp.sum(targets * xp.log(xp.maximum(probs, 1e-30)))) / B
+        if weight_cost:
+            loss += 0.5 * weight_cost * sum(float(xp.vdot(w.ravel(), w.ravel())) for w in self.weights)
+        grads_w, grads_b = [None] * len(self.weights), [None] * len(self.weights)
+        delta = (probs - targets) / B  # d loss / d pre-softmax
+        for i in reversed(range(len(self.weights))):
+            grads_w[i] = xp.matmul(inputs[i], delta.T)
+            if weight_cost:
+                grads_w[i] += weight_cost * self.weights[i]
+            grads_b[i] = delta.sum(axis=1)
+            if i:
+                # Back through layer i's (dropped-out) input to the sigmoid below it.
+                delta = xp.matmul(self.weights[i], delta)
+                a = acts[i]
+                if inputs[i] is not a:
+                    delta *= inputs[i] != 0
+                    delta *= 1.0 / (1.0 - dropout[i])
+                delta *= a * (1 - a)
+        return loss, grads_w, grads_b, probs
+
+    def train_epoch(
+        self,
+        X,
+        y,
+        epoch: int,
+        *,
+        learning_rate: float,
+        momentum: float,
+        weight_cost: float = 0.0,
+        batch_size: int = 100,
+        dropout=(),
+        train_layers: slice = slice(None),
+        seed: int = 0,
+        batches: range | None = None,
+    ) -> FinetuneStats:
+        """One epoch (or the minibatches in ``batches``) of SGD with momentum.
+
+        ``X`` (n, n_in) and integer labels ``y`` (n,) are device arrays. Only the
+        layers in ``train_layers`` are updated (Hinton trains the softmax layer
+        alone for the first epochs). The shuffle depends only on (seed, epoch).
+        """
+        be, xp = self.backend, self.backend.xp
+        n = X.shape[0]
+        batch = min(batch_size, n)
+        n_batches = n // batch
+        batches = range(n_batches) if batches is None else batches
+        order = be.asarray(np.random.default_rng([seed, epoch, 1]).permutation(n), dtype=np.int64)
+        eye = xp.eye(self.n_classes, dtype=be.dtype)
+        rows = be.empty((batch, X.shape[1]))
+        layers = range(len(self.weights))[train_layers]
+        total_loss, errors = 0.0, 0
+        for i in batches:
+            index = order[i * batch:(i + 1) * batch]
+            xp.take(X, index, axis=0, out=rows)
+            labels = y[index]
+            loss, gw, gb, probs = self.loss_and_grads(
+                xp.ascontiguousarray(rows.T), eye[:, labels], weight_cost, dropout, train=True
+            )
+            total_loss += loss * batch
+            errors += int((probs.argmax(axis=0) != labels).sum())
+            for j in layers:
+                for param, inc, grad in ((self.weights[j], self.weights_inc[j], gw[j]), (self.biases[j], self.biases_inc[j], gb[j])):
+                    inc *= momentum
+                    inc -= learning_rate * grad
+                    param += inc
+        n_seen = len(batches) * batch
+        return FinetuneStats(epoch, n_seen, total_loss / max(n_seen, 1), errors / max(n_seen, 1))

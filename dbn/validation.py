@@ -1,0 +1,80 @@
+"""Checks on user data, with errors that say what is wrong and where."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class DataError(ValueError):
+    """Input data that cannot be trained on or predicted from."""
+
+
+def check_features(X, *, name: str = "X", n_features: int | None = None, unit_interval: bool = False) -> np.ndarray:
+    """Validate a 2-D feature matrix and return it as a NumPy (or CuPy) array.
+
+    Raises :class:`DataError` for: non-numeric or non-2-D data, no rows, a feature
+    count other than ``n_features``, NaN or infinite values, and (with
+    ``unit_interval``) values outside [0, 1], which Bernoulli visible units need.
+    """
+    xp = _array_module(X)
+    X = xp.asarray(X)
+    if X.dtype.kind not in "biuf":
+        raise DataError(f"{name} must be numeric, got dtype {X.dtype}")
+    if X.ndim != 2:
+        raise DataError(f"{name} must be 2-D (samples x features), got shape {X.shape}")
+    if X.shape[0] == 0:
+        raise DataError(f"{name} is empty: it has no samples")
+    if n_features is not None and X.shape[1] != n_features:
+        raise DataError(f"{name} has {X.shape[1]} features but the model expects {n_features}")
+    if X.dtype.kind == "f":
+        bad = ~xp.isfinite(X)
+        if bool(bad.any()):
+            row, col = (int(i) for i in xp.argwhere(bad)[0])
+            raise DataError(
+                f"{name} contains {int(bad.sum())} NaN or infinite value(s), "
+                f"the first at row {row}, column {col}"
+            )
+    if unit_interval:
+        lo, hi = float(X.min()), float(X.max())
+        if lo < 0 or hi > 1:
+            raise DataError(
+                f"{name} has values in [{lo:g}, {hi:g}] but Bernoulli visible units need [0, 1]: "
+                "scale the data (e.g. pixels / 255) or use visible='gaussian' for real-valued inputs"
+            )
+    return X
+
+
+def check_labels(y, *, n_samples: int, n_classes: int | None = None, name: str = "y") -> np.ndarray:
+    """Validate integer class labels 0..n_classes-1 for ``n_samples`` rows."""
+    y = np.asarray(_to_host(y))
+    if y.ndim != 1:
+        raise DataError(f"{name} must be 1-D (one label per sample), got shape {y.shape}")
+    if y.shape[0] != n_samples:
+        raise DataError(f"{name} has {y.shape[0]} labels but X has {n_samples} samples")
+    if y.dtype.kind == "f":
+        if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)):
+            raise DataError(f"{name} must hold integer class labels, got non-integer values")
+    elif y.dtype.kind not in "iub":
+        raise DataError(f"{name} must hold integer class labels, got dtype {y.dtype}")
+    y = y.astype(np.int64)
+    if y.size and y.min() < 0:
+        raise DataError(f"{name} has negative label {int(y.min())}: labels must be 0..n_classes-1")
+    if n_classes is not None and y.size and y.max() >= n_classes:
+        raise DataError(
+            f"{name} has label {int(y.max())} outside the model's classes 0..{n_classes - 1}"
+        )
+    return y
+
+
+def _array_module(x):
+    if type(x).__module__.startswith("cupy"):
+        import cupy
+
+        return cupy
+    return np
+
+
+def _to_host(x):
+    if type(x).__module__.startswith("cupy"):
+        return x.get()
+    return x
