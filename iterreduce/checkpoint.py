@@ -1,0 +1,77 @@
+"""Master checkpoints: parameters + position in the schedule, written atomically.
+
+A checkpoint is an ``.npz`` of the parameter arrays plus a JSON header with the
+next superstep, the job seed and a fingerprint of the schedule. Files are named
+``ckpt-<step>.npz`` so the newest is the one with the highest step.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pyarrow.fs as pafs
+
+from .shards import filesystem, join
+
+_HEADER = "__checkpoint__"
+_NAME = re.compile(r"ckpt-(\d{9})\.npz$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used to resume."""
+
+
+def _encode(header: dict, arrays: dict) -> bytes:
+    payload = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+    payload[_HEADER] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
+    buf = io.BytesIO()
+    np.savez(buf, **payload)
+    return buf.getvalue()
+
+
+def save(directory: str, step: int, header: dict, arrays: dict, keep: int = 2) -> str:
+    """Write checkpoint ``step`` under ``directory`` (any URI); keep the newest ``keep``."""
+    fs, path = filesystem(directory)
+    fs.create_dir(path, recursive=True)
+    name = f"ckpt-{step:09d}.npz"
+    tmp = join(path, f".{name}.tmp")
+    with fs.open_output_stream(tmp) as out:
+        out.write(_encode({**header, "step": step}, arrays))
+    fs.move(tmp, join(path, name))  # rename: readers never see half a checkpoint
+    for old in _list(fs, path)[:-keep] if keep > 0 else []:
+        fs.delete_file(join(path, old))
+    return join(directory, name)
+
+
+def _list(fs, path) -> list[str]:
+    try:
+        entries = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True))
+    except FileNotFoundError:
+        return []
+    return sorted(e.base_name for e in entries if _NAME.match(e.base_name))
+
+
+def latest(directory: str) -> str | None:
+    """URI of the newest checkpoint in ``directory``, or None."""
+    fs, path = filesystem(directory)
+    names = _list(fs, path)
+    return join(directory, names[-1]) if names else None
+
+
+def load(uri: str) -> tuple[dict, dict[str, np.ndarray]]:
+    """Read a checkpoint; returns (header, arrays)."""
+    fs, path = filesystem(uri)
+    try:
+        with fs.open_input_file(path) as f:
+            data = f.read()
+        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+        header = json.loads(arrays.pop(_HEADER).tobytes().decode())
+    except (OSError, zipfile.BadZipFile, KeyError, ValueError) as exc:
+        raise CheckpointError(f"{uri}: unreadable checkpoint: {exc}") from exc
+    return header, arrays

@@ -1,0 +1,193 @@
+"""The local mini-cluster: the master and N workers as real processes on one machine.
+
+The same master and worker code that runs in YARN containers; only the start-up
+differs. The launcher supervises: it restarts a worker that exits with an error
+(up to ``max_restarts`` times each, under the same name so it gets its shards
+back), forwards the master's progress lines, and stops everything on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+from .master import MasterConfig
+from .security import new_token
+from .shards import list_shards
+
+
+class LocalJobError(RuntimeError):
+    """The local job failed; the message says why and where the logs are."""
+
+
+def _gpu_count() -> int:
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount())
+    except Exception:  # noqa: BLE001 - no CuPy, no driver or no device all mean "no GPU"
+        return 0
+
+
+class LocalCluster:
+    """Starts and supervises one job's processes. Use :func:`run_local`."""
+
+    def __init__(self, config: MasterConfig, *, max_restarts: int = 3, device: str = "cpu",
+                 threads_per_worker: int | None = None, on_record: Callable[[dict], None] | None = None):
+        self.config = config
+        self.out = Path(config.output)
+        self.logs = self.out / "logs"
+        self.max_restarts = max_restarts
+        self.device = device
+        self.threads = threads_per_worker or max(1, (os.cpu_count() or 1) // config.workers)
+        self.on_record = on_record
+        self.gpus = _gpu_count() if device in ("gpu", "auto") else 0
+        self.restarts: dict[str, int] = {}
+        self.workers: dict[str, subprocess.Popen] = {}
+        self.master: subprocess.Popen | None = None
+        self._log_pos = 0
+
+    def _env(self, index: int | None) -> dict:
+        env = dict(os.environ, ITERREDUCE_TOKEN=self.config.token, PYTHONUNBUFFERED="1")
+        if index is not None:
+            for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+                env[var] = str(self.threads)
+            if self.gpus:
+                env["CUDA_VISIBLE_DEVICES"] = str(index % self.gpus)
+        return env
+
+    def _spawn(self, args: list[str], name: str, index: int | None) -> subprocess.Popen:
+        log = open(self.logs / f"{name}.log", "ab")
+        return subprocess.Popen([sys.executable, "-m", *args], stdout=log, stderr=subprocess.STDOUT,
+                                env=self._env(index), start_new_session=True)
+
+    def start(self) -> str:
+        """Start the master and the workers; returns the master's address."""
+        self.logs.mkdir(parents=True, exist_ok=True)
+        (self.out / "master.json").unlink(missing_ok=True)
+        (self.out / "error.txt").unlink(missing_ok=True)
+        job = asdict(self.config)
+        job.pop("token")  # travels in the environment, not in a file
+        job_file = self.out / "job.json"
+        job_file.write_text(json.dumps(job, indent=2))
+        self._log_pos = (self.out / "log.jsonl").stat().st_size if (self.out / "log.jsonl").exists() else 0
+        self.master = self._spawn(["iterreduce.master", str(job_file)], "master", None)
+        deadline = time.monotonic() + 60
+        while not (self.out / "master.json").exists():
+            if self.master.poll() is not None:
+                raise LocalJobError(self._failure("the master exited before serving"))
+            if time.monotonic() > deadline:
+                raise LocalJobError(f"the master did not start within 60 s (log: {self.logs / 'master.log'})")
+            time.sleep(0.05)
+        self.address = json.loads((self.out / "master.json").read_text())["address"]
+        for i in range(self.config.workers):
+            self._start_worker(i)
+        return self.address
+
+    def _start_worker(self, index: int) -> None:
+        name = f"worker-{index}"
+        device = "gpu" if self.gpus else ("cpu" if self.device == "auto" else self.device)
+        self.workers[name] = self._spawn(
+            ["iterreduce.worker", "--master", self.address, "--name", name, "--device", device], name, index)
+
+    def _failure(self, what: str) -> str:
+        error = self.out / "error.txt"
+        reason = error.read_text().strip() if error.exists() else "no reason given"
+        return f"{what}: {reason} (logs in {self.logs})"
+
+    def _forward_records(self) -> None:
+        path = self.out / "log.jsonl"
+        if not path.exists():
+            return
+        with open(path, "rb") as f:
+            f.seek(self._log_pos)
+            data = f.read()
+        end = data.rfind(b"\n") + 1
+        self._log_pos += end
+        for line in data[:end].splitlines():
+            if line.strip() and self.on_record:
+                self.on_record(json.loads(line))
+
+    def supervise(self) -> None:
+        """Wait for the job to end, restarting failed workers; raises on failure."""
+        while True:
+            self._forward_records()
+            code = self.master.poll()
+            if code is not None:
+                self._forward_records()
+                if code != 0:
+                    raise LocalJobError(self._failure(f"the master failed (exit {code})"))
+                self._wait_workers()
+                return
+            for name, proc in list(self.workers.items()):
+                rc = proc.poll()
+                if rc is None or rc == 0:
+                    continue
+                used = self.restarts.get(name, 0)
+                if used >= self.max_restarts:
+                    self._record_event("worker_gave_up", worker=name, exit=rc, restarts=used)
+                    del self.workers[name]
+                    continue
+                self.restarts[name] = used + 1
+                self._record_event("worker_restarted", worker=name, exit=rc, restart=used + 1)
+                self._start_worker(int(name.rsplit("-", 1)[1]))
+            if not self.workers:
+                self.stop()
+                raise LocalJobError(f"every worker failed and used up its {self.max_restarts} restarts (logs in {self.logs})")
+            time.sleep(0.2)
+
+    def _record_event(self, event: str, **fields) -> None:
+        if self.on_record:
+            self.on_record({"event": event, "time": time.time(), **fields})
+
+    def _wait_workers(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        for proc in self.workers.values():
+            try:
+                proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    def stop(self) -> None:
+        """Kill every process of the job."""
+        for proc in [*self.workers.values(), self.master]:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+        for proc in [*self.workers.values(), self.master]:
+            if proc is not None:
+                proc.wait()
+
+
+def run_local(*, program: str, program_config: dict, shards, workers: int, output: str, seed: int = 0,
+              resume: bool = False, max_restarts: int = 3, device: str = "cpu", float16_wire: bool = False,
+              heartbeat_interval: float = 1.0, heartbeat_timeout: float = 10.0, checkpoint_every: int = 1,
+              threads_per_worker: int | None = None, on_record: Callable[[dict], None] | None = None) -> Path:
+    """Run one job on a local mini-cluster of ``workers`` worker processes; returns the output dir.
+
+    ``shards`` is a directory URI of Parquet shards or a list of shard URIs.
+    Checkpoints go to ``OUTPUT/checkpoints``; ``resume=True`` continues from the newest.
+    """
+    uris = list_shards(shards) if isinstance(shards, str) else list(shards)
+    out = Path(output).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    config = MasterConfig(
+        program=program, program_config=program_config, shards=uris, workers=workers, token=new_token(),
+        output=str(out), seed=seed, checkpoint_dir=str(out / "checkpoints"), checkpoint_every=checkpoint_every,
+        resume=resume, heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout,
+        float16_wire=float16_wire,
+    )
+    cluster = LocalCluster(config, max_restarts=max_restarts, device=device,
+                           threads_per_worker=threads_per_worker, on_record=on_record)
+    try:
+        cluster.start()
+        cluster.supervise()
+    except BaseException:
+        cluster.stop()
+        raise
+    return out

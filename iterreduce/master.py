@@ -1,0 +1,436 @@
+"""The IterativeReduce master: runs a program's schedule over gRPC workers.
+
+Each superstep: workers fetch the step and the parameters they lack, compute one
+update per shard they hold, and push it back; the master reduces the updates (in
+shard order), logs a progress line and checkpoints. A worker that misses its
+heartbeats is dropped: the step completes without its shards (the average is
+renormalised over the shards that reported) and its shards move to live workers
+until a worker of the same name registers again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from concurrent import futures
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pyarrow.parquet as pq
+
+from . import checkpoint, wire
+from .program import Program, Update, load_class, step_to_json
+from .proto import iterreduce_pb2 as pb
+from .proto import iterreduce_pb2_grpc as pb_grpc
+from .security import TokenInterceptor
+from .shards import ShardError, filesystem
+
+log = logging.getLogger("iterreduce.master")
+
+
+@dataclass
+class MasterConfig:
+    """Everything the master needs; JSON-friendly (the launcher writes it to a file)."""
+
+    program: str
+    program_config: dict
+    shards: list[str]
+    workers: int
+    token: str
+    output: str
+    seed: int = 0
+    host: str = "127.0.0.1"
+    port: int = 0
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 1
+    checkpoint_keep: int = 2
+    resume: bool = False
+    heartbeat_interval: float = 1.0
+    heartbeat_timeout: float = 10.0
+    start_timeout: float = 300.0
+    float16_wire: bool = False
+
+
+@dataclass
+class WorkerInfo:
+    worker_id: str
+    name: str
+    host: str
+    shards: set[int] = field(default_factory=set)
+    last_seen: float = field(default_factory=time.monotonic)
+    alive: bool = True
+    status: dict = field(default_factory=dict)
+
+
+class JobFailed(RuntimeError):
+    """The job cannot go on (no workers, bad shards, a program error)."""
+
+
+def shard_info(uris: list[str]) -> list[dict]:
+    """Row and feature counts of each shard, from the Parquet footers (no data read)."""
+    info = []
+    for uri in uris:
+        fs, path = filesystem(uri)
+        try:
+            meta = pq.read_metadata(path, filesystem=fs)
+            schema = pq.read_schema(path, filesystem=fs)
+        except Exception as exc:  # noqa: BLE001 - any reader error is the shard's fault
+            raise ShardError(f"{uri}: not a readable Parquet file: {exc}") from exc
+        if "features" not in schema.names:
+            raise ShardError(f"{uri}: no 'features' column (columns: {schema.names})")
+        ftype = schema.field("features").type
+        width = getattr(ftype, "list_size", None)
+        if meta.num_rows == 0:
+            raise ShardError(f"{uri}: shard is empty")
+        info.append({"uri": uri, "rows": meta.num_rows, "features": width, "labels": "label" in schema.names})
+    return info
+
+
+class Master(pb_grpc.MasterServicer):
+    """Holds the job's state; :meth:`run` drives the schedule, the RPCs serve workers."""
+
+    def __init__(self, config: MasterConfig):
+        self.config = config
+        self.out = Path(config.output)
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.shards = shard_info(config.shards)
+        program_cls = load_class(config.program)
+        self.program: Program = program_cls(config.program_config)
+        self.steps = list(self.program.schedule(self.shards))
+        self.lock = threading.Condition()
+        self.workers: dict[str, WorkerInfo] = {}
+        self.names: list[str] = []  # registration order of worker names: decides home shards
+        self.owner: dict[int, str | None] = {i: None for i in range(len(self.shards))}
+        self.current = -1
+        self.expected: set[int] = set()
+        self.in_flight: dict[int, str] = {}
+        self.results: dict[int, Update] = {}
+        self.compute_s: dict[str, float] = {}
+        self.done = False
+        self.failure: str | None = None
+        self.parameters: dict[str, np.ndarray] = {}
+        self.versions: dict[str, int] = {}
+        self._incarnation = 0
+        self._log = open(self.out / "log.jsonl", "a", buffering=1)
+
+    # ------------------------------------------------------------ shards
+
+    def _home(self, name: str) -> set[int]:
+        k = self.names.index(name)
+        return {s for s in self.owner if s % self.config.workers == k} if k < self.config.workers else set()
+
+    def _live(self) -> list[WorkerInfo]:
+        return [w for w in self.workers.values() if w.alive]
+
+    def _assign_orphans(self) -> None:
+        """Give shards without a live owner to the least-loaded live workers."""
+        live = self._live()
+        if not live:
+            return
+        for shard, owner in sorted(self.owner.items()):
+            if owner is None or not self.workers[owner].alive:
+                target = min(live, key=lambda w: (len(w.shards), w.name))
+                if owner is not None:
+                    self.workers[owner].shards.discard(shard)
+                target.shards.add(shard)
+                self.owner[shard] = target.worker_id
+                log.info("shard %d -> %s", shard, target.worker_id)
+
+    # --------------------------------------------------------------- RPCs
+
+    def Register(self, request, context):
+        with self.lock:
+            name = request.worker_name or f"anonymous-{len(self.names)}"
+            for w in self.workers.values():
+                if w.name == name and w.alive:  # a restarted process replaces its predecessor
+                    self._drop(w, "replaced by a new process of the same name")
+            if name not in self.names:
+                self.names.append(name)
+            self._incarnation += 1
+            worker = WorkerInfo(f"{name}#{self._incarnation}", name, request.host)
+            self.workers[worker.worker_id] = worker
+            # Take back this name's home shards unless another worker is computing them right now.
+            for shard in self._home(name):
+                owner = self.owner[shard]
+                if shard in self.in_flight and owner and self.workers[owner].alive:
+                    continue
+                if owner:
+                    self.workers[owner].shards.discard(shard)
+                worker.shards.add(shard)
+                self.owner[shard] = worker.worker_id
+            self._assign_orphans()
+            log.info("registered %s from %s (pid %d) with shards %s", worker.worker_id, request.host,
+                     request.pid, sorted(worker.shards))
+            self._event("worker_registered", worker=worker.worker_id, host=request.host, shards=sorted(worker.shards))
+            self.lock.notify_all()
+        return pb.RegisterReply(
+            worker_id=worker.worker_id, program=self.config.program,
+            program_config_json=json.dumps(self.config.program_config),
+            heartbeat_interval_s=self.config.heartbeat_interval, float16_wire=self.config.float16_wire,
+        )
+
+    def Heartbeat(self, request, context):
+        with self.lock:
+            worker = self.workers.get(request.worker_id)
+            if worker is None or not worker.alive:
+                return pb.HeartbeatReply(known=False)
+            worker.last_seen = time.monotonic()
+            if request.status_json:
+                worker.status = json.loads(request.status_json)
+        return pb.HeartbeatReply(known=True)
+
+    def FetchTask(self, request, context):
+        deadline = time.monotonic() + 5.0
+        with self.lock:
+            while True:
+                worker = self.workers.get(request.worker_id)
+                if worker is None or not worker.alive:
+                    context.abort(grpc.StatusCode.NOT_FOUND, f"unknown worker {request.worker_id}: register again")
+                worker.last_seen = time.monotonic()
+                if self.done:
+                    yield pb.TaskChunk(header=pb.TaskHeader(kind=pb.TaskHeader.DONE))
+                    return
+                todo = sorted(s for s in worker.shards
+                              if s in self.expected and s not in self.results and s not in self.in_flight)
+                if todo:
+                    break
+                if time.monotonic() > deadline or not context.is_active():
+                    yield pb.TaskChunk(header=pb.TaskHeader(kind=pb.TaskHeader.WAIT))
+                    return
+                self.lock.wait(timeout=0.5)
+            for s in todo:
+                self.in_flight[s] = worker.worker_id
+            step_index, step = self.current, self.steps[self.current]
+            send = {k: v for k, v in self.parameters.items() if request.versions.get(k, -1) < self.versions[k]}
+            versions = {k: self.versions[k] for k in send}
+        header = pb.TaskHeader(
+            kind=pb.TaskHeader.RUN, step=step_index, phase=step.phase, info_json=step_to_json(step),
+            shards=[pb.Shard(index=s, uri=self.shards[s]["uri"]) for s in todo],
+            seed=self.config.seed, versions=versions,
+        )
+        yield pb.TaskChunk(header=header)
+        for chunk in wire.encode(send, float16=self.config.float16_wire):
+            yield pb.TaskChunk(tensor=chunk)
+
+    def PushUpdate(self, request_iterator, context):
+        try:
+            first = next(request_iterator)
+        except StopIteration:
+            return self._reject(context, "empty update stream")
+        if first.WhichOneof("part") != "header":
+            return self._reject(context, "update stream must start with a header")
+        header = first.header
+        decoder = wire.Decoder()
+        try:
+            for chunk in request_iterator:
+                if chunk.WhichOneof("part") != "tensor":
+                    return self._reject(context, f"{header.worker_id}: second header in update stream")
+                if len(chunk.tensor.data) > 2 * wire.CHUNK_BYTES:
+                    return self._reject(context, f"{header.worker_id}: oversized tensor chunk ({len(chunk.tensor.data)} bytes)")
+                decoder.add(chunk.tensor)
+            arrays = decoder.finish()
+        except wire.WireError as exc:
+            return self._reject(context, f"{header.worker_id}: malformed update: {exc}")
+        updates = {}
+        for result in header.results:
+            prefix = f"{result.index}/"
+            updates[result.index] = Update(
+                shard=result.index, samples=result.samples,
+                arrays={k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)},
+                metrics=json.loads(result.metrics_json or "{}"),
+            )
+        with self.lock:
+            worker = self.workers.get(header.worker_id)
+            if worker is None or not worker.alive:
+                return self._reject(context, f"update from unknown or dropped worker {header.worker_id}", abort=False)
+            if header.step != self.current:
+                return self._reject(context, f"{header.worker_id}: update for step {header.step}, current is {self.current}", abort=False)
+            for shard, update in updates.items():
+                if self.in_flight.get(shard) != worker.worker_id:
+                    return self._reject(context, f"{header.worker_id}: shard {shard} was not given to it", abort=False)
+                missing = set(self.steps[self.current].arrays) - set(update.arrays)
+                if missing:
+                    return self._reject(context, f"{header.worker_id}: shard {shard} update lacks {sorted(missing)}")
+            for shard, update in updates.items():
+                del self.in_flight[shard]
+                if shard in self.expected:
+                    self.results[shard] = update
+            self.compute_s[worker.worker_id] = self.compute_s.get(worker.worker_id, 0.0) + header.compute_s
+            worker.last_seen = time.monotonic()
+            self.lock.notify_all()
+        return pb.PushReply(accepted=True)
+
+    def _reject(self, context, reason: str, abort: bool = True):
+        log.warning("rejected update: %s", reason)
+        if abort:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
+        return pb.PushReply(accepted=False, reason=reason)
+
+    # ------------------------------------------------------------ liveness
+
+    def _drop(self, worker: WorkerInfo, why: str) -> None:
+        """Mark ``worker`` lost: the current step goes on without its unfinished shards."""
+        worker.alive = False
+        lost = {s for s, w in self.in_flight.items() if w == worker.worker_id}
+        for s in lost:
+            self.in_flight.pop(s)
+        if self._live():  # others go on without its shards; if none is left, wait for a restart
+            lost |= {s for s in worker.shards if s in self.expected and s not in self.results}
+            self.expected -= lost
+        else:
+            lost = set()
+        log.warning("lost %s (%s); step %d continues without shards %s", worker.worker_id, why, self.current, sorted(lost))
+        self._event("worker_lost", worker=worker.worker_id, reason=why, shards_skipped=sorted(lost))
+        self._assign_orphans()
+        self.lock.notify_all()
+
+    def _monitor(self) -> None:
+        while not self.done:
+            time.sleep(self.config.heartbeat_interval / 2)
+            with self.lock:
+                now = time.monotonic()
+                for w in self._live():
+                    if now - w.last_seen > self.config.heartbeat_timeout:
+                        self._drop(w, f"no heartbeat for {now - w.last_seen:.1f} s")
+
+    # ------------------------------------------------------------ schedule
+
+    def _event(self, event: str, **fields) -> None:
+        self._log.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
+
+    def _wait_for_workers(self) -> None:
+        deadline = time.monotonic() + self.config.start_timeout
+        with self.lock:
+            while len(self._live()) < self.config.workers:
+                if time.monotonic() > deadline:
+                    if self._live():
+                        log.warning("starting with %d of %d workers", len(self._live()), self.config.workers)
+                        break
+                    raise JobFailed(f"no worker registered within {self.config.start_timeout:.0f} s")
+                self.lock.wait(timeout=0.5)
+            self._assign_orphans()
+
+    def _restore(self) -> int:
+        """Initial parameters, or those of the newest checkpoint when resuming; returns the first step."""
+        ckpt = checkpoint.latest(self.config.checkpoint_dir) if (self.config.resume and self.config.checkpoint_dir) else None
+        if ckpt is None:
+            if self.config.resume:
+                log.warning("resume asked for, but no checkpoint in %s: starting afresh", self.config.checkpoint_dir)
+            self.parameters = self.program.initial_parameters(self.config.seed, self.shards)
+            self.versions = {k: 0 for k in self.parameters}
+            return 0
+        header, arrays = checkpoint.load(ckpt)
+        if header.get("n_steps") != len(self.steps) or header.get("seed") != self.config.seed:
+            raise JobFailed(f"{ckpt}: checkpoint is of another job (steps {header.get('n_steps')} vs "
+                            f"{len(self.steps)}, seed {header.get('seed')} vs {self.config.seed})")
+        self.parameters = arrays
+        self.versions = {k: header["step"] for k in arrays}
+        log.info("resumed from %s at step %d of %d", ckpt, header["step"], len(self.steps))
+        self._event("resumed", checkpoint=ckpt, step=header["step"])
+        return int(header["step"])
+
+    def run(self) -> None:
+        """Drive every superstep; returns when the program is finished."""
+        start = self._restore()
+        self._wait_for_workers()
+        job_start = time.perf_counter()
+        for index in range(start, len(self.steps)):
+            self._run_step(index)
+            if self.config.checkpoint_dir and ((index + 1) % self.config.checkpoint_every == 0 or index + 1 == len(self.steps)):
+                checkpoint.save(self.config.checkpoint_dir, index + 1,
+                                {"n_steps": len(self.steps), "seed": self.config.seed, "program": self.config.program},
+                                self.parameters, keep=self.config.checkpoint_keep)
+        self.program.finalize(self.parameters, str(self.out))
+        with self.lock:
+            self.done = True
+            self.lock.notify_all()
+        self._event("done", steps=len(self.steps), seconds=time.perf_counter() - job_start)
+
+    def _run_step(self, index: int) -> None:
+        step = self.steps[index]
+        started = time.perf_counter()
+        self.parameters = self.program.before_step(step, self.parameters)
+        for name in self.parameters:
+            self.versions.setdefault(name, index)
+        with self.lock:
+            self.current, self.results, self.in_flight, self.compute_s = index, {}, {}, {}
+            self._assign_orphans()
+            self.expected = {s for s, w in self.owner.items() if w is not None and self.workers[w].alive}
+            self.lock.notify_all()
+            while self.expected - set(self.results):
+                # With nobody alive the shards stay expected: a restarted worker picks them up.
+                self.lock.wait(timeout=0.5)
+                if self._live():
+                    self._assign_orphans()
+            updates = sorted(self.results.values(), key=lambda u: u.shard)
+            compute = max(self.compute_s.values(), default=0.0)
+        if not updates:
+            raise JobFailed(f"step {index} ({step.phase}): no shard reported")
+        reduce_start = time.perf_counter()
+        if step.arrays:
+            for name, value in self.program.reduce(step, self.parameters, updates).items():
+                self.parameters[name] = value
+                self.versions[name] = index + 1
+        elapsed = time.perf_counter() - started
+        record = {
+            "step": index, "of": len(self.steps), "phase": step.phase, **dict(step.info),
+            **self.program.summarize(step, updates),
+            "shards": len(updates), "shards_total": len(self.shards),
+            "seconds": elapsed, "compute_seconds": compute,
+            "sync_seconds": max(elapsed - compute, 0.0), "reduce_seconds": time.perf_counter() - reduce_start,
+            "time": time.time(),
+        }
+        self._log.write(json.dumps(record) + "\n")
+
+    # --------------------------------------------------------------- serve
+
+    def serve(self) -> tuple[grpc.Server, str]:
+        """Start the gRPC server; returns it and its ``host:port``."""
+        options = [("grpc.max_receive_message_length", wire.MAX_MESSAGE_BYTES),
+                   ("grpc.max_send_message_length", wire.MAX_MESSAGE_BYTES)]
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=4 * self.config.workers + 8),
+                             interceptors=[TokenInterceptor(self.config.token)], options=options)
+        pb_grpc.add_MasterServicer_to_server(self, server)
+        port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        server.start()
+        threading.Thread(target=self._monitor, daemon=True).start()
+        return server, f"{self.config.host}:{port}"
+
+
+def main(argv=None) -> int:
+    """``python -m iterreduce.master JOB.json``: serve one job, then exit (0 on success)."""
+    import argparse
+    import os
+
+    ap = argparse.ArgumentParser(prog="iterreduce.master")
+    ap.add_argument("job", help="JSON file with the MasterConfig fields (the token may come from $ITERREDUCE_TOKEN)")
+    args = ap.parse_args(argv)
+    fields = json.loads(Path(args.job).read_text())
+    fields.setdefault("token", os.environ.get("ITERREDUCE_TOKEN", ""))
+    config = MasterConfig(**fields)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s master %(levelname)s %(message)s")
+    try:
+        master = Master(config)
+        server, address = master.serve()
+        # The launcher waits for this file to learn the address.
+        info = {"address": address, "pid": os.getpid()}
+        tmp = Path(config.output) / ".master.json.tmp"
+        tmp.write_text(json.dumps(info))
+        tmp.replace(Path(config.output) / "master.json")
+        log.info("serving %d shards on %s", len(master.shards), address)
+        master.run()
+        time.sleep(2 * config.heartbeat_interval)  # let workers fetch DONE
+        server.stop(grace=1.0)
+        return 0
+    except (JobFailed, ShardError, checkpoint.CheckpointError, ValueError) as exc:
+        log.error("job failed: %s", exc)
+        (Path(config.output) / "error.txt").write_text(str(exc) + "\n")
+        return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

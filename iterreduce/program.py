@@ -1,0 +1,159 @@
+"""What an iterative algorithm must say to run on IterativeReduce.
+
+The runtime knows nothing of any model. A program describes:
+
+- on the master: its initial parameters (named NumPy arrays), its schedule of
+  supersteps, and how to reduce the workers' updates (by default the average
+  weighted by sample count);
+- on a worker: how to turn one data shard, the current parameters and a seed into
+  an update for one superstep.
+
+The shard, not the worker, is the unit of data parallelism: a worker computes one
+update per shard it holds, and seeds derive from (job seed, step, shard). So the
+result does not depend on which worker process ran which shard, which is what
+makes a resumed run bit-identical and lets a lost worker's shards move.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+
+Arrays = dict[str, np.ndarray]
+
+RUN = "run"  # workers compute updates that the master reduces
+LOCAL = "local"  # workers act on their own shards (e.g. transform them); nothing to reduce
+
+
+@dataclass(frozen=True)
+class Step:
+    """One superstep of a program's schedule.
+
+    ``phase`` names the stage (e.g. "pretrain/1"); ``info`` is JSON-friendly detail
+    for the worker (epoch, minibatch range); ``arrays`` names the parameters the
+    step trains: workers send back only those, and the master reduces only those.
+    """
+
+    phase: str
+    info: Mapping[str, Any] = field(default_factory=dict)
+    arrays: tuple[str, ...] = ()
+    kind: str = RUN
+
+
+@dataclass
+class Update:
+    """A worker's result for one shard in one superstep."""
+
+    shard: int
+    samples: int
+    arrays: Arrays = field(default_factory=dict)
+    metrics: dict = field(default_factory=dict)
+
+
+class Program(ABC):
+    """Master-side half of an iterative algorithm. ``config`` is a JSON-friendly dict."""
+
+    #: import path of the :class:`WorkerProgram` subclass that pairs with this program
+    worker_class: str = ""
+
+    def __init__(self, config: Mapping[str, Any]):
+        self.config = dict(config)
+
+    @abstractmethod
+    def initial_parameters(self, seed: int, shards: list[dict]) -> Arrays:
+        """Parameters before the first superstep.
+
+        ``shards`` describes each shard: ``{"uri", "rows", "features", "labels"}``.
+        """
+
+    @abstractmethod
+    def schedule(self, shards: list[dict]) -> Iterator[Step]:
+        """Every superstep in order; the same sequence each time it is called."""
+
+    def before_step(self, step: Step, parameters: Arrays) -> Arrays:
+        """Master-side hook run before each step (e.g. derive new arrays); default: no change."""
+        return parameters
+
+    def finalize(self, parameters: Arrays, output_dir: str) -> None:
+        """Write the result after the last step; default: the parameters as ``parameters.npz``."""
+        np.savez(f"{output_dir}/parameters.npz", **parameters)
+
+    def reduce(self, step: Step, parameters: Arrays, updates: list[Update]) -> Arrays:
+        """New values of ``step.arrays``: by default the sample-weighted mean of the updates.
+
+        Updates arrive sorted by shard, so the sum order (and the floats) never
+        depend on timing.
+        """
+        return weighted_average(updates, step.arrays)
+
+    def summarize(self, step: Step, updates: list[Update]) -> dict:
+        """Progress record for one superstep: by default sample-weighted metric means."""
+        total = sum(u.samples for u in updates)
+        record: dict = {"samples": total}
+        keys = {k for u in updates for k, v in u.metrics.items() if isinstance(v, (int, float))}
+        for key in sorted(keys):
+            weighted = [(u.metrics[key], u.samples) for u in updates if key in u.metrics]
+            weight = sum(w for _, w in weighted)
+            record[key] = sum(v * w for v, w in weighted) / weight if weight else float("nan")
+        return record
+
+
+class WorkerProgram(ABC):
+    """Worker-side half: computes updates on the shards a worker holds."""
+
+    def __init__(self, config: Mapping[str, Any], device: str = "cpu"):
+        self.config = dict(config)
+        self.device = device
+
+    @abstractmethod
+    def run(self, step: Step, parameters: Arrays, shard, seed: int) -> Update:
+        """Compute this shard's update for ``step`` from ``parameters``.
+
+        ``shard`` is a :class:`iterreduce.shards.ShardData` (features, labels, index).
+        """
+
+
+def weighted_average(updates: list[Update], names) -> Arrays:
+    """Sample-weighted mean of the named arrays over ``updates``."""
+    updates = [u for u in updates if u.samples > 0]
+    if not updates:
+        raise ValueError("no update with samples to average")
+    total = float(sum(u.samples for u in updates))
+    result = {}
+    for name in names:
+        acc = np.zeros(updates[0].arrays[name].shape, dtype=np.float64)
+        for u in sorted(updates, key=lambda u: u.shard):
+            acc += (u.samples / total) * u.arrays[name]
+        result[name] = acc.astype(updates[0].arrays[name].dtype)
+    return result
+
+
+def shard_seed(job_seed: int, step: int, shard: int) -> int:
+    """The seed of one shard's computation in one step: independent of which worker runs it."""
+    return int(np.random.SeedSequence([job_seed, step, shard]).generate_state(1)[0])
+
+
+def load_class(path: str):
+    """Import ``"package.module:Class"``."""
+    module, _, name = path.partition(":")
+    if not name:
+        raise ValueError(f"program path {path!r} must look like 'package.module:Class'")
+    return getattr(importlib.import_module(module), name)
+
+
+def program_path(cls) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def step_to_json(step: Step) -> str:
+    return json.dumps({"phase": step.phase, "info": dict(step.info), "arrays": list(step.arrays), "kind": step.kind})
+
+
+def step_from_json(text: str) -> Step:
+    d = json.loads(text)
+    return Step(d["phase"], d["info"], tuple(d["arrays"]), d["kind"])

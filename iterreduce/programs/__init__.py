@@ -1,0 +1,1 @@
+"""Small programs that ship with the runtime (examples and test workloads)."""

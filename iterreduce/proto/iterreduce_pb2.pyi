@@ -1,0 +1,166 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RegisterRequest(_message.Message):
+    __slots__ = ("worker_name", "host", "pid", "resources_json")
+    WORKER_NAME_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_JSON_FIELD_NUMBER: _ClassVar[int]
+    worker_name: str
+    host: str
+    pid: int
+    resources_json: str
+    def __init__(self, worker_name: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., resources_json: _Optional[str] = ...) -> None: ...
+
+class RegisterReply(_message.Message):
+    __slots__ = ("worker_id", "program", "program_config_json", "heartbeat_interval_s", "float16_wire")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_FIELD_NUMBER: _ClassVar[int]
+    PROGRAM_CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    FLOAT16_WIRE_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    program: str
+    program_config_json: str
+    heartbeat_interval_s: float
+    float16_wire: bool
+    def __init__(self, worker_id: _Optional[str] = ..., program: _Optional[str] = ..., program_config_json: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., float16_wire: _Optional[bool] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("worker_id", "status_json")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_JSON_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    status_json: str
+    def __init__(self, worker_id: _Optional[str] = ..., status_json: _Optional[str] = ...) -> None: ...
+
+class HeartbeatReply(_message.Message):
+    __slots__ = ("known",)
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    known: bool
+    def __init__(self, known: _Optional[bool] = ...) -> None: ...
+
+class TaskRequest(_message.Message):
+    __slots__ = ("worker_id", "versions")
+    class VersionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    versions: _containers.ScalarMap[str, int]
+    def __init__(self, worker_id: _Optional[str] = ..., versions: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class Shard(_message.Message):
+    __slots__ = ("index", "uri")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    URI_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    uri: str
+    def __init__(self, index: _Optional[int] = ..., uri: _Optional[str] = ...) -> None: ...
+
+class TaskHeader(_message.Message):
+    __slots__ = ("kind", "step", "phase", "info_json", "shards", "seed", "versions")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        RUN: _ClassVar[TaskHeader.Kind]
+        DONE: _ClassVar[TaskHeader.Kind]
+        WAIT: _ClassVar[TaskHeader.Kind]
+    RUN: TaskHeader.Kind
+    DONE: TaskHeader.Kind
+    WAIT: TaskHeader.Kind
+    class VersionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    INFO_JSON_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    SEED_FIELD_NUMBER: _ClassVar[int]
+    VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    kind: TaskHeader.Kind
+    step: int
+    phase: str
+    info_json: str
+    shards: _containers.RepeatedCompositeFieldContainer[Shard]
+    seed: int
+    versions: _containers.ScalarMap[str, int]
+    def __init__(self, kind: _Optional[_Union[TaskHeader.Kind, str]] = ..., step: _Optional[int] = ..., phase: _Optional[str] = ..., info_json: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., seed: _Optional[int] = ..., versions: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class TensorChunk(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "offset", "data", "last")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    offset: int
+    data: bytes
+    last: bool
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., last: _Optional[bool] = ...) -> None: ...
+
+class TaskChunk(_message.Message):
+    __slots__ = ("header", "tensor")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    header: TaskHeader
+    tensor: TensorChunk
+    def __init__(self, header: _Optional[_Union[TaskHeader, _Mapping]] = ..., tensor: _Optional[_Union[TensorChunk, _Mapping]] = ...) -> None: ...
+
+class ShardResult(_message.Message):
+    __slots__ = ("index", "samples", "metrics_json")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    SAMPLES_FIELD_NUMBER: _ClassVar[int]
+    METRICS_JSON_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    samples: int
+    metrics_json: str
+    def __init__(self, index: _Optional[int] = ..., samples: _Optional[int] = ..., metrics_json: _Optional[str] = ...) -> None: ...
+
+class UpdateHeader(_message.Message):
+    __slots__ = ("worker_id", "step", "results", "compute_s")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    step: int
+    results: _containers.RepeatedCompositeFieldContainer[ShardResult]
+    compute_s: float
+    def __init__(self, worker_id: _Optional[str] = ..., step: _Optional[int] = ..., results: _Optional[_Iterable[_Union[ShardResult, _Mapping]]] = ..., compute_s: _Optional[float] = ...) -> None: ...
+
+class UpdateChunk(_message.Message):
+    __slots__ = ("header", "tensor")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    header: UpdateHeader
+    tensor: TensorChunk
+    def __init__(self, header: _Optional[_Union[UpdateHeader, _Mapping]] = ..., tensor: _Optional[_Union[TensorChunk, _Mapping]] = ...) -> None: ...
+
+class PushReply(_message.Message):
+    __slots__ = ("accepted", "reason")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    reason: str
+    def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...

@@ -1,0 +1,91 @@
+"""Tensors on the wire: named NumPy arrays cut into chunks of a gRPC stream.
+
+A 2000x500 float32 layer is 4 MB, and gRPC's default message limit is 4 MB, so
+arrays travel in chunks of ``CHUNK_BYTES``. Optionally float32 arrays travel as
+float16 (half the bytes) and are widened again on arrival.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from .proto import iterreduce_pb2 as pb
+
+CHUNK_BYTES = 1 << 20
+#: the largest gRPC message either side accepts: one chunk plus headers, with room to spare
+MAX_MESSAGE_BYTES = 4 * CHUNK_BYTES
+ALLOWED_DTYPES = {"float16", "float32", "float64", "int32", "int64", "uint8"}
+MAX_ELEMENTS = 1 << 31  # refuse to allocate absurd tensors from a malformed header
+
+
+class WireError(ValueError):
+    """A malformed tensor stream."""
+
+
+def encode(arrays: dict[str, np.ndarray], float16: bool = False) -> Iterator[pb.TensorChunk]:
+    """Cut ``arrays`` into :class:`TensorChunk` messages."""
+    for name, array in arrays.items():
+        array = np.ascontiguousarray(array)
+        if float16 and array.dtype == np.float32:
+            array = array.astype(np.float16)
+        data = array.tobytes()
+        offsets = range(0, max(len(data), 1), CHUNK_BYTES)
+        for i, offset in enumerate(offsets):
+            chunk = pb.TensorChunk(name=name, offset=offset, data=data[offset:offset + CHUNK_BYTES],
+                                   last=i == len(offsets) - 1)
+            if offset == 0:
+                chunk.dtype = array.dtype.name
+                chunk.shape.extend(array.shape)
+            yield chunk
+
+
+class Decoder:
+    """Reassembles :class:`TensorChunk` messages into arrays, checking every header."""
+
+    def __init__(self, widen_to: str | None = "float32"):
+        self.arrays: dict[str, np.ndarray] = {}
+        self._open: dict[str, tuple[np.dtype, tuple, bytearray]] = {}
+        self._widen_to = widen_to
+
+    def add(self, chunk: pb.TensorChunk) -> None:
+        if chunk.offset == 0:
+            if chunk.dtype not in ALLOWED_DTYPES:
+                raise WireError(f"tensor {chunk.name!r}: dtype {chunk.dtype!r} not allowed")
+            shape = tuple(int(n) for n in chunk.shape)
+            if any(n < 0 for n in shape) or int(np.prod(shape, dtype=np.int64)) > MAX_ELEMENTS:
+                raise WireError(f"tensor {chunk.name!r}: bad shape {shape}")
+            if chunk.name in self._open or chunk.name in self.arrays:
+                raise WireError(f"tensor {chunk.name!r} sent twice")
+            self._open[chunk.name] = (np.dtype(chunk.dtype), shape, bytearray())
+        if chunk.name not in self._open:
+            raise WireError(f"tensor {chunk.name!r}: chunk at offset {chunk.offset} without a header")
+        dtype, shape, buf = self._open[chunk.name]
+        if chunk.offset != len(buf):
+            raise WireError(f"tensor {chunk.name!r}: chunk at offset {chunk.offset}, expected {len(buf)}")
+        expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if len(buf) + len(chunk.data) > expected:
+            raise WireError(f"tensor {chunk.name!r}: more than the {expected} bytes its shape needs")
+        buf += chunk.data
+        if chunk.last:
+            if len(buf) != expected:
+                raise WireError(f"tensor {chunk.name!r}: {len(buf)} bytes, expected {expected}")
+            array = np.frombuffer(bytes(buf), dtype=dtype).reshape(shape)
+            if dtype == np.float16 and self._widen_to:
+                array = array.astype(self._widen_to)
+            self.arrays[chunk.name] = array
+            del self._open[chunk.name]
+
+    def finish(self) -> dict[str, np.ndarray]:
+        if self._open:
+            raise WireError(f"stream ended inside tensor(s) {sorted(self._open)}")
+        return self.arrays
+
+
+def decode(chunks: Iterable[pb.TensorChunk]) -> dict[str, np.ndarray]:
+    """Reassemble a whole stream of chunks."""
+    decoder = Decoder()
+    for chunk in chunks:
+        decoder.add(chunk)
+    return decoder.finish()
