@@ -83,9 +83,17 @@ class Backend:
     def __repr__(self) -> str:
         return f"Backend(device={self.device!r}, dtype={self.dtype.name!r})"
 
+    def reseed(self, seed: int) -> None:
+        """Restart the device's random stream from ``seed`` (distributed steps seed each step)."""
+        self._rng = self.xp.random.default_rng(seed)
+
     def asarray(self, x, dtype=None):
         """Copy ``x`` to the device (no copy when it is already there in ``dtype``)."""
         return self.xp.asarray(x, dtype=dtype or self.dtype)
+
+    def copy(self, x, dtype=None):
+        """A device copy of ``x`` that the caller owns (for state that is updated in place)."""
+        return self.xp.array(x, dtype=dtype or self.dtype, copy=True)
 
     def to_numpy(self, x) -> np.ndarray:
         """Bring a device array (or scalar) back to the host as NumPy."""

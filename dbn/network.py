@@ -35,8 +35,8 @@ class Network:
         if len(weights) != len(biases) or not weights:
             raise ValueError("a network needs matching, non-empty lists of weights and biases")
         self.backend = backend
-        self.weights = [backend.asarray(w) for w in weights]
-        self.biases = [backend.asarray(b) for b in biases]
+        self.weights = [backend.copy(w) for w in weights]
+        self.biases = [backend.copy(b) for b in biases]
         for i, (w, b) in enumerate(zip(self.weights, self.biases)):
             if w.ndim != 2 or b.shape != (w.shape[1],):
                 raise ValueError(f"layer {i}: weights {w.shape} and bias {b.shape} do not match")
@@ -71,10 +71,10 @@ class Network:
         """Load parameters (and increments, zero when absent) onto the device."""
         be, xp = self.backend, self.backend.xp
         for i in range(len(self.weights)):
-            self.weights[i] = be.asarray(state[f"weights.{i}"])
-            self.biases[i] = be.asarray(state[f"biases.{i}"])
-            self.weights_inc[i] = be.asarray(state[f"weights_inc.{i}"]) if f"weights_inc.{i}" in state else xp.zeros_like(self.weights[i])
-            self.biases_inc[i] = be.asarray(state[f"biases_inc.{i}"]) if f"biases_inc.{i}" in state else xp.zeros_like(self.biases[i])
+            self.weights[i] = be.copy(state[f"weights.{i}"])
+            self.biases[i] = be.copy(state[f"biases.{i}"])
+            self.weights_inc[i] = be.copy(state[f"weights_inc.{i}"]) if f"weights_inc.{i}" in state else xp.zeros_like(self.weights[i])
+            self.biases_inc[i] = be.copy(state[f"biases_inc.{i}"]) if f"biases_inc.{i}" in state else xp.zeros_like(self.biases[i])
         return self
 
     # ------------------------------------------------------------- forward

@@ -156,17 +156,17 @@ class RBM:
     def set_state(self, state: dict) -> "RBM":
         """Load parameters (and increments, zero when absent) onto the device."""
         be = self.backend
-        self.weights_ = be.asarray(state["weights"])
+        self.weights_ = be.copy(state["weights"])
         if self.weights_.ndim != 2 or self.weights_.shape[1] != self.n_hidden:
             raise ValueError(
                 f"state weights have shape {self.weights_.shape}, expected (n_visible, {self.n_hidden})"
             )
-        self.visible_bias_ = be.asarray(state["visible_bias"])
-        self.hidden_bias_ = be.asarray(state["hidden_bias"])
+        self.visible_bias_ = be.copy(state["visible_bias"])
+        self.hidden_bias_ = be.copy(state["hidden_bias"])
         self._reset_increments()
         for key in STATE_KEYS[3:]:
             if key in state:
-                setattr(self, key + "_", be.asarray(state[key]))
+                setattr(self, key + "_", be.copy(state[key]))
         self._buffers.clear()
         return self
 

@@ -52,6 +52,7 @@ class LocalCluster:
         self.workers: dict[str, subprocess.Popen] = {}
         self.master: subprocess.Popen | None = None
         self._log_pos = 0
+        self.last_worker_error = ""
 
     def _env(self, index: int | None) -> dict:
         env = dict(os.environ, ITERREDUCE_TOKEN=self.config.token, PYTHONUNBUFFERED="1")
@@ -101,6 +102,16 @@ class LocalCluster:
         reason = error.read_text().strip() if error.exists() else "no reason given"
         return f"{what}: {reason} (logs in {self.logs})"
 
+    def _last_error(self, name: str) -> str:
+        """The last line a process wrote (for a crash: the exception), to explain a failure."""
+        try:
+            with open(self.logs / f"{name}.log", "rb") as f:
+                f.seek(max(0, f.seek(0, 2) - 4096))
+                lines = [ln for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+        except OSError:
+            return ""
+        return lines[-1].strip() if lines else ""
+
     def _forward_records(self) -> None:
         path = self.out / "log.jsonl"
         if not path.exists():
@@ -130,16 +141,19 @@ class LocalCluster:
                 if rc is None or rc == 0:
                     continue
                 used = self.restarts.get(name, 0)
+                error = self._last_error(name)
                 if used >= self.max_restarts:
-                    self._record_event("worker_gave_up", worker=name, exit=rc, restarts=used)
+                    self._record_event("worker_gave_up", worker=name, exit=rc, restarts=used, error=error)
+                    self.last_worker_error = error
                     del self.workers[name]
                     continue
                 self.restarts[name] = used + 1
-                self._record_event("worker_restarted", worker=name, exit=rc, restart=used + 1)
+                self._record_event("worker_restarted", worker=name, exit=rc, restart=used + 1, error=error)
                 self._start_worker(int(name.rsplit("-", 1)[1]))
             if not self.workers:
                 self.stop()
-                raise LocalJobError(f"every worker failed and used up its {self.max_restarts} restarts (logs in {self.logs})")
+                raise LocalJobError(f"every worker failed and used up its {self.max_restarts} restarts; "
+                                    f"last error: {self.last_worker_error} (logs in {self.logs})")
             time.sleep(0.2)
 
     def _record_event(self, event: str, **fields) -> None:

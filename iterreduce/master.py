@@ -361,8 +361,11 @@ class Master(pb_grpc.MasterServicer):
             self._assign_orphans()
             self.expected = {s for s, w in self.owner.items() if w is not None and self.workers[w].alive}
             self.lock.notify_all()
-            while self.expected - set(self.results):
-                # With nobody alive the shards stay expected: a restarted worker picks them up.
+            while not self.results or self.expected - set(self.results):
+                if not self.expected - set(self.results):
+                    # Every shard was dropped before any reported: redo the step in full
+                    # with the workers that are (or come) back.
+                    self.expected = set(self.owner)
                 self.lock.wait(timeout=0.5)
                 if self._live():
                     self._assign_orphans()
