@@ -96,10 +96,11 @@ class Backend:
         return self.xp.array(x, dtype=dtype or self.dtype, copy=True)
 
     def to_numpy(self, x) -> np.ndarray:
-        """Bring a device array (or scalar) back to the host as NumPy."""
+        """A host NumPy copy of a device array (a copy on the CPU too, so it never
+        changes when training goes on)."""
         if self.device == "gpu":
             return self.xp.asnumpy(x)
-        return np.asarray(x)
+        return np.array(x, copy=True)
 
     def empty(self, shape, dtype=None):
         return self.xp.empty(shape, dtype=dtype or self.dtype)

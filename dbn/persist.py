@@ -33,6 +33,9 @@ def atomic_write(path, write) -> None:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide models from colleagues
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -55,10 +58,13 @@ def load_arrays(path) -> tuple[dict, dict[str, np.ndarray]]:
     if not path.is_file():
         raise ModelFileError(f"{path}: no such model file")
     try:
+        with zipfile.ZipFile(path) as z:  # an .npz is a zip; anything else is not a model
+            z.testzip()
         with np.load(path, allow_pickle=False) as npz:
             arrays = {name: npz[name] for name in npz.files}
     except (zipfile.BadZipFile, EOFError, OSError, ValueError) as exc:
-        raise ModelFileError(f"{path}: not a readable model file (truncated or corrupt): {exc}") from exc
+        raise ModelFileError(f"{path}: not a readable model file (truncated or corrupt, or not an .npz): "
+                             f"{type(exc).__name__}") from exc
     if _HEADER not in arrays:
         raise ModelFileError(f"{path}: not a {FORMAT} file (no header)")
     try:

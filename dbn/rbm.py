@@ -133,6 +133,7 @@ class RBM:
             X = self._check(X, fitted=False)
             n_visible = X.shape[1]
         n_visible = int(n_visible)
+        self._buffers.clear()
         self.weights_ = be.normal((n_visible, self.n_hidden), scale=self.init_std)
         self.hidden_bias_ = be.zeros(self.n_hidden)
         self.visible_bias_ = be.zeros(n_visible)
@@ -187,6 +188,7 @@ class RBM:
         """
         X = self._check(X, fitted=False)
         self.initialize(X)
+        self.history_ = []
         if X_valid is not None:
             X_valid = self._check(X_valid)
         for epoch in range(self.epochs):
@@ -273,7 +275,17 @@ class RBM:
         if self.persistent:
             self._chain = self._sample(hk, be.empty(hk.shape))
 
-        diff = xp.subtract(v0, vk, out=buf["v_lin"]).ravel()
+        if self.persistent:
+            # vk belongs to the persistent chain, not to this batch: measure the
+            # reconstruction of v0 itself (one more product, PCD only).
+            xp.matmul(W, h0, out=buf["v_lin"])
+            buf["v_lin"] += a
+            if self.visible == "bernoulli":
+                be.sigmoid(buf["v_lin"], out=buf["v_lin"])
+            xp.subtract(v0, buf["v_lin"], out=buf["v_lin"])
+        else:
+            xp.subtract(v0, vk, out=buf["v_lin"])
+        diff = buf["v_lin"].ravel()
         error = xp.vdot(diff, diff)
 
         # Gradient <v h>_data - <v h>_model as one product of the stacked columns,

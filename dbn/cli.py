@@ -1,0 +1,342 @@
+"""The ``dbn`` command line.
+
+    dbn train [CONFIG.toml] [--set section.key=value ...] [--quick] [--json] ...
+    dbn evaluate MODEL.npz [--data mnist|FILE.npz] [--json]
+    dbn bench rbm [--device cpu|gpu] [--json] ...
+
+Errors in the input (configuration, data, model files, devices) print
+``dbn: error: <message>`` and exit with status 2; ``--debug`` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from . import __version__
+from .backend import DEVICES, BackendError
+from .config import QUICK, ConfigError, JobConfig, load_config, parse_override
+from .mnist import MnistError, load_mnist, scale_images
+from .model import DBN
+from .persist import ModelFileError, atomic_write
+from .validation import DataError
+
+
+class UsageError(Exception):
+    """A request the command cannot carry out, e.g. a missing optional package."""
+
+
+USER_ERRORS = (ConfigError, DataError, ModelFileError, MnistError, BackendError, UsageError, OSError)
+EXIT_ERROR, EXIT_INTERRUPTED = 2, 130
+
+
+def _json(record) -> str:
+    return json.dumps(record, default=lambda o: o.item() if hasattr(o, "item") else str(o))
+
+
+def _write_json(path: Path, obj) -> None:
+    text = json.dumps(obj, indent=2, default=lambda o: o.item() if hasattr(o, "item") else str(o)) + "\n"
+    atomic_write(path, lambda f: f.write(text.encode()))
+
+
+# ---------------------------------------------------------------------- data
+
+
+def load_dataset(spec: str, split: str, mnist_dir=None, cache: dict | None = None):
+    """``"mnist"`` (its ``split``: "train" or "test", scaled to [0, 1]) or a .npz with X and y."""
+    if spec == "mnist":
+        cache = {} if cache is None else cache
+        if "mnist" not in cache:
+            cache["mnist"] = load_mnist(mnist_dir)
+        data = cache["mnist"]
+        x, y = (data.x_train, data.y_train) if split == "train" else (data.x_test, data.y_test)
+        return scale_images(x), y
+    path = Path(spec).expanduser()
+    if not path.is_file():
+        raise DataError(f"{path}: no such data file (use 'mnist' or a .npz file with arrays X and y)")
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            missing = [k for k in ("X", "y") if k not in npz.files]
+            if missing:
+                raise DataError(f"{path}: no array {' or '.join(missing)} (has: {', '.join(npz.files) or 'none'})")
+            return npz["X"], npz["y"]
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        if isinstance(exc, DataError):
+            raise
+        raise DataError(f"{path}: not a readable .npz file: {exc}") from exc
+
+
+def _load_job_data(cfg: JobConfig):
+    cache: dict = {}
+    X, y = load_dataset(cfg.data.train, "train", cfg.data.mnist_dir, cache)
+    if cfg.data.limit is not None:
+        X, y = X[: cfg.data.limit], y[: cfg.data.limit]
+    X_test = y_test = None
+    if cfg.data.test is not None:
+        X_test, y_test = load_dataset(cfg.data.test, "test", cfg.data.mnist_dir, cache)
+    return X, y, X_test, y_test
+
+
+# ---------------------------------------------------------------- progress
+
+
+def _rate(x: float) -> str:
+    return f"{x / 1000:.1f}k" if x >= 1000 else f"{x:.0f}"
+
+
+class Progress:
+    """DBN callback: log.jsonl always, a human line on stderr, a JSON line on stdout with --json."""
+
+    def __init__(self, log, cfg: JobConfig, *, quiet: bool, json_lines: bool):
+        self.log, self.cfg, self.quiet, self.json_lines = log, cfg, quiet, json_lines
+        self.start = time.perf_counter()
+        self.last = None  # (phase, layer, seconds) of the previous record
+        self.where = "start-up"  # the last completed step, for the Ctrl-C message
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def write(self, record: dict, stdout: bool = False) -> None:
+        line = _json(record)
+        self.log.write(line + "\n")
+        self.log.flush()
+        if stdout and self.json_lines:
+            print(line, flush=True)
+
+    def __call__(self, rec: dict) -> None:
+        key = (rec["phase"], rec.get("layer"))
+        previous = self.last[1] if self.last and self.last[0] == key else 0.0
+        self.last = (key, rec["seconds"])
+        epoch_seconds = rec["seconds"] - previous
+        record = {
+            "event": "epoch", **rec, "epoch_seconds": epoch_seconds,
+            "samples_per_s": rec["samples"] / epoch_seconds if epoch_seconds > 0 else None,
+            "elapsed": self.elapsed(),
+        }
+        self.write(record, stdout=True)
+        m = self.cfg.model
+        if rec["phase"] == "pretrain":
+            self.where = f"pretrain layer {rec['layer'] + 1}/{len(m.hidden_layers)} epoch {rec['epoch'] + 1}/{m.pretrain_epochs}"
+            detail = f"recon {rec['reconstruction_error']:.2f}"
+        else:
+            self.where = f"finetune epoch {rec['epoch'] + 1}/{m.finetune_epochs}"
+            detail = f"loss {rec['loss']:.4f}  train err {100 * rec['train_error']:.2f}%"
+            if "valid_error" in rec:
+                detail += f"  valid err {100 * rec['valid_error']:.2f}%"
+        if not self.quiet:
+            rate = f"{_rate(record['samples_per_s'])} samples/s" if record["samples_per_s"] else "- samples/s"
+            print(f"{self.where}  {detail}  {rate}  {record['elapsed']:.0f} s", file=sys.stderr, flush=True)
+
+
+# ------------------------------------------------------------------ commands
+
+
+def cmd_train(args) -> int:
+    overrides: dict = dict(QUICK) if args.quick else {}
+    for item in args.set:
+        key, value = parse_override(item)
+        overrides[key] = value
+    for key, value in (
+        ("model.pretrain_epochs", args.epochs), ("model.finetune_epochs", args.finetune_epochs),
+        ("model.hidden_layers", args.layers), ("job.device", args.device), ("output.dir", args.out),
+    ):
+        if value is not None:
+            overrides[key] = value
+    cfg = load_config(args.config, overrides)
+    if args.quick and cfg.output.dir == str(Path("runs") / cfg.job.name):  # keep apart from full runs
+        cfg = load_config(args.config, {**overrides, "output.dir": str(Path("runs") / f"{cfg.job.name}-quick")})
+    X, y, X_test, y_test = _load_job_data(cfg)
+    try:
+        model = DBN(**cfg.dbn_params())
+    except ValueError as exc:
+        raise ConfigError(f"{cfg.source or 'default config'}: [model] {exc}") from None
+
+    out = Path(cfg.output.dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / "config.json", cfg.to_dict())
+    with open(out / "log.jsonl", "a") as log:
+        progress = Progress(log, cfg, quiet=args.quiet, json_lines=args.json)
+        model.callback = progress
+        progress.write({
+            "event": "start", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "version": __version__,
+            "device": model.backend.device, "n_train": int(X.shape[0]), "n_features": int(X.shape[1]),
+            "n_test": None if X_test is None else int(X_test.shape[0]), "config": cfg.to_dict(),
+        })
+        if not args.quiet:
+            print(
+                f"dbn train: {X.shape[0]} x {X.shape[1]} -> {'-'.join(map(str, cfg.model.hidden_layers))} "
+                f"on {model.backend.device}, writing to {out}",
+                file=sys.stderr, flush=True,
+            )
+        saved = False
+        try:
+            t0 = time.perf_counter()
+            model.pretrain(X)
+            pretrain_seconds = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            model.finetune(X, y)
+            finetune_seconds = time.perf_counter() - t1
+            model.save(out / "model.npz")
+            saved, progress.where = True, "training"
+            test_error = None
+            if X_test is not None:
+                test_error = 1.0 - model.score(X_test, y_test)
+        except KeyboardInterrupt:
+            progress.write({"event": "interrupted", "after": progress.where, "elapsed": progress.elapsed()})
+            model_note = f"model saved to {out / 'model.npz'}" if saved else "no model written"
+            print(f"dbn: interrupted (Ctrl-C) after {progress.where}; {model_note}; "
+                  f"progress so far is in {out / 'log.jsonl'}", file=sys.stderr, flush=True)
+            return EXIT_INTERRUPTED
+        result = {
+            "test_error": test_error,
+            "n_test": None if X_test is None else int(X_test.shape[0]),
+            "layers": [int(X.shape[1]), *cfg.model.hidden_layers, int(model.n_classes_)],
+            "epochs": {"pretrain": cfg.model.pretrain_epochs, "finetune": cfg.model.finetune_epochs,
+                       "finetune_run": sum(1 for r in model.history_ if r["phase"] == "finetune")},
+            "wall_seconds": progress.elapsed(),
+            "pretrain_seconds": pretrain_seconds,
+            "finetune_seconds": finetune_seconds,
+            "device": model.backend.device,
+            "seed": cfg.job.seed,
+            "n_train": int(X.shape[0]),
+            "name": cfg.job.name,
+            "model": str(out / "model.npz"),
+            "params": model.get_params(),
+        }
+        _write_json(out / "result.json", result)
+        progress.write({"event": "summary", **result}, stdout=True)
+    if not args.json:
+        err = "no test set" if test_error is None else f"test error {100 * test_error:.2f} %"
+        print(f"{err}  ({result['wall_seconds']:.0f} s)  model: {out / 'model.npz'}")
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    model = DBN.load(args.model, device=args.device)
+    if model.network_ is None:
+        raise ModelFileError(f"{args.model}: a pre-trained stack without a classifier: nothing to evaluate")
+    X, y = load_dataset(args.data, "test", args.mnist_dir)
+    error = 1.0 - model.score(X, y)
+    record = {
+        "model": str(args.model), "data": args.data, "test_error": error, "n_samples": int(X.shape[0]),
+        "errors": int(round(error * X.shape[0])), "device": model.backend.device,
+    }
+    if args.json:
+        print(_json(record))
+    else:
+        print(f"test error {100 * error:.2f} %  ({record['errors']} of {record['n_samples']})  {args.model} on {args.data}")
+    return 0
+
+
+def cmd_bench_rbm(args) -> int:
+    from .bench import bench_rbm, format_table, sklearn_available
+
+    if args.sklearn and not sklearn_available():
+        raise UsageError("--sklearn: scikit-learn is not installed (pip install 'dbn-yarn[bench]'), or use --no-sklearn")
+    try:
+        result = bench_rbm(
+            device=args.device, batch=args.batch, n_visible=args.visible, n_hidden=args.hidden,
+            seconds=args.seconds, sklearn=args.sklearn, rounds=args.rounds, sgemm_size=args.sgemm_size,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(_json(result) if args.json else format_table(result))
+    return 0
+
+
+# ------------------------------------------------------------------- parsing
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the traceback on errors")
+    parser = argparse.ArgumentParser(
+        prog="dbn", parents=[common],
+        description="Deep Belief Networks: train, evaluate and benchmark.",
+    )
+    parser.add_argument("--version", action="version", version=f"dbn {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # Planned: submit, status, logs, kill, shard, mnist.
+
+    p = sub.add_parser("train", parents=[common], help="train a DBN in this process",
+                       description="Train a DBN as a TOML job file says (default: the paper's MNIST run).")
+    p.add_argument("config", nargs="?", type=Path, help="job file (.toml); default: MNIST, 784-500-500-2000-10")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a setting, e.g. --set model.dropout=0.3 (repeatable)")
+    p.add_argument("--epochs", type=int, metavar="N", help="pre-training epochs per layer (model.pretrain_epochs)")
+    p.add_argument("--finetune-epochs", type=int, metavar="N", help="fine-tuning epochs (model.finetune_epochs)")
+    p.add_argument("--layers", metavar="N,N,...", help="hidden layer sizes, e.g. 500,500,2000")
+    p.add_argument("--device", choices=DEVICES, help="job.device")
+    p.add_argument("--out", metavar="DIR", help="output directory (output.dir; default runs/<job name>)")
+    p.add_argument("--quick", action="store_true",
+                   help="a reduced run: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--json", action="store_true", help="JSON lines on stdout: one per epoch, then a summary")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("evaluate", parents=[common], help="test error of a saved model")
+    p.add_argument("model", type=Path, help="model file written by dbn train (model.npz)")
+    p.add_argument("--data", default="mnist", help="'mnist' (its 10,000 test images) or a .npz with X and y")
+    p.add_argument("--mnist-dir", help="directory of the MNIST files (default: found automatically)")
+    p.add_argument("--device", choices=DEVICES, default="auto")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("bench", parents=[common], help="speed benchmarks")
+    bench = p.add_subparsers(dest="bench", metavar="WHAT", required=True)
+    b = bench.add_parser("rbm", parents=[common], help="CD-1 samples/s vs this machine's sgemm and scikit-learn",
+                         description="CD-1 training speed next to the machine's sgemm rate and sklearn's BernoulliRBM.")
+    b.add_argument("--device", choices=DEVICES, default="cpu")
+    b.add_argument("--batch", type=int, default=100, help="minibatch size (default 100)")
+    b.add_argument("--visible", type=int, default=784, help="visible units (default 784)")
+    b.add_argument("--hidden", type=int, default=500, help="hidden units (default 500)")
+    b.add_argument("--seconds", type=float, default=10.0, help="timed training per contender, in all (default 10)")
+    b.add_argument("--rounds", type=int, default=3, help="interleaved measurement rounds (default 3)")
+    b.add_argument("--sgemm-size", type=int, default=2048, help="n of the n x n x n sgemm (default 2048)")
+    b.add_argument("--sklearn", action=argparse.BooleanOptionalAction, default=None,
+                   help="compare with sklearn's BernoulliRBM (default: when installed)")
+    b.add_argument("--json", action="store_true", help="print one JSON object")
+    b.set_defaults(func=cmd_bench_rbm)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, --version, usage errors: return the code, for in-process callers
+        return exc.code if isinstance(exc.code, int) else EXIT_ERROR
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return EXIT_ERROR
+    debug = getattr(args, "debug", False)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # e.g. `dbn train --json | head`: stop quietly
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except USER_ERRORS as exc:
+        if debug:
+            raise
+        message = f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) and exc.filename and exc.strerror else str(exc)
+        print(f"dbn: error: {message}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("dbn: interrupted (Ctrl-C)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,330 @@
+"""Job configuration: one TOML file describes a whole training job.
+
+::
+
+    [data]
+    train = "mnist"            # "mnist" or a .npz with arrays X (n x d) and y (n,)
+    test = "mnist"             # optional, same forms ("mnist" = the 10,000 test images)
+    mnist_dir = "~/mnist"      # optional: where the MNIST files are (else found)
+    limit = 10000              # optional: train on the first N rows only
+
+    [model]                    # any DBN hyperparameter except callback, seed, device
+    hidden_layers = [500, 500, 2000]
+    pretrain_epochs = 50
+
+    [output]
+    dir = "runs/mnist"         # default "runs/<job name>"
+
+    [job]
+    name = "mnist"             # default: the config file's name without .toml
+    seed = 0
+    device = "auto"            # "cpu", "gpu" or "auto"
+
+The ``[model]`` section is generated from the signature of :class:`dbn.DBN`, so
+its keys and defaults are DBN's own. ``seed`` and ``device`` live in ``[job]``.
+Relative paths under ``[data]`` are relative to the config file; ``output.dir``
+is relative to the current directory. Unknown keys and wrong types raise
+:class:`ConfigError` naming the file, the section and the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+import tomllib
+import types
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .backend import DEVICES
+from .model import DBN
+from .rbm import VISIBLE_UNITS
+
+__all__ = [
+    "ConfigError", "DataSection", "ModelSection", "OutputSection", "JobSection", "JobConfig",
+    "PAPER", "QUICK", "load_config", "parse_override",
+]
+
+
+class ConfigError(ValueError):
+    """A job configuration that cannot be used; the message names file, section and key."""
+
+
+# ------------------------------------------------------------------ sections
+
+
+@dataclass(frozen=True)
+class DataSection:
+    train: str = "mnist"
+    test: str | None = None
+    mnist_dir: str | None = None
+    limit: int | None = None
+
+
+_JOB_KEYS = ("seed", "device")  # DBN parameters that belong to [job], not [model]
+_DBN_SIG = inspect.signature(DBN.__init__)
+try:
+    _DBN_HINTS = typing.get_type_hints(DBN.__init__)
+except Exception:  # an annotation that cannot be evaluated here: fall back to the defaults' types
+    _DBN_HINTS = {}
+
+
+def _model_fields():
+    fields = []
+    for name, p in _DBN_SIG.parameters.items():
+        if name in ("self", "callback", *_JOB_KEYS) or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        default = tuple(p.default) if isinstance(p.default, list) else p.default
+        hint = _DBN_HINTS.get(name, type(default) if default is not None else Any)
+        fields.append((name, hint, dataclasses.field(default=default)))
+    return fields
+
+
+ModelSection = dataclasses.make_dataclass("ModelSection", _model_fields(), frozen=True)
+ModelSection.__module__ = __name__
+ModelSection.__doc__ = "DBN hyperparameters (generated from DBN.__init__: same names and defaults)."
+
+
+@dataclass(frozen=True)
+class OutputSection:
+    dir: str | None = None  # None -> "runs/<job name>"
+
+
+@dataclass(frozen=True)
+class JobSection:
+    name: str | None = None  # None -> the config file's stem, or "mnist"
+    seed: int = _DBN_SIG.parameters["seed"].default
+    device: str = _DBN_SIG.parameters["device"].default
+
+
+SECTIONS = {"data": DataSection, "model": ModelSection, "output": OutputSection, "job": JobSection}
+CHOICES = {("model", "visible"): VISIBLE_UNITS, ("job", "device"): DEVICES}
+_AT_LEAST_ONE = {"cd_k", "pretrain_batch_size", "finetune_batch_size"}
+_PATH_KEYS = {("data", "train"), ("data", "test"), ("data", "mnist_dir")}
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    data: DataSection
+    model: ModelSection
+    output: OutputSection
+    job: JobSection
+    source: str | None = None  # the config file, None for the built-in default
+
+    def dbn_params(self) -> dict:
+        """Keyword arguments for ``DBN(...)`` (without callback)."""
+        params = dataclasses.asdict(self.model)
+        params["hidden_layers"] = list(params["hidden_layers"])
+        if isinstance(params["pretrain_learning_rate"], tuple):
+            params["pretrain_learning_rate"] = list(params["pretrain_learning_rate"])
+        return {**params, "device": self.job.device, "seed": self.job.seed}
+
+    def to_dict(self) -> dict:
+        """Plain JSON-serialisable dict (tuples as lists), for logs and config.json."""
+        def plain(x):
+            if isinstance(x, (tuple, list)):
+                return [plain(v) for v in x]
+            if isinstance(x, dict):
+                return {k: plain(v) for k, v in x.items()}
+            return x
+        out = {name: plain(dataclasses.asdict(getattr(self, name))) for name in SECTIONS}
+        out["source"] = self.source
+        return out
+
+
+#: The paper's run (784-500-500-2000-10 on MNIST), used when no config file is given;
+#: the same as examples/mnist.toml. Fine-tuning as in benchmarks/mnist_accuracy.py.
+PAPER: dict[str, Any] = {
+    "data.train": "mnist",
+    "data.test": "mnist",
+    "model.hidden_layers": [500, 500, 2000],
+    "model.pretrain_epochs": 50,
+    "model.finetune_epochs": 100,
+    "model.finetune_learning_rate": 0.1,
+    "model.finetune_lr_decay": 0.98,
+    "model.dropout": 0.5,
+    "model.input_dropout": 0.2,
+}
+
+#: ``dbn train --quick``: a reduced run (about 2-3 minutes on 2 cores), as examples/quick.toml.
+QUICK: dict[str, Any] = {
+    "data.limit": 10000,
+    "model.pretrain_epochs": 20,
+    "model.finetune_epochs": 40,
+}
+
+
+# ------------------------------------------------------------------- loading
+
+
+def load_config(path=None, overrides: dict[str, Any] | None = None) -> JobConfig:
+    """Read a TOML job file (or the built-in PAPER job when ``path`` is None) and apply overrides.
+
+    ``overrides`` maps dotted keys to values, e.g. ``{"model.pretrain_epochs": 5}``.
+    String values (from the command line) are parsed as TOML literals when the key
+    is not a string setting: ``"5"`` -> 5, ``"[500, 500]"`` or ``"500,500"`` -> a list,
+    ``"none"`` -> unset for optional keys.
+    """
+    values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    if path is None:
+        origin, base = "default config", None
+        for dotted, value in PAPER.items():
+            section, key = dotted.split(".", 1)
+            values[section][key] = _check(origin, section, key, value)
+    else:
+        path = Path(path)
+        origin, base = str(path), path.expanduser().resolve().parent
+        try:
+            with open(path.expanduser(), "rb") as f:
+                doc = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such config file") from None
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read config file: {exc.strerror or exc}") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+        for section, table in doc.items():
+            if section not in SECTIONS:
+                raise ConfigError(f"{origin}: unknown section [{section}]{_suggest(section, SECTIONS)}")
+            if not isinstance(table, dict):
+                raise ConfigError(f"{origin}: '{section}' must be a [{section}] table, got {_describe(table)}")
+            for key, value in table.items():
+                value = _check(origin, section, key, value)
+                if (section, key) in _PATH_KEYS and value is not None and value != "mnist":
+                    value = str(base / Path(value).expanduser())
+                values[section][key] = value
+    for dotted, value in (overrides or {}).items():
+        section, _, key = dotted.partition(".")
+        if section not in SECTIONS or not key:
+            raise ConfigError(
+                f"override {dotted!r}: keys look like section.key with section one of "
+                f"{', '.join(SECTIONS)}{_suggest(section, SECTIONS)}"
+            )
+        values[section][key] = _check("command line", section, key, value, parse_strings=True)
+
+    job = values["job"]
+    job.setdefault("name", Path(path).stem if path is not None else "mnist")
+    values["output"].setdefault("dir", str(Path("runs") / job["name"]))
+    return JobConfig(
+        **{name: cls(**values[name]) for name, cls in SECTIONS.items()},
+        source=str(path) if path is not None else None,
+    )
+
+
+def parse_override(item: str) -> tuple[str, str]:
+    """``"model.dropout=0.5"`` -> ``("model.dropout", "0.5")``."""
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. model.pretrain_epochs=5")
+    return key.strip(), value.strip()
+
+
+# ---------------------------------------------------------------- validation
+
+
+def _suggest(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _describe(value) -> str:
+    kind = {bool: "boolean", int: "integer", float: "float", str: "string", list: "array", dict: "table"}
+    return f"{kind.get(type(value), type(value).__name__)} {value!r}"
+
+
+def _check(origin: str, section: str, key: str, value, parse_strings: bool = False):
+    """Validate one setting against its section's field type; return the stored value."""
+    cls = SECTIONS[section]
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    where = f"{origin}: [{section}]"
+    if key not in fields:
+        owner = [s for s, c in SECTIONS.items() if s != section and key in {f.name for f in dataclasses.fields(c)}]
+        hint = f" (it belongs in [{owner[0]}])" if owner else _suggest(key, fields)
+        raise ConfigError(f"{where} unknown key {key!r}{hint}")
+    hint = typing.get_type_hints(cls)[key]
+    if parse_strings and isinstance(value, str) and not _accepts(hint, str):
+        value = _parse_literal(value, _accepts(hint, type(None)))
+        if hint is tuple and isinstance(value, int):  # --layers 500: one hidden layer
+            value = [value]
+    try:
+        value = _convert(value, hint)
+    except TypeError as exc:
+        raise ConfigError(f"{where} {key}: expected {exc}, got {_describe(value)}") from None
+    choices = CHOICES.get((section, key))
+    if choices is not None and value not in choices:
+        raise ConfigError(f"{where} {key}: must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    if key == "limit" and value is not None and value < 1:
+        raise ConfigError(f"{where} {key}: must be a positive number of rows, got {value!r}")
+    if section == "model" and type(value) is int:  # counts and sizes (DBN checks rates itself)
+        low = 1 if key in _AT_LEAST_ONE else 0
+        if value < low:
+            raise ConfigError(f"{where} {key}: must be >= {low}, got {value!r}")
+    return value
+
+
+def _members(hint) -> tuple:
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        return typing.get_args(hint)
+    return (hint,)
+
+
+def _accepts(hint, kind) -> bool:
+    return any(m is kind or typing.get_origin(m) is kind for m in _members(hint))
+
+
+def _parse_literal(text: str, nullable: bool):
+    """A command-line value as TOML (5, 0.1, true, [1, 2], "x"); "a,b" as a list; else the text."""
+    if nullable and text.lower() in ("none", "null"):
+        return None
+    for candidate in (text, f"[{text}]" if "," in text else None):
+        if candidate is None:
+            continue
+        try:
+            return tomllib.loads(f"v = {candidate}")["v"]
+        except tomllib.TOMLDecodeError:
+            pass
+    return text
+
+
+def _convert(value, hint):
+    """Return ``value`` converted to ``hint``, or raise TypeError(<what was expected>)."""
+    if hint is Any:
+        return value
+    members = _members(hint)
+    if value is None:
+        if type(None) in members:
+            return None
+        raise TypeError(_name(hint))
+    for m in members:
+        origin = typing.get_origin(m) or m
+        if m is bool and isinstance(value, bool):
+            return value
+        if m is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if m is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if m is str and isinstance(value, str):
+            return value
+        if origin in (list, tuple) and isinstance(value, (list, tuple)):
+            return _convert_list(value, m)
+    raise TypeError(_name(hint))
+
+
+def _convert_list(value, hint):
+    args = [a for a in typing.get_args(hint) if a is not Ellipsis]
+    if hint is tuple or args == [int]:  # hidden_layers (untyped, default a tuple of ints)
+        if value and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
+            return tuple(value)
+        raise TypeError("a non-empty array of positive integers")
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+        return tuple(float(v) for v in value)
+    raise TypeError("an array of numbers")
+
+
+def _name(hint) -> str:
+    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+             list: "an array", tuple: "an array of positive integers", type(None): "none"}
+    return " or ".join(names.get(typing.get_origin(m) or m, str(m)) for m in _members(hint))

@@ -1,0 +1,70 @@
+"""Turn a dataset into Parquet shards for the distributed runtime (``dbn shard``).
+
+Sources: ``mnist`` (the IDX files; the training set, or the test set with
+``split="test"``), a NumPy ``.npz`` with arrays ``X`` and optional ``y``, or a CSV
+file whose columns are the features plus an optional ``label`` column.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from iterreduce.shards import ShardError, write_shards
+
+from .validation import DataError, check_features, check_labels
+
+
+def load_source(source: str, *, split: str = "train", mnist_dir: str | None = None,
+                limit: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Features and labels from ``source`` ("mnist", a .npz or a .csv file)."""
+    if source == "mnist":
+        from .mnist import load_mnist
+
+        data = load_mnist(mnist_dir)
+        X, y = (data.x_train, data.y_train) if split == "train" else (data.x_test, data.y_test)
+    else:
+        path = Path(source).expanduser()
+        if not path.is_file():
+            raise DataError(f"{path}: no such data file (expected 'mnist', a .npz or a .csv)")
+        if path.suffix == ".npz":
+            with np.load(path, allow_pickle=False) as npz:
+                if "X" not in npz.files:
+                    raise DataError(f"{path}: no array 'X' (arrays: {npz.files})")
+                X, y = npz["X"], (npz["y"] if "y" in npz.files else None)
+        elif path.suffix == ".csv":
+            X, y = _read_csv(path)
+        else:
+            raise DataError(f"{path}: unknown data format {path.suffix!r} (use .npz or .csv)")
+        X = check_features(X, name=str(path))
+        if y is not None:
+            y = check_labels(y, n_samples=X.shape[0], name=f"{path} labels")
+    if limit is not None:
+        X, y = X[:limit], (None if y is None else y[:limit])
+    return X, y
+
+
+def _read_csv(path: Path):
+    import pyarrow.csv as pacsv
+
+    try:
+        table = pacsv.read_csv(path)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for bad CSV
+        raise DataError(f"{path}: not a readable CSV file: {exc}") from exc
+    y = table.column("label").to_numpy() if "label" in table.column_names else None
+    features = [c for c in table.column_names if c != "label"]
+    if not features:
+        raise DataError(f"{path}: no feature columns")
+    X = np.column_stack([table.column(c).to_numpy(zero_copy_only=False) for c in features])
+    return X.astype(np.float32), y
+
+
+def shard_dataset(source: str, out: str, n_shards: int, **kwargs) -> list[str]:
+    """Write ``source`` as ``n_shards`` Parquet shards under ``out`` (a path or URI)."""
+    X, y = load_source(source, **kwargs)
+    if n_shards < 1 or n_shards > X.shape[0]:
+        raise ShardError(f"{out}: cannot cut {X.shape[0]} rows into {n_shards} shards")
+    if X.dtype != np.uint8:
+        X = X.astype(np.float32)
+    return write_shards(X, y, out, n_shards)

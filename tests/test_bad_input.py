@@ -1,0 +1,271 @@
+"""Bad data, bad labels, bad model files and bad settings: each gets an error that names the problem."""
+
+from __future__ import annotations
+
+import os
+import zipfile
+
+import numpy as np
+import pytest
+
+import dbn
+from dbn import DBN, RBM, Backend, BackendError, DataError, ModelFileError
+
+N_FEATURES = 8
+
+
+def toy_data(n=60, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.random((n, N_FEATURES)).astype(np.float32)
+    y = np.arange(n) % 3  # classes 0, 1, 2
+    return X, y
+
+
+def small_dbn(**kwargs):
+    params = dict(pretrain_epochs=1, finetune_epochs=1, top_layer_epochs=0, pretrain_batch_size=20,
+                  finetune_batch_size=20, device="cpu", seed=0)
+    params.update(kwargs)
+    return DBN([5], **params)
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    X, y = toy_data()
+    return small_dbn().fit(X, y)
+
+
+# ------------------------------------------------------------------ features
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_values_name_row_and_column(fitted, bad):
+    X, y = toy_data()
+    X[7, 3] = bad
+    X[9, 1] = bad
+    for call in (lambda: small_dbn().fit(X, y), lambda: fitted.predict(X), lambda: fitted.transform(X),
+                 lambda: RBM(4, device="cpu").fit(X)):
+        with pytest.raises(DataError, match=r"2 NaN or infinite value\(s\), the first at row 7, column 3"):
+            call()
+
+
+def test_wrong_feature_count_at_predict(fitted):
+    X, _ = toy_data()
+    for call in (fitted.predict, fitted.predict_proba, fitted.transform):
+        with pytest.raises(DataError, match=f"X has 5 features but the model expects {N_FEATURES}"):
+            call(X[:, :5])
+    with pytest.raises(DataError, match="has 9 features but the model expects 8"):
+        fitted.score(np.zeros((3, 9)), [0, 1, 2])
+
+
+def test_bernoulli_inputs_outside_unit_interval(fitted):
+    X, y = toy_data()
+    pixels = (X * 255).round()
+    pixels[0, 0] = 255
+    with pytest.raises(DataError, match=r"values in \[0, 255\].*need \[0, 1\]"):
+        small_dbn().fit(pixels, y)
+    with pytest.raises(DataError, match=r"\[0, 1\]"):
+        fitted.predict(X - 0.5)
+    with pytest.raises(DataError, match=r"\[0, 1\]"):
+        RBM(3, device="cpu").fit(pixels)
+    # Gaussian visible units take the same data.
+    small_dbn(visible="gaussian").fit((pixels - pixels.mean(0)) / pixels.std(0), y)
+
+
+def test_empty_X():
+    with pytest.raises(DataError, match="empty"):
+        small_dbn().fit(np.empty((0, N_FEATURES)), np.empty(0, dtype=int))
+    with pytest.raises(DataError, match="empty"):
+        RBM(3, device="cpu").fit(np.empty((0, 4)))
+
+
+def test_one_dimensional_X(fitted):
+    with pytest.raises(DataError, match=r"must be 2-D \(samples x features\), got shape \(8,\)"):
+        fitted.predict(np.zeros(N_FEATURES))
+    with pytest.raises(DataError, match="2-D"):
+        small_dbn().fit(np.zeros(10), np.zeros(10, dtype=int))
+
+
+def test_non_numeric_X():
+    with pytest.raises(DataError, match="numeric"):
+        small_dbn().fit(np.array([["a", "b"], ["c", "d"]]), [0, 1])
+
+
+# -------------------------------------------------------------------- labels
+
+
+def test_label_count_mismatch():
+    X, y = toy_data()
+    with pytest.raises(DataError, match="y has 59 labels but X has 60 samples"):
+        small_dbn().fit(X, y[:-1])
+
+
+def test_negative_labels():
+    X, y = toy_data()
+    y = y.copy()
+    y[4] = -1
+    with pytest.raises(DataError, match="negative label -1"):
+        small_dbn().fit(X, y)
+
+
+def test_float_non_integer_labels():
+    X, y = toy_data()
+    with pytest.raises(DataError, match="non-integer"):
+        small_dbn().fit(X, y + 0.5)
+    with pytest.raises(DataError, match="non-integer"):
+        small_dbn().fit(X, np.where(y == 0, np.nan, y))
+    # Whole-valued floats are accepted as labels.
+    small_dbn().fit(X, y.astype(np.float64))
+
+
+def test_string_and_2d_labels():
+    X, y = toy_data()
+    with pytest.raises(DataError, match="integer class labels"):
+        small_dbn().fit(X, y.astype(str))
+    with pytest.raises(DataError, match="1-D"):
+        small_dbn().fit(X, y[:, None])
+
+
+def test_labels_outside_class_range_at_score_and_finetune(fitted):
+    X, y = toy_data()
+    y = y.copy()
+    y[0] = 7
+    with pytest.raises(DataError, match=r"label 7 outside the model's classes 0\.\.2"):
+        fitted.score(X, y)
+    with pytest.raises(DataError, match=r"label 7 outside the model's classes 0\.\.2"):
+        fitted.finetune(X, y)  # the fitted network has 3 outputs
+
+
+# ---------------------------------------------------------------- model files
+
+
+@pytest.fixture
+def saved(fitted, tmp_path):
+    path = tmp_path / "model.npz"
+    fitted.save(path)
+    return path
+
+
+def test_truncated_model_file(saved):
+    data = saved.read_bytes()
+    saved.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelFileError, match="truncated or corrupt") as info:
+        DBN.load(saved, device="cpu")
+    assert str(saved) in str(info.value)
+
+
+def test_non_zip_file(tmp_path):
+    path = tmp_path / "notes.txt"
+    path.write_text("this is not a model\n")
+    with pytest.raises(ModelFileError) as info:
+        DBN.load(path, device="cpu")
+    assert str(path) in str(info.value)
+
+
+def test_empty_and_missing_files(tmp_path):
+    empty = tmp_path / "empty.npz"
+    empty.write_bytes(b"")
+    with pytest.raises(ModelFileError) as info:
+        DBN.load(empty, device="cpu")
+    assert str(empty) in str(info.value)
+    with pytest.raises(ModelFileError, match="no such model file") as info:
+        DBN.load(tmp_path / "missing.npz", device="cpu")
+    assert str(tmp_path / "missing.npz") in str(info.value)
+
+
+def test_npy_file_instead_of_model(tmp_path):
+    path = tmp_path / "weights.npy"
+    np.save(path, np.zeros((3, 3)))
+    with pytest.raises(ModelFileError) as info:
+        DBN.load(path, device="cpu")
+    assert str(path) in str(info.value)
+
+
+def test_zip_without_header(tmp_path):
+    path = tmp_path / "plain.npz"
+    np.savez(path, weights=np.zeros((2, 2)))
+    with pytest.raises(ModelFileError, match="no header") as info:
+        DBN.load(path, device="cpu")
+    assert str(path) in str(info.value)
+
+
+def test_zip_of_other_files(tmp_path):
+    path = tmp_path / "other.zip"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("readme.txt", "hello")
+    with pytest.raises(ModelFileError) as info:
+        DBN.load(path, device="cpu")
+    assert str(path) in str(info.value)
+
+
+def test_model_file_missing_arrays(saved, tmp_path):
+    """A file with a valid header whose arrays are incomplete."""
+    with np.load(saved) as npz:
+        arrays = {name: npz[name] for name in npz.files if name != "network.weights.1"}
+    broken = tmp_path / "broken.npz"
+    np.savez(broken, **arrays)
+    with pytest.raises(ModelFileError, match="inconsistent") as info:
+        DBN.load(broken, device="cpu")
+    assert str(broken) in str(info.value)
+
+
+def test_failed_save_keeps_previous_file_and_leaves_no_temp(fitted, saved, monkeypatch):
+    good = saved.read_bytes()
+    before = set(os.listdir(saved.parent))
+
+    def failing_savez(file, *args, **kwargs):
+        file.write(b"PK\x03\x04 half a model")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(np, "savez", failing_savez)
+    with pytest.raises(OSError, match="disk full"):
+        fitted.save(saved)
+    monkeypatch.undo()
+    assert saved.read_bytes() == good
+    assert set(os.listdir(saved.parent)) == before  # no temp file left behind
+    X, _ = toy_data()
+    np.testing.assert_array_equal(DBN.load(saved, device="cpu").predict(X), fitted.predict(X))
+
+
+def test_failed_first_save_creates_nothing(fitted, tmp_path, monkeypatch):
+    def failing_savez(file, *args, **kwargs):
+        file.write(b"partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(np, "savez", failing_savez)
+    with pytest.raises(KeyboardInterrupt):
+        fitted.save(tmp_path / "new.npz")
+    assert os.listdir(tmp_path) == []
+
+
+# ---------------------------------------------------------- devices and dtypes
+
+
+@pytest.mark.skipif(dbn.gpu_available(), reason="a GPU is present: device='gpu' works here")
+def test_gpu_without_gpu_gives_install_hint():
+    for make in (lambda: Backend("gpu"), lambda: RBM(3, device="gpu"), lambda: DBN([3], device="gpu")):
+        with pytest.raises(BackendError, match=r"CuPy and a CUDA device.*pip install 'dbn-yarn\[gpu\]'"):
+            make()
+    assert Backend("auto").device == "cpu"
+
+
+@pytest.mark.skipif(dbn.gpu_available(), reason="a GPU is present: device='gpu' works here")
+def test_load_on_gpu_without_gpu(saved):
+    with pytest.raises(BackendError, match="CuPy"):
+        DBN.load(saved, device="gpu")
+
+
+def test_bad_device_and_dtype_strings():
+    with pytest.raises(BackendError, match=r"device must be one of \('cpu', 'gpu', 'auto'\), got 'tpu'"):
+        Backend("tpu")
+    with pytest.raises(BackendError, match=r"dtype must be one of \('float32', 'float64'\), got 'float16'"):
+        Backend("cpu", "float16")
+    with pytest.raises(BackendError, match="device must be one of"):
+        DBN([3], device="CPU")
+    with pytest.raises(BackendError, match="dtype must be one of"):
+        RBM(3, device="cpu", dtype="int32")
+    with pytest.raises(ValueError, match="visible must be one of"):
+        RBM(3, visible="poisson", device="cpu")
+    for name in ("n_hidden", "cd_k", "batch_size"):
+        kwargs = {"n_hidden": 3, name: 0}
+        with pytest.raises(ValueError, match=f"{name} must be >= 1"):
+            RBM(device="cpu", **kwargs)

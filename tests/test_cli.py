@@ -1,0 +1,264 @@
+"""Tests for the dbn command line, run in-process through dbn.cli.main."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dbn
+from dbn import DBN
+from dbn.cli import main
+from dbn.config import QUICK
+from dbn.mnist import MNIST_FILES
+
+REPO = Path(__file__).resolve().parents[1]
+REAL_MNIST = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
+HAVE_MNIST = all((REAL_MNIST / name).is_file() for name in MNIST_FILES)
+
+N_FEATURES, N_CLASSES = 24, 3
+BENCH_KEYS = {
+    "samples_per_s", "gflops", "sgemm_gflops", "ratio_to_sgemm", "sklearn_samples_per_s", "ratio_to_sklearn",
+    "device", "batch", "n_visible", "n_hidden", "numpy_version", "blas", "date",
+}
+
+
+def make_dataset(path: Path, n: int = 300, seed: int = 0) -> Path:
+    """Binary features whose on-probability depends on the class: learnable, in [0, 1]."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, N_CLASSES, n)
+    p = np.where(np.arange(N_FEATURES) % N_CLASSES == y[:, None], 0.8, 0.1)
+    X = (rng.random((n, N_FEATURES)) < p).astype(np.float32)
+    np.savez(path, X=X, y=y)
+    return path
+
+
+@pytest.fixture
+def job(tmp_path):
+    """A tiny job file training on a generated .npz; returns (config, output dir)."""
+    make_dataset(tmp_path / "train.npz")
+    make_dataset(tmp_path / "test.npz", n=120, seed=1)
+    config = tmp_path / "tiny.toml"
+    config.write_text(
+        "[data]\ntrain = 'train.npz'\ntest = 'test.npz'\n"
+        "[model]\nhidden_layers = [16, 8]\npretrain_epochs = 2\nfinetune_epochs = 3\ntop_layer_epochs = 1\n"
+        "pretrain_batch_size = 20\nfinetune_batch_size = 20\n"
+        "[job]\nseed = 1\ndevice = 'cpu'\n"
+    )
+    return config, tmp_path / "out"
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+# ---------------------------------------------------------------------- train
+
+
+def test_train_writes_model_log_config_and_result(job, capsys):
+    config, out = job
+    assert main(["train", str(config), "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "pretrain layer 1/2 epoch 1/2  recon" in captured.err
+    assert "finetune epoch 3/3  loss" in captured.err and "samples/s" in captured.err
+    assert "test error" in captured.out
+
+    model = DBN.load(out / "model.npz", device="cpu")
+    assert model.hidden_layers == [16, 8] and model.n_classes_ == N_CLASSES
+
+    result = json.loads((out / "result.json").read_text())
+    for key in ("test_error", "layers", "epochs", "wall_seconds", "pretrain_seconds", "finetune_seconds", "device", "seed"):
+        assert key in result, key
+    assert result["layers"] == [N_FEATURES, 16, 8, N_CLASSES]
+    assert result["epochs"]["pretrain"] == 2 and result["epochs"]["finetune"] == 3
+    assert result["device"] == "cpu" and result["seed"] == 1 and 0 <= result["test_error"] <= 1
+
+    config_json = json.loads((out / "config.json").read_text())
+    assert config_json["model"]["hidden_layers"] == [16, 8] and config_json["job"]["seed"] == 1
+
+    log = read_jsonl(out / "log.jsonl")
+    assert log[0]["event"] == "start" and log[-1]["event"] == "summary"
+    epochs = [r for r in log if r["event"] == "epoch"]
+    assert len(epochs) == 2 * 2 + 3
+    assert log[-1]["test_error"] == result["test_error"]
+
+    # A second run appends to the log.
+    assert main(["train", str(config), "--out", str(out), "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+    assert len(read_jsonl(out / "log.jsonl")) == 2 * len(log)
+
+
+def test_train_json_lines_and_flags_override_the_file(job, capsys):
+    config, out = job
+    code = main(["train", str(config), "--out", str(out), "--json", "--quiet", "--epochs", "1",
+                 "--finetune-epochs", "2", "--layers", "12,6,4", "--set", "model.dropout=0.1", "--set", "job.seed=5"])
+    assert code == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""
+    records = [json.loads(line) for line in captured.out.splitlines()]
+    assert [r["event"] for r in records] == ["epoch"] * (3 * 1 + 2) + ["summary"]
+    assert records[0]["phase"] == "pretrain" and records[0]["samples_per_s"] > 0
+    summary = records[-1]
+    assert summary["layers"] == [N_FEATURES, 12, 6, 4, N_CLASSES] and summary["seed"] == 5
+    assert summary["params"]["dropout"] == 0.1
+    assert json.loads((out / "result.json").read_text())["test_error"] == summary["test_error"]
+
+
+def test_train_without_test_set_and_data_limit(tmp_path, capsys):
+    make_dataset(tmp_path / "d.npz")
+    config = tmp_path / "job.toml"
+    config.write_text("[data]\ntrain = 'd.npz'\nlimit = 100\n[model]\nhidden_layers = [8]\n"
+                      "pretrain_epochs = 1\nfinetune_epochs = 1\n[job]\ndevice = 'cpu'\n")
+    assert main(["train", str(config), "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    assert "no test set" in capsys.readouterr().out
+    result = json.loads((tmp_path / "o" / "result.json").read_text())
+    assert result["test_error"] is None and result["n_train"] == 100
+
+
+def test_default_output_dir_is_runs_name(job, monkeypatch, capsys):
+    config, _ = job
+    monkeypatch.chdir(config.parent)
+    assert main(["train", str(config), "--quiet", "--finetune-epochs", "1"]) == 0
+    assert (config.parent / "runs" / "tiny" / "model.npz").is_file()
+
+
+def test_quick_reduces_the_run_and_keeps_its_own_output_dir(job, monkeypatch, capsys):
+    config, _ = job
+    monkeypatch.chdir(config.parent)
+    assert main(["train", str(config), "--quick", "--quiet", "--layers", "4", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert summary["epochs"]["pretrain"] == QUICK["model.pretrain_epochs"]
+    assert summary["n_train"] == min(300, QUICK["data.limit"])
+    assert (config.parent / "runs" / "tiny-quick" / "result.json").is_file()
+
+
+def test_ctrl_c_gives_a_message_and_nonzero_exit(job, monkeypatch, capsys):
+    config, out = job
+
+    def interrupted(self, X):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(DBN, "pretrain", interrupted)
+    assert main(["train", str(config), "--out", str(out)]) == 130
+    err = capsys.readouterr().err
+    assert "interrupted" in err and "Traceback" not in err
+    assert not (out / "model.npz").exists()
+    assert read_jsonl(out / "log.jsonl")[-1]["event"] == "interrupted"
+
+
+# ------------------------------------------------------------------- evaluate
+
+
+def test_evaluate(job, capsys):
+    config, out = job
+    assert main(["train", str(config), "--out", str(out), "--quiet"]) == 0
+    result = json.loads((out / "result.json").read_text())
+    capsys.readouterr()
+    test_npz = str(config.parent / "test.npz")
+    assert main(["evaluate", str(out / "model.npz"), "--data", test_npz, "--device", "cpu"]) == 0
+    assert "test error" in capsys.readouterr().out
+    assert main(["evaluate", str(out / "model.npz"), "--data", test_npz, "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["test_error"] == pytest.approx(result["test_error"])
+    assert record["n_samples"] == 120
+
+
+@pytest.mark.skipif(not HAVE_MNIST, reason=f"real MNIST files not found in {REAL_MNIST}")
+def test_evaluate_on_mnist_with_wrong_feature_count(job, capsys):
+    config, out = job
+    assert main(["train", str(config), "--out", str(out), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(out / "model.npz"), "--mnist-dir", str(REAL_MNIST)]) == 2
+    assert "dbn: error: X has 784 features but the model expects 24" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[model]\nhiden_layers = [5]\n", "[model] unknown key 'hiden_layers' (did you mean 'hidden_layers'?)"),
+    ("[model]\npretrain_epochs = 'many'\n", "[model] pretrain_epochs: expected an integer, got string 'many'"),
+    ("[model]\ndropout = 1.5\n", "dropout must be in [0, 1)"),
+    ("[data]\ntrain = 'missing.npz'\n", "missing.npz: no such data file"),
+])
+def test_bad_config_exits_2_with_message(tmp_path, capsys, text, message):
+    config = tmp_path / "job.toml"
+    config.write_text(text + "[job]\ndevice = 'cpu'\n")
+    assert main(["train", str(config), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dbn: error: ") and message in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_missing_config_file_and_bad_set(tmp_path, capsys):
+    assert main(["train", str(tmp_path / "nope.toml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dbn: error: ") and "nope.toml: no such config file" in err
+    assert main(["train", "--set", "model.dropout"]) == 2
+    assert "expected section.key=value" in capsys.readouterr().err
+    assert main(["train", "--set", "model.dropuot=0.1"]) == 2
+    assert "did you mean 'dropout'" in capsys.readouterr().err
+
+
+def test_bad_npz_and_missing_model(tmp_path, capsys):
+    (tmp_path / "bad.npz").write_bytes(b"not a zip")
+    np.savez(tmp_path / "noy.npz", X=np.zeros((3, 2)))
+    for data, message in (("bad.npz", "not a readable .npz file"), ("noy.npz", "no array y")):
+        config = tmp_path / "job.toml"
+        config.write_text(f"[data]\ntrain = '{data}'\n[job]\ndevice = 'cpu'\n")
+        assert main(["train", str(config)]) == 2
+        assert message in capsys.readouterr().err
+    assert main(["evaluate", str(tmp_path / "none.npz")]) == 2
+    assert "dbn: error: " in capsys.readouterr().err
+
+
+def test_debug_shows_the_traceback(tmp_path):
+    with pytest.raises(dbn.ModelFileError):
+        main(["evaluate", str(tmp_path / "none.npz"), "--debug"])
+
+
+def test_version_help_and_usage(capsys):
+    assert main(["--version"]) == 0
+    assert dbn.__version__ in capsys.readouterr().out
+    assert main([]) == 2
+    assert main(["frobnicate"]) == 2
+    assert main(["train", "--help"]) == 0
+    assert "--finetune-epochs" in capsys.readouterr().out
+
+
+def test_python_m_dbn_cli():
+    proc = subprocess.run([sys.executable, "-m", "dbn.cli", "--version"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0 and dbn.__version__ in proc.stdout
+
+
+# ---------------------------------------------------------------------- bench
+
+
+def test_bench_rbm_json(capsys):
+    code = main(["bench", "rbm", "--json", "--seconds", "0.5", "--hidden", "64", "--visible", "100", "--no-sklearn"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert BENCH_KEYS <= set(result)
+    assert (result["n_hidden"], result["n_visible"], result["batch"], result["device"]) == (64, 100, 100, "cpu")
+    assert result["samples_per_s"] > 0 and result["sgemm_gflops"] > 0
+    assert result["gflops"] == pytest.approx(result["samples_per_s"] * 10 * 100 * 64 / 1e9)
+    assert result["ratio_to_sgemm"] == pytest.approx(result["gflops"] / result["sgemm_gflops"])
+    assert result["sklearn_samples_per_s"] is None and result["ratio_to_sklearn"] is None
+
+
+def test_bench_rbm_table_with_sklearn(capsys):
+    pytest.importorskip("sklearn")
+    code = main(["bench", "rbm", "--seconds", "0.1", "--rounds", "1", "--hidden", "16", "--visible", "20",
+                 "--sgemm-size", "128", "--sklearn"])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "sgemm 128^3" in out and "dbn RBM  samples/s" in out and "sklearn BernoulliRBM" in out
+
+
+def test_bench_rejects_bad_sizes(capsys):
+    assert main(["bench", "rbm", "--hidden", "0", "--no-sklearn"]) == 2
+    assert "dbn: error:" in capsys.readouterr().err

@@ -1,0 +1,176 @@
+"""Tests for dbn.config: TOML job files, defaults from DBN's signature, errors that name the key."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+from pathlib import Path
+
+import pytest
+
+from dbn import DBN
+from dbn.config import (
+    PAPER, QUICK, ConfigError, DataSection, JobConfig, ModelSection, load_config, parse_override,
+)
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def write(tmp_path: Path, text: str, name: str = "job.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+# ------------------------------------------------------------------ defaults
+
+
+def test_model_section_mirrors_dbn_signature():
+    params = inspect.signature(DBN.__init__).parameters
+    expected = [n for n in params if n not in ("self", "callback", "seed", "device")]
+    fields = {f.name: f.default for f in dataclasses.fields(ModelSection)}
+    assert list(fields) == expected
+    for name, default in fields.items():
+        want = params[name].default
+        assert default == (tuple(want) if isinstance(want, list) else want), name
+
+
+def test_job_defaults_come_from_dbn():
+    params = inspect.signature(DBN.__init__).parameters
+    cfg = load_config(None)
+    assert cfg.job.seed == params["seed"].default
+    assert cfg.job.device == params["device"].default
+
+
+def test_default_config_is_the_paper_run():
+    cfg = load_config(None)
+    assert cfg.source is None and cfg.job.name == "mnist" and cfg.output.dir == str(Path("runs/mnist"))
+    assert cfg.data == DataSection(train="mnist", test="mnist")
+    assert cfg.model.hidden_layers == (500, 500, 2000)
+    assert (cfg.model.pretrain_epochs, cfg.model.finetune_epochs) == (50, 100)
+    assert (cfg.model.finetune_lr_decay, cfg.model.dropout, cfg.model.input_dropout) == (0.98, 0.5, 0.2)
+
+
+def test_examples_match_builtin_jobs():
+    paper, quick = load_config(EXAMPLES / "mnist.toml"), load_config(EXAMPLES / "quick.toml")
+    default, default_quick = load_config(None), load_config(None, QUICK)
+    for section in ("data", "model", "job"):
+        assert getattr(paper, section) == getattr(default, section)
+    assert (quick.data, quick.model) == (default_quick.data, default_quick.model)
+    assert quick.data.limit == 10000 and quick.job.name == "quick"
+    assert set(PAPER) >= {"model.finetune_epochs", "model.dropout"}
+
+
+def test_empty_file_gives_dbn_defaults_and_name_from_file(tmp_path):
+    cfg = load_config(write(tmp_path, "", "exp1.toml"))
+    assert cfg.model == ModelSection()
+    assert cfg.data == DataSection()
+    assert cfg.job.name == "exp1" and cfg.output.dir == str(Path("runs/exp1"))
+
+
+def test_dbn_params_build_a_model(tmp_path):
+    cfg = load_config(write(tmp_path, "[model]\nhidden_layers = [8, 4]\npretrain_learning_rate = [0.1, 0.05]\n"
+                                      "[job]\ndevice = 'cpu'\nseed = 3\n"))
+    model = DBN(**cfg.dbn_params())
+    assert model.hidden_layers == [8, 4] and model.pretrain_learning_rate == [0.1, 0.05]
+    assert model.seed == 3 and model.backend.device == "cpu"
+
+
+def test_to_dict_is_json_and_config_is_frozen(tmp_path):
+    cfg = load_config(write(tmp_path, "[model]\nhidden_layers = [8, 4]\n"))
+    d = json.loads(json.dumps(cfg.to_dict()))
+    assert d["model"]["hidden_layers"] == [8, 4]
+    assert set(d) == {"data", "model", "output", "job", "source"}
+    assert isinstance(cfg, JobConfig)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.model.pretrain_epochs = 1
+
+
+# ------------------------------------------------------------------- values
+
+
+def test_types_are_checked_and_numbers_widened(tmp_path):
+    cfg = load_config(write(tmp_path, "[model]\nfinetune_learning_rate = 1\nearly_stopping_patience = 3\n"
+                                      "persistent = true\nvisible = 'gaussian'\n"))
+    assert cfg.model.finetune_learning_rate == 1.0 and isinstance(cfg.model.finetune_learning_rate, float)
+    assert cfg.model.early_stopping_patience == 3 and cfg.model.persistent is True
+
+
+def test_relative_data_paths_follow_the_config_file(tmp_path):
+    (tmp_path / "sub").mkdir()
+    cfg = load_config(write(tmp_path / "sub", "[data]\ntrain = 'train.npz'\ntest = 'mnist'\nmnist_dir = '../m'\n"))
+    assert cfg.data.train == str(tmp_path / "sub" / "train.npz")
+    assert cfg.data.test == "mnist"
+    assert Path(cfg.data.mnist_dir).resolve() == (tmp_path / "m").resolve()
+
+
+def test_overrides_parse_command_line_strings(tmp_path):
+    cfg = load_config(write(tmp_path, "[model]\npretrain_epochs = 7\n"), {
+        "model.pretrain_epochs": "5", "model.hidden_layers": "30,20", "model.dropout": "0.25",
+        "model.persistent": "true", "model.early_stopping_patience": "none",
+        "model.pretrain_learning_rate": "[0.1, 0.2]", "data.train": "x.npz", "job.name": "42",
+        "output.dir": "out/here", "data.limit": 100,
+    })
+    m = cfg.model
+    assert (m.pretrain_epochs, m.hidden_layers, m.dropout, m.persistent) == (5, (30, 20), 0.25, True)
+    assert m.early_stopping_patience is None and m.pretrain_learning_rate == (0.1, 0.2)
+    assert cfg.data.train == "x.npz"  # overrides stay relative to the current directory
+    assert cfg.job.name == "42" and cfg.output.dir == "out/here" and cfg.data.limit == 100
+
+
+def test_parse_override():
+    assert parse_override("model.dropout = 0.5") == ("model.dropout", "0.5")
+    assert parse_override("data.train=a=b.npz") == ("data.train", "a=b.npz")
+    with pytest.raises(ConfigError, match="section.key=value"):
+        parse_override("model.dropout")
+
+
+# ------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("text, message", [
+    ("[model]\nhiden_layers = [5]\n",
+     r"job.toml: \[model\] unknown key 'hiden_layers' \(did you mean 'hidden_layers'\?\)"),
+    ("[model]\nseed = 1\n", r"job.toml: \[model\] unknown key 'seed' \(it belongs in \[job\]\)"),
+    ("[modle]\n", r"job.toml: unknown section \[modle\] \(did you mean 'model'\?\)"),
+    ("model = 3\n", r"job.toml: 'model' must be a \[model\] table"),
+    ("[model]\npretrain_epochs = '5'\n", r"job.toml: \[model\] pretrain_epochs: expected an integer, got string '5'"),
+    ("[model]\npretrain_epochs = 5.0\n", r"\[model\] pretrain_epochs: expected an integer, got float 5.0"),
+    ("[model]\ncd_k = true\n", r"\[model\] cd_k: expected an integer, got boolean True"),
+    ("[model]\npersistent = 1\n", r"\[model\] persistent: expected a boolean"),
+    ("[model]\nhidden_layers = [500, 0]\n", r"\[model\] hidden_layers: expected a non-empty array of positive integers, got array \[500, 0\]"),
+    ("[model]\nhidden_layers = 500\n", r"\[model\] hidden_layers: expected"),
+    ("[model]\npretrain_learning_rate = ['a']\n", r"\[model\] pretrain_learning_rate: expected an array of numbers"),
+    ("[model]\nvisible = 'binary'\n", r"\[model\] visible: must be one of 'bernoulli', 'gaussian'"),
+    ("[job]\ndevice = 'tpu'\n", r"\[job\] device: must be one of 'cpu', 'gpu', 'auto'"),
+    ("[data]\nlimit = 0\n", r"\[data\] limit: must be a positive"),
+    ("[model]\npretrain_batch_size = 0\n", r"\[model\] pretrain_batch_size: must be >= 1, got 0"),
+    ("[model]\nfinetune_epochs = -1\n", r"\[model\] finetune_epochs: must be >= 0, got -1"),
+    ("[data]\ntrain = 5\n", r"\[data\] train: expected a string, got integer 5"),
+    ("[model\n", r"job.toml: invalid TOML"),
+])
+def test_bad_files_name_file_section_and_key(tmp_path, text, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, text))
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match=r"nope.toml: no such config file"):
+        load_config(tmp_path / "nope.toml")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"model.hiden_layers": "5"}, r"command line: \[model\] unknown key 'hiden_layers' \(did you mean 'hidden_layers'\?\)"),
+    ({"model.pretrain_epochs": "five"}, r"\[model\] pretrain_epochs: expected an integer, got string 'five'"),
+    ({"model.hidden_layers": "500,x"}, r"hidden_layers: expected an array of positive integers"),
+    ({"modle.dropout": "0.1"}, r"override 'modle.dropout'.*did you mean 'model'"),
+    ({"dropout": "0.1"}, r"override 'dropout': keys look like section.key"),
+])
+def test_bad_overrides(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, overrides)
+
+
+def test_config_error_is_a_value_error():
+    assert issubclass(ConfigError, ValueError)

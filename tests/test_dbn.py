@@ -1,0 +1,202 @@
+"""Tests for dbn.model.DBN on a small slice of real MNIST: accuracy, inference API, persistence,
+early stopping and progress callbacks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dbn import DBN, Network
+
+FAST = dict(pretrain_epochs=5, finetune_epochs=10, top_layer_epochs=2, finetune_learning_rate=0.3,
+            device="cpu", seed=0)
+
+
+@pytest.fixture(scope="module")
+def fitted(mnist_small):
+    x_train, y_train, _, _ = mnist_small
+    records = []
+    model = DBN([64, 32], callback=records.append, **FAST).fit(x_train, y_train)
+    return model, records
+
+
+def test_accuracy_well_above_chance(fitted, mnist_small):
+    model, _ = fitted
+    _, y_train, x_test, y_test = mnist_small
+    accuracy = model.score(x_test, y_test)
+    assert accuracy > 0.7, accuracy  # chance is ~0.1; this setup reaches ~0.83
+    assert model.score(*mnist_small[:2]) >= accuracy - 0.05  # no wild train/test mismatch
+    assert model.n_features_in_ == 196 and model.n_classes_ == 10
+
+
+def test_pretraining_lowered_reconstruction_error(fitted):
+    model, _ = fitted
+    for layer in (0, 1):
+        errors = [r["reconstruction_error"] for r in model.history_
+                  if r["phase"] == "pretrain" and r["layer"] == layer]
+        assert len(errors) == 5
+        assert errors[-1] < 0.85 * errors[0], (layer, errors)
+    losses = [r["loss"] for r in model.history_ if r["phase"] == "finetune"]
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_predict_shapes_and_probabilities(fitted, mnist_small):
+    model, _ = fitted
+    x_test = mnist_small[2][:123]
+    proba = model.predict_proba(x_test)
+    assert isinstance(proba, np.ndarray) and proba.shape == (123, 10)
+    assert (proba >= 0).all() and (proba <= 1).all()
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-5)
+    predicted = model.predict(x_test)
+    assert predicted.shape == (123,) and np.issubdtype(predicted.dtype, np.integer)
+    np.testing.assert_array_equal(predicted, proba.argmax(axis=1))
+    assert len(np.unique(model.predict(mnist_small[2]))) == 10
+    # A single row and a list input work too.
+    assert model.predict(x_test[:1].tolist()).shape == (1,)
+
+
+def test_transform_shape(fitted, mnist_small):
+    model, _ = fitted
+    features = model.transform(mnist_small[2][:50])
+    assert isinstance(features, np.ndarray) and features.shape == (50, 32)
+    assert (features > 0).all() and (features < 1).all()  # sigmoid activations
+    # It is the fine-tuned network's top hidden layer, computed by hand here.
+    h = mnist_small[2][:50].astype(np.float64)
+    for w, b in zip(model.network_.weights[:-1], model.network_.biases[:-1]):
+        h = 1 / (1 + np.exp(-(h @ w + b)))
+    np.testing.assert_allclose(features, h, rtol=1e-4, atol=1e-6)
+
+
+def test_save_load_round_trip(fitted, mnist_small, tmp_path):
+    model, _ = fitted
+    x_test = mnist_small[2]
+    path = tmp_path / "model.npz"
+    model.save(path)
+    assert path.is_file()
+    assert list(tmp_path.iterdir()) == [path]  # no temporary file left behind
+
+    loaded = DBN.load(path, device="cpu")
+    assert loaded.backend.device == "cpu"
+    assert loaded.n_features_in_ == model.n_features_in_ and loaded.n_classes_ == model.n_classes_
+    params, loaded_params = model.get_params(), loaded.get_params()
+    params.pop("device"), loaded_params.pop("device")
+    assert loaded_params == params
+    np.testing.assert_array_equal(loaded.predict_proba(x_test), model.predict_proba(x_test))
+    np.testing.assert_array_equal(loaded.predict(x_test), model.predict(x_test))
+    np.testing.assert_array_equal(loaded.transform(x_test[:20]), model.transform(x_test[:20]))
+    assert len(loaded.rbms_) == 2
+    for a, b in zip(model.rbms_, loaded.rbms_):
+        for key in ("weights", "visible_bias", "hidden_bias"):
+            assert a.get_state()[key].dtype == b.get_state()[key].dtype
+            np.testing.assert_array_equal(a.get_state()[key], b.get_state()[key], err_msg=key)
+    for w, v in zip(model.network_.weights + model.network_.biases, loaded.network_.weights + loaded.network_.biases):
+        np.testing.assert_array_equal(w, v)
+    # Loading with the default device works too (here: the CPU, or the GPU where there is one).
+    assert DBN.load(path).predict(x_test[:5]).shape == (5,)
+
+
+def test_pretrain_only_model_saves_loads_and_finetunes(mnist_small, tmp_path):
+    x_train, y_train, x_test, y_test = mnist_small
+    model = DBN([32], pretrain_epochs=2, device="cpu", seed=1).pretrain(x_train[:500])
+    assert model.network_ is None and len(model.rbms_) == 1
+    with pytest.raises(RuntimeError, match="no classifier"):
+        model.predict(x_test[:3])
+    path = tmp_path / "pretrained.npz"
+    model.save(path)
+    loaded = DBN.load(path, device="cpu")
+    assert loaded.network_ is None and len(loaded.rbms_) == 1
+    features = loaded.transform(x_test[:10])
+    assert features.shape == (10, 32)
+    np.testing.assert_array_equal(features, model.transform(x_test[:10]))
+    with pytest.raises(RuntimeError, match="no classifier"):
+        loaded.predict_proba(x_test[:3])
+    # The loaded stack can be fine-tuned into a working classifier.
+    loaded.finetune_epochs, loaded.top_layer_epochs, loaded.finetune_learning_rate = 10, 1, 0.3
+    loaded.finetune(x_train[:500], y_train[:500])
+    assert isinstance(loaded.network_, Network)
+    assert loaded.score(x_test, y_test) > 0.5
+
+
+def test_unfitted_model_refuses_to_predict_save_or_finetune(tmp_path):
+    model = DBN([8], device="cpu")
+    with pytest.raises(RuntimeError, match="not fitted"):
+        model.transform(np.zeros((2, 4)))
+    with pytest.raises(RuntimeError, match="not fitted"):
+        model.save(tmp_path / "x.npz")
+    with pytest.raises(RuntimeError, match="pre-trained"):
+        model.finetune(np.zeros((2, 4)), [0, 1])
+    assert not (tmp_path / "x.npz").exists()
+
+
+EARLY = dict(pretrain_epochs=3, finetune_epochs=15, top_layer_epochs=1, finetune_learning_rate=0.3,
+             finetune_lr_decay=2.0,  # the rate doubles every epoch: validation error rises after a few
+             validation_fraction=0.2, early_stopping_patience=3, device="cpu", seed=0)
+
+
+@pytest.fixture(scope="module")
+def early_stopped(mnist_small):
+    x_train, y_train = mnist_small[:2]
+    return DBN([64, 32], **EARLY).fit(x_train, y_train)
+
+
+def test_early_stopping_records_valid_error_and_stops(early_stopped):
+    records = [r for r in early_stopped.history_ if r["phase"] == "finetune"]
+    assert all("valid_error" in r and 0 <= r["valid_error"] <= 1 for r in records)
+    errors = [r["valid_error"] for r in records]
+    best = int(np.argmin(errors))
+    assert errors[best] < 0.5
+    # It stopped `patience` epochs after the best one, well before finetune_epochs.
+    assert len(records) == best + 1 + 3 < 15
+    assert [r["epoch"] for r in records] == list(range(len(records)))
+    assert all(r["samples"] == 1600 for r in records)  # 80% of 2000 rows train
+
+
+def test_early_stopping_keeps_best_weights(early_stopped, mnist_small):
+    model = early_stopped
+    x_train, y_train = mnist_small[:2]
+    _, _, x_valid, y_valid = model._split_validation(model.backend.asarray(x_train), y_train)
+    best = min(r["valid_error"] for r in model.history_ if r["phase"] == "finetune")
+    assert model._error(x_valid, y_valid) == pytest.approx(best)
+
+
+def test_no_validation_records_without_validation_fraction(fitted):
+    model, _ = fitted
+    assert not any("valid_error" in r for r in model.history_)
+
+
+def test_callback_receives_records_of_both_phases(fitted):
+    model, records = fitted
+    assert records == model.history_
+    phases = [r["phase"] for r in records]
+    assert phases == ["pretrain"] * 10 + ["finetune"] * 10
+    pre = [(r["layer"], r["epoch"]) for r in records if r["phase"] == "pretrain"]
+    assert pre == [(layer, epoch) for layer in (0, 1) for epoch in range(5)]
+    for r in records:
+        assert r["samples"] == 2000 and r["seconds"] >= 0
+        if r["phase"] == "finetune":
+            assert {"loss", "train_error", "epoch"} <= set(r)
+            assert 0 <= r["train_error"] <= 1
+
+
+def test_same_seed_same_model_on_cpu(mnist_small):
+    x, y = mnist_small[0][:300], mnist_small[1][:300]
+    kwargs = dict(pretrain_epochs=1, finetune_epochs=2, top_layer_epochs=1, device="cpu")
+    a = DBN([16], seed=3, **kwargs).fit(x, y)
+    b = DBN([16], seed=3, **kwargs).fit(x, y)
+    c = DBN([16], seed=4, **kwargs).fit(x, y)
+    for wa, wb in zip(a.network_.weights, b.network_.weights):
+        np.testing.assert_array_equal(wa, wb)
+    assert not np.array_equal(a.network_.weights[0], c.network_.weights[0])
+
+
+def test_hyperparameter_validation():
+    with pytest.raises(ValueError, match="hidden_layers"):
+        DBN([], device="cpu")
+    with pytest.raises(ValueError, match="hidden_layers"):
+        DBN([10, 0], device="cpu")
+    with pytest.raises(ValueError, match="pretrain_learning_rate has 1 values for 2"):
+        DBN([10, 5], pretrain_learning_rate=[0.1], device="cpu")
+    with pytest.raises(ValueError, match="dropout"):
+        DBN([10], dropout=1.0, device="cpu")
+    with pytest.raises(ValueError, match="validation_fraction"):
+        DBN([10], validation_fraction=-0.1, device="cpu")
