@@ -1,6 +1,7 @@
 """The ``dbn`` command line.
 
-    dbn train [CONFIG.toml] [--set section.key=value ...] [--quick] [--json] ...
+    dbn train [CONFIG.toml] [--set section.key=value ...] [--quick] [--json] [--local N [--resume]] ...
+    dbn shard SOURCE OUT --shards N
     dbn evaluate MODEL.npz [--data mnist|FILE.npz] [--json]
     dbn bench rbm [--device cpu|gpu] [--json] ...
 
@@ -34,7 +35,12 @@ class UsageError(Exception):
     """A request the command cannot carry out, e.g. a missing optional package."""
 
 
-USER_ERRORS = (ConfigError, DataError, ModelFileError, MnistError, BackendError, UsageError, OSError)
+from iterreduce.checkpoint import CheckpointError  # noqa: E402
+from iterreduce.local import LocalJobError  # noqa: E402
+from iterreduce.shards import ShardError  # noqa: E402
+
+USER_ERRORS = (ConfigError, DataError, ModelFileError, MnistError, BackendError, UsageError, OSError,
+               ShardError, LocalJobError, CheckpointError)
 EXIT_ERROR, EXIT_INTERRUPTED = 2, 130
 
 
@@ -139,6 +145,86 @@ class Progress:
 # ------------------------------------------------------------------ commands
 
 
+class ClusterProgress:
+    """Progress of a distributed job: the master's per-superstep records and the launcher's events."""
+
+    def __init__(self, cfg: JobConfig, *, quiet: bool, json_lines: bool):
+        self.cfg, self.quiet, self.json_lines = cfg, quiet, json_lines
+        self.start = time.perf_counter()
+
+    def __call__(self, rec: dict) -> None:
+        if self.json_lines:
+            print(_json(rec), flush=True)
+        if self.quiet:
+            return
+        elapsed = time.perf_counter() - self.start
+        if "event" in rec:
+            detail = {k: v for k, v in rec.items() if k not in ("event", "time")}
+            print(f"[{rec['event']}] {_json(detail)}", file=sys.stderr, flush=True)
+            return
+        m = self.cfg.model
+        where = f"step {rec['step'] + 1}/{rec['of']}  {rec['phase']}"
+        if rec["phase"] in ("pretrain", "transform"):
+            where += f" layer {rec['layer'] + 1}/{len(m.hidden_layers)}"
+        if "epoch" in rec:
+            total = m.pretrain_epochs if rec["phase"] == "pretrain" else m.finetune_epochs
+            where += f" epoch {rec['epoch'] + 1}/{total}"
+        if "reconstruction_error" in rec:
+            where += f"  recon {rec['reconstruction_error']:.2f}"
+        if "loss" in rec:
+            where += f"  loss {rec['loss']:.4f}  train err {100 * rec['train_error']:.2f}%"
+        rate = rec["samples"] / rec["seconds"] if rec["seconds"] > 0 else 0
+        share = rec["sync_seconds"] / rec["seconds"] if rec["seconds"] > 0 else 0
+        print(f"{where}  {_rate(rate)} samples/s  sync {rec['sync_seconds']:.2f} s ({100 * share:.0f}%)  "
+              f"shards {rec['shards']}/{rec['shards_total']}  {elapsed:.0f} s", file=sys.stderr, flush=True)
+
+
+def _train_distributed(cfg: JobConfig, args) -> int:
+    from .distributed import evaluate, train_local
+
+    out = Path(cfg.output.dir)
+    out.mkdir(parents=True, exist_ok=True)
+    _write_json(out / "config.json", cfg.to_dict())
+    workers = cfg.cluster.workers
+    if not args.quiet:
+        print(f"dbn train: local mini-cluster of {workers} workers, writing to {out}", file=sys.stderr, flush=True)
+    try:
+        result = train_local(cfg, workers=workers, resume=args.resume,
+                             on_record=ClusterProgress(cfg, quiet=args.quiet, json_lines=args.json))
+    except KeyboardInterrupt:
+        print(f"dbn: interrupted (Ctrl-C); checkpoints are in {out / 'checkpoints'}: "
+              f"continue with the same command and --resume", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    test_error = None
+    if cfg.data.test is not None:
+        X_test, y_test = load_dataset(cfg.data.test, "test", cfg.data.mnist_dir)
+        test_error = evaluate(out / "model.npz", X_test, y_test)
+    result = {
+        "test_error": test_error, "layers": list(cfg.model.hidden_layers),
+        "epochs": {"pretrain": cfg.model.pretrain_epochs, "finetune": cfg.model.finetune_epochs},
+        "seed": cfg.job.seed, "device": cfg.job.device, "name": cfg.job.name, **result,
+        "params": cfg.dbn_params(),
+    }
+    _write_json(out / "result.json", result)
+    if args.json:
+        print(_json({"event": "summary", **result}), flush=True)
+    else:
+        err = "no test set" if test_error is None else f"test error {100 * test_error:.2f} %"
+        sync = "" if result["sync_fraction"] is None else f", {100 * result['sync_fraction']:.1f} % of pre-training in sync"
+        print(f"{err}  ({result['wall_seconds']:.0f} s{sync})  model: {out / 'model.npz'}")
+    return 0
+
+
+def cmd_shard(args) -> int:
+    from .sharding import shard_dataset
+
+    written = shard_dataset(args.source, args.out, args.shards, split=args.split,
+                            mnist_dir=args.mnist_dir, limit=args.limit)
+    for uri in written:
+        print(uri)
+    return 0
+
+
 def cmd_train(args) -> int:
     overrides: dict = dict(QUICK) if args.quick else {}
     for item in args.set:
@@ -147,12 +233,18 @@ def cmd_train(args) -> int:
     for key, value in (
         ("model.pretrain_epochs", args.epochs), ("model.finetune_epochs", args.finetune_epochs),
         ("model.hidden_layers", args.layers), ("job.device", args.device), ("output.dir", args.out),
+        ("cluster.workers", args.local), ("cluster.sync_every", args.sync_every),
+        ("cluster.max_restarts", args.max_restarts),
     ):
         if value is not None:
             overrides[key] = value
     cfg = load_config(args.config, overrides)
     if args.quick and cfg.output.dir == str(Path("runs") / cfg.job.name):  # keep apart from full runs
         cfg = load_config(args.config, {**overrides, "output.dir": str(Path("runs") / f"{cfg.job.name}-quick")})
+    if cfg.cluster.workers > 0:
+        return _train_distributed(cfg, args)
+    if args.resume:
+        raise UsageError("--resume continues a distributed job: add --local N (or [cluster] workers)")
     X, y, X_test, y_test = _load_job_data(cfg)
     try:
         model = DBN(**cfg.dbn_params())
@@ -265,10 +357,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"dbn {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    # Planned: submit, status, logs, kill, shard, mnist.
+    # Planned: submit, status, logs, kill (YARN), mnist (evaluation report).
 
-    p = sub.add_parser("train", parents=[common], help="train a DBN in this process",
-                       description="Train a DBN as a TOML job file says (default: the paper's MNIST run).")
+    p = sub.add_parser("train", parents=[common], help="train a DBN (one process, or --local N workers)",
+                       description="Train a DBN as a TOML job file says (default: the paper's MNIST run), "
+                                   "in this process or on a local mini-cluster (--local N).")
     p.add_argument("config", nargs="?", type=Path, help="job file (.toml); default: MNIST, 784-500-500-2000-10")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override a setting, e.g. --set model.dropout=0.3 (repeatable)")
@@ -281,7 +374,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a reduced run: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.add_argument("--json", action="store_true", help="JSON lines on stdout: one per epoch, then a summary")
+    p.add_argument("--local", type=int, metavar="N",
+                   help="train on a local mini-cluster of N worker processes (cluster.workers)")
+    p.add_argument("--sync-every", type=int, metavar="K",
+                   help="average parameters every K minibatches; 0 = once per epoch (cluster.sync_every)")
+    p.add_argument("--max-restarts", type=int, metavar="N", help="restarts allowed per worker (cluster.max_restarts)")
+    p.add_argument("--resume", action="store_true", help="continue a killed distributed job from its last checkpoint")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("shard", parents=[common], help="cut a dataset into Parquet shards",
+                       description="Write SOURCE ('mnist', a .npz with X [and y], or a .csv with an optional "
+                                   "'label' column) as N Parquet shards under OUT (a path or URI).")
+    p.add_argument("source", help="'mnist', FILE.npz or FILE.csv")
+    p.add_argument("out", help="output directory or URI (file://, hdfs://, s3://)")
+    p.add_argument("--shards", type=int, required=True, metavar="N", help="number of shards")
+    p.add_argument("--split", choices=("train", "test"), default="train", help="MNIST split (default train)")
+    p.add_argument("--mnist-dir", help="directory of the MNIST files (default: found automatically)")
+    p.add_argument("--limit", type=int, metavar="N", help="only the first N rows")
+    p.set_defaults(func=cmd_shard)
 
     p = sub.add_parser("evaluate", parents=[common], help="test error of a saved model")
     p.add_argument("model", type=Path, help="model file written by dbn train (model.npz)")

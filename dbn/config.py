@@ -20,6 +20,10 @@
     seed = 0
     device = "auto"            # "cpu", "gpu" or "auto"
 
+    [cluster]                  # distributed training (see ClusterSection for every key)
+    workers = 10               # local mini-cluster of 10 worker processes (0: one process)
+    sync_every = 0             # average every k minibatches; 0: once per epoch
+
 The ``[model]`` section is generated from the signature of :class:`dbn.DBN`, so
 its keys and defaults are DBN's own. ``seed`` and ``device`` live in ``[job]``.
 Relative paths under ``[data]`` are relative to the config file; ``output.dir``
@@ -44,7 +48,7 @@ from .model import DBN
 from .rbm import VISIBLE_UNITS
 
 __all__ = [
-    "ConfigError", "DataSection", "ModelSection", "OutputSection", "JobSection", "JobConfig",
+    "ConfigError", "DataSection", "ModelSection", "OutputSection", "JobSection", "ClusterSection", "JobConfig",
     "PAPER", "QUICK", "load_config", "parse_override",
 ]
 
@@ -94,13 +98,24 @@ class OutputSection:
 
 
 @dataclass(frozen=True)
+class ClusterSection:
+    workers: int = 0  # 0: train in this process; N: a local mini-cluster of N worker processes
+    shards: str | None = None  # URI of a directory of Parquet shards; None: shard [data].train into OUT/shards
+    sync_every: int = 0  # minibatches between parameter averages; 0: once per epoch (the paper's setting)
+    max_restarts: int = 3  # restarts allowed per worker before it is given up
+    heartbeat_timeout: float = 10.0  # seconds of silence after which a worker is presumed lost
+    float16_wire: bool = False  # send parameters as float16 (half the bytes, not bit-exact)
+
+
+@dataclass(frozen=True)
 class JobSection:
     name: str | None = None  # None -> the config file's stem, or "mnist"
     seed: int = _DBN_SIG.parameters["seed"].default
     device: str = _DBN_SIG.parameters["device"].default
 
 
-SECTIONS = {"data": DataSection, "model": ModelSection, "output": OutputSection, "job": JobSection}
+SECTIONS = {"data": DataSection, "model": ModelSection, "output": OutputSection, "job": JobSection,
+            "cluster": ClusterSection}
 CHOICES = {("model", "visible"): VISIBLE_UNITS, ("job", "device"): DEVICES}
 _AT_LEAST_ONE = {"cd_k", "pretrain_batch_size", "finetune_batch_size"}
 _PATH_KEYS = {("data", "train"), ("data", "test"), ("data", "mnist_dir")}
@@ -112,6 +127,7 @@ class JobConfig:
     model: ModelSection
     output: OutputSection
     job: JobSection
+    cluster: ClusterSection
     source: str | None = None  # the config file, None for the built-in default
 
     def dbn_params(self) -> dict:
@@ -256,6 +272,10 @@ def _check(origin: str, section: str, key: str, value, parse_strings: bool = Fal
     choices = CHOICES.get((section, key))
     if choices is not None and value not in choices:
         raise ConfigError(f"{where} {key}: must be one of {', '.join(map(repr, choices))}, got {value!r}")
+    if key in ("workers", "sync_every", "max_restarts") and value < 0:
+        raise ConfigError(f"{where} {key}: must be >= 0, got {value!r}")
+    if key == "heartbeat_timeout" and value <= 0:
+        raise ConfigError(f"{where} {key}: must be a positive number of seconds, got {value!r}")
     if key == "limit" and value is not None and value < 1:
         raise ConfigError(f"{where} {key}: must be a positive number of rows, got {value!r}")
     if section == "model" and type(value) is int:  # counts and sizes (DBN checks rates itself)

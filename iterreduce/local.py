@@ -56,6 +56,9 @@ class LocalCluster:
 
     def _env(self, index: int | None) -> dict:
         env = dict(os.environ, ITERREDUCE_TOKEN=self.config.token, PYTHONUNBUFFERED="1")
+        # Children import the runtime (and the program) from where this process does.
+        root = str(Path(__file__).resolve().parents[1])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
         if index is not None:
             for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
                 env[var] = str(self.threads)
@@ -99,7 +102,7 @@ class LocalCluster:
 
     def _failure(self, what: str) -> str:
         error = self.out / "error.txt"
-        reason = error.read_text().strip() if error.exists() else "no reason given"
+        reason = error.read_text().strip() if error.exists() else self._last_error("master") or "no reason given"
         return f"{what}: {reason} (logs in {self.logs})"
 
     def _last_error(self, name: str) -> str:
