@@ -81,7 +81,7 @@ def test_to_dict_is_json_and_config_is_frozen(tmp_path):
     cfg = load_config(write(tmp_path, "[model]\nhidden_layers = [8, 4]\n"))
     d = json.loads(json.dumps(cfg.to_dict()))
     assert d["model"]["hidden_layers"] == [8, 4]
-    assert set(d) == {"data", "model", "output", "job", "source"}
+    assert set(d) == {"data", "model", "output", "job", "cluster", "source"}
     assert isinstance(cfg, JobConfig)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.model.pretrain_epochs = 1
@@ -174,3 +174,20 @@ def test_bad_overrides(overrides, message):
 
 def test_config_error_is_a_value_error():
     assert issubclass(ConfigError, ValueError)
+
+
+def test_cluster_section_defaults_to_one_process_and_validates(tmp_path):
+    cfg = load_config(None)
+    assert cfg.cluster.workers == 0 and cfg.cluster.sync_every == 0
+    job = tmp_path / "job.toml"
+    job.write_text("[cluster]\nworkers = 4\nsync_every = 10\n")
+    cfg = load_config(job)
+    assert (cfg.cluster.workers, cfg.cluster.sync_every) == (4, 10)
+    job.write_text("[cluster]\nworkers = -1\n")
+    with pytest.raises(ConfigError, match=r"\[cluster\] workers: must be >= 0"):
+        load_config(job)
+    job.write_text("[cluster]\nheartbeat_timeout = 0\n")
+    with pytest.raises(ConfigError, match="heartbeat_timeout"):
+        load_config(job)
+    with pytest.raises(ConfigError, match="unknown key 'worker'"):
+        load_config(None, {"cluster.worker": "3"})
