@@ -85,6 +85,9 @@ class DBNProgram(Program):
                 }, net_arrays(n, range(n - 1, n) if top_only else None))
 
     def initial_parameters(self, seed, shards):
+        unlabelled = [s["uri"] for s in shards if not s["labels"]]
+        if self.model.finetune_epochs > 0 and unlabelled:
+            raise ValueError(f"fine-tuning needs labels, but these shards have no 'label' column: {unlabelled[:3]}")
         widths = {s["features"] for s in shards}
         if len(widths) != 1 or None in widths:
             raise ValueError(f"shards disagree on the feature count or do not fix it: {sorted(map(str, widths))}")

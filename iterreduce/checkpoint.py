@@ -1,7 +1,8 @@
 """Master checkpoints: parameters + position in the schedule, written atomically.
 
 A checkpoint is an ``.npz`` of the parameter arrays plus a JSON header with the
-next superstep, the job seed and a fingerprint of the schedule. Files are named
+next superstep, the job seed and a fingerprint of the job (program, its
+configuration, seed, shard sizes and schedule) that a resume must match. Files are named
 ``ckpt-<step>.npz`` so the newest is the one with the highest step.
 """
 
@@ -27,7 +28,7 @@ class CheckpointError(ValueError):
 
 
 def _encode(header: dict, arrays: dict) -> bytes:
-    payload = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+    payload = {k: np.asarray(v, order="C") for k, v in arrays.items()}
     payload[_HEADER] = np.frombuffer(json.dumps(header).encode(), dtype=np.uint8)
     buf = io.BytesIO()
     np.savez(buf, **payload)

@@ -10,6 +10,7 @@ until a worker of the same name registers again.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -83,9 +84,12 @@ def shard_info(uris: list[str]) -> list[dict]:
         if "features" not in schema.names:
             raise ShardError(f"{uri}: no 'features' column (columns: {schema.names})")
         ftype = schema.field("features").type
-        width = getattr(ftype, "list_size", None)
         if meta.num_rows == 0:
             raise ShardError(f"{uri}: shard is empty")
+        width = getattr(ftype, "list_size", None)
+        if width is None:  # a variable-length list: its first row says (read_shard checks the rest)
+            first = pq.ParquetFile(path, filesystem=fs).read_row_group(0, columns=["features"]).column(0)
+            width = len(first[0].as_py())
         info.append({"uri": uri, "rows": meta.num_rows, "features": width, "labels": "label" in schema.names})
     return info
 
@@ -101,6 +105,10 @@ class Master(pb_grpc.MasterServicer):
         program_cls = load_class(config.program)
         self.program: Program = program_cls(config.program_config)
         self.steps = list(self.program.schedule(self.shards))
+        # What a checkpoint must match to be resumed: same program, config, seed, data and schedule.
+        self.fingerprint = hashlib.sha256(json.dumps(
+            [config.program, config.program_config, config.seed, [(s["rows"], s["features"]) for s in self.shards],
+             [step_to_json(st) for st in self.steps]], sort_keys=True, default=str).encode()).hexdigest()
         self.lock = threading.Condition()
         self.workers: dict[str, WorkerInfo] = {}
         self.names: list[str] = []  # registration order of worker names: decides home shards
@@ -233,7 +241,7 @@ class Master(pb_grpc.MasterServicer):
                     return self._reject(context, f"{header.worker_id}: oversized tensor chunk ({len(chunk.tensor.data)} bytes)")
                 decoder.add(chunk.tensor)
             arrays = decoder.finish()
-        except wire.WireError as exc:
+        except (wire.WireError, ValueError) as exc:
             return self._reject(context, f"{header.worker_id}: malformed update: {exc}")
         updates = {}
         for result in header.results:
@@ -255,6 +263,11 @@ class Master(pb_grpc.MasterServicer):
                 missing = set(self.steps[self.current].arrays) - set(update.arrays)
                 if missing:
                     return self._reject(context, f"{header.worker_id}: shard {shard} update lacks {sorted(missing)}")
+                for name in self.steps[self.current].arrays:
+                    got, want = update.arrays[name], self.parameters.get(name)
+                    if want is not None and (got.shape != want.shape or got.dtype != want.dtype):
+                        return self._reject(context, f"{header.worker_id}: shard {shard} sent {name} as "
+                                                     f"{got.dtype}{list(got.shape)}, expected {want.dtype}{list(want.shape)}")
             for shard, update in updates.items():
                 del self.in_flight[shard]
                 if shard in self.expected:
@@ -324,9 +337,9 @@ class Master(pb_grpc.MasterServicer):
             self.versions = {k: 0 for k in self.parameters}
             return 0
         header, arrays = checkpoint.load(ckpt)
-        if header.get("n_steps") != len(self.steps) or header.get("seed") != self.config.seed:
-            raise JobFailed(f"{ckpt}: checkpoint is of another job (steps {header.get('n_steps')} vs "
-                            f"{len(self.steps)}, seed {header.get('seed')} vs {self.config.seed})")
+        if header.get("fingerprint") != self.fingerprint:
+            raise JobFailed(f"{ckpt}: checkpoint is of another job (program, configuration, seed, shards or "
+                            f"schedule differ); use a new output directory or drop --resume")
         self.parameters = arrays
         self.versions = {k: header["step"] for k in arrays}
         log.info("resumed from %s at step %d of %d", ckpt, header["step"], len(self.steps))
@@ -342,7 +355,8 @@ class Master(pb_grpc.MasterServicer):
             self._run_step(index)
             if self.config.checkpoint_dir and ((index + 1) % self.config.checkpoint_every == 0 or index + 1 == len(self.steps)):
                 checkpoint.save(self.config.checkpoint_dir, index + 1,
-                                {"n_steps": len(self.steps), "seed": self.config.seed, "program": self.config.program},
+                                {"n_steps": len(self.steps), "seed": self.config.seed, "program": self.config.program,
+                                 "fingerprint": self.fingerprint},
                                 self.parameters, keep=self.config.checkpoint_keep)
         self.program.finalize(self.parameters, str(self.out))
         with self.lock:
@@ -429,7 +443,7 @@ def main(argv=None) -> int:
         time.sleep(2 * config.heartbeat_interval)  # let workers fetch DONE
         server.stop(grace=1.0)
         return 0
-    except (JobFailed, ShardError, checkpoint.CheckpointError, ValueError) as exc:
+    except (JobFailed, ShardError, checkpoint.CheckpointError, ValueError, TypeError, KeyError) as exc:
         log.error("job failed: %s", exc)
         (Path(config.output) / "error.txt").write_text(str(exc) + "\n")
         return 1

@@ -7,6 +7,7 @@ float16 (half the bytes) and are widened again on arrival.
 
 from __future__ import annotations
 
+import math
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -27,8 +28,9 @@ class WireError(ValueError):
 def encode(arrays: dict[str, np.ndarray], float16: bool = False) -> Iterator[pb.TensorChunk]:
     """Cut ``arrays`` into :class:`TensorChunk` messages."""
     for name, array in arrays.items():
-        array = np.ascontiguousarray(array)
-        if float16 and array.dtype == np.float32:
+        array = np.asarray(array, order="C")
+        narrowed = float16 and array.dtype == np.float32
+        if narrowed:
             array = array.astype(np.float16)
         data = array.tobytes()
         offsets = range(0, max(len(data), 1), CHUNK_BYTES)
@@ -38,42 +40,45 @@ def encode(arrays: dict[str, np.ndarray], float16: bool = False) -> Iterator[pb.
             if offset == 0:
                 chunk.dtype = array.dtype.name
                 chunk.shape.extend(array.shape)
+                chunk.narrowed = narrowed
             yield chunk
 
 
 class Decoder:
     """Reassembles :class:`TensorChunk` messages into arrays, checking every header."""
 
-    def __init__(self, widen_to: str | None = "float32"):
+    def __init__(self):
         self.arrays: dict[str, np.ndarray] = {}
-        self._open: dict[str, tuple[np.dtype, tuple, bytearray]] = {}
-        self._widen_to = widen_to
+        self._open: dict[str, tuple[np.dtype, tuple, bytearray, bool]] = {}
 
     def add(self, chunk: pb.TensorChunk) -> None:
         if chunk.offset == 0:
             if chunk.dtype not in ALLOWED_DTYPES:
                 raise WireError(f"tensor {chunk.name!r}: dtype {chunk.dtype!r} not allowed")
             shape = tuple(int(n) for n in chunk.shape)
-            if any(n < 0 for n in shape) or int(np.prod(shape, dtype=np.int64)) > MAX_ELEMENTS:
+            # math.prod on Python ints: numpy's int64 product wraps around for absurd shapes.
+            if any(n < 0 for n in shape) or math.prod(shape) > MAX_ELEMENTS:
                 raise WireError(f"tensor {chunk.name!r}: bad shape {shape}")
             if chunk.name in self._open or chunk.name in self.arrays:
                 raise WireError(f"tensor {chunk.name!r} sent twice")
-            self._open[chunk.name] = (np.dtype(chunk.dtype), shape, bytearray())
+            if chunk.narrowed and chunk.dtype != "float16":
+                raise WireError(f"tensor {chunk.name!r}: marked narrowed but sent as {chunk.dtype}")
+            self._open[chunk.name] = (np.dtype(chunk.dtype), shape, bytearray(), chunk.narrowed)
         if chunk.name not in self._open:
             raise WireError(f"tensor {chunk.name!r}: chunk at offset {chunk.offset} without a header")
-        dtype, shape, buf = self._open[chunk.name]
+        dtype, shape, buf, narrowed = self._open[chunk.name]
         if chunk.offset != len(buf):
             raise WireError(f"tensor {chunk.name!r}: chunk at offset {chunk.offset}, expected {len(buf)}")
-        expected = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        expected = math.prod(shape) * dtype.itemsize
         if len(buf) + len(chunk.data) > expected:
             raise WireError(f"tensor {chunk.name!r}: more than the {expected} bytes its shape needs")
         buf += chunk.data
         if chunk.last:
             if len(buf) != expected:
                 raise WireError(f"tensor {chunk.name!r}: {len(buf)} bytes, expected {expected}")
-            array = np.frombuffer(bytes(buf), dtype=dtype).reshape(shape)
-            if dtype == np.float16 and self._widen_to:
-                array = array.astype(self._widen_to)
+            array = np.frombuffer(buf, dtype=dtype).reshape(shape)  # writable: backed by the bytearray
+            if narrowed:
+                array = array.astype(np.float32)
             self.arrays[chunk.name] = array
             del self._open[chunk.name]
 

@@ -68,7 +68,17 @@ class Worker:
         threading.Thread(target=self._heartbeat, daemon=True).start()
         try:
             while True:
-                header, arrays = self._fetch()
+                try:
+                    header, arrays = self._fetch()
+                except grpc.RpcError as exc:
+                    if exc.code() != grpc.StatusCode.NOT_FOUND:
+                        raise
+                    # Dropped by the master (e.g. it presumed us lost): rejoin as a new incarnation.
+                    log.warning("master dropped this worker; registering again")
+                    self.parameters.clear()
+                    self.versions.clear()
+                    self.register()
+                    continue
                 if header.kind == pb.TaskHeader.DONE:
                     log.info("job done")
                     return 0
@@ -77,13 +87,6 @@ class Worker:
                 self.parameters.update(arrays)
                 self.versions.update(header.versions)
                 self._push(header, self._compute(header))
-        except grpc.RpcError as exc:
-            if exc.code() == grpc.StatusCode.NOT_FOUND:  # dropped by the master: rejoin as a new incarnation
-                log.warning("master dropped this worker; registering again")
-                self.parameters.clear()
-                self.versions.clear()
-                return self.run()
-            raise
         finally:
             self._stop.set()
 

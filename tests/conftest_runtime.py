@@ -155,7 +155,8 @@ def kill_master(output) -> int | None:
         pid = int(master_info(output)["pid"])
     except (OSError, ValueError, KeyError):
         return None
-    if not any(str(Path(output) / "job.json") in a for a in cmdline(pid)) or "iterreduce.master" not in cmdline(pid):
+    args = cmdline(pid)
+    if "iterreduce.master" not in args or not any(str(Path(output).resolve() / "job.json") in a for a in args):
         return None
     os.kill(pid, signal.SIGKILL)
     return pid

@@ -47,10 +47,6 @@ def test_round_trip_of_several_arrays_including_multi_chunk_and_empty():
         np.testing.assert_array_equal(out[name], array, err_msg=name)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG iterreduce/wire.py encode(): np.ascontiguousarray() returns at least 1-D, so a 0-d array "
-    "travels (and decodes) with shape (1,). Fix: array = np.asarray(array, order='C') "
-    "(same bug in iterreduce/checkpoint.py _encode)."))
 def test_0d_array_round_trips_with_its_shape():
     out = decode(encode({"scalar": np.array(3.25), "count": np.array(7, dtype=np.int64)}))
     assert out["scalar"].shape == () and float(out["scalar"]) == 3.25
@@ -58,7 +54,7 @@ def test_0d_array_round_trips_with_its_shape():
 
 
 def test_0d_array_values_survive_the_wire():
-    # What works today: the value of a 0-d array arrives (as a 1-element array, see the xfail above).
+    # The value of a 0-d array arrives too.
     out = decode(encode({"scalar": np.array(3.25)}))
     assert out["scalar"].size == 1 and float(out["scalar"].reshape(())) == 3.25
 
@@ -85,11 +81,6 @@ def test_float16_option_halves_the_bytes_and_decodes_close():
     np.testing.assert_array_equal(out["other"], other)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG iterreduce/wire.py Decoder.add: every float16 tensor is widened to float32 on arrival, "
-    "including arrays that *were* float16 before encoding (the stream cannot tell them apart), so a "
-    "float16 parameter comes back as float32. Fix: mark narrowed tensors (e.g. a 'wire_dtype'/"
-    "'orig_dtype' field in TensorChunk) and widen only those."))
 def test_genuine_float16_array_keeps_its_dtype():
     h = np.array([0.5, -1.25, 3.0], dtype=np.float16)
     assert decode(encode({"h": h}))["h"].dtype == np.float16
@@ -181,12 +172,6 @@ def test_absurd_shape_is_refused_at_the_header(shape):
         Decoder().add(chunk("w", "float32", shape, 0, b"", last=False))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG iterreduce/wire.py Decoder.add (the MAX_ELEMENTS check): np.prod(shape, dtype=np.int64) "
-    "overflows, so (2**32, 2**32) has 0 elements and (2**63-1, 2**63-1) has 1 - the header is "
-    "accepted, and the final chunk then fails in reshape with a plain ValueError, not WireError (the "
-    "master's PushUpdate catches only WireError, so the caller gets UNKNOWN, not INVALID_ARGUMENT). "
-    "Fix: count in Python ints: n = math.prod(shape) (or check each dim <= MAX_ELEMENTS first)."))
 @pytest.mark.parametrize("shape", [(1 << 32, 1 << 32), ((1 << 63) - 1, (1 << 63) - 1)])
 def test_overflowing_shape_is_refused_at_the_header(shape):
     with pytest.raises(WireError, match="bad shape"):

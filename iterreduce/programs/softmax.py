@@ -34,6 +34,8 @@ class SoftmaxWorker(WorkerProgram):
     def run(self, step: Step, parameters, shard, seed) -> Update:
         W = parameters["weights"].astype(np.float64)
         b = parameters["bias"].astype(np.float64)
+        if shard.labels is None:
+            raise ValueError(f"{shard.uri}: softmax regression needs a 'label' column")
         X, y = shard.features.astype(np.float64), shard.labels
         lr = float(self.config.get("learning_rate", 0.5))
         batch = int(self.config.get("batch_size", 0)) or X.shape[0]

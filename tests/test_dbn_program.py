@@ -1,0 +1,151 @@
+"""The DBN as an IterativeReduce program, on the local mini-cluster with real MNIST."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest_runtime import DBN_PROGRAM, InProcessJob, events, load_npz, records, run_job, simulate, subprocess_env
+from dbn import DBN
+from dbn.program import DBNProgram
+from iterreduce.local import LocalJobError
+from iterreduce.master import shard_info
+from iterreduce.shards import list_shards, write_shards
+
+
+@pytest.fixture(autouse=True)
+def _env(monkeypatch):
+    subprocess_env(monkeypatch)
+
+
+def phases(recs) -> list[str]:
+    return [r["phase"] for r in recs]
+
+
+def test_small_dbn_on_three_workers_classifies_mnist(tmp_path, mnist_small):
+    x_train, y_train, x_test, y_test = mnist_small
+    shards = str(tmp_path / "shards")
+    write_shards(x_train[:900], y_train[:900], shards, 3)
+    config = dict(hidden_layers=[64, 32], pretrain_epochs=2, pretrain_batch_size=25, finetune_epochs=10,
+                  finetune_batch_size=25, finetune_learning_rate=0.5, top_layer_epochs=1, n_classes=10, seed=0)
+    out = run_job(program=DBN_PROGRAM, program_config=config, shards=shards, workers=3, output=str(tmp_path / "out"))
+
+    recs = records(out)
+    assert phases(recs) == ["transform", "pretrain", "pretrain"] * 2 + ["finetune"] * 10
+    assert all(r["samples"] == 900 and r["shards"] == 3 for r in recs)
+    finetune = [r for r in recs if r["phase"] == "finetune"]
+    assert [r["top_only"] for r in finetune] == [True] + [False] * 9
+    assert finetune[-1]["train_error"] < finetune[0]["train_error"]
+
+    model = DBN.load(out / "model.npz", device="cpu")
+    assert model.hidden_layers == [64, 32] and model.n_features_in_ == x_train.shape[1] and model.n_classes_ == 10
+    assert len(model.rbms_) == 2
+    predictions = model.predict(x_test)
+    assert predictions.shape == (len(x_test),) and set(np.unique(predictions)) <= set(range(10))
+    accuracy = float(np.mean(predictions == y_test))
+    assert accuracy > 0.6, accuracy  # chance is 0.1 (this seed gives about 0.77)
+    assert model.score(x_test, y_test) == pytest.approx(accuracy)
+
+    # The distributed run is the sequential one: every shard, every step, same seeds, same reduce.
+    expected = DBNProgram(config).to_model(simulate(DBN_PROGRAM, config, list_shards(shards)))
+    for i in range(3):
+        np.testing.assert_allclose(model.network_.weights[i], expected.network_.weights[i], rtol=1e-4, atol=1e-5)
+    for i in range(2):
+        np.testing.assert_allclose(model.rbms_[i].weights_, expected.rbms_[i].weights_, rtol=1e-4, atol=1e-5)
+
+
+def test_sync_every_gives_more_steps_and_completes(tmp_path, mnist_small):
+    x_train, y_train, x_test, y_test = mnist_small
+    shards = str(tmp_path / "shards")
+    write_shards(x_train[:200], y_train[:200], shards, 2)  # 100 rows a shard: 4 minibatches of 25
+    base = dict(hidden_layers=[16], pretrain_epochs=2, pretrain_batch_size=25, finetune_epochs=2,
+                finetune_batch_size=25, top_layer_epochs=1, n_classes=10, seed=0)
+    config = {**base, "sync_every": 2}
+    info = shard_info(list_shards(shards))
+    plain_steps = list(DBNProgram(base).schedule(info))
+    sync_steps = list(DBNProgram(config).schedule(info))
+    assert len(plain_steps) == 1 + 2 + 2 and len(sync_steps) == 1 + 2 * 2 + 2 * 2
+
+    out = run_job(program=DBN_PROGRAM, program_config=config, shards=shards, workers=2, output=str(tmp_path / "out"))
+    recs = records(out)
+    assert len(recs) == len(sync_steps)
+    assert phases(recs) == ["transform"] + ["pretrain"] * 4 + ["finetune"] * 4
+    pretrain = [r for r in recs if r["phase"] == "pretrain"]
+    assert [(r["epoch"], r["part"], r["batches"]) for r in pretrain] == \
+        [(0, 0, [0, 2]), (0, 1, [2, 4]), (1, 0, [0, 2]), (1, 1, [2, 4])]
+    # each part is 2 minibatches of 25 rows on each of the 2 shards
+    assert all(r["samples"] == 2 * 2 * 25 for r in pretrain)
+    finetune = [r for r in recs if r["phase"] == "finetune"]
+    assert [(r["epoch"], r["batches"], r["top_only"]) for r in finetune] == \
+        [(0, [0, 2], True), (0, [2, 4], True), (1, [0, 2], False), (1, [2, 4], False)]
+    model = DBN.load(out / "model.npz", device="cpu")
+    assert model.predict(x_test[:50]).shape == (50,)
+    assert len(events(out, "done")) == 1
+
+
+def test_shard_with_the_wrong_feature_count_fails_clearly(tmp_path, mnist_small):
+    x_train, y_train, _, _ = mnist_small
+    shards = str(tmp_path / "shards")
+    write_shards(x_train[:100], y_train[:100], shards, 1, prefix="a")
+    width = x_train.shape[1]
+    write_shards(x_train[100:200, :width - 10], y_train[100:200], shards, 1, prefix="b")  # 10 features short
+    config = dict(hidden_layers=[8], pretrain_epochs=1, finetune_epochs=1, n_classes=10, seed=0)
+    with pytest.raises(LocalJobError) as info:
+        run_job(program=DBN_PROGRAM, program_config=config, shards=shards, workers=2, output=str(tmp_path / "out"),
+                max_restarts=0)
+    message = str(info.value)
+    assert "the master failed (exit 1)" in message
+    assert "shards disagree on the feature count" in message
+    assert str(width) in message and str(width - 10) in message
+    assert (tmp_path / "out" / "error.txt").read_text().strip() in message
+    assert not records(tmp_path / "out")
+
+
+def test_finetune_on_shards_without_labels_fails_clearly(tmp_path, mnist_small):
+    x_train, _, _, _ = mnist_small
+    shards = str(tmp_path / "shards")
+    write_shards(x_train[:200], None, shards, 2)
+    config = dict(hidden_layers=[8], pretrain_epochs=1, finetune_epochs=1, n_classes=10, seed=0)
+    with pytest.raises(LocalJobError) as info:
+        run_job(program=DBN_PROGRAM, program_config=config, shards=shards, workers=2, output=str(tmp_path / "out"),
+                max_restarts=0)
+    message = str(info.value)
+    # Refused by the master before any pre-training, naming the shards.
+    assert "the master failed" in message
+    assert "fine-tuning needs labels" in message and "part-0000" in message
+    assert not records(tmp_path / "out")
+
+
+def test_missing_labels_are_refused_before_pretraining(tmp_path):
+    X = np.random.default_rng(0).random((40, 12), dtype=np.float32)
+    uris = write_shards(X, None, str(tmp_path / "shards"), 2)
+    job = InProcessJob(tmp_path / "out", uris, workers=1, program=DBN_PROGRAM, start_timeout=0.5,
+                       program_config=dict(hidden_layers=[4], pretrain_epochs=1, finetune_epochs=1, n_classes=2))
+    try:
+        with pytest.raises(Exception, match="label"):
+            job.master.run()  # no worker: it fails at once, or after start_timeout without one
+    finally:
+        job.close()
+
+
+def test_pretrain_only_job_needs_no_labels(tmp_path):
+    """finetune_epochs=0: unlabeled shards are fine; the model has RBMs and no classifier."""
+    X = (np.random.default_rng(1).random((60, 10)) < 0.3).astype(np.float32)
+    uris = write_shards(X, None, str(tmp_path / "shards"), 2)
+    config = dict(hidden_layers=[6, 4], pretrain_epochs=2, finetune_epochs=0, n_classes=2, seed=3)
+    job = InProcessJob(tmp_path / "out", uris, workers=2, program=DBN_PROGRAM, program_config=config)
+    try:
+        job.add_worker("w0")
+        job.add_worker("w1")
+        job.start().wait(timeout=60)
+    finally:
+        job.close()
+    assert phases(records(tmp_path / "out")) == ["transform", "pretrain", "pretrain"] * 2
+    model = DBN.load(tmp_path / "out" / "model.npz", device="cpu")
+    assert model.network_ is None and len(model.rbms_) == 2
+    assert model.transform(X).shape == (60, 4)
+    saved = load_npz(tmp_path / "out" / "model.npz")
+    expected = simulate(DBN_PROGRAM, config, uris, seed=0)
+    for layer in range(2):
+        for key in ("weights", "hidden_bias", "visible_bias"):
+            assert np.array_equal(saved[f"rbm.{layer}.{key}"], expected[f"rbm.{layer}.{key}"]), (layer, key)

@@ -1,0 +1,223 @@
+"""The local mini-cluster with real processes: a master and N workers over gRPC.
+
+Kills are real SIGKILLs of the processes (found in /proc by their command lines).
+``SlowSoftmax`` / ``SlowDBNProgram`` are the real programs with a per-update sleep in
+the workers (see conftest_runtime.py): it changes no number, it only lets a test kill
+a process in the middle of a job on a machine of any speed.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest_runtime import (DELAY_ENV, SLOW_DBN, SLOW_SOFTMAX, SOFTMAX, blobs, events, kill_master, kill_worker,
+                              load_npz, master_info, records, run_job, simulate, subprocess_env, worker_pids)
+from iterreduce.local import LocalJobError
+from iterreduce.shards import write_shards
+
+
+@pytest.fixture(autouse=True)
+def _env(monkeypatch):
+    subprocess_env(monkeypatch)
+
+
+# ------------------------------------------------- completion and exactness
+
+
+@pytest.fixture(scope="module")
+def full_batch_runs(tmp_path_factory):
+    """Full-batch softmax (batch_size 0, local_steps 1) on the same 600 rows: 3 equal shards on 3
+    workers, and 1 shard on 1 worker. Returns (out3, out1, shards3, seen records of out3)."""
+    tmp = tmp_path_factory.mktemp("full_batch")
+    X, y = blobs(600, d=8, k=3, seed=1)
+    shards3 = write_shards(X, y, str(tmp / "s3"), 3)
+    write_shards(X, y, str(tmp / "s1"), 1)
+    config = {"n_classes": 3, "epochs": 6, "batch_size": 0, "local_steps": 1, "learning_rate": 0.5}
+    seen = []
+    with pytest.MonkeyPatch.context() as mp:
+        subprocess_env(mp)
+        out3 = run_job(program=SOFTMAX, program_config=config, shards=str(tmp / "s3"), workers=3,
+                       output=str(tmp / "out3"), on_record=seen.append)
+        out1 = run_job(program=SOFTMAX, program_config=config, shards=str(tmp / "s1"), workers=1,
+                       output=str(tmp / "out1"))
+    return out3, out1, shards3, seen, config
+
+
+def test_softmax_job_on_three_workers_completes(full_batch_runs):
+    out, _, shards, seen, config = full_batch_runs
+    assert (out / "parameters.npz").is_file()
+    params = load_npz(out / "parameters.npz")
+    assert params["weights"].shape == (8, 3) and params["bias"].shape == (3,)
+    recs = records(out)
+    assert [r["step"] for r in recs] == list(range(6))  # one record per step
+    assert all(r["of"] == 6 and r["phase"] == "train" and r["epoch"] == r["step"] for r in recs)
+    assert all(r["samples"] == 600 and r["shards"] == 3 == r["shards_total"] for r in recs)
+    assert recs[-1]["loss"] < recs[0]["loss"]
+    assert recs[-1]["train_error"] < 0.1
+    assert sorted(e["worker"].split("#")[0] for e in events(out, "worker_registered")) == \
+        ["worker-0", "worker-1", "worker-2"]
+    assert len(events(out, "done")) == 1 and not events(out, "worker_lost")
+    # on_record got the same records and events as the log
+    assert [r for r in seen if "event" not in r] == recs
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["ckpt-000000005.npz", "ckpt-000000006.npz"]
+    assert sorted(p.name for p in (out / "logs").iterdir()) == \
+        ["master.log", "worker-0.log", "worker-1.log", "worker-2.log"]
+    info = master_info(out)
+    assert info["address"].startswith("127.0.0.1:") and info["pid"] > 0
+    # ... and it is what running the shards one after the other gives.
+    expected = simulate(SOFTMAX, config, shards)
+    for k in expected:
+        np.testing.assert_allclose(params[k], expected[k], rtol=1e-6, atol=1e-7)
+
+
+def test_full_batch_three_workers_equal_one_worker(full_batch_runs):
+    """With one full-batch step per superstep and equal shards, averaging the shards' steps is
+    exactly one gradient step on the union: N workers give what 1 worker gives."""
+    out3, out1, *_ = full_batch_runs
+    p3, p1 = load_npz(out3 / "parameters.npz"), load_npz(out1 / "parameters.npz")
+    assert sorted(p3) == sorted(p1) == ["bias", "weights"]
+    for k in p1:
+        np.testing.assert_allclose(p3[k], p1[k], rtol=1e-5, atol=1e-6)
+    r3, r1 = records(out3), records(out1)
+    assert [r["samples"] for r in r1] == [600] * 6 and all(r["shards"] == 1 for r in r1)
+    # (The logged losses differ: each shard reports its loss after its *own* local step.)
+
+
+# --------------------------------------------------------------- fault tolerance
+
+
+def test_sigkill_of_a_worker_mid_run_completes_the_job(tmp_path, monkeypatch):
+    monkeypatch.setenv(DELAY_ENV, "0.08")
+    X, y = blobs(900, d=8, k=3, seed=2)
+    shards = write_shards(X, y, str(tmp_path / "shards"), 3)
+    config = {"n_classes": 3, "epochs": 30, "batch_size": 0, "local_steps": 1, "learning_rate": 0.5}
+    out = tmp_path / "out"
+    seen, killed = [], []
+
+    def on_record(rec):
+        seen.append(rec)
+        if rec.get("step") == 5 and "event" not in rec and not killed:
+            killed.append(kill_worker(out, "worker-1"))
+
+    run_job(program=SLOW_SOFTMAX, program_config=config, shards=str(tmp_path / "shards"), workers=3,
+            output=str(out), on_record=on_record, timeout=90)
+    assert killed, "the job ended before step 5 was reported"
+    restarted = [r for r in seen if r.get("event") == "worker_restarted"]
+    assert len(restarted) == 1 and restarted[0]["worker"] == "worker-1"
+    assert restarted[0]["exit"] == -signal.SIGKILL and restarted[0]["restart"] == 1
+    registered = [e["worker"].split("#")[0] for e in events(out, "worker_registered")]
+    assert registered.count("worker-1") == 2
+    lost = events(out, "worker_lost")
+    assert len(lost) == 1 and lost[0]["worker"].startswith("worker-1#")
+    assert (out / "parameters.npz").is_file()
+    recs = records(out)
+    assert [r["step"] for r in recs] == list(range(30))  # every step once, none lost or repeated
+    assert all(r["shards"] == 3 for r in recs[:5]) and all(r["shards"] == 3 for r in recs[-5:])
+    assert sum(r["shards"] < 3 for r in recs) <= 2  # at most the step(s) during the outage
+    # The result is close to the undisturbed one (a step or two averaged over 2 of 3 shards).
+    result, expected = load_npz(out / "parameters.npz"), simulate(SOFTMAX, config, shards)
+    for k in expected:
+        np.testing.assert_allclose(result[k], expected[k], rtol=0.05, atol=0.02 * np.abs(expected[k]).max())
+    assert training_error(X, y, result) == pytest.approx(training_error(X, y, expected), abs=0.01)
+    assert training_error(X, y, result) < 0.15
+
+
+def training_error(X, y, params) -> float:
+    return float(np.mean((X @ params["weights"] + params["bias"]).argmax(axis=1) != y))
+
+
+def kill_master_then_resume(tmp_path, monkeypatch, *, program, config, shards, workers, kill_at, n_steps,
+                            result_file):
+    """Run A to completion; run B, SIGKILL its master when step ``kill_at`` is reported, resume B.
+    Returns (A's arrays, B's arrays, B's output dir)."""
+    monkeypatch.setenv(DELAY_ENV, "0")
+    out_a = run_job(program=program, program_config=config, shards=shards, workers=workers, output=str(tmp_path / "a"))
+
+    out_b = tmp_path / "b"
+    killed = []
+
+    def on_record(rec):
+        if rec.get("step") == kill_at and "event" not in rec and not killed:
+            killed.append(kill_master(out_b))
+
+    monkeypatch.setenv(DELAY_ENV, "0.1")  # long enough steps for the kill to land mid-run
+    with pytest.raises(LocalJobError, match=r"the master failed \(exit -9\)"):
+        run_job(program=program, program_config=config, shards=shards, workers=workers, output=str(out_b),
+                on_record=on_record)
+    assert killed and killed[0] is not None
+    assert not (out_b / result_file).exists()
+    done_before = {r["step"] for r in records(out_b)}
+    assert kill_at in done_before and len(done_before) < n_steps
+
+    monkeypatch.setenv(DELAY_ENV, "0")
+    run_job(program=program, program_config=config, shards=shards, workers=workers, output=str(out_b), resume=True)
+    (resumed,) = events(out_b, "resumed")
+    assert kill_at <= resumed["step"] < n_steps  # it really resumed mid-job, from a checkpoint
+    assert resumed["step"] <= max(done_before) + 1
+    after = [r["step"] for r in records(out_b)][len(done_before):]
+    assert after == list(range(resumed["step"], n_steps))
+    return load_npz(out_a / result_file), load_npz(out_b / result_file), out_b
+
+
+def test_master_sigkill_then_resume_is_bit_identical_softmax(tmp_path, monkeypatch):
+    X, y = blobs(600, d=8, k=3, seed=3)
+    shards = str(tmp_path / "shards")
+    write_shards(X, y, shards, 3)
+    # Minibatches (batch_size > 0): every shuffle depends on the (job seed, step, shard) seeds.
+    config = {"n_classes": 3, "epochs": 12, "batch_size": 50, "local_steps": 1, "learning_rate": 0.3}
+    a, b, _ = kill_master_then_resume(tmp_path, monkeypatch, program=SLOW_SOFTMAX, config=config, shards=shards,
+                                      workers=3, kill_at=3, n_steps=12, result_file="parameters.npz")
+    assert sorted(a) == sorted(b) == ["bias", "weights"]
+    for k in a:
+        assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k
+
+
+def test_master_sigkill_then_resume_is_bit_identical_dbn(tmp_path, monkeypatch, mnist_small):
+    x_train, y_train, _, _ = mnist_small
+    shards = str(tmp_path / "shards")
+    write_shards(x_train[:600], y_train[:600], shards, 3)
+    config = dict(hidden_layers=[32, 16], pretrain_epochs=2, finetune_epochs=2, top_layer_epochs=1,
+                  n_classes=10, seed=0)
+    # Steps: transform, 2 pretrain (layer 0); transform, 2 pretrain (layer 1); 2 finetune. Killed
+    # after step 3, it resumes inside layer 1, whose inputs the new workers must rebuild.
+    a, b, out_b = kill_master_then_resume(tmp_path, monkeypatch, program=SLOW_DBN, config=config, shards=shards,
+                                          workers=2, kill_at=3, n_steps=8, result_file="model.npz")
+    assert sorted(a) == sorted(b)
+    assert {"rbm.0.weights", "rbm.1.weights", "network.weights.2"} <= set(a)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k
+    from dbn import DBN
+
+    model = DBN.load(out_b / "model.npz", device="cpu")
+    assert model.hidden_layers == [32, 16] and model.n_classes_ == 10
+
+
+def test_every_worker_crashing_fails_the_job_with_the_last_error(tmp_path):
+    X, _ = blobs(200, d=4, k=3)
+    write_shards(X, None, str(tmp_path / "shards"), 2)  # softmax needs labels: the workers crash
+    seen = []
+    with pytest.raises(LocalJobError) as info:
+        run_job(program=SOFTMAX, program_config={"n_classes": 3, "epochs": 2}, shards=str(tmp_path / "shards"),
+                workers=2, output=str(tmp_path / "out"), max_restarts=1, on_record=seen.append, timeout=90)
+    message = str(info.value)
+    assert "every worker failed and used up its 1 restarts" in message
+    assert "softmax regression needs a 'label' column" in message
+    assert str(tmp_path / "out" / "logs") in message
+    last_lines = []
+    for name in ("worker-0", "worker-1"):
+        lines = [ln.strip() for ln in (tmp_path / "out" / "logs" / f"{name}.log").read_text().splitlines() if ln.strip()]
+        last_lines.append(lines[-1])
+    assert any(f"last error: {line} (logs in" in message for line in last_lines), (message, last_lines)
+    restarted = sorted(r["worker"] for r in seen if r.get("event") == "worker_restarted")
+    gave_up = sorted(r["worker"] for r in seen if r.get("event") == "worker_gave_up")
+    assert restarted == gave_up == ["worker-0", "worker-1"]
+    assert all(r["error"] for r in seen if r.get("event") in ("worker_restarted", "worker_gave_up"))
+    assert not records(tmp_path / "out")  # no step ever completed
+    # Every process of the job is gone.
+    address = master_info(tmp_path / "out")["address"]
+    assert not worker_pids(address, "worker-0") and not worker_pids(address, "worker-1")
+    assert not Path(tmp_path / "out" / "parameters.npz").exists()
