@@ -154,14 +154,16 @@ class LocalCluster:
                 self._record_event("worker_restarted", worker=name, exit=rc, restart=used + 1, error=error)
                 self._start_worker(int(name.rsplit("-", 1)[1]))
             if not self.workers:
+                self._forward_records()
                 self.stop()
                 raise LocalJobError(f"every worker failed and used up its {self.max_restarts} restarts; "
                                     f"last error: {self.last_worker_error} (logs in {self.logs})")
             time.sleep(0.2)
 
     def _record_event(self, event: str, **fields) -> None:
-        if self.on_record:
-            self.on_record({"event": event, "time": time.time(), **fields})
+        """Append a launcher event to the job's log; the tail reader forwards it like the rest."""
+        with open(self.out / "log.jsonl", "a") as log:
+            log.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
 
     def _wait_workers(self, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout
