@@ -119,7 +119,6 @@ class Master(pb_grpc.MasterServicer):
         self.results: dict[int, Update] = {}
         self.compute_s: dict[str, float] = {}
         self.done = False
-        self.failure: str | None = None
         self.parameters: dict[str, np.ndarray] = {}
         self.versions: dict[str, int] = {}
         self._incarnation = 0
