@@ -180,7 +180,7 @@ class ClusterProgress:
 
 
 def _train_distributed(cfg: JobConfig, args) -> int:
-    from .distributed import evaluate, train_local
+    from .distributed import train_local
 
     out = Path(cfg.output.dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -195,12 +195,14 @@ def _train_distributed(cfg: JobConfig, args) -> int:
         print(f"dbn: interrupted (Ctrl-C); checkpoints are in {out / 'checkpoints'}: "
               f"continue with the same command and --resume", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
+    model = DBN.load(out / "model.npz", device="cpu")
     test_error = None
     if cfg.data.test is not None:
         X_test, y_test = load_dataset(cfg.data.test, "test", cfg.data.mnist_dir)
-        test_error = evaluate(out / "model.npz", X_test, y_test)
+        test_error = 1.0 - model.score(X_test, y_test)
     result = {
-        "test_error": test_error, "layers": list(cfg.model.hidden_layers),
+        "test_error": test_error,
+        "layers": [model.n_features_in_, *model.hidden_layers, getattr(model, "n_classes_", None)],
         "epochs": {"pretrain": cfg.model.pretrain_epochs, "finetune": cfg.model.finetune_epochs},
         "seed": cfg.job.seed, "device": cfg.job.device, "name": cfg.job.name, **result,
         "params": cfg.dbn_params(),

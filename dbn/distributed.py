@@ -14,7 +14,6 @@ from iterreduce.local import run_local
 from iterreduce.shards import filesystem, list_shards
 
 from .config import JobConfig
-from .model import DBN
 from .sharding import shard_dataset
 
 PROGRAM = "dbn.program:DBNProgram"
@@ -93,7 +92,3 @@ def timings(log_path) -> dict:
         "sync_seconds_pretrain": sum(r["sync_seconds"] for r in pre),
     }
 
-
-def evaluate(model_path, X_test, y_test, device: str = "cpu") -> float:
-    """Test error of a saved model."""
-    return 1.0 - DBN.load(model_path, device=device).score(X_test, y_test)
