@@ -301,13 +301,27 @@ class Master(pb_grpc.MasterServicer):
         self.lock.notify_all()
 
     def _monitor(self) -> None:
+        period = self.config.heartbeat_interval / 2
+        last = time.monotonic()
         while not self.done:
-            time.sleep(self.config.heartbeat_interval / 2)
+            time.sleep(period)
             with self.lock:
-                now = time.monotonic()
-                for w in self._live():
-                    if now - w.last_seen > self.config.heartbeat_timeout:
-                        self._drop(w, f"no heartbeat for {now - w.last_seen:.1f} s")
+                self._check_heartbeats(time.monotonic() - last)
+                last = time.monotonic()
+
+    def _check_heartbeats(self, since_last_check: float) -> None:
+        """Drop workers silent for longer than the timeout, unless the master itself was stalled."""
+        now = time.monotonic()
+        if since_last_check > self.config.heartbeat_timeout / 2:
+            # The master did not run for a while (VM pause, swapping, SIGSTOP): the silence
+            # is its own, so give every worker a fresh grace period instead of dropping them.
+            log.warning("master stalled for %.1f s: extending heartbeat grace", since_last_check)
+            for w in self._live():
+                w.last_seen = now
+            return
+        for w in self._live():
+            if now - w.last_seen > self.config.heartbeat_timeout:
+                self._drop(w, f"no heartbeat for {now - w.last_seen:.1f} s")
 
     # ------------------------------------------------------------ schedule
 

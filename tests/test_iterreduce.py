@@ -402,3 +402,26 @@ def test_resume_refuses_a_checkpoint_of_another_program_config(jobs, tmp_path):
     second.start()
     second.master_thread.join(15)
     assert "another job" in str(second.results.get("master"))
+
+
+def test_a_stalled_master_does_not_drop_its_workers(tmp_path):
+    """Silence caused by the master's own stall (VM pause, SIGSTOP) is forgiven; real silence is not."""
+    import time
+
+    from iterreduce.master import Master, MasterConfig
+
+    X, y = blobs(60, d=4, k=3)
+    uris = write_shards(X, y, str(tmp_path / "shards"), 2)
+    master = Master(MasterConfig(program=SOFTMAX, program_config={"n_classes": 3}, shards=uris, workers=2,
+                                 token="t", output=str(tmp_path / "out"), heartbeat_timeout=2.0))
+    ids = [master.Register(pb.RegisterRequest(worker_name=f"w{i}", pid=i), None).worker_id for i in range(2)]
+    for worker_id in ids:
+        master.workers[worker_id].last_seen = time.monotonic() - 60
+    with master.lock:  # as the monitor thread calls it
+        master._check_heartbeats(since_last_check=60.0)  # the monitor itself slept for a minute
+    assert all(master.workers[w].alive for w in ids)
+    master.workers[ids[0]].last_seen = time.monotonic() - 60
+    with master.lock:
+        master._check_heartbeats(since_last_check=0.5)  # the master ran; w0 really went silent
+    assert not master.workers[ids[0]].alive and master.workers[ids[1]].alive
+    assert master.owner[0] == master.owner[1] == ids[1]  # its shard moved to the live worker
