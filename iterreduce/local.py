@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -144,7 +145,7 @@ class LocalCluster:
                 if rc is None or rc == 0:
                     continue
                 used = self.restarts.get(name, 0)
-                error = self._last_error(name)
+                error = f"killed by {signal.Signals(-rc).name}" if rc < 0 else self._last_error(name)
                 if used >= self.max_restarts:
                     self._record_event("worker_gave_up", worker=name, exit=rc, restarts=used, error=error)
                     self.last_worker_error = error

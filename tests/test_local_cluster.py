@@ -109,6 +109,7 @@ def test_sigkill_of_a_worker_mid_run_completes_the_job(tmp_path, monkeypatch):
     restarted = [r for r in seen if r.get("event") == "worker_restarted"]
     assert len(restarted) == 1 and restarted[0]["worker"] == "worker-1"
     assert restarted[0]["exit"] == -signal.SIGKILL and restarted[0]["restart"] == 1
+    assert restarted[0]["error"] == "killed by SIGKILL"
     registered = [e["worker"].split("#")[0] for e in events(out, "worker_registered")]
     assert registered.count("worker-1") == 2
     lost = events(out, "worker_lost")
