@@ -201,7 +201,7 @@ def _train_distributed(cfg: JobConfig, args) -> int:
         X_test, y_test = load_dataset(cfg.data.test, "test", cfg.data.mnist_dir)
         test_error = 1.0 - model.score(X_test, y_test)
     result = {
-        "test_error": test_error,
+        "test_error": test_error, "block_momentum": cfg.cluster.block_momentum,
         "layers": [model.n_features_in_, *model.hidden_layers, getattr(model, "n_classes_", None)],
         "epochs": {"pretrain": cfg.model.pretrain_epochs, "finetune": cfg.model.finetune_epochs},
         "seed": cfg.job.seed, "device": cfg.job.device, "name": cfg.job.name, **result,

@@ -105,6 +105,7 @@ class ClusterSection:
     max_restarts: int = 3  # restarts allowed per worker before it is given up
     heartbeat_timeout: float = 10.0  # seconds of silence after which a worker is presumed lost
     float16_wire: bool = False  # send parameters as float16 (half the bytes, not bit-exact)
+    block_momentum: float = 0.0  # momentum over the averaged per-sync deltas (BMUF); 0: plain averaging
 
 
 @dataclass(frozen=True)
@@ -274,6 +275,8 @@ def _check(origin: str, section: str, key: str, value, parse_strings: bool = Fal
         raise ConfigError(f"{where} {key}: must be one of {', '.join(map(repr, choices))}, got {value!r}")
     if key in ("workers", "sync_every", "max_restarts") and value < 0:
         raise ConfigError(f"{where} {key}: must be >= 0, got {value!r}")
+    if key == "block_momentum" and not 0 <= value < 1:
+        raise ConfigError(f"{where} {key}: must be in [0, 1), got {value!r}")
     if key == "heartbeat_timeout" and value <= 0:
         raise ConfigError(f"{where} {key}: must be a positive number of seconds, got {value!r}")
     if key == "limit" and value is not None and value < 1:

@@ -51,7 +51,8 @@ def count_classes(uris: list[str]) -> int:
 def program_config(cfg: JobConfig, n_classes: int) -> dict:
     """The DBN program's configuration for the runtime."""
     params = {k: v for k, v in cfg.dbn_params().items() if k != "device"}
-    return {**params, "n_classes": n_classes, "sync_every": cfg.cluster.sync_every}
+    return {**params, "n_classes": n_classes, "sync_every": cfg.cluster.sync_every,
+            "block_momentum": cfg.cluster.block_momentum}
 
 
 def train_local(cfg: JobConfig, *, workers: int, resume: bool = False,

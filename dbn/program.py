@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from iterreduce.program import Program, Step, Update, WorkerProgram, weighted_average
+from iterreduce.program import Program, Step, Update, WorkerProgram, block_momentum_average, weighted_average
 
 from .model import DBN
 from .network import Network
@@ -30,7 +30,8 @@ RBM_KEYS = ("weights", "hidden_bias", "visible_bias", "weights_inc", "hidden_bia
 
 def dbn_params(config) -> dict:
     """The :class:`DBN` hyperparameters in a program config (without device and runtime keys)."""
-    return {k: v for k, v in config.items() if k not in ("n_classes", "sync_every", "device", "callback")}
+    return {k: v for k, v in config.items()
+            if k not in ("n_classes", "sync_every", "block_momentum", "device", "callback")}
 
 
 def rbm_arrays(layer: int) -> tuple[str, ...]:
@@ -44,8 +45,9 @@ def net_arrays(n_layers: int, only: range | None = None) -> tuple[str, ...]:
 
 class DBNProgram(Program):
     """Master side. ``config``: DBN hyperparameters (see :class:`dbn.DBN`) plus
-    ``n_classes``, ``seed`` and ``sync_every`` (minibatches per synchronisation;
-    0 or absent = once per epoch, the paper's setting)."""
+    ``n_classes``, ``seed``, ``sync_every`` (minibatches per synchronisation;
+    0 or absent = once per epoch, the paper's setting) and ``block_momentum``
+    (0 = plain averaging; see :func:`iterreduce.program.block_momentum_average`)."""
 
     worker_class = "dbn.program:DBNWorker"
 
@@ -128,7 +130,9 @@ class DBNProgram(Program):
                 return {name: np.zeros_like(mean)}
             p = np.clip(mean, 1e-3, 1 - 1e-3)
             return {name: np.log(p / (1 - p)).astype(np.float32)}
-        return weighted_average(updates, step.arrays)
+        increments = [name for name in step.arrays if "_inc" in name]
+        return block_momentum_average(parameters, updates, step.arrays,
+                                      float(self.config.get("block_momentum") or 0.0), plain=increments)
 
     def finalize(self, parameters, output_dir):
         self.to_model(parameters).save(f"{output_dir}/model.npz")

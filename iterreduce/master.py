@@ -24,7 +24,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from . import checkpoint, wire
-from .program import Program, Update, load_class, step_to_json
+from .program import MASTER_ONLY, Program, Update, load_class, step_to_json
 from .proto import iterreduce_pb2 as pb
 from .proto import iterreduce_pb2_grpc as pb_grpc
 from .security import TokenInterceptor
@@ -212,7 +212,8 @@ class Master(pb_grpc.MasterServicer):
             for s in todo:
                 self.in_flight[s] = worker.worker_id
             step_index, step = self.current, self.steps[self.current]
-            send = {k: v for k, v in self.parameters.items() if request.versions.get(k, -1) < self.versions[k]}
+            send = {k: v for k, v in self.parameters.items()
+                    if not k.startswith(MASTER_ONLY) and request.versions.get(k, -1) < self.versions[k]}
             versions = {k: self.versions[k] for k in send}
         header = pb.TaskHeader(
             kind=pb.TaskHeader.RUN, step=step_index, phase=step.phase, info_json=step_to_json(step),

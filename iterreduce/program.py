@@ -133,6 +133,36 @@ def weighted_average(updates: list[Update], names) -> Arrays:
     return result
 
 
+MASTER_ONLY = "master."  # parameters with this prefix stay on the master (checkpointed, never sent)
+
+
+def block_momentum_average(parameters: Arrays, updates: list[Update], names, momentum: float,
+                           plain=()) -> Arrays:
+    """Average, then move by a momentum over the per-sync deltas (BMUF, Chen & Huo 2016).
+
+    Averaging N workers' k local steps makes about k steps of an N-times larger batch
+    per sync: N-fold fewer sequential updates than one process. Block momentum
+    ``m`` (about 1 - 1/N) restores the pace: delta = m * delta_prev + (mean - current).
+    The previous delta is kept as a master-only array. Names in ``plain`` (e.g.
+    optimizer state) are only averaged. ``momentum=0`` is the plain weighted average.
+    """
+    mean = weighted_average(updates, names)
+    if not momentum:
+        return mean
+    result = {}
+    for name in names:
+        if name in plain:
+            result[name] = mean[name]
+            continue
+        key = f"{MASTER_ONLY}block_delta.{name}"
+        delta = mean[name].astype(np.float64) - parameters[name]
+        if key in parameters:
+            delta += momentum * parameters[key]
+        result[key] = delta.astype(np.float32)
+        result[name] = (parameters[name] + delta).astype(parameters[name].dtype)
+    return result
+
+
 def shard_seed(job_seed: int, step: int, shard: int) -> int:
     """The seed of one shard's computation in one step: independent of which worker runs it."""
     return int(np.random.SeedSequence([job_seed, step, shard]).generate_state(1)[0])

@@ -425,3 +425,23 @@ def test_a_stalled_master_does_not_drop_its_workers(tmp_path):
         master._check_heartbeats(since_last_check=0.5)  # the master ran; w0 really went silent
     assert not master.workers[ids[0]].alive and master.workers[ids[1]].alive
     assert master.owner[0] == master.owner[1] == ids[1]  # its shard moved to the live worker
+
+
+def test_block_momentum_average_accelerates_a_steady_direction():
+    from iterreduce.program import MASTER_ONLY, block_momentum_average
+
+    params = {"w": np.zeros(3, np.float32), "w_inc": np.zeros(3, np.float32)}
+    ups = [Update(0, 10, {"w": np.ones(3, np.float32), "w_inc": np.full(3, 2, np.float32)}),
+           Update(1, 30, {"w": np.ones(3, np.float32), "w_inc": np.full(3, 4, np.float32)})]
+    plain = block_momentum_average(params, ups, ["w", "w_inc"], 0.0)
+    assert set(plain) == {"w", "w_inc"}  # momentum 0 is the weighted average
+    np.testing.assert_allclose(plain["w_inc"], 3.5)
+    first = block_momentum_average(params, ups, ["w", "w_inc"], 0.9, plain=["w_inc"])
+    np.testing.assert_allclose(first["w"], 1.0)  # no previous delta yet
+    np.testing.assert_allclose(first["w_inc"], 3.5)  # optimizer state: only averaged
+    params.update(first)
+    # Workers again move +1 from the new point: the block momentum adds 0.9 of the last delta.
+    ups2 = [Update(0, 10, {"w": params["w"] + 1, "w_inc": params["w_inc"]})]
+    second = block_momentum_average(params, ups2, ["w", "w_inc"], 0.9, plain=["w_inc"])
+    np.testing.assert_allclose(second["w"], 1.0 + 1.0 + 0.9)
+    np.testing.assert_allclose(second[f"{MASTER_ONLY}block_delta.w"], 1.9)
