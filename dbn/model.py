@@ -269,7 +269,7 @@ class DBN:
             for rbm in self.rbms_:
                 data = rbm._hidden_probs(data)
             return self.backend.to_numpy(data)
-        net, be, xp = self.network_, self.backend, self.backend.xp
+        net, be = self.network_, self.backend
         for w, b in zip(net.weights[:-1], net.biases[:-1]):
             data = data @ w
             data += b

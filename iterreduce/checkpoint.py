@@ -12,7 +12,6 @@ import io
 import json
 import re
 import zipfile
-from pathlib import Path
 
 import numpy as np
 import pyarrow.fs as pafs

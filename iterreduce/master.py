@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 from concurrent import futures
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc

@@ -84,6 +84,7 @@ def test_full_batch_three_workers_equal_one_worker(full_batch_runs):
         np.testing.assert_allclose(p3[k], p1[k], rtol=1e-5, atol=1e-6)
     r3, r1 = records(out3), records(out1)
     assert [r["samples"] for r in r1] == [600] * 6 and all(r["shards"] == 1 for r in r1)
+    assert [r["samples"] for r in r3] == [600] * 6 and all(r["shards"] == 3 for r in r3)
     # (The logged losses differ: each shard reports its loss after its *own* local step.)
 
 
