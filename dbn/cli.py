@@ -197,7 +197,7 @@ def _train_distributed(cfg: JobConfig, args) -> int:
         return EXIT_INTERRUPTED
     model = DBN.load(out / "model.npz", device="cpu")
     test_error = None
-    if cfg.data.test is not None:
+    if cfg.data.test is not None and model.network_ is not None:  # pre-training only: nothing to test
         X_test, y_test = load_dataset(cfg.data.test, "test", cfg.data.mnist_dir)
         test_error = 1.0 - model.score(X_test, y_test)
     result = {
@@ -211,7 +211,10 @@ def _train_distributed(cfg: JobConfig, args) -> int:
     if args.json:
         print(_json({"event": "summary", **result}), flush=True)
     else:
-        err = "no test set" if test_error is None else f"test error {100 * test_error:.2f} %"
+        if test_error is not None:
+            err = f"test error {100 * test_error:.2f} %"
+        else:
+            err = "no test set" if cfg.data.test is None else "pre-trained only: no classifier to test"
         sync = "" if result["sync_fraction"] is None else f", {100 * result['sync_fraction']:.1f} % of pre-training in sync"
         print(f"{err}  ({result['wall_seconds']:.0f} s{sync})  model: {out / 'model.npz'}")
     return 0

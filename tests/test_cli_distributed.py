@@ -113,3 +113,14 @@ def test_resume_needs_a_cluster(tmp_path, capsys):
 def _load(path):
     with np.load(path) as d:
         return d["X"], d["y"]
+
+
+def test_train_local_pretraining_only(tmp_path, capsys):
+    make_dataset(tmp_path / "train.npz", n=200)
+    assert main(["train", "--set", f"data.train={tmp_path / 'train.npz'}", "--set", "data.test=mnist",
+                 "--layers", "8", "--epochs", "2", "--finetune-epochs", "0", "--device", "cpu",
+                 "--local", "2", "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    result = json.loads((tmp_path / "o" / "result.json").read_text())
+    assert result["test_error"] is None and result["layers"] == [N_FEATURES, 8, None]
+    assert DBN.load(tmp_path / "o" / "model.npz").network_ is None
+    assert "pre-trained only: no classifier to test" in capsys.readouterr().out
