@@ -8,9 +8,11 @@ back), forwards the master's progress lines, and stops everything on Ctrl-C.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import threading
 import subprocess
 import sys
 import time
@@ -204,10 +206,28 @@ def run_local(*, program: str, program_config: dict, shards, workers: int, outpu
     )
     cluster = LocalCluster(config, max_restarts=max_restarts, device=device,
                            threads_per_worker=threads_per_worker, on_record=on_record)
-    try:
-        cluster.start()
-        cluster.supervise()
-    except BaseException:
-        cluster.stop()
-        raise
+    with _sigterm_as_exit():
+        try:
+            cluster.start()
+            cluster.supervise()
+        except BaseException:
+            cluster.stop()  # never leave a master or workers behind
+            raise
     return out
+
+
+@contextlib.contextmanager
+def _sigterm_as_exit():
+    """Let SIGTERM (e.g. from a scheduler or `kill`) unwind like Ctrl-C, so children are stopped."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_on_term(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_on_term)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

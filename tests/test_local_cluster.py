@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from conftest_runtime import (DELAY_ENV, SLOW_DBN, SLOW_SOFTMAX, SOFTMAX, blobs, events, kill_master, kill_worker,
-                              load_npz, master_info, records, run_job, simulate, subprocess_env, worker_pids)
+                              cmdline, load_npz, master_info, records, run_job, simulate, subprocess_env,
+                              worker_pids)
 from iterreduce.local import LocalJobError
 from iterreduce.shards import write_shards
 
@@ -223,3 +224,30 @@ def test_every_worker_crashing_fails_the_job_with_the_last_error(tmp_path):
     address = master_info(tmp_path / "out")["address"]
     assert not worker_pids(address, "worker-0") and not worker_pids(address, "worker-1")
     assert not Path(tmp_path / "out" / "parameters.npz").exists()
+
+
+def test_sigterm_to_the_launcher_stops_the_whole_job(tmp_path):
+    """A launcher killed politely (scheduler, `kill`) takes its master and workers with it."""
+    import subprocess
+    import sys
+    import time
+
+    X, y = blobs(300, d=4, k=3)
+    write_shards(X, y, str(tmp_path / "shards"), 2)
+    script = (
+        "import sys; sys.path.insert(0, %r)\n"
+        "from iterreduce.local import run_local\n"
+        "run_local(program=%r, program_config={'n_classes': 3, 'epochs': 10000}, shards=%r, workers=2, output=%r)\n"
+    ) % (str(Path(__file__).resolve().parents[1]), SOFTMAX, str(tmp_path / "shards"), str(tmp_path / "out"))
+    launcher = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.monotonic() + 60
+    while not records(tmp_path / "out"):
+        assert time.monotonic() < deadline and launcher.poll() is None, "the job did not start"
+        time.sleep(0.2)
+    address = master_info(tmp_path / "out")["address"]
+    master_pid = master_info(tmp_path / "out")["pid"]
+    launcher.send_signal(signal.SIGTERM)
+    assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
+    time.sleep(0.5)
+    assert not worker_pids(address, "worker-0") and not worker_pids(address, "worker-1")
+    assert not Path(f"/proc/{master_pid}").exists() or "iterreduce.master" not in " ".join(cmdline(master_pid))
