@@ -105,7 +105,7 @@ class ClusterSection:
     max_restarts: int = 3  # restarts allowed per worker before it is given up
     heartbeat_timeout: float = 10.0  # seconds of silence after which a worker is presumed lost
     float16_wire: bool = False  # send parameters as float16 (half the bytes, not bit-exact)
-    block_momentum: float = 0.0  # momentum over the averaged per-sync deltas (BMUF); 0: plain averaging
+    block_momentum: float = 0.0  # fine-tuning: momentum over the averaged per-sync deltas (BMUF); 0: plain averaging
 
 
 @dataclass(frozen=True)
