@@ -11,7 +11,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from iterreduce.local import run_local
-from iterreduce.shards import filesystem, list_shards
+from iterreduce.shards import ShardError, filesystem, list_shards
 
 from .config import JobConfig
 from .sharding import shard_dataset
@@ -41,10 +41,10 @@ def count_classes(uris: list[str]) -> int:
     largest = -1
     for uri in uris:
         fs, path = filesystem(uri)
-        table = pq.read_table(path, filesystem=fs, columns=["label"]) if "label" in pq.read_schema(path, filesystem=fs).names else None
-        if table is None:
-            raise ValueError(f"{uri}: no 'label' column: a classifier needs labels")
-        largest = max(largest, int(np.max(table.column("label").to_numpy())))
+        if "label" not in pq.read_schema(path, filesystem=fs).names:
+            raise ShardError(f"{uri}: no 'label' column: a classifier needs labels")
+        labels = pq.read_table(path, filesystem=fs, columns=["label"]).column("label").to_numpy()
+        largest = max(largest, int(np.max(labels)))
     return largest + 1
 
 

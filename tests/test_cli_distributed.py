@@ -124,3 +124,14 @@ def test_train_local_pretraining_only(tmp_path, capsys):
     assert result["test_error"] is None and result["layers"] == [N_FEATURES, 8, None]
     assert DBN.load(tmp_path / "o" / "model.npz").network_ is None
     assert "pre-trained only: no classifier to test" in capsys.readouterr().out
+
+
+def test_train_local_on_unlabelled_shards_exits_2_naming_the_shard(tmp_path, capsys):
+    from iterreduce.shards import write_shards
+
+    X = np.random.default_rng(0).random((40, N_FEATURES), dtype=np.float32)
+    write_shards(X, None, str(tmp_path / "shards"), 2)
+    assert main(["train", "--set", f"cluster.shards={tmp_path / 'shards'}", "--local", "2",
+                 "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "dbn: error:" in err and "part-00000.parquet: no 'label' column" in err
