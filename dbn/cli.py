@@ -17,10 +17,8 @@ import json
 import os
 import sys
 import time
-import zipfile
 from pathlib import Path
 
-import numpy as np
 
 from . import __version__
 from .backend import DEVICES, BackendError
@@ -28,6 +26,7 @@ from .config import QUICK, ConfigError, JobConfig, load_config, parse_override
 from .mnist import MnistError, load_mnist, scale_images
 from .model import DBN
 from .persist import ModelFileError, atomic_write
+from .sharding import load_source
 from .validation import DataError
 
 
@@ -57,7 +56,7 @@ def _write_json(path: Path, obj) -> None:
 
 
 def load_dataset(spec: str, split: str, mnist_dir=None, cache: dict | None = None):
-    """``"mnist"`` (its ``split``: "train" or "test", scaled to [0, 1]) or a .npz with X and y."""
+    """``"mnist"`` (its ``split``: "train" or "test", scaled to [0, 1]), or a .npz / .csv with labels."""
     if spec == "mnist":
         cache = {} if cache is None else cache
         if "mnist" not in cache:
@@ -65,19 +64,10 @@ def load_dataset(spec: str, split: str, mnist_dir=None, cache: dict | None = Non
         data = cache["mnist"]
         x, y = (data.x_train, data.y_train) if split == "train" else (data.x_test, data.y_test)
         return scale_images(x), y
-    path = Path(spec).expanduser()
-    if not path.is_file():
-        raise DataError(f"{path}: no such data file (use 'mnist' or a .npz file with arrays X and y)")
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            missing = [k for k in ("X", "y") if k not in npz.files]
-            if missing:
-                raise DataError(f"{path}: no array {' or '.join(missing)} (has: {', '.join(npz.files) or 'none'})")
-            return npz["X"], npz["y"]
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        if isinstance(exc, DataError):
-            raise
-        raise DataError(f"{path}: not a readable .npz file: {exc}") from exc
+    X, y = load_source(spec)
+    if y is None:
+        raise DataError(f"{spec}: no array y (labels): training and evaluation need them")
+    return X, y
 
 
 def _load_job_data(cfg: JobConfig):

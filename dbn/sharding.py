@@ -7,6 +7,7 @@ file whose columns are the features plus an optional ``label`` column.
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -27,12 +28,17 @@ def load_source(source: str, *, split: str = "train", mnist_dir: str | None = No
     else:
         path = Path(source).expanduser()
         if not path.is_file():
-            raise DataError(f"{path}: no such data file (expected 'mnist', a .npz or a .csv)")
+            raise DataError(f"{path}: no such data file (use 'mnist', a .npz with arrays X and y, or a .csv)")
         if path.suffix == ".npz":
-            with np.load(path, allow_pickle=False) as npz:
-                if "X" not in npz.files:
-                    raise DataError(f"{path}: no array 'X' (arrays: {npz.files})")
-                X, y = npz["X"], (npz["y"] if "y" in npz.files else None)
+            try:
+                with np.load(path, allow_pickle=False) as npz:
+                    if "X" not in npz.files:
+                        raise DataError(f"{path}: no array 'X' (arrays: {npz.files})")
+                    X, y = npz["X"], (npz["y"] if "y" in npz.files else None)
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+                if isinstance(exc, DataError):
+                    raise
+                raise DataError(f"{path}: not a readable .npz file: {exc}") from exc
         elif path.suffix == ".csv":
             X, y = _read_csv(path)
         else:
