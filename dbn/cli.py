@@ -37,9 +37,11 @@ class UsageError(Exception):
 from iterreduce.checkpoint import CheckpointError  # noqa: E402
 from iterreduce.local import LocalJobError  # noqa: E402
 from iterreduce.shards import ShardError  # noqa: E402
+from iterreduce.yarn import YarnError  # noqa: E402
+from iterreduce.yarn.envpack import EnvPackError  # noqa: E402
 
 USER_ERRORS = (ConfigError, DataError, ModelFileError, MnistError, BackendError, UsageError, OSError,
-               ShardError, LocalJobError, CheckpointError)
+               ShardError, LocalJobError, CheckpointError, YarnError, EnvPackError)
 EXIT_ERROR, EXIT_INTERRUPTED = 2, 130
 
 
@@ -220,19 +222,26 @@ def cmd_shard(args) -> int:
     return 0
 
 
-def cmd_train(args) -> int:
-    overrides: dict = dict(QUICK) if args.quick else {}
+def _overrides(args, flags: tuple) -> dict:
+    """Config overrides from --quick, --set and the flags that map to config keys."""
+    overrides: dict = dict(QUICK) if getattr(args, "quick", False) else {}
     for item in args.set:
         key, value = parse_override(item)
         overrides[key] = value
-    for key, value in (
-        ("model.pretrain_epochs", args.epochs), ("model.finetune_epochs", args.finetune_epochs),
-        ("model.hidden_layers", args.layers), ("job.device", args.device), ("output.dir", args.out),
-        ("cluster.workers", args.local), ("cluster.sync_every", args.sync_every),
-        ("cluster.max_restarts", args.max_restarts),
-    ):
+    for key, value in flags:
         if value is not None:
             overrides[key] = value
+    return overrides
+
+
+def _job_flags(args) -> tuple:
+    return (("model.pretrain_epochs", args.epochs), ("model.finetune_epochs", args.finetune_epochs),
+            ("model.hidden_layers", args.layers), ("job.device", args.device), ("output.dir", args.out),
+            ("cluster.sync_every", args.sync_every), ("cluster.max_restarts", args.max_restarts))
+
+
+def cmd_train(args) -> int:
+    overrides = _overrides(args, (*_job_flags(args), ("cluster.workers", args.local)))
     cfg = load_config(args.config, overrides)
     if args.quick and cfg.output.dir == str(Path("runs") / cfg.job.name):  # keep apart from full runs
         cfg = load_config(args.config, {**overrides, "output.dir": str(Path("runs") / f"{cfg.job.name}-quick")})
@@ -339,6 +348,83 @@ def cmd_bench_rbm(args) -> int:
     return 0
 
 
+def cmd_submit(args) -> int:
+    from iterreduce.yarn import client as yarn
+    from .submit import prepare
+
+    y = args
+    cfg = load_config(args.config, _overrides(args, (
+        *_job_flags(args), ("cluster.workers", y.workers), ("yarn.worker_memory", y.worker_memory),
+        ("yarn.worker_vcores", y.worker_vcores), ("yarn.worker_gpus", y.worker_gpus), ("yarn.queue", y.queue),
+        ("yarn.node_label", y.node_label), ("yarn.env", y.env), ("yarn.python", y.python),
+        ("yarn.max_attempts", y.max_attempts), ("yarn.principal", y.principal), ("yarn.keytab", y.keytab))))
+    say = (lambda *a: None) if args.quiet else (lambda msg: print(f"dbn submit: {msg}", file=sys.stderr, flush=True))
+    yarn.check_kerberos(cfg.yarn.principal, cfg.yarn.keytab)  # before any staging work
+    try:
+        submission = prepare(cfg, dry_run=args.dry_run, log=say)
+    except ValueError as exc:
+        if isinstance(exc, USER_ERRORS):
+            raise
+        raise ConfigError(str(exc)) from exc
+    if args.dry_run:
+        print(submission.spec.to_yaml(), end="")
+        return 0
+    client = yarn.connect(cfg.yarn.principal, cfg.yarn.keytab)
+    app_id, url = yarn.submit(client, submission.spec)
+    print(app_id)
+    say(f"submitted {app_id}; tracking URL: {url or '(none yet)'}; outputs in {submission.job['output']}")
+    say(f"watch it with `dbn status {app_id}`, read its logs with `dbn logs {app_id}`")
+    if args.wait:
+        return _follow(client, app_id, quiet=args.quiet)
+    return 0
+
+
+def _follow(client, app_id: str, *, quiet: bool, poll: float = 2.0) -> int:
+    """Print progress until the application ends; 0 if it succeeded."""
+    from iterreduce.yarn import client as yarn
+
+    last = None
+    while True:
+        st = yarn.status(client, app_id)
+        line = st.describe().splitlines()[0] + (f" | {st.describe().splitlines()[1].strip()}" if st.record else "")
+        if line != last and not quiet:
+            print(line, file=sys.stderr, flush=True)
+            last = line
+        if st.state in ("FINISHED", "FAILED", "KILLED"):
+            if st.final_status != "SUCCEEDED":
+                print(f"dbn: error: {app_id} ended {st.final_status}: {st.diagnostics or 'no diagnostics'}; "
+                      f"`dbn logs {app_id}` shows why", file=sys.stderr)
+                return 1
+            return 0
+        time.sleep(poll)
+
+
+def cmd_status(args) -> int:
+    from iterreduce.yarn import client as yarn
+
+    st = yarn.status(yarn.connect(args.principal, args.keytab), args.app_id)
+    if args.json:
+        print(_json({k: v for k, v in vars(st).items()}))
+    else:
+        print(st.describe())
+    return 0
+
+
+def cmd_logs(args) -> int:
+    from iterreduce.yarn import client as yarn
+
+    print(yarn.logs(yarn.connect(args.principal, args.keytab), args.app_id))
+    return 0
+
+
+def cmd_kill(args) -> int:
+    from iterreduce.yarn import client as yarn
+
+    yarn.kill(yarn.connect(args.principal, args.keytab), args.app_id)
+    print(f"killed {args.app_id}")
+    return 0
+
+
 # ------------------------------------------------------------------- parsing
 
 
@@ -352,7 +438,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"dbn {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    # Planned: submit, status, logs, kill (YARN), mnist (evaluation report).
+    kerberos = argparse.ArgumentParser(add_help=False)
+    kerberos.add_argument("--principal", help="Kerberos principal (with --keytab; default: the ticket cache)")
+    kerberos.add_argument("--keytab", help="Kerberos keytab file")
 
     p = sub.add_parser("train", parents=[common], help="train a DBN (one process, or --local N workers)",
                        description="Train a DBN as a TOML job file says (default: the paper's MNIST run), "
@@ -376,6 +464,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-restarts", type=int, metavar="N", help="restarts allowed per worker (cluster.max_restarts)")
     p.add_argument("--resume", action="store_true", help="continue a killed distributed job from its last checkpoint")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("submit", parents=[common, kerberos], help="run a training job on Hadoop YARN",
+                       description="Submit the job a TOML file describes (as for dbn train) to YARN through "
+                                   "skein. [output] dir must be an hdfs:// URI; the data is [cluster] shards, or "
+                                   "[data] train sharded into OUTPUT/shards. Prints the application id.")
+    p.add_argument("config", nargs="?", type=Path, help="job file (.toml); default: MNIST, 784-500-500-2000-10")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a setting (repeatable)")
+    p.add_argument("--workers", type=int, metavar="N", help="worker containers (cluster.workers)")
+    p.add_argument("--worker-memory", metavar="SIZE", help="memory per worker container, e.g. '4 GiB'")
+    p.add_argument("--worker-vcores", type=int, metavar="N", help="virtual cores per worker container")
+    p.add_argument("--worker-gpus", type=int, metavar="N", help="GPUs (yarn.io/gpu) per worker container")
+    p.add_argument("--queue", help="YARN queue (yarn.queue)")
+    p.add_argument("--node-label", help="YARN node label (yarn.node_label)")
+    p.add_argument("--env", metavar="ARCHIVE", help="packed environment to ship (default: pack this one)")
+    p.add_argument("--python", metavar="PATH", help="a Python installed on every node (ships no environment)")
+    p.add_argument("--max-attempts", type=int, metavar="N", help="application master attempts (yarn.max_attempts)")
+    p.add_argument("--max-restarts", type=int, metavar="N", help="restarts per worker container")
+    p.add_argument("--epochs", type=int, metavar="N", help="pre-training epochs per layer")
+    p.add_argument("--finetune-epochs", type=int, metavar="N", help="fine-tuning epochs")
+    p.add_argument("--layers", metavar="N,N,...", help="hidden layer sizes")
+    p.add_argument("--device", choices=DEVICES, help="job.device")
+    p.add_argument("--sync-every", type=int, metavar="K", help="minibatches between averages (0: once per epoch)")
+    p.add_argument("--out", metavar="URI", help="output URI on HDFS (output.dir)")
+    p.add_argument("--dry-run", action="store_true", help="print the skein application spec (YAML) and stop")
+    p.add_argument("--wait", action="store_true", help="follow the job's progress until it ends")
+    p.add_argument("--quiet", action="store_true", help="only the application id on stdout")
+    p.set_defaults(func=cmd_submit)
+
+    for name, func, help_ in (("status", cmd_status, "state and progress of a YARN application"),
+                              ("logs", cmd_logs, "the aggregated container logs of a YARN application"),
+                              ("kill", cmd_kill, "kill a YARN application")):
+        p = sub.add_parser(name, parents=[common, kerberos], help=help_, description=help_[0].upper() + help_[1:] + ".")
+        p.add_argument("app_id", help="application id, e.g. application_1526134340424_0012")
+        if name == "status":
+            p.add_argument("--json", action="store_true", help="print one JSON object")
+        p.set_defaults(func=func)
 
     p = sub.add_parser("shard", parents=[common], help="cut a dataset into Parquet shards",
                        description="Write SOURCE ('mnist', a .npz with X [and y], or a .csv with an optional "

@@ -109,6 +109,24 @@ class ClusterSection:
 
 
 @dataclass(frozen=True)
+class YarnSection:
+    """Resources and placement on YARN (``dbn submit``); the worker count is [cluster] workers."""
+
+    queue: str = "default"  # YARN queue
+    node_label: str = ""  # run only on nodes with this label
+    worker_memory: str = "4 GiB"  # per worker container (YARN kills a container that exceeds it)
+    worker_vcores: int = 2  # per worker container; also its BLAS threads
+    worker_gpus: int = 0  # yarn.io/gpu per worker container (Hadoop >= 3.1); > 0 trains with CuPy
+    master_memory: str = "2 GiB"  # the application master's container
+    max_attempts: int = 2  # application master attempts; a new attempt resumes from the newest checkpoint
+    env: str | None = None  # packed environment (.tar.gz, local or hdfs://); None: pack the current one
+    python: str | None = None  # a Python installed on every node, instead of shipping an environment
+    file_systems: tuple[str, ...] = ()  # extra HDFS name services the job reads or writes (delegation tokens)
+    principal: str | None = None  # Kerberos principal (with keytab); None: the ticket cache
+    keytab: str | None = None  # Kerberos keytab file
+
+
+@dataclass(frozen=True)
 class JobSection:
     name: str | None = None  # None -> the config file's stem, or "mnist"
     seed: int = _DBN_SIG.parameters["seed"].default
@@ -116,10 +134,10 @@ class JobSection:
 
 
 SECTIONS = {"data": DataSection, "model": ModelSection, "output": OutputSection, "job": JobSection,
-            "cluster": ClusterSection}
+            "cluster": ClusterSection, "yarn": YarnSection}
 CHOICES = {("model", "visible"): VISIBLE_UNITS, ("job", "device"): DEVICES}
 _AT_LEAST_ONE = {"cd_k", "pretrain_batch_size", "finetune_batch_size"}
-_PATH_KEYS = {("data", "train"), ("data", "test"), ("data", "mnist_dir")}
+_PATH_KEYS = {("data", "train"), ("data", "test"), ("data", "mnist_dir"), ("yarn", "keytab")}
 
 
 @dataclass(frozen=True)
@@ -129,6 +147,7 @@ class JobConfig:
     output: OutputSection
     job: JobSection
     cluster: ClusterSection
+    yarn: YarnSection = YarnSection()
     source: str | None = None  # the config file, None for the built-in default
 
     def dbn_params(self) -> dict:
@@ -273,8 +292,10 @@ def _check(origin: str, section: str, key: str, value, parse_strings: bool = Fal
     choices = CHOICES.get((section, key))
     if choices is not None and value not in choices:
         raise ConfigError(f"{where} {key}: must be one of {', '.join(map(repr, choices))}, got {value!r}")
-    if key in ("workers", "sync_every", "max_restarts") and value < 0:
+    if key in ("workers", "sync_every", "max_restarts", "worker_gpus") and value < 0:
         raise ConfigError(f"{where} {key}: must be >= 0, got {value!r}")
+    if key in ("worker_vcores", "max_attempts") and value < 1:
+        raise ConfigError(f"{where} {key}: must be >= 1, got {value!r}")
     if key == "block_momentum" and not 0 <= value < 1:
         raise ConfigError(f"{where} {key}: must be in [0, 1), got {value!r}")
     if key == "heartbeat_timeout" and value <= 0:
@@ -338,6 +359,10 @@ def _convert(value, hint):
 
 def _convert_list(value, hint):
     args = [a for a in typing.get_args(hint) if a is not Ellipsis]
+    if args == [str]:
+        if all(isinstance(v, str) for v in value):
+            return tuple(value)
+        raise TypeError("an array of strings")
     if hint is tuple or args == [int]:  # hidden_layers (untyped, default a tuple of ints)
         if value and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
             return tuple(value)

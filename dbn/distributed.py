@@ -7,14 +7,11 @@ import time
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
-import pyarrow.parquet as pq
-
 from iterreduce.local import run_local
-from iterreduce.shards import ShardError, filesystem, list_shards
+from iterreduce.shards import list_shards
 
 from .config import JobConfig
-from .sharding import shard_dataset
+from .sharding import count_classes, shard_dataset
 
 PROGRAM = "dbn.program:DBNProgram"
 
@@ -36,20 +33,9 @@ def prepare_shards(cfg: JobConfig, n_shards: int) -> str:
     return str(out)
 
 
-def count_classes(uris: list[str]) -> int:
-    """Number of classes (largest label + 1) over all shards, reading only the label column."""
-    largest = -1
-    for uri in uris:
-        fs, path = filesystem(uri)
-        if "label" not in pq.read_schema(path, filesystem=fs).names:
-            raise ShardError(f"{uri}: no 'label' column: a classifier needs labels")
-        labels = pq.read_table(path, filesystem=fs, columns=["label"]).column("label").to_numpy()
-        largest = max(largest, int(np.max(labels)))
-    return largest + 1
-
-
-def program_config(cfg: JobConfig, n_classes: int) -> dict:
-    """The DBN program's configuration for the runtime."""
+def program_config(cfg: JobConfig, n_classes: int | None = None) -> dict:
+    """The DBN program's configuration for the runtime (``n_classes=None``: the master
+    counts the classes in the shards' labels when the job starts)."""
     params = {k: v for k, v in cfg.dbn_params().items() if k != "device"}
     return {**params, "n_classes": n_classes, "sync_every": cfg.cluster.sync_every,
             "block_momentum": cfg.cluster.block_momentum}

@@ -23,6 +23,7 @@ from iterreduce.program import Program, Step, Update, WorkerProgram, block_momen
 from .model import DBN
 from .network import Network
 from .rbm import RBM
+from .sharding import count_classes
 from .validation import check_features
 
 RBM_KEYS = ("weights", "hidden_bias", "visible_bias", "weights_inc", "hidden_bias_inc", "visible_bias_inc")
@@ -45,7 +46,7 @@ def net_arrays(n_layers: int, only: range | None = None) -> tuple[str, ...]:
 
 class DBNProgram(Program):
     """Master side. ``config``: DBN hyperparameters (see :class:`dbn.DBN`) plus
-    ``n_classes``, ``seed``, ``sync_every`` (minibatches per synchronisation;
+    ``n_classes`` (None: counted from the labels), ``seed``, ``sync_every`` (minibatches per synchronisation;
     0 or absent = once per epoch, the paper's setting) and ``block_momentum``
     for fine-tuning (0 = plain averaging; see :func:`iterreduce.program.block_momentum_average`)."""
 
@@ -55,7 +56,7 @@ class DBNProgram(Program):
         super().__init__(config)
         self.model = DBN(**dbn_params(config), device="cpu")
         self.layers = self.model.hidden_layers
-        self.n_classes = int(config["n_classes"])
+        self.n_classes = config.get("n_classes")  # None: counted from the shards' labels at the start
 
     def _parts(self, shards, batch_size) -> int:
         sync = int(self.config.get("sync_every") or 0)
@@ -94,6 +95,9 @@ class DBNProgram(Program):
         if len(widths) != 1 or None in widths:
             raise ValueError(f"shards disagree on the feature count or do not fix it: {sorted(map(str, widths))}")
         sizes = [widths.pop(), *self.layers]
+        n_classes = self.n_classes
+        if n_classes is None:  # unlabelled shards (pre-training only) get a placeholder output layer
+            n_classes = count_classes([s["uri"] for s in shards]) if not unlabelled else 1
         params = {}
         for layer in range(len(self.layers)):
             rbm = self.model._make_rbm(layer)
@@ -102,7 +106,7 @@ class DBNProgram(Program):
             rbm.initialize(n_visible=sizes[layer])
             params.update({f"rbm.{layer}.{k}": v for k, v in rbm.get_state().items()})
         rng = np.random.default_rng([seed, 99])
-        params["net.weights.out"] = (0.01 * rng.standard_normal((self.layers[-1], self.n_classes))).astype(np.float32)
+        params["net.weights.out"] = (0.01 * rng.standard_normal((self.layers[-1], int(n_classes)))).astype(np.float32)
         return params
 
     def before_step(self, step, parameters):
@@ -114,7 +118,7 @@ class DBNProgram(Program):
                 params[f"net.weights.{i}"] = parameters[f"rbm.{i}.weights"].copy()
                 params[f"net.biases.{i}"] = parameters[f"rbm.{i}.hidden_bias"].copy()
             params[f"net.weights.{n}"] = parameters["net.weights.out"]
-            params[f"net.biases.{n}"] = np.zeros(self.n_classes, np.float32)
+            params[f"net.biases.{n}"] = np.zeros(params[f"net.weights.{n}"].shape[1], np.float32)
             for i in range(n + 1):
                 params[f"net.weights_inc.{i}"] = np.zeros_like(params[f"net.weights.{i}"])
                 params[f"net.biases_inc.{i}"] = np.zeros_like(params[f"net.biases.{i}"])
@@ -151,7 +155,7 @@ class DBNProgram(Program):
         if "net.weights.0" in parameters:
             model.network_ = Network([parameters[f"net.weights.{i}"] for i in range(n)],
                                      [parameters[f"net.biases.{i}"] for i in range(n)], model.backend)
-            model.n_classes_ = self.n_classes
+            model.n_classes_ = int(parameters[f"net.biases.{n - 1}"].shape[0])
         return model
 
 

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from iterreduce.shards import ShardError, write_shards
+import pyarrow.parquet as pq
+
+from iterreduce.shards import ShardError, filesystem, write_shards
 
 from .validation import DataError, check_features, check_labels
 
@@ -74,3 +76,15 @@ def shard_dataset(source: str, out: str, n_shards: int, **kwargs) -> list[str]:
     if X.dtype != np.uint8:
         X = X.astype(np.float32)
     return write_shards(X, y, out, n_shards)
+
+
+def count_classes(uris: list[str]) -> int:
+    """Number of classes (largest label + 1) over all shards, reading only the label column."""
+    largest = -1
+    for uri in uris:
+        fs, path = filesystem(uri)
+        if "label" not in pq.read_schema(path, filesystem=fs).names:
+            raise ShardError(f"{uri}: no 'label' column: a classifier needs labels")
+        labels = pq.read_table(path, filesystem=fs, columns=["label"]).column("label").to_numpy()
+        largest = max(largest, int(np.max(labels)))
+    return largest + 1

@@ -44,8 +44,9 @@ class MasterConfig:
     token: str
     output: str
     seed: int = 0
-    host: str = "127.0.0.1"
+    host: str = "127.0.0.1"   # the address to bind ("0.0.0.0" in a YARN container)
     port: int = 0
+    advertise_host: str | None = None  # the host workers dial, when it differs from ``host``
     checkpoint_dir: str | None = None
     checkpoint_every: int = 1
     checkpoint_keep: int = 2
@@ -123,11 +124,16 @@ class Master(pb_grpc.MasterServicer):
         self.versions: dict[str, int] = {}
         self._incarnation = 0
         self._log = open(self.out / "log.jsonl", "a", buffering=1)
+        # Called with each superstep's progress record (e.g. to report progress to YARN).
+        self.listeners: list = []
 
     # ------------------------------------------------------------ shards
 
     def _home(self, name: str) -> set[int]:
-        k = self.names.index(name)
+        """Shards K, K+N, ... of worker K: K from a name ``<prefix>-K`` (as launchers name
+        workers, so a restart, in any order, gets the same shards), else registration order."""
+        prefix, _, suffix = name.rpartition("-")
+        k = int(suffix) if prefix and suffix.isdigit() else self.names.index(name)
         return {s for s in self.owner if s % self.config.workers == k} if k < self.config.workers else set()
 
     def _live(self) -> list[WorkerInfo]:
@@ -416,6 +422,8 @@ class Master(pb_grpc.MasterServicer):
             "time": time.time(),
         }
         self._log.write(json.dumps(record) + "\n")
+        for listener in self.listeners:
+            listener(record)
 
     # --------------------------------------------------------------- serve
 
@@ -429,7 +437,7 @@ class Master(pb_grpc.MasterServicer):
         port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
         server.start()
         threading.Thread(target=self._monitor, daemon=True).start()
-        return server, f"{self.config.host}:{port}"
+        return server, f"{self.config.advertise_host or self.config.host}:{port}"
 
 
 def main(argv=None) -> int:

@@ -81,7 +81,7 @@ def test_to_dict_is_json_and_config_is_frozen(tmp_path):
     cfg = load_config(write(tmp_path, "[model]\nhidden_layers = [8, 4]\n"))
     d = json.loads(json.dumps(cfg.to_dict()))
     assert d["model"]["hidden_layers"] == [8, 4]
-    assert set(d) == {"data", "model", "output", "job", "cluster", "source"}
+    assert set(d) == {"data", "model", "output", "job", "cluster", "yarn", "source"}
     assert isinstance(cfg, JobConfig)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.model.pretrain_epochs = 1
@@ -191,3 +191,14 @@ def test_cluster_section_defaults_to_one_process_and_validates(tmp_path):
         load_config(job)
     with pytest.raises(ConfigError, match="unknown key 'worker'"):
         load_config(None, {"cluster.worker": "3"})
+
+
+def test_yarn_section_reads_strings_lists_and_checks_counts(tmp_path):
+    cfg = load_config(write(tmp_path, '[yarn]\nqueue = "ml"\nfile_systems = ["hdfs://a:8020", "hdfs://b"]\n'
+                                      'worker_gpus = 2\nkeytab = "me.keytab"\n'))
+    assert cfg.yarn.queue == "ml" and cfg.yarn.file_systems == ("hdfs://a:8020", "hdfs://b")
+    assert cfg.yarn.worker_gpus == 2 and cfg.yarn.keytab == str(tmp_path / "me.keytab")  # relative to the file
+    with pytest.raises(ConfigError, match=r"\[yarn\] file_systems: expected an array of strings"):
+        load_config(write(tmp_path, "[yarn]\nfile_systems = [1]\n"))
+    with pytest.raises(ConfigError, match=r"\[yarn\] max_attempts: must be >= 1, got 0"):
+        load_config(write(tmp_path, "[yarn]\nmax_attempts = 0\n"))

@@ -1,0 +1,114 @@
+"""``dbn submit``: run a DBN job on Hadoop YARN.
+
+The job config is the same as for ``dbn train``; YARN needs two more things of
+it: ``[output] dir`` must be a URI every container can reach (``hdfs://...``),
+and the data must be Parquet shards there (``[cluster] shards``), or ``[data]
+train`` is sharded and uploaded to ``OUTPUT/shards`` first. The application runs
+the runtime's generic containers (:mod:`iterreduce.yarn.container`) with the
+DBN program.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlparse
+
+from iterreduce.shards import join, list_shards
+from iterreduce.yarn import locality
+from iterreduce.yarn.envpack import pack_environment
+from iterreduce.yarn.spec import YarnOptions, build_spec
+
+from .config import ConfigError, JobConfig
+from .distributed import PROGRAM, program_config
+from .sharding import shard_dataset
+
+#: Where submissions keep their job files and packed environments.
+CACHE = Path.home() / ".cache" / "dbn-yarn"
+
+
+@dataclass
+class Submission:
+    """What ``dbn submit`` hands to YARN."""
+
+    spec: object          # skein.ApplicationSpec
+    job: dict             # the job file's content
+    job_file: Path
+
+
+def yarn_options(cfg: JobConfig) -> YarnOptions:
+    """The YARN options of a job config ([yarn] and [cluster])."""
+    y = cfg.yarn
+    if cfg.cluster.workers < 1:
+        raise ConfigError("a YARN job needs workers: set [cluster] workers or pass --workers N")
+    return YarnOptions(
+        workers=cfg.cluster.workers, worker_memory=y.worker_memory, worker_vcores=y.worker_vcores,
+        worker_gpus=y.worker_gpus, master_memory=y.master_memory, queue=y.queue, node_label=y.node_label,
+        max_restarts=cfg.cluster.max_restarts, max_attempts=y.max_attempts, env_archive=y.env, python=y.python,
+        file_systems=list(y.file_systems))
+
+
+def _shared_uri(what: str, uri: str | None) -> str:
+    if not uri or urlparse(uri).scheme in ("", "file"):
+        raise ConfigError(f"{what} must be a URI every container can reach, such as "
+                          f"hdfs://namenode:8020/user/me/runs/mnist; got {uri!r}")
+    return uri.rstrip("/")
+
+
+def _name_services(uris: list[str]) -> list[str]:
+    """The HDFS name services among ``uris`` (skein gets delegation tokens for them)."""
+    found = []
+    for uri in uris:
+        parts = urlparse(uri)
+        if parts.scheme in ("hdfs", "viewfs") and parts.netloc:
+            found.append(f"{parts.scheme}://{parts.netloc}")
+    return list(dict.fromkeys(found))
+
+
+def prepare(cfg: JobConfig, *, dry_run: bool = False, log=print) -> Submission:
+    """Build (and, unless ``dry_run``, stage) a YARN submission of ``cfg``.
+
+    Staging shards ``[data] train`` to HDFS when no ``[cluster] shards`` is given and
+    packs the current environment when no ``[yarn] env`` / ``python`` is given;
+    ``dry_run`` does neither and touches no cluster.
+    """
+    opts = yarn_options(cfg)
+    output = _shared_uri("[output] dir (or --out)", cfg.output.dir)
+    shards = cfg.cluster.shards and _shared_uri("[cluster] shards", cfg.cluster.shards)
+    uris: list[str] = []
+    if not shards:
+        shards = join(output, "shards")
+        if not dry_run:
+            log(f"sharding {cfg.data.train} into {opts.workers} shards under {shards}")
+            uris = shard_dataset(cfg.data.train, shards, opts.workers, split="train",
+                                 mnist_dir=cfg.data.mnist_dir, limit=cfg.data.limit)
+    elif not dry_run:
+        uris = list_shards(shards)
+    hosts = locality.block_hosts(uris) if uris else {}
+    slot_hosts = locality.slot_hosts(uris, opts.workers, hosts) if hosts else []
+    opts.worker_nodes = sorted({h for slot in slot_hosts for h in slot})
+    opts.file_systems = list(dict.fromkeys([*opts.file_systems, *_name_services([output, shards])]))
+
+    job = {
+        "program": PROGRAM, "program_config": program_config(cfg), "shards": shards, "workers": opts.workers,
+        "output": output, "seed": cfg.job.seed, "heartbeat_timeout": cfg.cluster.heartbeat_timeout,
+        "float16_wire": cfg.cluster.float16_wire, "slot_hosts": slot_hosts, "config": cfg.to_dict(),
+    }
+    text = json.dumps(job, indent=2)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    job_file = CACHE / "submissions" / f"{cfg.job.name}-{stamp}-{hashlib.sha256(text.encode()).hexdigest()[:8]}" / "job.json"
+    job_file.parent.mkdir(parents=True, exist_ok=True)
+    job_file.write_text(text)
+
+    if not opts.python and not opts.env_archive:
+        archive = CACHE / "environments" / f"{hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]}.tar.gz"
+        if not dry_run:
+            log(f"packing this Python environment ({sys.prefix}) into {archive}")
+            pack_environment(str(archive), require=("iterreduce", "dbn"))
+        opts.env_archive = str(archive)
+    spec = build_spec(f"dbn-{cfg.job.name}", str(job_file), opts, device=cfg.job.device)
+    return Submission(spec, job, job_file)

@@ -1,0 +1,23 @@
+"""Running an IterativeReduce job on Hadoop YARN through skein.
+
+The master and the workers are the same code as on the local mini-cluster; only
+how the processes start and find each other differs:
+
+- :mod:`.spec` builds the skein application spec (the application master's script
+  starts the iterreduce master; a ``worker`` service runs the workers);
+- :mod:`.envpack` packs the current Python environment for the containers;
+- :mod:`.container` is what runs inside the containers (rendezvous through skein's
+  key-value store, progress, checkpoints and outputs on HDFS, exit status);
+- :mod:`.client` submits, watches, fetches logs of and kills applications;
+- :mod:`.locality` finds which hosts hold the shards' HDFS blocks.
+"""
+
+# Keys of skein's key-value store that the master and the workers share.
+KV_ADDRESS = "iterreduce/master"      # host:port of the master's gRPC server
+KV_TOKEN = "iterreduce/token"         # the job token workers present
+KV_PROGRESS = "iterreduce/progress"   # the newest superstep record (JSON), for `status`
+KV_SLOT = "iterreduce/worker/"        # + K: held (owned) by the container working as worker-K
+
+
+class YarnError(RuntimeError):
+    """A YARN operation failed; the message says which and why."""

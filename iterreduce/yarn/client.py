@@ -1,0 +1,124 @@
+"""Submit, watch, read the logs of and kill applications: the client side of YARN jobs.
+
+A :class:`skein.Client` talks to YARN through skein's driver: the one at
+``$ITERREDUCE_SKEIN_DRIVER`` (``host:port``) when set, else skein's global driver
+(``skein driver start``) when one runs, else a new driver (which needs ``java``
+and ``yarn`` on PATH), logged in with a Kerberos keytab when one is given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import skein
+
+from . import KV_PROGRESS, YarnError
+
+
+def security() -> skein.Security:
+    """skein's TLS credentials from ``$SKEIN_CONFIG`` (read now, not at import) or ``~/.skein``."""
+    directory = os.environ.get("SKEIN_CONFIG") or str(Path.home() / ".skein")
+    try:
+        return skein.Security.from_directory(directory)
+    except FileNotFoundError:
+        return skein.Security.from_default()
+
+
+def check_kerberos(principal: str | None, keytab: str | None) -> None:
+    """Raise :class:`YarnError` unless both or neither are given, and the keytab exists."""
+    if bool(principal) != bool(keytab):
+        raise YarnError("Kerberos needs both --principal and --keytab (or neither, to use the ticket cache)")
+    if keytab and not Path(keytab).expanduser().is_file():
+        raise YarnError(f"{keytab}: keytab file not found")
+
+
+def connect(principal: str | None = None, keytab: str | None = None) -> skein.Client:
+    """A client of skein's driver (see the module docstring)."""
+    check_kerberos(principal, keytab)
+    address = os.environ.get("ITERREDUCE_SKEIN_DRIVER")
+    try:
+        if address:
+            return skein.Client(address=address, security=security())
+        if not keytab:
+            try:
+                return skein.Client.from_global_driver()
+            except skein.exceptions.DriverNotRunningError:
+                pass
+        return skein.Client(principal=principal, keytab=keytab and str(Path(keytab).expanduser()))
+    except (skein.exceptions.DriverError, ConnectionError, FileNotFoundError, OSError) as exc:
+        raise YarnError(f"cannot reach YARN through skein's driver: {exc}. Check that `java` and `yarn` are "
+                        f"on PATH and HADOOP_CONF_DIR points at the cluster's configuration") from exc
+
+
+def submit(client: skein.Client, spec: skein.ApplicationSpec) -> tuple[str, str]:
+    """Submit ``spec``; returns the application id and its tracking URL."""
+    try:
+        app_id = client.submit(spec)
+        report = client.application_report(app_id)
+    except (skein.exceptions.DriverError, ValueError, ConnectionError) as exc:
+        raise YarnError(f"YARN refused the application: {exc}") from exc
+    return app_id, report.tracking_url or ""
+
+
+@dataclass
+class Status:
+    """An application's state, with the job's newest progress record when it runs."""
+
+    app_id: str
+    state: str
+    final_status: str
+    progress: float
+    diagnostics: str
+    tracking_url: str
+    record: dict | None = None
+
+    def describe(self) -> str:
+        """A few human lines."""
+        lines = [f"{self.app_id}: {self.state} ({self.final_status}), progress {100 * self.progress:.0f} %"]
+        if self.record:
+            r = self.record
+            where = " ".join(f"{k} {r[k]}" for k in ("layer", "epoch") if k in r)
+            lines.append(f"  superstep {r['step'] + 1} of {r['of']}: {r['phase']} {where}".rstrip())
+        if self.tracking_url:
+            lines.append(f"  tracking URL: {self.tracking_url}")
+        if self.diagnostics:
+            lines.append(f"  diagnostics: {self.diagnostics}")
+        return "\n".join(lines)
+
+
+def status(client: skein.Client, app_id: str) -> Status:
+    """The application's report, plus the master's newest progress record while it runs."""
+    try:
+        report = client.application_report(app_id)
+    except (skein.exceptions.DriverError, ValueError, KeyError) as exc:
+        raise YarnError(f"{app_id}: no such application ({exc})") from exc
+    result = Status(app_id, str(report.state), str(report.final_status), float(report.progress),
+                    report.diagnostics or "", report.tracking_url or "")
+    if str(report.state) == "RUNNING":
+        try:
+            value = client.connect(app_id, wait=False).kv.get(KV_PROGRESS)
+            result.record = json.loads(value) if value else None
+        except Exception:  # noqa: BLE001 - the report alone is still an answer
+            pass
+    return result
+
+
+def logs(client: skein.Client, app_id: str) -> str:
+    """The application's aggregated container logs, one section per container."""
+    try:
+        parts = client.application_logs(app_id)
+    except (skein.exceptions.DriverError, ValueError, KeyError) as exc:
+        raise YarnError(f"{app_id}: no logs ({exc}); log aggregation may still be running: try again, or "
+                        f"`yarn logs -applicationId {app_id}`") from exc
+    return "\n".join(f"===== {container} =====\n{text}" for container, text in sorted(parts.items()))
+
+
+def kill(client: skein.Client, app_id: str) -> None:
+    """Kill the application."""
+    try:
+        client.kill_application(app_id)
+    except (skein.exceptions.DriverError, ValueError, KeyError) as exc:
+        raise YarnError(f"{app_id}: cannot kill: {exc}") from exc

@@ -1,0 +1,195 @@
+"""What runs inside the YARN containers: ``python -m iterreduce.yarn.container {master,worker} job.json``.
+
+Master (in the application master's container): serves on the container's host,
+publishes its address and a fresh job token in skein's key-value store, reports
+each superstep with ``set_progress`` (and the record under ``KV_PROGRESS`` for
+``status``), checkpoints to the job's output URI (HDFS) and copies its outputs
+there at the end. A new attempt of the application master resumes from the
+newest checkpoint. A job error (bad shards, bad config, no workers) ends the
+application FAILED with the reason as its diagnostics; an unexpected crash
+exits non-zero so YARN starts another attempt while attempts remain.
+
+Worker: waits for the master's address in the key-value store, claims a worker
+slot there (a key it owns, so it vanishes when the container dies) and works as
+``worker-K``. The slot, not skein's instance index (a restarted container gets a
+new one), is what gives a worker its shards back after a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import sys
+import time
+from pathlib import Path
+
+import skein
+
+from .. import checkpoint
+from ..master import JobFailed, Master, MasterConfig
+from ..security import new_token
+from ..shards import ShardError, filesystem, join, list_shards
+from . import KV_ADDRESS, KV_PROGRESS, KV_SLOT, KV_TOKEN
+
+log = logging.getLogger("iterreduce.yarn")
+
+_CONTAINER_ID = re.compile(r"container_(?:e\d+_)?\d+_\d+_(\d+)_\d+")
+_JOB_ERRORS = (JobFailed, ShardError, checkpoint.CheckpointError, ValueError, TypeError, KeyError)
+
+
+def attempt_number(container_id: str | None = None) -> int:
+    """The application attempt this container belongs to (1 for the first), from $CONTAINER_ID."""
+    match = _CONTAINER_ID.match(container_id or os.environ.get("CONTAINER_ID", ""))
+    return int(match.group(1)) if match else 1
+
+
+def read_job(path: str) -> dict:
+    """The job description that ``submit`` shipped with the application."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError) as exc:
+        raise JobFailed(f"{path}: unreadable job file: {exc}") from exc
+
+
+def master_config(job: dict, local_out: Path, token: str, resume: bool) -> MasterConfig:
+    """The master's configuration in a container: outputs written locally, checkpoints to the job's URI."""
+    shards = job["shards"]
+    uris = list_shards(shards) if isinstance(shards, str) else list(shards)
+    fields = {k: v for k, v in job.items() if k in MasterConfig.__dataclass_fields__}
+    fields.update(shards=uris, output=str(local_out), token=token, host="0.0.0.0",
+                  advertise_host=os.environ.get("NM_HOST") or socket.getfqdn(),
+                  checkpoint_dir=job.get("checkpoint_dir") or join(job["output"], "checkpoints"),
+                  resume=resume or bool(job.get("resume")))
+    return MasterConfig(**fields)
+
+
+def upload_outputs(local_out: Path, output_uri: str) -> list[str]:
+    """Copy the master's output files (model, log, ...) to ``output_uri``; returns their URIs."""
+    fs, base = filesystem(output_uri)
+    fs.create_dir(base, recursive=True)
+    written = []
+    for path in sorted(local_out.iterdir()):
+        if path.is_file() and not path.name.startswith("."):
+            with open(path, "rb") as src, fs.open_output_stream(join(base, path.name)) as dst:
+                dst.write(src.read())
+            written.append(join(output_uri, path.name))
+    return written
+
+
+def run_master(job_file: str, app: skein.ApplicationClient) -> int:
+    """The application master's job; returns the exit code (see the module docstring)."""
+    attempt = attempt_number()
+    job = read_job(job_file)
+    local_out = Path("output").resolve()
+    try:
+        config = master_config(job, local_out, new_token(), resume=attempt > 1)
+        master = Master(config)
+        master.listeners.append(lambda record: _report(app, record))
+        server, address = master.serve()
+        app.kv[KV_TOKEN] = config.token
+        app.kv[KV_ADDRESS] = address  # last: a worker that sees the address finds the token too
+        log.info("attempt %d serving %d shards on %s", attempt, len(master.shards), address)
+        master.run()
+        written = upload_outputs(local_out, job["output"])
+        log.info("outputs written: %s", ", ".join(written))
+        time.sleep(2 * config.heartbeat_interval)  # let workers fetch DONE
+        server.stop(grace=1.0)
+        app.shutdown("SUCCEEDED", diagnostics=f"done; outputs in {job['output']}")
+        return 0
+    except _JOB_ERRORS as exc:
+        reason = f"job failed: {exc}"
+    except Exception as exc:  # noqa: BLE001 - a crash: another attempt may get further
+        reason = f"master crashed: {type(exc).__name__}: {exc}"
+        if attempt < _max_attempts(app):
+            log.exception("%s; YARN will start attempt %d, which resumes from the newest checkpoint",
+                          reason, attempt + 1)
+            return 1
+    log.error(reason)
+    try:
+        upload_outputs(local_out, job["output"])  # the log says what happened up to the failure
+    except Exception as exc:  # noqa: BLE001 - the failure itself matters more
+        log.warning("could not copy the outputs to %s: %s", job.get("output"), exc)
+    app.shutdown("FAILED", diagnostics=reason[:4000])
+    return 1
+
+
+def _max_attempts(app) -> int:
+    try:
+        return int(app.get_specification().max_attempts)
+    except Exception:  # noqa: BLE001 - unknown: assume this is the last attempt
+        return 1
+
+
+def _report(app, record: dict) -> None:
+    """Progress to YARN (the RM's progress bar) and the newest record for `status`."""
+    try:
+        app.set_progress(min(1.0, (record["step"] + 1) / record["of"]))
+        app.kv[KV_PROGRESS] = json.dumps(record)
+    except Exception as exc:  # noqa: BLE001 - progress is informative; never fail the job for it
+        log.warning("could not report progress: %s", exc)
+
+
+def claim_slot(app, workers: int, owner: str, preferred: list[int] | None = None,
+               timeout: float = 120.0) -> int:
+    """Claim a free worker slot in the key-value store, as a key owned by this container.
+
+    Slots in ``preferred`` (e.g. those whose shards are stored on this host) are
+    tried first. A restarted container may start before YARN has released its
+    predecessor's slot, so this retries until ``timeout``.
+    """
+    order = list(dict.fromkeys([*(preferred or []), *range(workers)]))
+    deadline = time.monotonic() + timeout
+    while True:
+        for k in order:
+            key = f"{KV_SLOT}{k}"
+            result = app.kv.transaction(conditions=[skein.kv.missing(key)],
+                                        on_success=[skein.kv.put(key, value=owner.encode(), owner=owner)])
+            if result.succeeded:
+                return k
+        if time.monotonic() > deadline:
+            raise JobFailed(f"no free worker slot of {workers} after {timeout:.0f} s: more worker "
+                            f"containers than workers in the job")
+        time.sleep(1.0)
+
+
+def run_worker(job_file: str, app: skein.ApplicationClient) -> int:
+    """A worker container's job; returns the exit code."""
+    from ..worker import Worker
+
+    job = read_job(job_file)
+    address = app.kv.wait(KV_ADDRESS).decode()
+    token = app.kv.wait(KV_TOKEN).decode()
+    host = os.environ.get("NM_HOST") or socket.getfqdn()
+    preferred = [k for k, hosts in enumerate(job.get("slot_hosts", [])) if host in hosts]
+    slot = claim_slot(app, int(job["workers"]), os.environ.get("SKEIN_CONTAINER_ID", host), preferred)
+    name = f"worker-{slot}"
+    logging.getLogger().handlers[0].setFormatter(logging.Formatter(f"%(asctime)s {name} %(levelname)s %(message)s"))
+    log.info("working as %s for the master at %s", name, address)
+    return Worker(address, token, name, os.environ.get("ITERREDUCE_DEVICE", "cpu"),
+                  resources={"container": os.environ.get("CONTAINER_ID"), "host": host}).run()
+
+
+def main(argv=None) -> int:
+    """Entry point of the containers' scripts."""
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="iterreduce.yarn.container")
+    ap.add_argument("role", choices=["master", "worker"])
+    ap.add_argument("job", help="the job file shipped with the application")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.role} %(levelname)s %(message)s")
+    app = skein.ApplicationClient.from_current()
+    if args.role == "master":
+        return run_master(args.job, app)
+    try:
+        return run_worker(args.job, app)
+    except _JOB_ERRORS as exc:
+        log.error("%s", exc)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""Which hosts hold a shard's HDFS blocks, so workers can run next to their data.
+
+Neither hdfs-native nor pyarrow report block locations, so this asks the
+cluster's own ``hdfs fsck PATH -files -blocks -locations`` (present on any
+Hadoop edge node, where ``yarn`` must be too for skein). Without it, or for
+non-HDFS shards, there is no locality information and YARN places containers
+anywhere.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import shutil
+import socket
+import subprocess
+from urllib.parse import urlparse
+
+log = logging.getLogger("iterreduce.yarn")
+
+# Hadoop 2.7+: "[DatanodeInfoWithStorage[10.0.0.5:50010,DS-...,DISK], ...]"; older: "[10.0.0.5:50010, ...]"
+_LOCATION = re.compile(r"(?:DatanodeInfoWithStorage\[|\[|,\s*)([A-Za-z0-9_.\-]+):\d+(?=[,\]])")
+_FILE = re.compile(r"^(/\S*) \d+ bytes")
+
+
+def parse_fsck(text: str) -> dict[str, list[str]]:
+    """Hosts holding each file's blocks, from ``hdfs fsck -files -blocks -locations`` output.
+
+    Returns ``{path: [host, ...]}``, hosts ordered by how many of the file's blocks they hold.
+    """
+    result: dict[str, dict[str, int]] = {}
+    current = None
+    for line in text.splitlines():
+        match = _FILE.match(line)
+        if match:
+            current = match.group(1)
+            result[current] = {}
+        elif current and "blk_" in line:
+            for host in _LOCATION.findall(line.split(" len=", 1)[-1]):
+                result[current][host] = result[current].get(host, 0) + 1
+    return {path: sorted(hosts, key=lambda h: -hosts[h]) for path, hosts in result.items()}
+
+
+def _hostname(address: str) -> str:
+    try:
+        return socket.gethostbyaddr(address)[0]
+    except OSError:
+        return address
+
+
+def block_hosts(uris: list[str], timeout: float = 60.0) -> dict[str, list[str]]:
+    """``{uri: [hosts]}`` for the shards on HDFS, or ``{}`` where it cannot be known."""
+    hdfs_uris = [u for u in uris if urlparse(u).scheme in ("hdfs", "viewfs")]
+    hdfs = shutil.which("hdfs")
+    if not hdfs_uris or not hdfs:
+        if hdfs_uris:
+            log.info("no `hdfs` command on PATH: no data locality for the workers")
+        return {}
+    try:
+        proc = subprocess.run([hdfs, "fsck", *hdfs_uris, "-files", "-blocks", "-locations"],
+                              capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        log.warning("hdfs fsck failed (%s): no data locality", exc)
+        return {}
+    by_path = parse_fsck(proc.stdout)
+    return {uri: [_hostname(h) for h in by_path.get(urlparse(uri).path, [])] for uri in hdfs_uris}
+
+
+def slot_hosts(uris: list[str], workers: int, hosts: dict[str, list[str]]) -> list[list[str]]:
+    """For worker slot K (shards K, K+N, ...), the hosts holding the most of its shards' blocks."""
+    slots = []
+    for k in range(workers):
+        counts: dict[str, int] = {}
+        for uri in uris[k::workers]:
+            for host in hosts.get(uri, []):
+                counts[host] = counts.get(host, 0) + 1
+        slots.append(sorted(counts, key=lambda h: -counts[h]))
+    return slots

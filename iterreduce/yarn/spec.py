@@ -1,0 +1,90 @@
+"""The skein application spec of an IterativeReduce job.
+
+The application master's script starts the iterreduce master; a ``worker`` service
+of N instances runs the workers. Every container gets the job file and the
+Python environment (an archive unpacked as ``environment``, or a Python already
+installed on the nodes). Validation is skein's own: a bad value raises skein's
+``ValueError``, which :func:`build_spec` re-raises naming the option at fault.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass, field
+
+import skein
+
+from .envpack import ENV_DIR
+
+JOB_FILE = "job.json"
+
+
+@dataclass
+class YarnOptions:
+    """Where and with what a job runs on YARN (the ``dbn submit`` flags)."""
+
+    workers: int = 2
+    worker_memory: str = "4 GiB"
+    worker_vcores: int = 2
+    worker_gpus: int = 0
+    master_memory: str = "2 GiB"
+    master_vcores: int = 1
+    queue: str = "default"
+    node_label: str = ""
+    max_restarts: int = 3          # restarts per worker (skein counts them per service: x workers)
+    max_attempts: int = 2          # of the application master; a new attempt resumes
+    env_archive: str | None = None  # packed environment (local path or hdfs:// URI)
+    python: str | None = None      # a Python installed on every node, instead of an archive
+    file_systems: list[str] = field(default_factory=list)  # HDFS name services, for delegation tokens
+    worker_nodes: list[str] = field(default_factory=list)  # preferred hosts (data locality)
+    tags: list[str] = field(default_factory=list)
+
+
+def _python(opts: YarnOptions) -> str:
+    if opts.python:
+        return shlex.quote(opts.python)
+    return f'"$PWD/{ENV_DIR}/bin/python"'  # the archive's own interpreter, by its full path
+
+
+def _script(opts: YarnOptions, role: str) -> str:
+    return "\n".join([
+        "set -e",
+        "export PYTHONUNBUFFERED=1",
+        f"exec {_python(opts)} -m iterreduce.yarn.container {role} {JOB_FILE}",
+    ])
+
+
+def build_spec(name: str, job_file: str, opts: YarnOptions, device: str = "cpu") -> skein.ApplicationSpec:
+    """The application spec: master + ``worker`` service, validated by skein.
+
+    ``job_file`` is the local path (or URI) of the job's JSON description; skein
+    uploads local files to the application's staging directory.
+    """
+    if opts.workers < 1:
+        raise ValueError(f"--workers must be at least 1, got {opts.workers}")
+    if not opts.python and not opts.env_archive:
+        raise ValueError("no Python for the containers: give an environment archive (--env) or --python PATH")
+    files = {JOB_FILE: skein.File(source=job_file, type="file")}
+    if not opts.python:
+        files[ENV_DIR] = skein.File(source=opts.env_archive, type="archive")
+    threads = str(max(1, opts.worker_vcores))
+    worker_env = {"ITERREDUCE_DEVICE": "gpu" if opts.worker_gpus else device,
+                  "OMP_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    try:
+        worker = skein.Service(
+            resources=skein.Resources(memory=opts.worker_memory, vcores=opts.worker_vcores, gpus=opts.worker_gpus),
+            script=_script(opts, "worker"), instances=opts.workers, files=files, env=worker_env,
+            # skein counts restarts for the whole service; the job's setting is per worker.
+            max_restarts=opts.max_restarts * opts.workers, node_label=opts.node_label,
+            nodes=list(opts.worker_nodes), relax_locality=bool(opts.worker_nodes))
+        master = skein.Master(
+            resources=skein.Resources(memory=opts.master_memory, vcores=opts.master_vcores),
+            script=_script(opts, "master"), files=files)
+        spec = skein.ApplicationSpec(
+            name=name, queue=opts.queue, node_label=opts.node_label, max_attempts=opts.max_attempts,
+            file_systems=list(opts.file_systems), tags=list(opts.tags) or ["iterreduce"],
+            master=master, services={"worker": worker})
+        spec._validate()
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"invalid YARN application spec: {exc}") from exc
+    return spec

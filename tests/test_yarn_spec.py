@@ -1,0 +1,142 @@
+"""The YARN side that needs no cluster: skein specs, `dbn submit --dry-run`, locality, packing."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import skein
+
+from dbn.cli import main
+from iterreduce.yarn.container import attempt_number
+from iterreduce.yarn.envpack import EnvPackError, environment_kind, pack_environment
+from iterreduce.yarn.locality import parse_fsck, slot_hosts
+from iterreduce.yarn.spec import YarnOptions, build_spec
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "yarn.toml"
+
+FSCK = """\
+Connecting to namenode via http://nn:50070/fsck?ugi=me&files=1&blocks=1&locations=1&path=%2Fd
+FSCK started by me (auth:SIMPLE) from /10.0.0.9 for path /d at Sat Nov 21 10:00:00 UTC 2026
+/d <dir>
+/d/part-00000.parquet 268435456 bytes, replicated: replication=3, 2 block(s):  OK
+0. BP-92-10.0.0.1-14:blk_1073741825_1001 len=134217728 Live_repl=3  [DatanodeInfoWithStorage[10.0.0.5:50010,DS-a,DISK], DatanodeInfoWithStorage[10.0.0.6:50010,DS-b,DISK], DatanodeInfoWithStorage[10.0.0.7:50010,DS-c,DISK]]
+1. BP-92-10.0.0.1-14:blk_1073741826_1002 len=134217728 Live_repl=3  [DatanodeInfoWithStorage[10.0.0.5:50010,DS-a,DISK], DatanodeInfoWithStorage[10.0.0.8:50010,DS-d,DISK], DatanodeInfoWithStorage[10.0.0.7:50010,DS-c,DISK]]
+
+/d/part-00001.parquet 100 bytes, replicated: replication=1, 1 block(s):  OK
+0. BP-92-10.0.0.1-14:blk_1073741827_1003 len=100 repl=1 [10.0.0.9:50010]
+
+Status: HEALTHY
+"""
+
+
+def dry_run(capsys, *args) -> skein.ApplicationSpec:
+    assert main(["submit", str(EXAMPLE), "--dry-run", *args]) == 0
+    return skein.ApplicationSpec.from_yaml(capsys.readouterr().out)
+
+
+def test_dry_run_prints_a_spec_skein_accepts_with_workers_resources_gpus_and_env(capsys):
+    spec = dry_run(capsys, "--workers", "4", "--worker-memory", "6 GiB", "--worker-vcores", "3",
+                   "--worker-gpus", "1", "--env", "hdfs:///envs/dbn.tar.gz", "--queue", "ml", "--node-label", "gpu")
+    worker = spec.services["worker"]
+    assert worker.instances == 4 and worker.max_restarts == 4 * 3  # skein counts per service
+    assert (worker.resources.memory, worker.resources.vcores, worker.resources.gpus) == (6144, 3, 1)
+    assert worker.files["environment"].source == "hdfs:///envs/dbn.tar.gz"
+    assert str(worker.files["environment"].type) == "ARCHIVE"
+    assert worker.env["ITERREDUCE_DEVICE"] == "gpu" and worker.env["OMP_NUM_THREADS"] == "3"
+    assert (spec.queue, spec.node_label, spec.max_attempts) == ("ml", "gpu", 2)
+    assert "hdfs://namenode:8020" in spec.file_systems  # delegation tokens for the output's name service
+    assert '"$PWD/environment/bin/python" -m iterreduce.yarn.container master job.json' in spec.master.script
+    assert "iterreduce.yarn.container worker job.json" in worker.script
+    job_file = Path(spec.master.files["job.json"].source.replace("file://", ""))
+    assert job_file.is_file() and '"dbn.program:DBNProgram"' in job_file.read_text()
+
+
+def test_dry_run_with_python_ships_no_environment(capsys):
+    spec = dry_run(capsys, "--python", "/opt/py/bin/python")
+    assert "environment" not in spec.services["worker"].files
+    assert "exec /opt/py/bin/python -m iterreduce.yarn.container" in spec.master.script
+
+
+def test_dry_run_without_env_names_the_archive_it_would_pack(capsys):
+    spec = dry_run(capsys)
+    assert spec.master.files["environment"].source.endswith(".tar.gz")
+    assert spec.services["worker"].instances == 10  # examples/yarn.toml
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--worker-memory", "lots"], "invalid YARN application spec: Could not interpret 'lots'"),
+    (["--worker-vcores", "0"], "worker_vcores: must be >= 1"),
+    (["--worker-gpus", "-1"], "worker_gpus: must be >= 0"),
+    (["--workers", "0"], "a YARN job needs workers"),
+    (["--out", "runs/local"], "[output] dir (or --out) must be a URI every container can reach"),
+    (["--set", "yarn.queues=x"], "unknown key 'queues' (did you mean 'queue'?)"),
+    (["--principal", "me@X"], "Kerberos needs both --principal and --keytab"),
+])
+def test_submit_errors_name_the_setting_at_fault(capsys, args, message):
+    code = main(["submit", str(EXAMPLE), *args] + ([] if "--principal" in args else ["--dry-run"]))
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_build_spec_needs_a_python():
+    with pytest.raises(ValueError, match="no Python for the containers"):
+        build_spec("x", "/tmp/job.json", YarnOptions())
+
+
+def test_spec_yaml_round_trip():
+    spec = build_spec("x", "/tmp/job.json", YarnOptions(env_archive="/tmp/env.tar.gz", worker_nodes=["h1", "h2"]))
+    again = skein.ApplicationSpec.from_yaml(spec.to_yaml())
+    assert again.to_dict() == spec.to_dict()
+    assert again.services["worker"].nodes == ["h1", "h2"] and again.services["worker"].relax_locality
+
+
+def test_yarn_spec_files_are_valid_skein_specs():
+    for path in (Path(__file__).resolve().parents[1] / "yarn_specs").glob("*.yaml"):
+        spec = skein.ApplicationSpec.from_file(str(path))
+        assert "iterreduce.yarn.container" in spec.master.script, path
+
+
+def test_fsck_locations_are_parsed_per_file_most_blocks_first():
+    hosts = parse_fsck(FSCK)
+    assert hosts == {"/d/part-00000.parquet": ["10.0.0.5", "10.0.0.7", "10.0.0.6", "10.0.0.8"],
+                     "/d/part-00001.parquet": ["10.0.0.9"]}
+
+
+def test_slot_hosts_follow_the_shards_of_each_worker():
+    uris = [f"hdfs://nn/d/part-{i}" for i in range(4)]
+    hosts = {uris[0]: ["a", "b"], uris[1]: ["c"], uris[2]: ["b"], uris[3]: []}
+    assert slot_hosts(uris, 2, hosts) == [["b", "a"], ["c"]]
+
+
+def test_attempt_number_from_the_container_id():
+    assert attempt_number("container_1526134340424_0012_01_000001") == 1
+    assert attempt_number("container_e17_1410901177871_0001_02_000005") == 2
+    assert attempt_number("not-a-container") == 1
+
+
+def test_pack_a_virtual_environment(tmp_path):
+    env = tmp_path / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    assert environment_kind(str(env)) == "venv"
+    archive = pack_environment(str(tmp_path / "env.tar.gz"), prefix=str(env))
+    import tarfile
+
+    with tarfile.open(archive) as tar:
+        assert "bin/python" in tar.getnames()
+
+
+def test_pack_refuses_what_is_no_environment_naming_the_fix(tmp_path):
+    with pytest.raises(EnvPackError, match="neither a virtual environment nor a conda environment.*--env ARCHIVE"):
+        pack_environment(str(tmp_path / "x.tar.gz"), prefix=str(tmp_path))
+
+
+def test_pack_refuses_an_editable_install_that_the_archive_would_miss(tmp_path):
+    import dbn
+
+    if Path(sys.prefix).resolve() in Path(dbn.__file__).resolve().parents:
+        pytest.skip("the project lives inside the environment here")
+    if not environment_kind():
+        pytest.skip("not running in a virtual environment")
+    with pytest.raises(EnvPackError, match=r"module 'dbn' is imported from .*outside the environment.*not -e"):
+        pack_environment(str(tmp_path / "x.tar.gz"), require=("dbn",))
