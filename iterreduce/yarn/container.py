@@ -89,8 +89,8 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
         master = Master(config)
         master.listeners.append(lambda record: _report(app, record))
         server, address = master.serve()
-        app.kv[KV_TOKEN] = config.token
-        app.kv[KV_ADDRESS] = address  # last: a worker that sees the address finds the token too
+        app.kv[KV_TOKEN] = config.token.encode()
+        app.kv[KV_ADDRESS] = address.encode()  # last: a worker that sees the address finds the token too
         log.info("attempt %d serving %d shards on %s", attempt, len(master.shards), address)
         master.run()
         written = upload_outputs(local_out, job["output"])
@@ -127,7 +127,7 @@ def _report(app, record: dict) -> None:
     """Progress to YARN (the RM's progress bar) and the newest record for `status`."""
     try:
         app.set_progress(min(1.0, (record["step"] + 1) / record["of"]))
-        app.kv[KV_PROGRESS] = json.dumps(record)
+        app.kv[KV_PROGRESS] = json.dumps(record).encode()
     except Exception as exc:  # noqa: BLE001 - progress is informative; never fail the job for it
         log.warning("could not report progress: %s", exc)
 
