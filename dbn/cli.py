@@ -399,6 +399,43 @@ def _follow(client, app_id: str, *, quiet: bool, poll: float = 2.0) -> int:
         time.sleep(poll)
 
 
+def cmd_mnist(args) -> int:
+    from . import mnist_eval
+
+    overrides = dict(parse_override(item) for item in args.set)
+    if args.sync_every is not None:
+        overrides["cluster.sync_every"] = args.sync_every
+    layers = tuple(int(v) for v in args.layers.split(",")) if args.layers else None
+    quick_tag = "-quick" if args.quick else ""
+    out = args.out or str(Path("runs") / (f"mnist-sweep{quick_tag}" if args.sweep else f"mnist{quick_tag}"))
+    validation = args.validation if args.validation is not None else (5000 if args.quick else 0)
+    say = (lambda msg: None) if args.quiet else (lambda msg: print(f"dbn mnist: {msg}", file=sys.stderr, flush=True))
+    if args.yarn and not args.hdfs_out:
+        raise UsageError("--yarn needs --hdfs-out URI: where the job writes its model and checkpoints on HDFS")
+    if args.sweep:
+        if args.yarn:
+            raise UsageError("--sweep runs on the local mini-cluster; drop --yarn")
+        table = mnist_eval.sweep(out=out, quick=args.quick, seed=args.seed, data_dir=args.data,
+                                 overrides=overrides, validation=validation, log=say)
+        print(table, end="")
+        return 0
+    cfg = mnist_eval.mnist_config(out=args.hdfs_out if args.yarn else out, workers=args.local, quick=args.quick,
+                                  seed=args.seed, data_dir=args.data, layers=layers, overrides=overrides)
+    say(f"{'-'.join(map(str, cfg.model.hidden_layers))} on {'YARN' if args.yarn else 'the local mini-cluster'}, "
+        f"{cfg.cluster.workers} workers, {cfg.model.pretrain_epochs} + {cfg.model.finetune_epochs} epochs; "
+        f"report in {out}")
+    progress = ClusterProgress(cfg, quiet=args.quiet, json_lines=False)
+    result = mnist_eval.run(cfg, validation=validation, yarn_report_dir=out if args.yarn else None,
+                            on_record=progress, log=say)
+    if args.json:
+        print(_json(result))
+    else:
+        print(f"test error {100 * result['test_error']:.2f} % on the 10,000 MNIST test images "
+              f"({result['wall_seconds']:.0f} s); report: {Path(out).resolve()}/result.json and "
+              f"{', '.join(Path(p).name for p in result['plots'])}")
+    return 0
+
+
 def cmd_status(args) -> int:
     from iterreduce.yarn import client as yarn
 
@@ -501,6 +538,32 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "status":
             p.add_argument("--json", action="store_true", help="print one JSON object")
         p.set_defaults(func=func)
+
+    p = sub.add_parser("mnist", parents=[common], help="the MNIST evaluation: train, test once, report",
+                       description="Shard MNIST, train the paper's DBN on the local mini-cluster (or YARN), "
+                                   "test it once on the 10,000 test images and write result.json, log.jsonl "
+                                   "and PNG plots to --out. --sweep fills the paper's table.")
+    p.add_argument("--data", metavar="DIR", help="directory of the four MNIST .gz files (default: found "
+                                                "automatically, or downloaded)")
+    p.add_argument("--out", metavar="DIR", help="report directory (default runs/mnist, runs/mnist-quick, ...)")
+    p.add_argument("--local", type=int, default=10, metavar="N", help="worker processes (default 10)")
+    p.add_argument("--yarn", action="store_true", help="train on YARN through dbn submit (needs --hdfs-out)")
+    p.add_argument("--hdfs-out", metavar="URI", help="with --yarn: the job's output on HDFS")
+    p.add_argument("--quick", action="store_true",
+                   help="a reduced run for a few minutes on 2 cores: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--layers", metavar="N,N,...", help="hidden layer sizes (default 500,500,2000)")
+    p.add_argument("--sync-every", type=int, metavar="K", help="minibatches between averages (0: once per epoch)")
+    p.add_argument("--validation", type=int, metavar="N",
+                   help="hold out the last N training images for a validation curve (default: 5000 with "
+                        "--quick, else 0: train on all 60,000 as the paper did)")
+    p.add_argument("--sweep", action="store_true", help="layers 300-300-1000, 500-500-2000, 1000-1000-2000 "
+                                                        "on 1 and 10 workers; writes OUT/sweep.md")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a setting (repeatable), e.g. --set yarn.python=/opt/py/bin/python")
+    p.add_argument("--json", action="store_true", help="print result.json's content")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.set_defaults(func=cmd_mnist)
 
     p = sub.add_parser("shard", parents=[common], help="cut a dataset into Parquet shards",
                        description="Write SOURCE ('mnist', a .npz with X [and y], or a .csv with an optional "

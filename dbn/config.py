@@ -106,6 +106,7 @@ class ClusterSection:
     heartbeat_timeout: float = 10.0  # seconds of silence after which a worker is presumed lost
     float16_wire: bool = False  # send parameters as float16 (half the bytes, not bit-exact)
     block_momentum: float = 0.0  # fine-tuning: momentum over the averaged per-sync deltas (BMUF); 0: plain averaging
+    validation: str | None = None  # a labelled Parquet shard the master scores after each fine-tuning epoch
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ import math
 import numpy as np
 
 from iterreduce.program import Program, Step, Update, WorkerProgram, block_momentum_average, weighted_average
+from iterreduce.shards import read_shard
 
 from .model import DBN
 from .network import Network
@@ -32,7 +33,7 @@ RBM_KEYS = ("weights", "hidden_bias", "visible_bias", "weights_inc", "hidden_bia
 def dbn_params(config) -> dict:
     """The :class:`DBN` hyperparameters in a program config (without device and runtime keys)."""
     return {k: v for k, v in config.items()
-            if k not in ("n_classes", "sync_every", "block_momentum", "device", "callback")}
+            if k not in ("n_classes", "sync_every", "block_momentum", "validation", "device", "callback")}
 
 
 def rbm_arrays(layer: int) -> tuple[str, ...]:
@@ -48,7 +49,8 @@ class DBNProgram(Program):
     """Master side. ``config``: DBN hyperparameters (see :class:`dbn.DBN`) plus
     ``n_classes`` (None: counted from the labels), ``seed``, ``sync_every`` (minibatches per synchronisation;
     0 or absent = once per epoch, the paper's setting) and ``block_momentum``
-    for fine-tuning (0 = plain averaging; see :func:`iterreduce.program.block_momentum_average`)."""
+    for fine-tuning (0 = plain averaging; see :func:`iterreduce.program.block_momentum_average`),
+    and ``validation``: URI of a labelled shard for a validation error per fine-tuning epoch."""
 
     worker_class = "dbn.program:DBNWorker"
 
@@ -57,6 +59,8 @@ class DBNProgram(Program):
         self.model = DBN(**dbn_params(config), device="cpu")
         self.layers = self.model.hidden_layers
         self.n_classes = config.get("n_classes")  # None: counted from the shards' labels at the start
+        self._validation = None
+        self._finetune_parts = 1
 
     def _parts(self, shards, batch_size) -> int:
         sync = int(self.config.get("sync_every") or 0)
@@ -76,7 +80,7 @@ class DBNProgram(Program):
                 for part in range(parts):
                     yield Step("pretrain", {"layer": layer, "epoch": epoch, "part": part,
                                             "batches": self._ranges(part, parts)}, rbm_arrays(layer))
-        parts = self._parts(shards, m.finetune_batch_size)
+        parts = self._finetune_parts = self._parts(shards, m.finetune_batch_size)
         n = len(self.layers) + 1
         for epoch in range(m.finetune_epochs):
             top_only = epoch < m.top_layer_epochs
@@ -139,6 +143,21 @@ class DBNProgram(Program):
         momentum = float(self.config.get("block_momentum") or 0.0) if step.phase == "finetune" else 0.0
         increments = [name for name in step.arrays if "_inc" in name]
         return block_momentum_average(parameters, updates, step.arrays, momentum, plain=increments)
+
+    def evaluate(self, step, parameters):
+        """Validation error after each fine-tuning epoch, when ``config["validation"]`` names
+        a labelled shard (the master reads it once; it is never trained on)."""
+        uri = self.config.get("validation")
+        if not uri or step.phase != "finetune" or step.info.get("part", 0) != self._finetune_parts - 1:
+            return {}
+        if self._validation is None:
+            self._validation = read_shard(uri, need_labels=True)
+        n = len(self.layers) + 1
+        net = Network([parameters[f"net.weights.{i}"] for i in range(n)],
+                      [parameters[f"net.biases.{i}"] for i in range(n)], self.model.backend)
+        proba = net.predict_proba_device(self.model.backend.asarray(self._validation.features))
+        predicted = self.model.backend.to_numpy(proba).argmax(axis=1)
+        return {"valid_error": float(np.mean(predicted != self._validation.labels))}
 
     def finalize(self, parameters, output_dir):
         self.to_model(parameters).save(f"{output_dir}/model.npz")

@@ -413,12 +413,14 @@ class Master(pb_grpc.MasterServicer):
                 self.parameters[name] = value
                 self.versions[name] = index + 1
         elapsed = time.perf_counter() - started
+        evaluated = time.perf_counter()
+        metrics = self.program.evaluate(step, self.parameters)  # not part of the sync time
         record = {
             "step": index, "of": len(self.steps), "phase": step.phase, **dict(step.info),
-            **self.program.summarize(step, updates),
+            **self.program.summarize(step, updates), **metrics,
             "shards": len(updates), "shards_total": len(self.shards),
             "seconds": elapsed, "compute_seconds": compute,
-            "sync_seconds": max(elapsed - compute, 0.0), "reduce_seconds": time.perf_counter() - reduce_start,
+            "sync_seconds": max(elapsed - compute, 0.0), "reduce_seconds": evaluated - reduce_start,
             "time": time.time(),
         }
         self._log.write(json.dumps(record) + "\n")

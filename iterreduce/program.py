@@ -91,6 +91,11 @@ class Program(ABC):
         """
         return weighted_average(updates, step.arrays)
 
+    def evaluate(self, step: Step, parameters: Arrays) -> dict:
+        """Metrics the master measures itself after a superstep (e.g. a validation error),
+        merged into its progress record; by default none."""
+        return {}
+
     def summarize(self, step: Step, updates: list[Update]) -> dict:
         """Progress record for one superstep: by default sample-weighted metric means."""
         total = sum(u.samples for u in updates)
