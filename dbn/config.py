@@ -106,6 +106,7 @@ class ClusterSection:
     heartbeat_timeout: float = 10.0  # seconds of silence after which a worker is presumed lost
     float16_wire: bool = False  # send parameters as float16 (half the bytes, not bit-exact)
     block_momentum: float = 0.0  # fine-tuning: momentum over the averaged per-sync deltas (BMUF); 0: plain averaging
+    pretrain_block_momentum: float = 0.0  # the same for RBM pre-training (0: plain averaging)
     validation: str | None = None  # a labelled Parquet shard the master scores after each fine-tuning epoch
 
 
@@ -297,7 +298,7 @@ def _check(origin: str, section: str, key: str, value, parse_strings: bool = Fal
         raise ConfigError(f"{where} {key}: must be >= 0, got {value!r}")
     if key in ("worker_vcores", "max_attempts") and value < 1:
         raise ConfigError(f"{where} {key}: must be >= 1, got {value!r}")
-    if key == "block_momentum" and not 0 <= value < 1:
+    if key in ("block_momentum", "pretrain_block_momentum") and not 0 <= value < 1:
         raise ConfigError(f"{where} {key}: must be in [0, 1), got {value!r}")
     if key == "heartbeat_timeout" and value <= 0:
         raise ConfigError(f"{where} {key}: must be a positive number of seconds, got {value!r}")

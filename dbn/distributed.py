@@ -38,7 +38,8 @@ def program_config(cfg: JobConfig, n_classes: int | None = None) -> dict:
     counts the classes in the shards' labels when the job starts)."""
     params = {k: v for k, v in cfg.dbn_params().items() if k != "device"}
     return {**params, "n_classes": n_classes, "sync_every": cfg.cluster.sync_every,
-            "block_momentum": cfg.cluster.block_momentum, "validation": cfg.cluster.validation}
+            "block_momentum": cfg.cluster.block_momentum,
+            "pretrain_block_momentum": cfg.cluster.pretrain_block_momentum, "validation": cfg.cluster.validation}
 
 
 def train_local(cfg: JobConfig, *, workers: int, resume: bool = False,

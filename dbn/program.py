@@ -33,7 +33,8 @@ RBM_KEYS = ("weights", "hidden_bias", "visible_bias", "weights_inc", "hidden_bia
 def dbn_params(config) -> dict:
     """The :class:`DBN` hyperparameters in a program config (without device and runtime keys)."""
     return {k: v for k, v in config.items()
-            if k not in ("n_classes", "sync_every", "block_momentum", "validation", "device", "callback")}
+            if k not in ("n_classes", "sync_every", "block_momentum", "pretrain_block_momentum", "validation",
+                         "device", "callback")}
 
 
 def rbm_arrays(layer: int) -> tuple[str, ...]:
@@ -140,7 +141,8 @@ class DBNProgram(Program):
             return {name: np.log(p / (1 - p)).astype(np.float32)}
         # Block momentum speeds up fine-tuning only: in CD pre-training it compounded with the
         # RBMs' own momentum of 0.9 and slowed convergence (MNIST, 10 workers, measured).
-        momentum = float(self.config.get("block_momentum") or 0.0) if step.phase == "finetune" else 0.0
+        key = "block_momentum" if step.phase == "finetune" else "pretrain_block_momentum"
+        momentum = float(self.config.get(key) or 0.0)
         increments = [name for name in step.arrays if "_inc" in name]
         return block_momentum_average(parameters, updates, step.arrays, momentum, plain=increments)
 

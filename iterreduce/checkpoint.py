@@ -42,8 +42,12 @@ def save(directory: str, step: int, header: dict, arrays: dict, keep: int = 2) -
     tmp = join(path, f".{name}.tmp")
     with fs.open_output_stream(tmp) as out:
         out.write(_encode({**header, "step": step}, arrays))
-    fs.move(tmp, join(path, name))  # rename: readers never see half a checkpoint
-    for old in _list(fs, path)[:-keep] if keep > 0 else []:
+    final = join(path, name)
+    if fs.get_file_info(final).type != pafs.FileType.NotFound:
+        fs.delete_file(final)  # a rerun's: HDFS renames never replace a file
+    fs.move(tmp, final)  # rename: readers never see half a checkpoint
+    others = [n for n in _list(fs, path) if n != name]  # never prune the one just written
+    for old in others[:max(0, len(others) - (keep - 1))] if keep > 0 else []:
         fs.delete_file(join(path, old))
     return join(directory, name)
 

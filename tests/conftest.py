@@ -128,3 +128,24 @@ def mnist_small():
     data = mnist.load_mnist(MNIST_DIR, verify=True)
     return (_downscale(data.x_train[:2000]), data.y_train[:2000].astype(np.int64),
             _downscale(data.x_test[:1000]), data.y_test[:1000].astype(np.int64))
+
+
+@pytest.fixture(scope="session")
+def hdfs(tmp_path_factory):
+    """A real HDFS for the session: a started :class:`minihdfs.MiniHDFS` (NameNode +
+    DataNode on 127.0.0.1), stopped at the end. Tests should each work under a
+    directory of their own. Skips only when Java 17+ is missing; when the Hadoop jars
+    cannot be had (first use downloads them from PyPI) the tests fail, saying why."""
+    from minihdfs import HadoopJarsError, MiniHDFS, ensure_hadoop_jars, java_available
+
+    reason = java_available()
+    if reason:
+        pytest.skip(reason)
+    try:
+        jars, failure = ensure_hadoop_jars(), None
+    except HadoopJarsError as exc:
+        jars, failure = None, str(exc)
+    if failure:
+        pytest.fail(f"cannot start the real HDFS: {failure}", pytrace=False)
+    with MiniHDFS(jars, base_dir=tmp_path_factory.mktemp("hdfs")) as cluster:
+        yield cluster

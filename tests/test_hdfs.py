@@ -1,0 +1,272 @@
+"""The project's file I/O against a real HDFS (NameNode + DataNode from tests/minihdfs.py).
+
+Everything goes through the project's own ``hdfs://`` path (``iterreduce.shards.
+filesystem``: hdfs-native under pyarrow); the ``hdfs`` fixture's own client
+(``hdfs.fs()``) only plants files and checks what really landed on HDFS.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+
+from iterreduce import checkpoint
+from iterreduce.checkpoint import CheckpointError
+from iterreduce.shards import ShardError, list_shards, read_shard, write_shards
+
+pytestmark = pytest.mark.hdfs
+
+
+@pytest.fixture
+def base(hdfs):
+    """(uri, path): a fresh, not yet existing directory on the session's HDFS."""
+    path = f"/tests/{uuid.uuid4().hex[:12]}"
+    return hdfs.uri(path), path
+
+
+def names_on_hdfs(hdfs, path: str) -> list[str]:
+    entries = hdfs.fs().get_file_info(pafs.FileSelector(path))
+    return sorted(e.base_name for e in entries)
+
+
+def fixed_list(values: np.ndarray) -> pa.Array:
+    return pa.FixedSizeListArray.from_arrays(pa.array(values.reshape(-1)), values.shape[1])
+
+
+# ------------------------------------------------------------------ shards
+
+
+def test_parquet_shard_written_to_hdfs_reads_back_equal(hdfs, base):
+    uri, path = base
+    X = np.random.default_rng(0).random((37, 9), dtype=np.float32)
+    y = np.arange(37) % 4
+    fs = hdfs.fs()
+    fs.create_dir(path)
+    pq.write_table(pa.table({"features": fixed_list(X), "label": pa.array(y)}), f"{path}/one.parquet", filesystem=fs)
+
+    shards = list_shards(uri)
+    assert shards == [f"{uri}/one.parquet"] and shards[0].startswith(hdfs.url + "/tests/")
+    assert list_shards(shards[0]) == shards  # a file URI lists as itself
+    shard = read_shard(shards[0], 0, n_features=9, need_labels=True)
+    np.testing.assert_array_equal(shard.features, X)
+    np.testing.assert_array_equal(shard.labels, y)
+    assert shard.uri == shards[0] and shard.rows == 37
+
+
+def test_write_shards_to_hdfs_round_trip(hdfs, base):
+    uri, path = base
+    rng = np.random.default_rng(1)
+    X = rng.integers(0, 256, size=(103, 12), dtype=np.uint8)
+    y = rng.integers(0, 10, size=103)
+
+    written = write_shards(X, y, f"{uri}/train", 4)
+
+    assert written == [f"{uri}/train/part-{i:05d}.parquet" for i in range(4)]
+    assert names_on_hdfs(hdfs, f"{path}/train") == [f"part-{i:05d}.parquet" for i in range(4)]  # really on HDFS
+    assert list_shards(f"{uri}/train") == written
+    parts = [read_shard(u, i) for i, u in enumerate(written)]
+    assert [p.rows for p in parts] == [26, 26, 26, 25]
+    np.testing.assert_array_equal(np.concatenate([p.features for p in parts]), X.astype(np.float32) / np.float32(255))
+    np.testing.assert_array_equal(np.concatenate([p.labels for p in parts]), y)
+    # The uint8 column kept its compact type on HDFS too.
+    with hdfs.fs().open_input_file(f"{path}/train/part-00000.parquet") as f:
+        assert pq.read_schema(f).field("features").type == pa.list_(pa.uint8(), 12)
+
+
+def test_list_shards_errors_name_the_hdfs_uri(hdfs, base):
+    uri, path = base
+    with pytest.raises(ShardError, match=f"^{uri}: no such shard file or directory"):
+        list_shards(uri)
+    hdfs.fs().create_dir(path)
+    with hdfs.fs().open_output_stream(f"{path}/notes.txt") as out:
+        out.write(b"not a shard")
+    with pytest.raises(ShardError, match=f"^{uri}: directory holds no .parquet shards"):
+        list_shards(uri)
+
+
+def test_garbage_parquet_on_hdfs_is_a_shard_error_naming_the_uri(hdfs, base):
+    uri, path = base
+    fs = hdfs.fs()
+    fs.create_dir(path)
+    with fs.open_output_stream(f"{path}/x.parquet") as out:
+        out.write(b"this is not parquet\x00\x01\x02" * 10)
+    (shard,) = list_shards(uri)
+    assert shard == f"{uri}/x.parquet"
+    with pytest.raises(ShardError, match=f"^{shard}: not a readable Parquet file"):
+        read_shard(shard)
+
+
+def test_wrong_schema_on_hdfs_is_a_shard_error_naming_the_uri(hdfs, base):
+    uri, path = base
+    fs = hdfs.fs()
+    fs.create_dir(path)
+    pq.write_table(pa.table({"pixels": pa.array([1.0, 2.0])}), f"{path}/p.parquet", filesystem=fs)
+    with pytest.raises(ShardError, match=f"^{uri}/p.parquet: no 'features' column"):
+        read_shard(f"{uri}/p.parquet")
+
+
+def test_missing_shard_on_hdfs_is_a_shard_error_naming_the_uri(hdfs, base):
+    uri, _ = base
+    with pytest.raises(ShardError, match=f"^{uri}/gone.parquet: shard not found"):
+        read_shard(f"{uri}/gone.parquet")
+
+
+def test_shard_info_and_count_classes_read_footers_on_hdfs(hdfs, base):
+    from dbn.sharding import count_classes
+    from iterreduce.master import shard_info
+
+    uri, path = base
+    X = np.random.default_rng(5).random((40, 7), dtype=np.float32)
+    written = write_shards(X, np.arange(40) % 5, uri, 2)
+    assert shard_info(written) == [{"uri": u, "rows": 20, "features": 7, "labels": True} for u in written]
+    assert count_classes(written) == 5
+    with hdfs.fs().open_output_stream(f"{path}/x.parquet") as out:
+        out.write(b"garbage" * 20)
+    with pytest.raises(ShardError, match=f"^{uri}/x.parquet: not a readable Parquet file"):
+        shard_info(list_shards(uri))
+
+
+# ------------------------------------------------------------------ checkpoints
+
+
+def test_checkpoints_on_hdfs_save_latest_load_and_prune(hdfs, base):
+    uri, path = base
+    directory = f"{uri}/ckpt"
+    assert checkpoint.latest(directory) is None  # no directory yet
+    rng = np.random.default_rng(2)
+    saved = {}
+    for step in (1, 2, 3, 4):
+        arrays = {"weights": rng.standard_normal((6, 5)).astype(np.float32), "bias": np.full(5, step, np.float64)}
+        written = checkpoint.save(directory, step, {"seed": 7, "fingerprint": "abc"}, arrays, keep=2)
+        assert written == f"{directory}/ckpt-{step:09d}.npz"
+        assert checkpoint.latest(directory) == written
+        saved[step] = arrays
+
+    # keep=2 pruned the older ones, and no temporary file is left behind.
+    assert names_on_hdfs(hdfs, f"{path}/ckpt") == ["ckpt-000000003.npz", "ckpt-000000004.npz"]
+    for step in (3, 4):
+        header, arrays = checkpoint.load(f"{directory}/ckpt-{step:09d}.npz")
+        assert header == {"seed": 7, "fingerprint": "abc", "step": step}
+        assert arrays.keys() == saved[step].keys()
+        for name, value in saved[step].items():
+            np.testing.assert_array_equal(arrays[name], value)
+            assert arrays[name].dtype == value.dtype
+
+
+def test_checkpoint_save_over_an_existing_step_on_hdfs(hdfs, base):
+    """A job re-run (without --resume) into the same checkpoint directory writes the same
+    steps again: the new checkpoint must replace the old, as it does on a local disk."""
+    uri, _ = base
+    checkpoint.save(uri, 5, {"v": 1}, {"a": np.zeros(3)})
+    checkpoint.save(uri, 5, {"v": 2}, {"a": np.ones(3)})
+    header, arrays = checkpoint.load(checkpoint.latest(uri))
+    assert header["v"] == 2 and arrays["a"].tolist() == [1.0, 1.0, 1.0]
+    assert not [i for i in hdfs.fs().get_file_info(__import__("pyarrow.fs").fs.FileSelector(base[1]))
+                if i.base_name.endswith(".tmp")]
+
+
+def test_pruning_never_removes_the_checkpoint_just_written(tmp_path):
+    """Older checkpoints of a previous run with higher steps must not push out the new one."""
+    uri = str(tmp_path / "ck")
+    for step in (7, 8, 9):
+        checkpoint.save(uri, step, {}, {"a": np.zeros(1)}, keep=5)
+    checkpoint.save(uri, 2, {}, {"a": np.ones(1)}, keep=2)
+    names = sorted(p.name for p in (tmp_path / "ck").iterdir())
+    assert names == ["ckpt-000000002.npz", "ckpt-000000009.npz"]
+
+
+def test_unreadable_checkpoint_on_hdfs_is_a_checkpoint_error(hdfs, base):
+    uri, path = base
+    fs = hdfs.fs()
+    fs.create_dir(path)
+    with fs.open_output_stream(f"{path}/ckpt-000000009.npz") as out:
+        out.write(b"garbage")
+    assert checkpoint.latest(uri) == f"{uri}/ckpt-000000009.npz"
+    with pytest.raises(CheckpointError, match=f"^{uri}/ckpt-000000009.npz: unreadable checkpoint"):
+        checkpoint.load(f"{uri}/ckpt-000000009.npz")
+    with pytest.raises(CheckpointError, match="unreadable checkpoint"):
+        checkpoint.load(f"{uri}/ckpt-000000010.npz")  # missing
+
+
+# ------------------------------------------------------------------ dbn shard
+
+
+def _dataset(tmp_path, n=90, n_features=24):
+    rng = np.random.default_rng(3)
+    X = (rng.random((n, n_features)) < 0.3).astype(np.float32)
+    y = rng.integers(0, 3, n)
+    np.savez(tmp_path / "d.npz", X=X, y=y)
+    return X, y
+
+
+def test_shard_dataset_writes_to_hdfs(hdfs, base, tmp_path):
+    from dbn.sharding import shard_dataset
+
+    uri, path = base
+    X, y = _dataset(tmp_path)
+    written = shard_dataset(str(tmp_path / "d.npz"), uri, 4)
+    assert written == list_shards(uri) and len(written) == 4
+    assert names_on_hdfs(hdfs, path) == [f"part-{i:05d}.parquet" for i in range(4)]
+    parts = [read_shard(u, i, n_features=24, need_labels=True) for i, u in enumerate(written)]
+    np.testing.assert_array_equal(np.concatenate([p.features for p in parts]), X)
+    np.testing.assert_array_equal(np.concatenate([p.labels for p in parts]), y)
+
+
+def test_dbn_shard_cli_writes_to_hdfs(hdfs, base, tmp_path, capsys):
+    from dbn.cli import main
+
+    uri, _ = base
+    X, y = _dataset(tmp_path, n=50)
+    assert main(["shard", str(tmp_path / "d.npz"), uri, "--shards", "3"]) == 0
+    printed = capsys.readouterr().out.split()
+    assert printed == list_shards(uri) == [f"{uri}/part-{i:05d}.parquet" for i in range(3)]
+    parts = [read_shard(u, i) for i, u in enumerate(printed)]
+    np.testing.assert_array_equal(np.concatenate([p.features for p in parts]), X)
+    np.testing.assert_array_equal(np.concatenate([p.labels for p in parts]), y)
+
+
+# ------------------------------------------------------------------ a job reading HDFS
+
+
+def test_local_job_trains_on_shards_read_from_hdfs(hdfs, base, tmp_path, monkeypatch):
+    """Master and worker processes read their shards from hdfs:// and get exactly what
+    running the same shards one after the other gives."""
+    from conftest_runtime import SOFTMAX, blobs, records, run_job, simulate, subprocess_env
+
+    subprocess_env(monkeypatch)
+    uri, _ = base
+    X, y = blobs(300, d=6, k=3, seed=4)
+    shards = write_shards(X, y, uri, 2)
+    config = {"n_classes": 3, "epochs": 3, "batch_size": 0, "local_steps": 1, "learning_rate": 0.5}
+    out = run_job(program=SOFTMAX, program_config=config, shards=uri, workers=2, output=str(tmp_path / "out"))
+    assert [r["step"] for r in records(out)] == [0, 1, 2]
+    assert all(r["samples"] == 300 and r["shards"] == 2 for r in records(out))
+    with np.load(out / "parameters.npz") as npz:
+        result = {k: npz[k] for k in npz.files}
+    expected = simulate(SOFTMAX, config, shards)
+    for k in expected:
+        np.testing.assert_allclose(result[k], expected[k], rtol=1e-6, atol=1e-7)
+
+
+def test_upload_outputs_copies_the_masters_files_to_hdfs(hdfs, base, tmp_path):
+    from iterreduce.yarn.container import upload_outputs
+
+    uri, path = base
+    (tmp_path / "model.npz").write_bytes(b"\x00model" * 1000)
+    (tmp_path / "log.jsonl").write_text('{"step": 0}\n')
+    (tmp_path / ".hidden").write_text("not uploaded")
+    (tmp_path / "logs").mkdir()
+    written = upload_outputs(tmp_path, f"{uri}/out")
+    assert written == [f"{uri}/out/log.jsonl", f"{uri}/out/model.npz"]
+    assert names_on_hdfs(hdfs, f"{path}/out") == ["log.jsonl", "model.npz"]
+    with hdfs.fs().open_input_file(f"{path}/out/model.npz") as f:
+        assert f.read() == b"\x00model" * 1000
+    (tmp_path / "model.npz").write_bytes(b"second attempt")  # a later attempt's upload replaces
+    upload_outputs(tmp_path, f"{uri}/out")
+    with hdfs.fs().open_input_file(f"{path}/out/model.npz") as f:
+        assert f.read() == b"second attempt"
