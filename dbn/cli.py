@@ -419,7 +419,8 @@ def cmd_mnist(args) -> int:
                                  overrides=overrides, validation=validation, log=say)
         print(table, end="")
         return 0
-    cfg = mnist_eval.mnist_config(out=args.hdfs_out if args.yarn else out, workers=args.local, quick=args.quick,
+    workers = args.local or (mnist_eval.QUICK_WORKERS if args.quick else 10)
+    cfg = mnist_eval.mnist_config(out=args.hdfs_out if args.yarn else out, workers=workers, quick=args.quick,
                                   seed=args.seed, data_dir=args.data, layers=layers, overrides=overrides)
     say(f"{'-'.join(map(str, cfg.model.hidden_layers))} on {'YARN' if args.yarn else 'the local mini-cluster'}, "
         f"{cfg.cluster.workers} workers, {cfg.model.pretrain_epochs} + {cfg.model.finetune_epochs} epochs; "
@@ -546,11 +547,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", metavar="DIR", help="directory of the four MNIST .gz files (default: found "
                                                 "automatically, or downloaded)")
     p.add_argument("--out", metavar="DIR", help="report directory (default runs/mnist, runs/mnist-quick, ...)")
-    p.add_argument("--local", type=int, default=10, metavar="N", help="worker processes (default 10)")
+    p.add_argument("--local", type=int, metavar="N", help="worker processes (default 10; 2 with --quick)")
     p.add_argument("--yarn", action="store_true", help="train on YARN through dbn submit (needs --hdfs-out)")
     p.add_argument("--hdfs-out", metavar="URI", help="with --yarn: the job's output on HDFS")
     p.add_argument("--quick", action="store_true",
-                   help="a reduced run for a few minutes on 2 cores: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
+                   help="a reduced run for a few minutes on 2 cores: 2 workers, 20,000 training images, "
+                        "20 + 30 epochs")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--layers", metavar="N,N,...", help="hidden layer sizes (default 500,500,2000)")
     p.add_argument("--sync-every", type=int, metavar="K", help="minibatches between averages (0: once per epoch)")

@@ -25,7 +25,7 @@ from typing import Callable
 from iterreduce.shards import filesystem, join, write_shards
 
 from .backend import resolve_device
-from .config import QUICK, JobConfig, load_config
+from .config import JobConfig, load_config
 from .mnist import load_mnist, scale_images
 from .model import DBN
 
@@ -34,18 +34,23 @@ PUBLISHED = {(500, 500, 2000): {1: ("1.2 %", "Hinton & Salakhutdinov 2006"), 10:
 SWEEP_LAYERS = ((300, 300, 1000), (500, 500, 2000), (1000, 1000, 2000))
 SWEEP_WORKERS = (1, 10)
 TRAIN_IMAGES = 60000
+#: ``dbn mnist --quick``: a few minutes on 2 cores (with 2 workers, its default).
+MNIST_QUICK = {"data.limit": 20000, "model.pretrain_epochs": 20, "model.finetune_epochs": 30}
+QUICK_WORKERS = 2
 
 
 def mnist_config(*, out: str, workers: int, quick: bool = False, seed: int = 0, data_dir: str | None = None,
                  layers: tuple[int, ...] | None = None, overrides: dict | None = None) -> JobConfig:
     """The paper's job (or its ``quick`` reduction) for ``workers`` workers, writing to ``out``.
 
-    With several workers, fine-tuning uses block momentum 1 - 1/N (at most 0.9) unless
-    ``overrides`` set ``cluster.block_momentum``: plain averaging of N shards slows SGD N-fold.
+    With several workers, fine-tuning uses block momentum 1 - 1/N (at most 0.9) and
+    pre-training 1 - 1/N (at most 0.7) unless ``overrides`` set them: plain averaging of
+    N shards slows SGD N-fold (measured on MNIST, 10 workers; see benchmarks/RESULTS.md).
     """
-    values = dict(QUICK) if quick else {}
+    values = dict(MNIST_QUICK) if quick else {}
     values.update({"output.dir": out, "cluster.workers": workers, "job.seed": seed, "job.name": "mnist",
-                   "cluster.block_momentum": min(0.9, 1 - 1 / workers)})
+                   "cluster.block_momentum": min(0.9, 1 - 1 / workers),
+                   "cluster.pretrain_block_momentum": min(0.7, 1 - 1 / workers)})
     if data_dir:
         values["data.mnist_dir"] = data_dir
     if layers:
@@ -182,7 +187,8 @@ def sweep(*, out: str, quick: bool, seed: int, data_dir: str | None, layers=None
 
 def sweep_table(rows, *, quick: bool) -> str:
     """The Markdown table of sweep results beside the published figures."""
-    setting = "quick (10,000 training images, 20 + 40 epochs)" if quick else "full (60,000 images, 50 + 100 epochs)"
+    setting = ("quick ({:,} training images, {} + {} epochs)".format(*MNIST_QUICK.values()) if quick
+               else "full (60,000 images, 50 + 100 epochs)")
     lines = [f"MNIST test error, {setting}; measured {time.strftime('%Y-%m-%d')}", "",
              "| hidden layers | workers | test error | published | wall | pre-training | fine-tuning |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
