@@ -198,6 +198,8 @@ def run_local(*, program: str, program_config: dict, shards, workers: int, outpu
     uris = list_shards(shards) if isinstance(shards, str) else list(shards)
     out = Path(output).resolve()
     out.mkdir(parents=True, exist_ok=True)
+    if not resume:  # a new run's log starts afresh; a resumed one continues it
+        (out / "log.jsonl").unlink(missing_ok=True)
     config = MasterConfig(
         program=program, program_config=program_config, shards=uris, workers=workers, token=new_token(),
         output=str(out), seed=seed, checkpoint_dir=str(out / "checkpoints"), checkpoint_every=checkpoint_every,

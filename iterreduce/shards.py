@@ -138,6 +138,10 @@ def write_shards(X: np.ndarray, y: np.ndarray | None, uri: str, n_shards: int, *
         X = X.astype(np.float32)
     fs, path = filesystem(uri)
     fs.create_dir(path, recursive=True)
+    # Shards of an earlier write (e.g. into more shards) would be read as part of this data set.
+    for stale in fs.get_file_info(pafs.FileSelector(path)):
+        if stale.base_name.startswith(f"{prefix}-") and stale.base_name.endswith(".parquet"):
+            fs.delete_file(stale.path)
     written = []
     for i, rows in enumerate(np.array_split(np.arange(X.shape[0]), n_shards)):
         flat = pa.array(X[rows].reshape(-1))

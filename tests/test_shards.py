@@ -224,3 +224,10 @@ def test_labels_needed_but_absent(tmp_path):
     assert read_shard(uri).labels is None  # fine when the job does not need them
     with pytest.raises(ShardError, match="part-00000.parquet: no 'label' column, but this job needs labels"):
         read_shard(uri, need_labels=True)
+
+
+def test_rewriting_into_fewer_shards_leaves_no_stale_shard(tmp_path):
+    X = np.random.default_rng(0).random((40, 4), dtype=np.float32)
+    write_shards(X, None, str(tmp_path / "s"), 4)
+    written = write_shards(X, None, str(tmp_path / "s"), 2)
+    assert list_shards(str(tmp_path / "s")) == written and len(written) == 2
