@@ -100,3 +100,11 @@ def test_quick_evaluation_learns_mnist(tmp_path):
     result = json.loads((tmp_path / "result.json").read_text())
     assert result["test_error"] < 0.05, result
     assert np.isfinite(result["sync_fraction"])
+
+
+def test_full_run_pretrains_longer_on_several_workers(tmp_path):
+    assert mnist_config(out=str(tmp_path), workers=1).model.pretrain_epochs == 50
+    assert mnist_config(out=str(tmp_path), workers=10).model.pretrain_epochs == 100
+    assert mnist_config(out=str(tmp_path), workers=10, quick=True).model.pretrain_epochs == 20
+    assert mnist_config(out=str(tmp_path), workers=10,
+                        overrides={"model.pretrain_epochs": 7}).model.pretrain_epochs == 7
