@@ -153,3 +153,23 @@ def test_kill_and_unknown_applications(yarn, hdfs, tmp_path, capsys):
     assert str(yarn.wait(app_id, timeout=60).state) == "KILLED"
     assert main(["status", "application_0_9999"]) == 2
     assert "application_0_9999: no such application" in capsys.readouterr().err
+
+
+def test_a_new_master_attempt_resumes_from_the_newest_checkpoint_on_hdfs(yarn, hdfs, tmp_path, capsys):
+    output = hdfs.uri("/user/test/attempts")
+    app_id = submit(capsys, job_file(tmp_path, output, epochs=8))
+    deadline = time.monotonic() + 120
+    while progress_step(yarn, app_id) < 4:
+        assert time.monotonic() < deadline and str(yarn.report(app_id).state) in ("ACCEPTED", "RUNNING", "SUBMITTED"), \
+            yarn.logs(app_id)
+        time.sleep(0.2)
+    yarn.kill_container(app_id, "master")  # the application master's container dies: YARN starts attempt 2
+    report = yarn.wait(app_id, timeout=240)
+    assert str(report.final_status) == "SUCCEEDED", (report.diagnostics, yarn.logs(app_id))
+    assert yarn.attempt(app_id) == 2
+    with hdfs.fs().open_input_stream("/user/test/attempts/log.jsonl") as f:
+        records = [json.loads(line) for line in f.read().decode().splitlines()]
+    resumed = [r for r in records if r.get("event") == "resumed"]
+    assert len(resumed) == 1 and resumed[0]["step"] >= 4, resumed
+    steps = [r["step"] for r in records if "step" in r and "phase" in r]
+    assert steps[0] == resumed[0]["step"] and steps[-1] == records[-2]["of"] - 1  # only what was left
