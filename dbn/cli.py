@@ -352,12 +352,11 @@ def cmd_submit(args) -> int:
     from iterreduce.yarn import client as yarn
     from .submit import prepare
 
-    y = args
+    yarn_flags = ("worker_memory", "worker_vcores", "worker_gpus", "queue", "node_label", "env", "python",
+                  "max_attempts", "principal", "keytab")
     cfg = load_config(args.config, _overrides(args, (
-        *_job_flags(args), ("cluster.workers", y.workers), ("yarn.worker_memory", y.worker_memory),
-        ("yarn.worker_vcores", y.worker_vcores), ("yarn.worker_gpus", y.worker_gpus), ("yarn.queue", y.queue),
-        ("yarn.node_label", y.node_label), ("yarn.env", y.env), ("yarn.python", y.python),
-        ("yarn.max_attempts", y.max_attempts), ("yarn.principal", y.principal), ("yarn.keytab", y.keytab))))
+        *_job_flags(args), ("cluster.workers", args.workers),
+        *((f"yarn.{name}", getattr(args, name)) for name in yarn_flags))))
     say = (lambda *a: None) if args.quiet else (lambda msg: print(f"dbn submit: {msg}", file=sys.stderr, flush=True))
     yarn.check_kerberos(cfg.yarn.principal, cfg.yarn.keytab)  # before any staging work
     try:
@@ -379,24 +378,25 @@ def cmd_submit(args) -> int:
     return 0
 
 
-def _follow(client, app_id: str, *, quiet: bool, poll: float = 2.0) -> int:
+def _follow(client, app_id: str, *, quiet: bool) -> int:
     """Print progress until the application ends; 0 if it succeeded."""
     from iterreduce.yarn import client as yarn
 
-    last = None
-    while True:
-        st = yarn.status(client, app_id)
-        line = st.describe().splitlines()[0] + (f" | {st.describe().splitlines()[1].strip()}" if st.record else "")
-        if line != last and not quiet:
+    shown = []
+
+    def show(st):
+        lines = st.describe().splitlines()
+        line = lines[0] + (f" | {lines[1].strip()}" if st.record else "")
+        if not quiet and line not in shown[-1:]:
             print(line, file=sys.stderr, flush=True)
-            last = line
-        if st.state in ("FINISHED", "FAILED", "KILLED"):
-            if st.final_status != "SUCCEEDED":
-                print(f"dbn: error: {app_id} ended {st.final_status}: {st.diagnostics or 'no diagnostics'}; "
-                      f"`dbn logs {app_id}` shows why", file=sys.stderr)
-                return 1
-            return 0
-        time.sleep(poll)
+            shown.append(line)
+
+    st = yarn.wait(client, app_id, on_status=show)
+    if st.final_status != "SUCCEEDED":
+        print(f"dbn: error: {app_id} ended {st.final_status}: {st.diagnostics or 'no diagnostics'}; "
+              f"`dbn logs {app_id}` shows why", file=sys.stderr)
+        return 1
+    return 0
 
 
 def cmd_mnist(args) -> int:

@@ -96,10 +96,9 @@ def prepare_validation(cfg: JobConfig, n: int, where: str) -> JobConfig:
     return replace(cfg, data=replace(cfg.data, limit=limit), cluster=replace(cfg.cluster, validation=uri))
 
 
-def test_error(model_path: str, mnist_dir: str | None) -> float:
-    """Error of the saved model on the 10,000 MNIST test images."""
+def test_error(model: DBN, mnist_dir: str | None) -> float:
+    """Error of ``model`` on the 10,000 MNIST test images."""
     data = load_mnist(mnist_dir)
-    model = DBN.load(model_path, device="cpu")
     return 1.0 - model.score(scale_images(data.x_test), data.y_test)
 
 
@@ -123,10 +122,9 @@ def run(cfg: JobConfig, *, validation: int = 0, yarn_report_dir: str | None = No
         cfg = prepare_validation(cfg, validation, str(out))
         (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
         figures = train_local(cfg, workers=cfg.cluster.workers, on_record=on_record)
-    error = test_error(str(out / "model.npz"), cfg.data.mnist_dir)
     model = DBN.load(out / "model.npz", device="cpu")
     result = {
-        "test_error": error,
+        "test_error": test_error(model, cfg.data.mnist_dir),
         "layers": [model.n_features_in_, *model.hidden_layers, model.n_classes_],
         "workers": cfg.cluster.workers, "sync_every": cfg.cluster.sync_every,
         "block_momentum": cfg.cluster.block_momentum,
@@ -157,11 +155,7 @@ def _run_yarn(cfg: JobConfig, local: Path, log) -> dict:
     client = yarn.connect(cfg.yarn.principal, cfg.yarn.keytab)
     app_id, url = yarn.submit(client, submission.spec)
     log(f"submitted {app_id} ({url or 'no tracking URL yet'})")
-    while True:
-        st = yarn.status(client, app_id)
-        if st.state in ("FINISHED", "FAILED", "KILLED"):
-            break
-        time.sleep(5)
+    st = yarn.wait(client, app_id, poll=5.0)
     if st.final_status != "SUCCEEDED":
         raise yarn.YarnError(f"{app_id} ended {st.final_status}: {st.diagnostics}; see `dbn logs {app_id}`")
     local.mkdir(parents=True, exist_ok=True)

@@ -173,3 +173,11 @@ def test_a_new_master_attempt_resumes_from_the_newest_checkpoint_on_hdfs(yarn, h
     assert len(resumed) == 1 and resumed[0]["step"] >= 4, resumed
     steps = [r["step"] for r in records if "step" in r and "phase" in r]
     assert steps[0] == resumed[0]["step"] and steps[-1] == records[-2]["of"] - 1  # only what was left
+
+
+def test_submit_wait_follows_the_job_to_its_end(yarn, hdfs, tmp_path, capsys):
+    assert main(["submit", job_file(tmp_path, hdfs.uri("/user/test/wait"), epochs=2, finetune=1), "--wait"]) == 0
+    out, err = capsys.readouterr()
+    app_id = out.strip()
+    assert f"{app_id}: FINISHED (SUCCEEDED), progress 100 %" in err
+    assert "superstep" in err  # progress lines while it ran

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -104,6 +105,20 @@ def status(client: skein.Client, app_id: str) -> Status:
         except Exception:  # noqa: BLE001 - the report alone is still an answer
             pass
     return result
+
+
+TERMINAL_STATES = ("FINISHED", "FAILED", "KILLED")
+
+
+def wait(client: skein.Client, app_id: str, poll: float = 2.0, on_status=None) -> Status:
+    """Poll the application until it ends; returns its last status. ``on_status`` sees each one."""
+    while True:
+        st = status(client, app_id)
+        if on_status:
+            on_status(st)
+        if st.state in TERMINAL_STATES:
+            return st
+        time.sleep(poll)
 
 
 def logs(client: skein.Client, app_id: str) -> str:
