@@ -27,7 +27,7 @@ from . import checkpoint, wire
 from .program import MASTER_ONLY, Program, Update, load_class, step_to_json
 from .proto import iterreduce_pb2 as pb
 from .proto import iterreduce_pb2_grpc as pb_grpc
-from .security import TokenInterceptor
+from .security import TlsCredentials, TokenInterceptor, server_credentials
 from .shards import ShardError, filesystem
 
 log = logging.getLogger("iterreduce.master")
@@ -429,14 +429,20 @@ class Master(pb_grpc.MasterServicer):
 
     # --------------------------------------------------------------- serve
 
-    def serve(self) -> tuple[grpc.Server, str]:
-        """Start the gRPC server; returns it and its ``host:port``."""
+    def serve(self, tls: TlsCredentials | None = None) -> tuple[grpc.Server, str]:
+        """Start the gRPC server; returns it and its ``host:port``.
+
+        With ``tls``, only clients presenting the same certificate can connect (mutual TLS);
+        the token is still checked. The credentials are an argument, not a config field, so
+        the key never reaches a job file.
+        """
         options = [("grpc.max_receive_message_length", wire.MAX_MESSAGE_BYTES),
                    ("grpc.max_send_message_length", wire.MAX_MESSAGE_BYTES)]
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4 * self.config.workers + 8),
                              interceptors=[TokenInterceptor(self.config.token)], options=options)
         pb_grpc.add_MasterServicer_to_server(self, server)
-        port = server.add_insecure_port(f"{self.config.host}:{self.config.port}")
+        bind = f"{self.config.host}:{self.config.port}"
+        port = server.add_insecure_port(bind) if tls is None else server.add_secure_port(bind, server_credentials(tls))
         server.start()
         threading.Thread(target=self._monitor, daemon=True).start()
         return server, f"{self.config.advertise_host or self.config.host}:{port}"

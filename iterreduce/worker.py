@@ -16,19 +16,24 @@ from . import wire
 from .program import Update, WorkerProgram, load_class, shard_seed, step_from_json
 from .proto import iterreduce_pb2 as pb
 from .proto import iterreduce_pb2_grpc as pb_grpc
-from .security import metadata
+from .security import TlsCredentials, channel_credentials, channel_options, metadata
 from .shards import ShardData, read_shard
 
 log = logging.getLogger("iterreduce.worker")
 
 
 class Worker:
-    """One worker process's loop. ``name`` is its stable identity across restarts."""
+    """One worker process's loop. ``name`` is its stable identity across restarts; with ``tls``
+    it connects over mutual TLS (on YARN), without it in plaintext (the local loopback cluster)."""
 
-    def __init__(self, address: str, token: str, name: str, device: str = "cpu", resources: dict | None = None):
+    def __init__(self, address: str, token: str, name: str, device: str = "cpu", resources: dict | None = None,
+                 tls: TlsCredentials | None = None):
         options = [("grpc.max_receive_message_length", wire.MAX_MESSAGE_BYTES),
                    ("grpc.max_send_message_length", wire.MAX_MESSAGE_BYTES)]
-        self.channel = grpc.insecure_channel(address, options=options)
+        if tls is None:
+            self.channel = grpc.insecure_channel(address, options=options)
+        else:  # mutual TLS: the master must present ``tls.cert``, and so does this worker
+            self.channel = grpc.secure_channel(address, channel_credentials(tls), options=options + channel_options(tls))
         self.stub = pb_grpc.MasterStub(self.channel)
         self.metadata = metadata(token)
         self.name = name

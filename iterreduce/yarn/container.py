@@ -9,6 +9,10 @@ newest checkpoint. A job error (bad shards, bad config, no workers) ends the
 application FAILED with the reason as its diagnostics; an unexpected crash
 exits non-zero so YARN starts another attempt while attempts remain.
 
+All master-worker gRPC is mutual TLS with the application's own certificate and
+key (skein gives every container of an application the same self-signed pair, so
+only this application's containers can connect); the job token is checked too.
+
 Worker: waits for the master's address in the key-value store, claims a worker
 slot there (a key it owns, so it vanishes when the container dies) and works as
 ``worker-K``. The slot, not skein's instance index (a restarted container gets a
@@ -30,7 +34,7 @@ import skein
 
 from .. import checkpoint
 from ..master import JobFailed, Master, MasterConfig
-from ..security import new_token
+from ..security import TlsCredentials, from_skein, new_token
 from ..shards import ShardError, filesystem, join, list_shards
 from . import KV_ADDRESS, KV_PROGRESS, KV_SLOT, KV_TOKEN
 
@@ -66,6 +70,15 @@ def master_config(job: dict, local_out: Path, token: str, resume: bool) -> Maste
     return MasterConfig(**fields)
 
 
+def app_credentials(app: skein.ApplicationClient) -> TlsCredentials:
+    """The application's certificate and key (its containers' ``.skein.crt`` / ``.skein.pem``),
+    for mutual TLS between master and workers. Missing ones fail the job: never plaintext on YARN."""
+    try:
+        return from_skein(app.security)
+    except (OSError, ValueError) as exc:
+        raise JobFailed(f"no TLS credentials for the master-worker connection: {exc}") from exc
+
+
 def upload_outputs(local_out: Path, output_uri: str) -> list[str]:
     """Copy the master's output files (model, log, ...) to ``output_uri``; returns their URIs."""
     fs, base = filesystem(output_uri)
@@ -73,7 +86,7 @@ def upload_outputs(local_out: Path, output_uri: str) -> list[str]:
     written = []
     for path in sorted(local_out.iterdir()):
         if path.is_file() and not path.name.startswith("."):
-            with open(path, "rb") as src, fs.open_output_stream(join(base, path.name)) as dst:
+            with open(path, "rb") as src, fs.open_output_stream(join(base, path.name), compression=None) as dst:
                 dst.write(src.read())
             written.append(join(output_uri, path.name))
     return written
@@ -85,13 +98,15 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
     job = read_job(job_file)
     local_out = Path("output").resolve()
     try:
+        tls = app_credentials(app)
         config = master_config(job, local_out, new_token(), resume=attempt > 1)
         master = Master(config)
         master.listeners.append(lambda record: _report(app, record))
-        server, address = master.serve()
+        server, address = master.serve(tls=tls)
         app.kv[KV_TOKEN] = config.token.encode()
         app.kv[KV_ADDRESS] = address.encode()  # last: a worker that sees the address finds the token too
-        log.info("attempt %d serving %d shards on %s", attempt, len(master.shards), address)
+        log.info("attempt %d serving %d shards on %s with mutual TLS (the application's certificate)",
+                 attempt, len(master.shards), address)
         master.run()
         written = upload_outputs(local_out, job["output"])
         log.info("outputs written: %s", ", ".join(written))
@@ -160,6 +175,7 @@ def run_worker(job_file: str, app: skein.ApplicationClient) -> int:
     from ..worker import Worker
 
     job = read_job(job_file)
+    tls = app_credentials(app)
     address = app.kv.wait(KV_ADDRESS).decode()
     token = app.kv.wait(KV_TOKEN).decode()
     host = os.environ.get("NM_HOST") or socket.getfqdn()
@@ -169,7 +185,7 @@ def run_worker(job_file: str, app: skein.ApplicationClient) -> int:
     logging.getLogger().handlers[0].setFormatter(logging.Formatter(f"%(asctime)s {name} %(levelname)s %(message)s"))
     log.info("working as %s for the master at %s", name, address)
     return Worker(address, token, name, os.environ.get("ITERREDUCE_DEVICE", "cpu"),
-                  resources={"container": os.environ.get("CONTAINER_ID"), "host": host}).run()
+                  resources={"container": os.environ.get("CONTAINER_ID"), "host": host}, tls=tls).run()
 
 
 def main(argv=None) -> int:
