@@ -161,7 +161,7 @@ def _run_yarn(cfg: JobConfig, local: Path, log) -> dict:
     local.mkdir(parents=True, exist_ok=True)
     fs, base = filesystem(cfg.output.dir)
     for name in ("model.npz", "log.jsonl"):
-        with fs.open_input_stream(join(base, name)) as src:
+        with fs.open_input_stream(join(base, name), compression=None) as src:
             (local / name).write_bytes(src.read())
     return {**timings(local / "log.jsonl"), "app_id": app_id}
 

@@ -40,7 +40,7 @@ def save(directory: str, step: int, header: dict, arrays: dict, keep: int = 2) -
     fs.create_dir(path, recursive=True)
     name = f"ckpt-{step:09d}.npz"
     tmp = join(path, f".{name}.tmp")
-    with fs.open_output_stream(tmp) as out:
+    with fs.open_output_stream(tmp, compression=None) as out:  # the bytes as given, whatever the name
         out.write(_encode({**header, "step": step}, arrays))
     final = join(path, name)
     if fs.get_file_info(final).type != pafs.FileType.NotFound:

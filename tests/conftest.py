@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from itertools import product
 from pathlib import Path
 
@@ -131,21 +132,28 @@ def mnist_small():
 
 
 @pytest.fixture(scope="session")
-def hdfs(tmp_path_factory):
-    """A real HDFS for the session: a started :class:`minihdfs.MiniHDFS` (NameNode +
-    DataNode on 127.0.0.1), stopped at the end. Tests should each work under a
-    directory of their own. Skips only when Java 17+ is missing; when the Hadoop jars
-    cannot be had (first use downloads them from PyPI) the tests fail, saying why."""
-    from minihdfs import HadoopJarsError, MiniHDFS, ensure_hadoop_jars, java_available
+def hadoop(tmp_path_factory):
+    """A real single-node Hadoop 3 for the session (:class:`minihadoop.MiniHadoop`: HDFS + YARN
+    in one JVM, containers as real processes), stopped at the end, also when tests fail.
+    Skips only when Java 17+ or Maven is missing; when the cluster cannot start (or its
+    jars cannot be fetched) the tests fail, saying why. ``DBN_HADOOP_KEEP=1`` keeps its folder
+    (data and every daemon's and container's logs) for a look after the session."""
+    from minihadoop import HadoopError, MiniHadoop, ToolMissing
 
-    reason = java_available()
-    if reason:
-        pytest.skip(reason)
     try:
-        jars, failure = ensure_hadoop_jars(), None
-    except HadoopJarsError as exc:
-        jars, failure = None, str(exc)
-    if failure:
-        pytest.fail(f"cannot start the real HDFS: {failure}", pytrace=False)
-    with MiniHDFS(jars, base_dir=tmp_path_factory.mktemp("hdfs")) as cluster:
+        cluster = MiniHadoop(base_dir=tmp_path_factory.mktemp("hadoop"),
+                             keep=bool(os.environ.get("DBN_HADOOP_KEEP"))).start()
+    except ToolMissing as exc:
+        pytest.skip(str(exc))
+    except HadoopError as exc:
+        pytest.fail(f"cannot start the real Hadoop: {exc}", pytrace=False)
+    try:
         yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def hdfs(hadoop):
+    """The session's HDFS (the same Hadoop as YARN's); tests each work under a directory of their own."""
+    return hadoop

@@ -1,4 +1,4 @@
-"""The project's file I/O against a real HDFS (NameNode + DataNode from tests/minihdfs.py).
+"""The project's file I/O against a real HDFS (the NameNode and DataNode of tests/minihadoop.py).
 
 Everything goes through the project's own ``hdfs://`` path (``iterreduce.shards.
 filesystem``: hdfs-native under pyarrow); the ``hdfs`` fixture's own client
@@ -270,3 +270,20 @@ def test_upload_outputs_copies_the_masters_files_to_hdfs(hdfs, base, tmp_path):
     upload_outputs(tmp_path, f"{uri}/out")
     with hdfs.fs().open_input_file(f"{path}/out/model.npz") as f:
         assert f.read() == b"second attempt"
+
+
+def test_outputs_named_like_compressed_files_land_byte_for_byte(hdfs, base, tmp_path):
+    """pyarrow's streams compress or decompress by the file name's extension unless told not to:
+    an output named *.gz (or .bz2, .zst, ...) must reach HDFS exactly as written, as other
+    Hadoop tools (``hdfs dfs -get``, YARN's localizer) read it."""
+    from iterreduce.yarn.container import upload_outputs
+
+    uri, path = base
+    payload = {"embeddings.csv.gz": b"\x1f\x8b" + bytes(range(256)) * 4, "notes.bz2": b"BZh9 not really",
+               "table.zst": b"plain bytes"}
+    for name, data in payload.items():
+        (tmp_path / name).write_bytes(data)
+    upload_outputs(tmp_path, f"{uri}/out")
+    raw = hdfs.fsspec()  # hdfs-native directly: no pyarrow stream in between
+    for name, data in payload.items():
+        assert raw.cat_file(f"{path}/out/{name}") == data, name

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,8 +56,41 @@ def connect(principal: str | None = None, keytab: str | None = None) -> skein.Cl
                         f"on PATH and HADOOP_CONF_DIR points at the cluster's configuration") from exc
 
 
+_RESOURCES = (("memory", "MiB of memory"), ("vcores", "vcores"), ("gpus", "GPUs (yarn.io/gpu)"))
+
+
+def check_fits(client: skein.Client, spec: skein.ApplicationSpec) -> None:
+    """Raise :class:`YarnError` if the cluster can never run ``spec``: a container larger than
+    every node, or more of a resource in all containers together than all nodes have.
+
+    YARN itself would leave such an application waiting (or fail it deep inside the
+    application master), so ask the ResourceManager's node reports first.
+    """
+    try:
+        nodes = [n for n in client.get_nodes() if str(n.state) == "RUNNING"]
+    except (skein.exceptions.DriverError, ValueError, ConnectionError):
+        return  # no node reports (e.g. no permission): let YARN decide
+    if not nodes:
+        raise YarnError("the cluster has no running NodeManager: nothing could run the application")
+    wanted = [("the application master", spec.master.resources, 1)]
+    wanted += [(f"each {name!r} container", s.resources, s.instances) for name, s in spec.services.items()]
+    for attr, unit in _RESOURCES:
+        largest = max(getattr(n.total_resources, attr) for n in nodes)
+        total = sum(getattr(n.total_resources, attr) for n in nodes)
+        for what, res, _ in wanted:
+            if getattr(res, attr) > largest:
+                raise YarnError(f"{what} asks for {getattr(res, attr)} {unit}, but the largest of the cluster's "
+                                f"{len(nodes)} nodes has {largest}: YARN could never place it")
+        needed = sum(getattr(res, attr) * count for _, res, count in wanted)
+        if needed > total:
+            raise YarnError(f"the application needs {needed} {unit} at once (master and all workers), but the "
+                            f"cluster's {len(nodes)} nodes have {total} in all: use fewer workers or less per worker")
+
+
 def submit(client: skein.Client, spec: skein.ApplicationSpec) -> tuple[str, str]:
-    """Submit ``spec``; returns the application id and its tracking URL."""
+    """Check that the cluster can run ``spec`` (:func:`check_fits`), submit it; returns the
+    application id and its tracking URL."""
+    check_fits(client, spec)
     try:
         app_id = client.submit(spec)
         report = client.application_report(app_id)
@@ -122,13 +157,38 @@ def wait(client: skein.Client, app_id: str, poll: float = 2.0, on_status=None) -
 
 
 def logs(client: skein.Client, app_id: str) -> str:
-    """The application's aggregated container logs, one section per container."""
+    """The application's container logs, one section per container.
+
+    skein reads aggregated logs where Hadoop up to 3.2 writes them; Hadoop 3.3+ writes them
+    into ``bucket-*`` folders that skein 0.8 does not know, and only the cluster's own
+    ``yarn logs`` reads both (and running containers' logs too), so that is the fallback.
+    """
     try:
         parts = client.application_logs(app_id)
+        return "\n".join(f"===== {container} =====\n{text}" for container, text in sorted(parts.items()))
     except (skein.exceptions.DriverError, ValueError, KeyError) as exc:
-        raise YarnError(f"{app_id}: no logs ({exc}); log aggregation may still be running: try again, or "
-                        f"`yarn logs -applicationId {app_id}`") from exc
-    return "\n".join(f"===== {container} =====\n{text}" for container, text in sorted(parts.items()))
+        reason = str(exc)
+    text, why = _yarn_logs(app_id)
+    if text is None:
+        raise YarnError(f"{app_id}: no logs (skein: {reason}; yarn logs: {why}); log aggregation may still "
+                        f"be running: try again in a minute")
+    return text
+
+
+def _yarn_logs(app_id: str, timeout: float = 300) -> tuple[str | None, str]:
+    """``yarn logs -applicationId APP``'s output, or None and why not."""
+    yarn = shutil.which("yarn")
+    if yarn is None:
+        return None, "no `yarn` command on PATH"
+    try:
+        proc = subprocess.run([yarn, "logs", "-applicationId", app_id], capture_output=True, text=True,
+                              timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, str(exc)
+    if proc.returncode != 0 or "LogType:" not in proc.stdout:
+        lines = [line for line in proc.stderr.splitlines() if " INFO " not in line and " WARN " not in line]
+        return None, (lines[-1] if lines else f"exit {proc.returncode}, no logs")
+    return proc.stdout, ""
 
 
 def kill(client: skein.Client, app_id: str) -> None:

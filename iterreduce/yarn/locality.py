@@ -9,6 +9,7 @@ anywhere.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import shutil
@@ -41,6 +42,7 @@ def parse_fsck(text: str) -> dict[str, list[str]]:
     return {path: sorted(hosts, key=lambda h: -hosts[h]) for path, hosts in result.items()}
 
 
+@functools.lru_cache(maxsize=1024)
 def _hostname(address: str) -> str:
     try:
         return socket.gethostbyaddr(address)[0]
@@ -48,22 +50,37 @@ def _hostname(address: str) -> str:
         return address
 
 
-def block_hosts(uris: list[str], timeout: float = 60.0) -> dict[str, list[str]]:
-    """``{uri: [hosts]}`` for the shards on HDFS, or ``{}`` where it cannot be known."""
+def block_hosts(uris: list[str], timeout: float = 120.0) -> dict[str, list[str]]:
+    """``{uri: [hosts]}`` for the shards on HDFS, or ``{}`` where it cannot be known.
+
+    ``hdfs fsck`` checks one path at a time, so this runs it once per folder of shards
+    (usually one) and picks the shards' files out of its report.
+    """
     hdfs_uris = [u for u in uris if urlparse(u).scheme in ("hdfs", "viewfs")]
     hdfs = shutil.which("hdfs")
     if not hdfs_uris or not hdfs:
         if hdfs_uris:
             log.info("no `hdfs` command on PATH: no data locality for the workers")
         return {}
-    try:
-        proc = subprocess.run([hdfs, "fsck", *hdfs_uris, "-files", "-blocks", "-locations"],
-                              capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        log.warning("hdfs fsck failed (%s): no data locality", exc)
-        return {}
-    by_path = parse_fsck(proc.stdout)
-    return {uri: [_hostname(h) for h in by_path.get(urlparse(uri).path, [])] for uri in hdfs_uris}
+    folders: dict[str, list[str]] = {}
+    for uri in hdfs_uris:
+        folders.setdefault(uri.rsplit("/", 1)[0], []).append(uri)
+    found: dict[str, list[str]] = {}
+    for folder, members in folders.items():
+        try:
+            proc = subprocess.run([hdfs, "fsck", folder, "-files", "-blocks", "-locations"],
+                                  capture_output=True, text=True, timeout=timeout)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            log.warning("hdfs fsck %s failed (%s): no data locality", folder, exc)
+            return {}
+        by_path = parse_fsck(proc.stdout)
+        if proc.returncode != 0 or not by_path:
+            said = (proc.stderr or proc.stdout).strip().splitlines()
+            log.warning("hdfs fsck %s failed (%s): no data locality", folder, said[-1] if said else proc.returncode)
+            return {}
+        for uri in members:
+            found[uri] = [_hostname(h) for h in by_path.get(urlparse(uri).path, [])]
+    return found
 
 
 def slot_hosts(uris: list[str], workers: int, hosts: dict[str, list[str]]) -> list[list[str]]:

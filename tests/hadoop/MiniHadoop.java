@@ -1,0 +1,75 @@
+// A single-node Hadoop 3 in one JVM: MiniDFSCluster (NameNode + DataNode) and
+// MiniYARNCluster (ResourceManager + NodeManager, whose containers are real processes).
+//
+// Run by tests/minihadoop.py in Java's source-file mode (no build step):
+//   java -cp 'CONF:JARS/*' MiniHadoop.java CONF_DIR [key=value ...]
+// in the directory that is to hold the cluster's data (MiniYARNCluster works under ./target).
+// Settings come as key=value arguments. Once both clusters are up, the client
+// configuration (core-site.xml, hdfs-site.xml, yarn-site.xml) is written to CONF_DIR,
+// and then CONF_DIR/ready, which readers wait for. The JVM runs until it is
+// terminated (SIGTERM or Ctrl-C stop both clusters cleanly).
+
+import java.io.File;
+import java.io.FileOutputStream;
+import java.io.OutputStream;
+import java.nio.file.Files;
+import java.nio.file.StandardCopyOption;
+
+import org.apache.hadoop.conf.Configuration;
+import org.apache.hadoop.fs.FileSystem;
+import org.apache.hadoop.fs.Path;
+import org.apache.hadoop.hdfs.MiniDFSCluster;
+import org.apache.hadoop.security.UserGroupInformation;
+import org.apache.hadoop.yarn.conf.YarnConfiguration;
+import org.apache.hadoop.yarn.server.MiniYARNCluster;
+
+public class MiniHadoop {
+  public static void main(String[] args) throws Exception {
+    File confDir = new File(args[0]);
+    Configuration conf = new YarnConfiguration();
+    for (int i = 1; i < args.length; i++) {
+      String[] kv = args[i].split("=", 2);
+      conf.set(kv[0], kv[1]);
+    }
+    conf.set(MiniDFSCluster.HDFS_MINIDFS_BASEDIR, new File("dfs").getAbsolutePath());
+
+    MiniDFSCluster dfs = new MiniDFSCluster.Builder(conf).numDataNodes(1).format(true).build();
+    dfs.waitActive();
+    conf.set("fs.defaultFS", dfs.getFileSystem().getUri().toString());
+    // Users' home directories: skein stages each application under ~/.skein.
+    FileSystem fs = dfs.getFileSystem();
+    String user = UserGroupInformation.getCurrentUser().getShortUserName();
+    fs.mkdirs(new Path("/user/" + user));
+    fs.mkdirs(new Path("/tmp/logs"));
+    fs.setPermission(new Path("/tmp"), new org.apache.hadoop.fs.permission.FsPermission((short) 01777));
+    fs.setPermission(new Path("/tmp/logs"), new org.apache.hadoop.fs.permission.FsPermission((short) 01777));
+
+    MiniYARNCluster yarn = new MiniYARNCluster("dbn-yarn", 1, 1, 1, 1);
+    yarn.init(conf);
+    yarn.start();
+    if (!yarn.waitForNodeManagersToConnect(60000)) {
+      throw new IllegalStateException("the NodeManager did not register with the ResourceManager in 60 s");
+    }
+    Runtime.getRuntime().addShutdownHook(new Thread(() -> {
+      yarn.stop();
+      dfs.shutdown();
+    }));
+
+    // The ResourceManager's configuration now holds every address actually bound.
+    Configuration live = yarn.getConfig();
+    confDir.mkdirs();
+    for (String name : new String[] {"core-site.xml", "hdfs-site.xml", "yarn-site.xml"}) {
+      File tmp = new File(confDir, name + ".tmp");
+      try (OutputStream out = new FileOutputStream(tmp)) {
+        live.writeXml(out);
+      }
+      Files.move(tmp.toPath(), new File(confDir, name).toPath(), StandardCopyOption.REPLACE_EXISTING);
+    }
+    Files.writeString(new File(confDir, "ready").toPath(), live.get("fs.defaultFS") + "\n"
+        + live.get(YarnConfiguration.RM_ADDRESS) + "\n" + live.get(YarnConfiguration.RM_WEBAPP_ADDRESS) + "\n"
+        + live.get("dfs.namenode.http-address") + "\n");
+    System.out.println("MiniHadoop ready: " + live.get("fs.defaultFS") + ", ResourceManager "
+        + live.get(YarnConfiguration.RM_ADDRESS));
+    Thread.currentThread().join();  // until terminated
+  }
+}

@@ -1,0 +1,396 @@
+"""A real, throw-away single-node Hadoop 3 (HDFS + YARN) on this machine.
+
+Hadoop's own test clusters, MiniDFSCluster and MiniYARNCluster, run a real NameNode,
+DataNode, ResourceManager and NodeManager in one JVM (``hadoop/MiniHadoop.java``);
+the NodeManager starts containers as real processes. Nothing is built:
+
+- :func:`ensure_jars` has Maven copy ``org.apache.hadoop:hadoop-minicluster`` and its
+  dependencies (``hadoop/pom.xml``, about 115 MB) into a per-user cache once;
+- :class:`MiniHadoop` starts the JVM in a fresh directory, waits until the client
+  configuration is written, and gives what clients need: ``HADOOP_CONF_DIR`` and a
+  ``bin/`` with ``yarn`` and ``hdfs`` scripts, so that skein's own Java driver
+  (which runs ``yarn classpath --glob``) and a person's ``yarn logs`` work unmodified.
+
+The cluster has log aggregation on and declares ``yarn.io/gpu`` as a countable
+resource with ``gpus`` units on the NodeManager (no GPU is used: YARN only counts them).
+
+By hand, for a person who wants to try ``dbn submit`` without a cluster::
+
+    .venv/bin/python tests/minihadoop.py          # prints the exports, Ctrl-C stops it
+
+Environment: ``DBN_HADOOP_JARS`` (a folder of Hadoop jars to use as is),
+``XDG_CACHE_HOME`` (the cache is ``$XDG_CACHE_HOME/dbn-yarn/hadoop-VERSION``, under
+``~/.cache`` when unset), ``JAVA_HOME``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Self
+from xml.sax.saxutils import escape
+
+HERE = Path(__file__).resolve().parent / "hadoop"
+POM = HERE / "pom.xml"
+LAUNCHER = HERE / "MiniHadoop.java"
+HADOOP_VERSION = re.search(r"<hadoop.version>([^<]+)<", POM.read_text()).group(1)  # one place: the pom
+JARS_ENV = "DBN_HADOOP_JARS"
+MIN_JAVA = 17
+
+
+class HadoopError(RuntimeError):
+    """The cluster could not be set up or started; the message says why."""
+
+
+class ToolMissing(HadoopError):
+    """Java or Maven is not installed (tests skip on this, and only on this)."""
+
+
+# ---------------------------------------------------------------- Java and Maven
+
+
+def java_executable() -> str | None:
+    """``$JAVA_HOME/bin/java`` if present, else ``java`` on PATH."""
+    home = os.environ.get("JAVA_HOME")
+    if home and os.access(Path(home) / "bin" / "java", os.X_OK):
+        return str(Path(home) / "bin" / "java")
+    return shutil.which("java")
+
+
+def java_home() -> str:
+    """The JDK the cluster and its containers run on; raises :class:`ToolMissing` without Java 17+."""
+    java = java_executable()
+    if java is None:
+        raise ToolMissing("no Java: neither $JAVA_HOME/bin/java nor java on PATH (a real Hadoop needs JDK 17+)")
+    out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60)
+    match = re.search(r'version "(\d+)', out.stderr + out.stdout)
+    if not match or int(match.group(1)) < MIN_JAVA:
+        raise ToolMissing(f"{java} is not Java {MIN_JAVA}+ ({(out.stderr or out.stdout).strip()[:80]})")
+    return os.environ.get("JAVA_HOME") or str(Path(java).resolve().parents[1])
+
+
+def cache_dir() -> Path:
+    """Where :func:`ensure_jars` keeps the jars."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "dbn-yarn" / f"hadoop-{HADOOP_VERSION}"
+
+
+def ensure_jars() -> Path:
+    """The folder of Hadoop jars: ``$DBN_HADOOP_JARS``, or the cache, filled by Maven on first use.
+
+    Maven copies into a temporary folder that is renamed into place when complete, so an
+    interrupted download never leaves a half-filled cache; a file lock keeps parallel
+    sessions from downloading twice. Raises :class:`ToolMissing` without ``mvn`` and
+    :class:`HadoopError` (with Maven's output) when the download fails.
+    """
+    given = os.environ.get(JARS_ENV)
+    if given:
+        jars = Path(given).expanduser()
+        if not list(jars.glob("hadoop-minicluster-*.jar")):
+            raise HadoopError(f"${JARS_ENV}={jars}: holds no hadoop-minicluster-*.jar")
+        return jars
+    target = cache_dir() / "jars"
+    if (target / ".complete").is_file():
+        return target
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise ToolMissing("no Maven (mvn) on PATH: it fetches Hadoop's jars from Maven Central on first use")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (target / ".complete").is_file():
+            return target
+        staged = Path(tempfile.mkdtemp(prefix=".jars-", dir=target.parent))
+        started = time.monotonic()
+        print(f"fetching the Hadoop {HADOOP_VERSION} jars with Maven into {target} (once)", file=sys.stderr)
+        proc = subprocess.run([mvn, "-B", "-q", "-f", str(POM), "dependency:copy-dependencies",
+                               f"-DoutputDirectory={staged}"], capture_output=True, text=True)
+        if proc.returncode != 0:
+            shutil.rmtree(staged, ignore_errors=True)
+            raise HadoopError(f"Maven could not fetch the Hadoop {HADOOP_VERSION} jars (is Maven Central "
+                              f"reachable?):\n" + (proc.stdout + proc.stderr)[-3000:])
+        size = sum(p.stat().st_size for p in staged.glob("*.jar"))
+        (staged / ".complete").write_text(f"{len(list(staged.glob('*.jar')))} jars, {size} bytes, "
+                                          f"{time.monotonic() - started:.0f} s\n")
+        shutil.rmtree(target, ignore_errors=True)
+        staged.rename(target)
+    return target
+
+
+# ---------------------------------------------------------------- the cluster
+
+
+def _site_xml(properties: dict[str, object]) -> str:
+    body = "".join(f"  <property><name>{escape(k)}</name><value>{escape(str(v))}</value></property>\n"
+                   for k, v in properties.items())
+    return f'<?xml version="1.0"?>\n<configuration>\n{body}</configuration>\n'
+
+
+def _death_signal():
+    """A ``preexec_fn`` that has Linux SIGTERM the JVM should this process die without stopping it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
+    return lambda: prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG; SIGTERM runs the JVM's clean stop
+
+
+_LOG4J = """\
+log4j.rootLogger=WARN, console
+log4j.appender.console=org.apache.log4j.ConsoleAppender
+log4j.appender.console.target=System.err
+log4j.appender.console.layout=org.apache.log4j.PatternLayout
+log4j.appender.console.layout.ConversionPattern=%d{ISO8601} %p %c{2}: %m%n
+log4j.logger.org.apache.hadoop.util.NativeCodeLoader=ERROR
+"""
+
+# `yarn SUBCOMMAND` and `hdfs SUBCOMMAND` -> (main class, whether it takes the subcommand as its first argument),
+# as Hadoop's own scripts map them; `yarn classpath` is answered by the script itself (skein's driver calls it).
+_COMMANDS = {
+    "yarn": {"application": ("org.apache.hadoop.yarn.client.cli.ApplicationCLI", True),
+             "applicationattempt": ("org.apache.hadoop.yarn.client.cli.ApplicationCLI", True),
+             "container": ("org.apache.hadoop.yarn.client.cli.ApplicationCLI", True),
+             "node": ("org.apache.hadoop.yarn.client.cli.NodeCLI", False),
+             "logs": ("org.apache.hadoop.yarn.client.cli.LogsCLI", False)},
+    "hdfs": {"dfs": ("org.apache.hadoop.fs.FsShell", False),
+             "fsck": ("org.apache.hadoop.hdfs.tools.DFSck", False),
+             "getconf": ("org.apache.hadoop.hdfs.tools.GetConf", False)},
+}
+
+
+def _script(name: str, java: str, classpath: str) -> str:
+    cases = "".join(f'  {sub}) main={main}; {"" if keep else "shift; "};;\n'
+                    for sub, (main, keep) in _COMMANDS[name].items())
+    return (f"#!/bin/sh\n# `{name}` of a MiniHadoop: the subcommands below, as Hadoop's own script runs them.\n"
+            f"CLASSPATH='{classpath}'\n"
+            + ('if [ "$1" = classpath ]; then echo "$CLASSPATH"; exit 0; fi\n' if name == "yarn" else "")
+            + f'case "$1" in\n{cases}'
+            f'  *) echo "{name} $1: not available in this MiniHadoop (it has: {" ".join(_COMMANDS[name])})" >&2;'
+            f' exit 1;;\nesac\nexec "{java}" -cp "$CLASSPATH" "$main" "$@"\n')
+
+
+class MiniHadoop:
+    """HDFS + YARN on one node, in a fresh directory; ``start()``/``stop()`` or a context manager.
+
+    ``gpus``: ``yarn.io/gpu`` units the NodeManager declares; ``memory_mb``/``vcores``: its
+    capacity for containers; ``conf``: more Hadoop settings; ``base_dir``: parent of the
+    cluster's directory; ``keep``: leave that directory (data and logs) after ``stop()``.
+    """
+
+    def __init__(self, *, gpus: int = 2, memory_mb: int = 8192, vcores: int = 8, heap: str = "1g",
+                 conf: dict[str, object] | None = None, base_dir: str | os.PathLike | None = None,
+                 keep: bool = False, startup_timeout: float = 180.0):
+        self.gpus, self.memory_mb, self.vcores, self.heap = gpus, memory_mb, vcores, heap
+        self.extra_conf = dict(conf or {})
+        self.base_dir, self.keep, self.startup_timeout = base_dir, keep, startup_timeout
+        self.dir: Path | None = None
+        self.url = self.rm_address = self.rm_web = self.nn_http = ""
+        self._proc: subprocess.Popen | None = None
+
+    # -------------------------------------------------------- what clients use
+
+    @property
+    def conf_dir(self) -> Path:
+        return self.dir / "conf"
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.dir / "bin"
+
+    @property
+    def log_file(self) -> Path:
+        return self.dir / "minihadoop.log"
+
+    def env(self) -> dict[str, str]:
+        """Environment variables a client needs: HADOOP_CONF_DIR, JAVA_HOME, and PATH with ``yarn``/``hdfs``."""
+        return {"HADOOP_CONF_DIR": str(self.conf_dir), "JAVA_HOME": self._java_home,
+                "PATH": f"{self.bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+    def uri(self, path: str) -> str:
+        """The full ``hdfs://`` URI of absolute ``path``."""
+        return self.url + "/" + path.lstrip("/")
+
+    def fsspec(self):
+        """An fsspec file system (hdfs-native's, no JVM) on this HDFS."""
+        from hdfs_native.fsspec import HdfsFileSystem
+
+        host, port = self.url.removeprefix("hdfs://").split(":")
+        return HdfsFileSystem(host=host, port=int(port), skip_instance_cache=True)
+
+    def fs(self):
+        """A ``pyarrow.fs.FileSystem`` on this HDFS; paths are absolute."""
+        import pyarrow.fs as pafs
+
+        return pafs.PyFileSystem(pafs.FSSpecHandler(self.fsspec()))
+
+    def run(self, tool: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        """Run this cluster's ``yarn`` or ``hdfs`` script (e.g. ``run("hdfs", "dfs", "-ls", "/")``)."""
+        return subprocess.run([str(self.bin_dir / tool), *args], capture_output=True, text=True, timeout=timeout,
+                              env={**os.environ, **self.env()})
+
+    @property
+    def running(self) -> bool:
+        return self._proc is not None and self._proc.poll() is None
+
+    # -------------------------------------------------------- life cycle
+
+    def start(self) -> Self:
+        """Start HDFS and YARN; returns once the NodeManager has registered and the configuration is written."""
+        if self._proc is not None:
+            raise HadoopError("MiniHadoop already started")
+        self._java_home = java_home()
+        jars = ensure_jars()
+        self.dir = Path(tempfile.mkdtemp(prefix="minihadoop-", dir=self.base_dir))
+        try:
+            self._start(jars)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Stop the JVM (it stops its containers first) and remove the directory unless ``keep``. Idempotent."""
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                self._proc.terminate()  # the JVM's shutdown hook stops YARN (and its containers), then HDFS
+                try:
+                    self._proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    self._proc.kill()
+                    self._proc.wait()
+            self._proc = None
+        if self.dir is not None:
+            _kill_leftovers(self.dir)
+            if not self.keep:
+                shutil.rmtree(self.dir, ignore_errors=True)
+                self.dir = None
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"<MiniHadoop {self.url or 'stopped'} RM {self.rm_address or '-'}>"
+
+    # -------------------------------------------------------- internals
+
+    def _settings(self, jars: Path) -> dict[str, object]:
+        return {
+            "dfs.replication": 1,
+            "yarn.minicluster.yarn.nodemanager.resource.memory-mb": self.memory_mb,  # MiniYARNCluster's own key
+            "yarn.nodemanager.resource.cpu-vcores": self.vcores,
+            "yarn.scheduler.minimum-allocation-mb": 128,
+            "yarn.nodemanager.vmem-check-enabled": "false",  # virtual memory means little on 64-bit Linux
+            "yarn.nodemanager.disk-health-checker.max-disk-utilization-per-disk-percentage": 100,
+            "yarn.log-aggregation-enable": "true",
+            # The minicluster jar has no capacity-scheduler.xml: one queue, and GPUs counted by the scheduler.
+            "yarn.scheduler.capacity.root.queues": "default",
+            "yarn.scheduler.capacity.root.default.capacity": 100,
+            "yarn.scheduler.capacity.maximum-am-resource-percent": 0.5,
+            "yarn.scheduler.capacity.resource-calculator":
+                "org.apache.hadoop.yarn.util.resource.DominantResourceCalculator",
+            # What skein's application master and our containers run Java with.
+            "yarn.application.classpath": f"{self.conf_dir},{jars}/*",
+            **self.extra_conf,
+        }
+
+    def _start(self, jars: Path) -> None:
+        conf, bin_dir = self.conf_dir, self.bin_dir
+        conf.mkdir()
+        bin_dir.mkdir()
+        # Read by every JVM that has the conf folder on its classpath: the cluster, skein's driver and
+        # application master, and the scripts' tools (so all know the GPU resource type).
+        (conf / "resource-types.xml").write_text(_site_xml({"yarn.resource-types": "yarn.io/gpu"}))
+        (conf / "node-resources.xml").write_text(
+            _site_xml({"yarn.nodemanager.resource-type.yarn.io/gpu": self.gpus}))
+        (conf / "log4j.properties").write_text(_LOG4J)
+        java = str(Path(self._java_home) / "bin" / "java")
+        classpath = f"{conf}:{jars}/*"
+        for tool in _COMMANDS:
+            (bin_dir / tool).write_text(_script(tool, java, classpath))
+            (bin_dir / tool).chmod(0o755)
+        work = self.dir / "cluster"
+        work.mkdir()
+        (work / "log4j.properties").write_text(_LOG4J.replace("WARN, console", "INFO, console"))
+        command = [java, f"-Xmx{self.heap}", "-Dlog4j.configuration=file:" + str(work / "log4j.properties"),
+                   "-cp", f"{conf}:{jars}/*", str(LAUNCHER), str(conf),
+                   *(f"{k}={v}" for k, v in self._settings(jars).items())]
+        env = {**os.environ, **self.env()}
+        with open(self.log_file, "wb") as log:
+            self._proc = subprocess.Popen(command, cwd=work, stdin=subprocess.DEVNULL, stdout=log,
+                                          stderr=subprocess.STDOUT, env=env, preexec_fn=_death_signal())
+        deadline = time.monotonic() + self.startup_timeout
+        ready = conf / "ready"
+        while not ready.is_file():
+            if self._proc.poll() is not None:
+                raise HadoopError(f"the MiniHadoop JVM exited with {self._proc.returncode}:\n{self._tail()}")
+            if time.monotonic() > deadline:
+                raise HadoopError(f"MiniHadoop not up after {self.startup_timeout:.0f} s:\n{self._tail()}")
+            time.sleep(0.5)
+        self.url, self.rm_address, self.rm_web, self.nn_http = ready.read_text().split()[:4]
+
+    def _tail(self, lines: int = 40) -> str:
+        with contextlib.suppress(OSError):
+            text = self.log_file.read_text(errors="replace").splitlines()
+            errors = [line for line in text if "ERROR" in line or "Exception" in line][-10:]
+            return "\n".join(errors + ["..."] + text[-lines:])
+        return "(no log)"
+
+
+def _kill_leftovers(directory: Path) -> None:
+    """SIGKILL processes still running from ``directory`` (containers of a JVM that was itself killed)."""
+    mark = str(directory).encode()
+    for proc in Path("/proc").glob("[0-9]*"):
+        with contextlib.suppress(OSError, ValueError):
+            if int(proc.name) != os.getpid() and mark in (proc / "cmdline").read_bytes():
+                os.kill(int(proc.name), signal.SIGKILL)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python tests/minihadoop.py``: start the cluster, print how to use it, run until Ctrl-C."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gpus", type=int, default=2, help="yarn.io/gpu units to declare (default 2)")
+    parser.add_argument("--memory-mb", type=int, default=8192, help="NodeManager memory for containers")
+    parser.add_argument("--keep", action="store_true", help="keep the cluster's directory (data, logs)")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    try:
+        cluster = MiniHadoop(gpus=args.gpus, memory_mb=args.memory_mb, keep=args.keep).start()
+    except HadoopError as exc:
+        print(f"minihadoop: {exc}", file=sys.stderr)
+        return 1
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        env = cluster.env()
+        print(f"Hadoop {HADOOP_VERSION} up in {time.monotonic() - started:.0f} s: HDFS {cluster.url}, "
+              f"ResourceManager {cluster.rm_address} (web http://{cluster.rm_web})\nIn another shell:\n"
+              f"  export HADOOP_CONF_DIR={env['HADOOP_CONF_DIR']} JAVA_HOME={env['JAVA_HOME']} "
+              f"PATH={cluster.bin_dir}:$PATH\n"
+              f"  .venv/bin/dbn submit examples/yarn.toml --set output.dir={cluster.uri('/user/' + os.environ.get('USER', 'me'))}/run\n"
+              f"Logs: {cluster.log_file}. Ctrl-C stops it.", flush=True)
+        while cluster.running:
+            time.sleep(1)
+        print(f"the cluster's JVM exited:\n{cluster._tail()}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        cluster.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

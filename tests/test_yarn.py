@@ -1,0 +1,415 @@
+"""`dbn submit` end to end on a real Hadoop 3 (tests/minihadoop.py): a real ResourceManager
+and NodeManager whose containers are real processes, skein's own Java driver and application
+master, and a real HDFS holding the shards, checkpoints, logs and model. Nothing is stood in for.
+
+Faults are real too: a worker's process and the application master's container are killed
+with SIGKILL, and YARN and skein do what they do on a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+import numpy as np
+import pyarrow.fs as pafs
+import pytest
+import skein
+
+from dbn import DBN
+from dbn.cli import main
+from iterreduce.yarn import KV_ADDRESS, KV_PROGRESS
+
+pytestmark = [pytest.mark.yarn, pytest.mark.hdfs, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+N_FEATURES = 16
+REPO = Path(__file__).resolve().parents[1]
+TERMINAL = ("FINISHED", "FAILED", "KILLED")
+
+
+class Yarn:
+    """The session's cluster seen from a test: skein's client, and the processes behind containers."""
+
+    def __init__(self, hadoop, client: skein.Client):
+        self.hadoop, self.client = hadoop, client
+
+    def report(self, app_id):
+        return self.client.application_report(app_id)
+
+    def wait(self, app_id, states=TERMINAL, timeout=240.0):
+        deadline = time.monotonic() + timeout
+        while True:
+            report = self.report(app_id)
+            if str(report.state) in states:
+                return report
+            assert time.monotonic() < deadline, f"{app_id} still {report.state} after {timeout} s"
+            time.sleep(0.5)
+
+    def step(self, app_id) -> int:
+        """The master's newest superstep (-1 before the first), from the key-value store."""
+        if str(self.report(app_id).state) != "RUNNING":
+            return -1
+        try:
+            value = self.client.connect(app_id, wait=False).kv.get(KV_PROGRESS)
+        except (skein.exceptions.SkeinError, ConnectionError, ValueError):
+            return -1
+        return json.loads(value)["step"] if value else -1
+
+    def wait_step(self, app_id, step: int, timeout=180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.step(app_id) < step:
+            report = self.report(app_id)
+            assert str(report.state) not in TERMINAL, f"{report.diagnostics}\n{self.node_logs(app_id)}"
+            assert time.monotonic() < deadline, f"{app_id} did not reach superstep {step} in {timeout} s"
+            time.sleep(0.3)
+
+    def containers(self, app_id, service="worker", states=None):
+        app = self.client.connect(app_id, wait=False)
+        return app.get_containers(services=[service], states=states)
+
+    def pids(self, yarn_container_id: str, command_part: str) -> list[int]:
+        """Processes of a container (by $CONTAINER_ID) whose command line contains ``command_part``."""
+        found = []
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                environ = (proc / "environ").read_bytes().split(b"\0")
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            if f"CONTAINER_ID={yarn_container_id}".encode() in environ and command_part.encode() in cmdline:
+                found.append(int(proc.name))
+        return found
+
+    def node_logs(self, app_id) -> str:
+        """The containers' logs straight from the NodeManager's log folder (for assertion messages)."""
+        texts = []
+        for path in sorted(self.hadoop.dir.glob(f"cluster/**/{app_id}/container_*/*")):
+            texts.append(f"== {path.parent.name}/{path.name}\n" + path.read_text(errors="replace")[-3000:])
+        return "\n".join(texts) or "(no container logs)"
+
+    def hdfs_json_lines(self, path: str) -> list[dict]:
+        with self.hadoop.fs().open_input_stream(path) as f:
+            return [json.loads(line) for line in f.read().decode().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def yarn(hadoop, tmp_path_factory):
+    """Client environment for the cluster, and one skein driver the in-process CLI calls share."""
+    saved = dict(os.environ)
+    os.environ.update(hadoop.env())
+    security_dir = tmp_path_factory.mktemp("skein")
+    security = skein.Security.new_credentials()
+    security.to_directory(str(security_dir))
+    os.environ["SKEIN_CONFIG"] = str(security_dir)
+    client = skein.Client(security=security)  # skein's own driver, found through `yarn classpath`
+    os.environ["ITERREDUCE_SKEIN_DRIVER"] = client.address
+    try:
+        yield Yarn(hadoop, client)
+    finally:
+        client.close()
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory):
+    """A real virtual environment with dbn-yarn installed from this checkout (not editable), as a user has."""
+    path = tmp_path_factory.mktemp("venv") / "env"
+    subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
+    done = subprocess.run([str(path / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
+                           f"{REPO}[hdfs]"], capture_output=True, text=True, cwd=path.parent)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return path
+
+
+@pytest.fixture(scope="module")
+def env_archive(yarn, venv, tmp_path_factory):
+    """That environment packed by the project's own code and put on HDFS once, for the other tests' jobs."""
+    from iterreduce.yarn.envpack import pack_environment
+
+    local = pack_environment(str(tmp_path_factory.mktemp("pack") / "dbn-env.tar.gz"), prefix=str(venv))
+    fs = yarn.hadoop.fs()
+    fs.create_dir("/envs")
+    with open(local, "rb") as src, fs.open_output_stream("/envs/dbn-env.tar.gz", compression=None) as dst:
+        dst.write(src.read())
+    return yarn.hadoop.uri("/envs/dbn-env.tar.gz")
+
+
+def job_file(tmp_path, output: str, *, env: str | None = None, workers=2, epochs=6, finetune=4,
+             gpus=0, extra="") -> str:
+    """A small labelled data set and a job config that trains a 16-12-8-3 DBN on it."""
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 600)
+    X = (rng.random((600, N_FEATURES)) < 0.2 + 0.2 * y[:, None] * (np.arange(N_FEATURES) % 3 == y[:, None])
+         ).astype(np.float32)
+    np.savez(tmp_path / "train.npz", X=X, y=y)
+    path = tmp_path / "job.toml"
+    path.write_text(f"""
+[data]
+train = "{tmp_path / 'train.npz'}"
+[model]
+hidden_layers = [12, 8]
+pretrain_epochs = {epochs}
+finetune_epochs = {finetune}
+pretrain_batch_size = 10
+finetune_batch_size = 10
+[output]
+dir = "{output}"
+[cluster]
+workers = {workers}
+heartbeat_timeout = 6.0
+max_restarts = 2
+[yarn]
+{f'env = "{env}"' if env else ''}
+worker_memory = "512 MiB"
+worker_vcores = 1
+worker_gpus = {gpus}
+master_memory = "1 GiB"
+{extra}
+[job]
+name = "e2e"
+device = "cpu"
+""")
+    return str(path)
+
+
+def submit(capsys, *args) -> str:
+    assert main(["submit", *args, "--quiet"]) == 0
+    return capsys.readouterr().out.strip()
+
+
+def dbn(capsys, *args) -> tuple[int, str, str]:
+    code = main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# ------------------------------------------------------------------ a user's whole run
+
+
+def test_submit_from_a_packed_virtualenv_trains_with_data_and_model_on_hdfs(yarn, venv, tmp_path, capsys):
+    """`dbn submit --wait` run from a real venv: it shards the data onto HDFS, packs that venv
+    with venv-pack, starts skein's driver itself; the NodeManager localizes the archive."""
+    output = yarn.hadoop.uri("/user/test/packed")
+    env = {**os.environ, "HOME": str(tmp_path / "home")}  # dbn's caches (job files, archive) go here
+    env.pop("ITERREDUCE_SKEIN_DRIVER")  # a driver of its own, as for a user
+    done = subprocess.run([str(venv / "bin" / "dbn"), "submit", job_file(tmp_path, output), "--wait"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr[-5000:]
+    app_id = done.stdout.strip().splitlines()[-1]
+    assert "packing this Python environment" in done.stderr
+    assert f"{app_id}: FINISHED (SUCCEEDED), progress 100 %" in done.stderr
+    assert "superstep" in done.stderr  # progress lines while it ran
+    archives = list((tmp_path / "home" / ".cache" / "dbn-yarn" / "environments").glob("*.tar.gz"))
+    assert len(archives) == 1 and archives[0].stat().st_size > 10_000_000
+
+    fs = yarn.hadoop.fs()
+    shards = fs.get_file_info(pafs.FileSelector("/user/test/packed/shards"))
+    assert sorted(s.base_name for s in shards) == ["part-00000.parquet", "part-00001.parquet"]
+    assert any(c.base_name.startswith("ckpt-") for c in fs.get_file_info(pafs.FileSelector("/user/test/packed/checkpoints")))
+    assert yarn.hdfs_json_lines("/user/test/packed/log.jsonl")[-1]["event"] == "done"
+    with fs.open_input_stream("/user/test/packed/model.npz") as f:
+        (tmp_path / "model.npz").write_bytes(f.read())
+    model = DBN.load(tmp_path / "model.npz")
+    data = np.load(tmp_path / "train.npz")
+    assert list(model.hidden_layers) == [12, 8] and model.score(data["X"], data["y"]) > 0.6
+
+    # The containers ran the archive's own Python, and master and workers spoke mutual TLS.
+    code, logs, _ = dbn(capsys, "logs", app_id)
+    assert code == 0
+    assert "environment/bin/python" in logs
+    assert "with mutual TLS" in logs
+    assert "working as worker-0" in logs and "working as worker-1" in logs
+
+
+# ------------------------------------------------------------------ faults
+
+
+def test_a_worker_killed_with_sigkill_is_restarted_and_rejoins_with_its_shards(yarn, env_archive, tmp_path, capsys):
+    output = yarn.hadoop.uri("/user/test/killed-worker")
+    app_id = submit(capsys, job_file(tmp_path, output, env=env_archive, epochs=8))
+    yarn.wait_step(app_id, 3)  # layer 1's pre-training is under way
+    victim = next(c for c in yarn.containers(app_id) if c.id == "worker_0")
+    pids = yarn.pids(victim.yarn_container_id, "iterreduce.yarn.container worker")
+    assert len(pids) == 1, pids
+    os.kill(pids[0], signal.SIGKILL)
+
+    report = yarn.wait(app_id)
+    assert str(report.final_status) == "SUCCEEDED", (report.diagnostics, yarn.node_logs(app_id))
+    # skein started a new container (new instance index); it claimed the dead one's slot and shards.
+    records = yarn.hdfs_json_lines("/user/test/killed-worker/log.jsonl")
+    registered = [r["worker"] for r in records if r.get("event") == "worker_registered"]
+    assert len(registered) == 3 and {w.split("#")[0] for w in registered} == {"worker-0", "worker-1"}, registered
+    assert any(r.get("event") == "worker_lost" for r in records), [r.get("event") for r in records if "event" in r]
+    assert records[-1]["event"] == "done"
+
+
+def test_a_killed_application_master_resumes_from_the_newest_checkpoint(yarn, env_archive, tmp_path, capsys):
+    output = yarn.hadoop.uri("/user/test/attempts")
+    app_id = submit(capsys, job_file(tmp_path, output, env=env_archive, epochs=10))
+    yarn.wait_step(app_id, 4)
+    am_container = f"container_{app_id.removeprefix('application_')}_01_000001"
+    groups = {os.getpgid(pid) for pid in yarn.pids(am_container, "com.anaconda.skein.ApplicationMaster")}
+    assert len(groups) == 1, groups  # the container's launch script and skein's JVM, in one process group
+    os.killpg(groups.pop(), signal.SIGKILL)  # the whole container: skein's AM and our master
+
+    report = yarn.wait(app_id, timeout=300)
+    assert str(report.final_status) == "SUCCEEDED", (report.diagnostics, yarn.node_logs(app_id))
+    records = yarn.hdfs_json_lines("/user/test/attempts/log.jsonl")
+    resumed = [r for r in records if r.get("event") == "resumed"]
+    assert len(resumed) == 1 and resumed[0]["step"] >= 4, resumed
+    steps = [r["step"] for r in records if "step" in r and "phase" in r]
+    assert steps[0] == resumed[0]["step"] and steps[-1] == records[-2]["of"] - 1  # only what was left
+    assert any(p.name.endswith("_02_000001") for p in yarn.hadoop.dir.glob(f"cluster/**/{app_id}/container_*"))
+
+
+def test_a_job_error_ends_the_application_failed_with_the_reason_in_status(yarn, env_archive, hdfs, tmp_path, capsys):
+    from iterreduce.shards import write_shards
+
+    X = np.random.default_rng(0).random((40, N_FEATURES), dtype=np.float32)
+    write_shards(X, None, hdfs.uri("/user/test/unlabelled"), 2)  # no labels, but fine-tuning is asked for
+    app_id = submit(capsys, job_file(tmp_path, hdfs.uri("/user/test/bad"), env=env_archive),
+                    "--set", f"cluster.shards={hdfs.uri('/user/test/unlabelled')}", "--max-attempts", "1")
+    report = yarn.wait(app_id)
+    assert str(report.final_status) == "FAILED"
+    assert "job failed" in report.diagnostics and "no 'label' column" in report.diagnostics
+    code, out, _ = dbn(capsys, "status", app_id)
+    assert code == 0 and "FINISHED (FAILED)" in out and "no 'label' column" in out
+
+
+# ------------------------------------------------------------------ status, logs, kill
+
+
+def test_status_follows_the_resourcemanager_and_kill_ends_the_job_killed(yarn, env_archive, tmp_path, capsys):
+    app_id = submit(capsys, job_file(tmp_path, yarn.hadoop.uri("/user/test/status"), env=env_archive, epochs=400))
+    yarn.wait_step(app_id, 2)
+    code, out, _ = dbn(capsys, "status", app_id, "--json")
+    status = json.loads(out)
+    report = yarn.report(app_id)
+    assert code == 0 and status["state"] == "RUNNING" == str(report.state)
+    assert 0 < status["progress"] <= 1 and status["record"]["phase"] == "pretrain"
+    code, out, _ = dbn(capsys, "status", app_id)
+    assert f"{app_id}: RUNNING" in out and "pretrain layer 0" in out
+
+    code, out, _ = dbn(capsys, "logs", app_id)  # a running application: the NodeManager serves its logs
+    assert code == 0 and "serving 2 shards" in out, out[-2000:]
+
+    assert dbn(capsys, "kill", app_id)[0] == 0
+    assert str(yarn.wait(app_id, timeout=60).state) == "KILLED"
+    code, out, _ = dbn(capsys, "status", app_id)
+    assert "KILLED" in out
+    code, _, err = dbn(capsys, "status", "application_1_9999")
+    assert code == 2 and "application_1_9999: no such application" in err
+
+
+def test_logs_of_a_finished_job_hold_the_master_and_every_worker(yarn, env_archive, tmp_path, capsys):
+    app_id = submit(capsys, job_file(tmp_path, yarn.hadoop.uri("/user/test/logs"), env=env_archive, epochs=2,
+                                     finetune=1))
+    assert str(yarn.wait(app_id).final_status) == "SUCCEEDED"
+    deadline = time.monotonic() + 60
+    while True:  # aggregation to HDFS follows the application's end
+        code, out, err = dbn(capsys, "logs", app_id)
+        if code == 0 and "working as worker-1" in out or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert code == 0, err
+    for text in ("attempt 1 serving 2 shards", "working as worker-0", "working as worker-1", "outputs written"):
+        assert text in out, text
+    aggregated = yarn.hadoop.run("hdfs", "dfs", "-ls", "-R", "/tmp/logs")
+    assert app_id in aggregated.stdout  # it came from the aggregated files on HDFS
+
+
+# ------------------------------------------------------------------ GPUs
+
+
+def test_gpu_workers_are_scheduled_against_the_declared_yarn_io_gpu(yarn, env_archive, tmp_path, capsys):
+    app_id = submit(capsys, job_file(tmp_path, yarn.hadoop.uri("/user/test/gpus"), env=env_archive, epochs=400),
+                    "--worker-gpus", "1")
+    deadline = time.monotonic() + 120
+    used = 0
+    while used < 2:  # both workers hold one of the node's 2 units (the master none)
+        node = yarn.client.get_nodes()[0]
+        used = node.used_resources.gpus
+        assert time.monotonic() < deadline and str(yarn.report(app_id).state) not in TERMINAL, \
+            f"GPUs in use: {used}"
+        time.sleep(0.2)
+    assert node.total_resources.gpus == 2
+    yarn.client.kill_application(app_id)
+    yarn.wait(app_id, timeout=60)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--worker-gpus", "3"], "each 'worker' container asks for 3 GPUs (yarn.io/gpu), but the largest of the "
+                             "cluster's 1 nodes has 2"),
+    (["--worker-gpus", "1", "--workers", "3"], "needs 3 GPUs (yarn.io/gpu) at once (master and all workers), "
+                                               "but the cluster's 1 nodes have 2 in all"),
+])
+def test_more_gpus_than_the_cluster_has_is_refused_with_a_clear_message(yarn, env_archive, tmp_path, capsys,
+                                                                         flags, message):
+    before = len(yarn.client.get_applications(states=list(skein.model.ApplicationState)))
+    code, out, err = dbn(capsys, "submit", job_file(tmp_path, yarn.hadoop.uri("/user/test/toomany"), env=env_archive),
+                         *flags)
+    assert code == 2 and out == "" and message in err, err
+    assert len(yarn.client.get_applications(states=list(skein.model.ApplicationState))) == before  # none submitted
+
+
+# ------------------------------------------------------------------ security and locality
+
+
+def test_master_and_workers_talk_mutual_tls_and_refuse_outsiders(yarn, env_archive, tmp_path, capsys):
+    from iterreduce.proto import iterreduce_pb2 as pb
+    from iterreduce.proto import iterreduce_pb2_grpc as pb_grpc
+    from iterreduce.security import channel_credentials, channel_options, from_skein, metadata
+
+    output = yarn.hadoop.uri("/user/test/tls")
+    app_id = submit(capsys, job_file(tmp_path, output, env=env_archive, epochs=10))
+    yarn.wait_step(app_id, 1)
+    address = yarn.client.connect(app_id).kv[KV_ADDRESS].decode()
+    token = yarn.client.connect(app_id).kv["iterreduce/token"].decode()  # even with the job's token
+
+    def register(channel):
+        with pytest.raises(grpc.RpcError) as info:
+            pb_grpc.MasterStub(channel).Register(pb.RegisterRequest(worker_name="worker-0"), metadata=metadata(token),
+                                                 timeout=10, wait_for_ready=False)
+        channel.close()
+        return info.value
+
+    plaintext = register(grpc.insecure_channel(address))
+    assert plaintext.code() == grpc.StatusCode.UNAVAILABLE, plaintext
+    other = from_skein(skein.Security.new_credentials())  # another application's certificate
+    foreign = register(grpc.secure_channel(address, channel_credentials(other), channel_options(other)))
+    assert foreign.code() == grpc.StatusCode.UNAVAILABLE, foreign
+
+    report = yarn.wait(app_id)
+    assert str(report.final_status) == "SUCCEEDED", report.diagnostics
+    records = yarn.hdfs_json_lines("/user/test/tls/log.jsonl")
+    assert sorted(r["worker"].split("#")[0] for r in records if r.get("event") == "worker_registered") == \
+        ["worker-0", "worker-1"]  # the intruders never registered
+
+
+def test_block_locations_come_from_the_real_namenode(yarn, hdfs, tmp_path, capsys):
+    from iterreduce.shards import write_shards
+    from iterreduce.yarn import locality
+
+    X = np.random.default_rng(0).random((90, N_FEATURES), dtype=np.float32)
+    uris = write_shards(X, np.zeros(90, dtype=np.int64), hdfs.uri("/user/test/located"), 3)
+    hosts = locality.block_hosts(uris)
+    node_host = yarn.client.get_nodes()[0].id.split(":")[0]
+    assert set(hosts) == set(uris) and all(h == [node_host] for h in hosts.values()), (hosts, node_host)
+    assert locality.slot_hosts(uris, 2, hosts) == [[node_host], [node_host]]
+
+    # dbn submit turns them into the workers' preferred hosts.
+    from dbn.config import load_config
+    from dbn.submit import prepare
+
+    cfg = load_config(job_file(tmp_path, hdfs.uri("/user/test/located-job"), env="hdfs:///x.tgz"),
+                      {"cluster.shards": hdfs.uri("/user/test/located")})
+    submission = prepare(cfg)
+    assert submission.job["slot_hosts"] == [[node_host], [node_host]]
+    assert submission.spec.services["worker"].nodes == [node_host]
