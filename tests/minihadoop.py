@@ -349,13 +349,24 @@ class MiniHadoop:
         return "(no log)"
 
 
-def _kill_leftovers(directory: Path) -> None:
-    """SIGKILL processes still running from ``directory`` (containers of a JVM that was itself killed)."""
-    mark = str(directory).encode()
+def processes_of(directory: Path) -> list[int]:
+    """Live processes started from ``directory``: the cluster's JVM, and its containers' processes,
+    whose command lines or environments (``PWD``, ``LOCAL_DIRS``, ...) name it."""
+    mark, found = str(directory).encode(), []
     for proc in Path("/proc").glob("[0-9]*"):
         with contextlib.suppress(OSError, ValueError):
-            if int(proc.name) != os.getpid() and mark in (proc / "cmdline").read_bytes():
-                os.kill(int(proc.name), signal.SIGKILL)
+            if int(proc.name) == os.getpid() or (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                continue
+            if mark in (proc / "cmdline").read_bytes() or mark in (proc / "environ").read_bytes():
+                found.append(int(proc.name))
+    return found
+
+
+def _kill_leftovers(directory: Path) -> None:
+    """SIGKILL what still runs from ``directory`` (containers of a JVM that was itself killed)."""
+    for pid in processes_of(directory):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def main(argv: list[str] | None = None) -> int:

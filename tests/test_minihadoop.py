@@ -1,0 +1,61 @@
+"""The test cluster itself (tests/minihadoop.py): what its scripts answer, and that stopping it
+leaves nothing running."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+import skein
+
+pytestmark = [pytest.mark.yarn, pytest.mark.hdfs]
+
+
+def test_the_scripts_answer_what_skein_and_a_person_ask(hadoop):
+    classpath = hadoop.run("yarn", "classpath", "--glob")  # what skein's driver runs
+    assert classpath.returncode == 0 and str(hadoop.conf_dir) in classpath.stdout
+    nodes = hadoop.run("yarn", "node", "-list", "-showDetails")
+    assert nodes.returncode == 0 and "RUNNING" in nodes.stdout
+    assert "yarn.io/gpu: 2" in nodes.stdout  # the declared GPUs, as the ResourceManager counts them
+    listing = hadoop.run("hdfs", "dfs", "-ls", "/")
+    assert listing.returncode == 0 and "/user" in listing.stdout and "/tmp" in listing.stdout
+    unknown = hadoop.run("yarn", "rmadmin")
+    assert unknown.returncode == 1 and "yarn rmadmin: not available in this MiniHadoop" in unknown.stderr
+
+
+@pytest.mark.parametrize("jvm_killed_first", [False, True], ids=["stop", "jvm-sigkilled-then-stop"])
+def test_stop_ends_the_jvm_and_every_container_it_started(tmp_path, jvm_killed_first):
+    """A clean stop (the JVM stops YARN, which stops its containers), and a JVM that died by SIGKILL
+    first (its containers live on, orphaned, until stop() finds and kills them)."""
+    from minihadoop import MiniHadoop, processes_of
+
+    cluster = MiniHadoop(base_dir=tmp_path, memory_mb=2048).start()
+    directory = cluster.dir
+    saved = dict(os.environ)
+    os.environ.update(cluster.env())
+    try:
+        client = skein.Client(security=skein.Security.new_credentials())
+        spec = skein.ApplicationSpec(name="sleeper", master=skein.Master(
+            resources=skein.Resources(memory="256 MiB", vcores=1), script="sleep 600"))
+        app_id = client.submit(spec)
+        deadline = time.monotonic() + 120
+        while str(client.application_report(app_id).state) != "RUNNING":
+            assert time.monotonic() < deadline, client.application_report(app_id).diagnostics
+            time.sleep(0.5)
+        client.close()
+        sleepers = [pid for pid in processes_of(directory) if Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x00600\x00"]
+        assert len(sleepers) == 1, processes_of(directory)
+        if jvm_killed_first:
+            cluster._proc.kill()
+            cluster._proc.wait()
+            assert Path(f"/proc/{sleepers[0]}").exists()  # orphaned, still running
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        cluster.stop()
+    assert not cluster.running
+    assert processes_of(directory) == []
+    assert not Path(f"/proc/{sleepers[0]}").exists() or "Z" in Path(f"/proc/{sleepers[0]}/stat").read_text().split()[2]
+    assert not directory.exists()
