@@ -31,6 +31,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -127,6 +128,15 @@ def ensure_jars() -> Path:
 
 
 # ---------------------------------------------------------------- the cluster
+
+
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct TCP ports free on 127.0.0.1 now (held together while picking)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in sockets]
 
 
 def _site_xml(properties: dict[str, object]) -> str:
@@ -287,7 +297,14 @@ class MiniHadoop:
     # -------------------------------------------------------- internals
 
     def _settings(self, jars: Path) -> dict[str, object]:
+        # Fixed, free ports: with ephemeral ones MiniYARNCluster hands out tracking URLs with port 0.
+        ports = dict(zip(["yarn.resourcemanager.address", "yarn.resourcemanager.scheduler.address",
+                          "yarn.resourcemanager.resource-tracker.address", "yarn.resourcemanager.admin.address",
+                          "yarn.resourcemanager.webapp.address", "yarn.nodemanager.localizer.address",
+                          "yarn.nodemanager.webapp.address"], _free_ports(7)))
         return {
+            "yarn.minicluster.fixed.ports": "true",
+            **{key: f"localhost:{port}" for key, port in ports.items()},
             "dfs.replication": 1,
             "yarn.minicluster.yarn.nodemanager.resource.memory-mb": self.memory_mb,  # MiniYARNCluster's own key
             "yarn.nodemanager.resource.cpu-vcores": self.vcores,
@@ -391,7 +408,9 @@ def main(argv: list[str] | None = None) -> int:
               f"ResourceManager {cluster.rm_address} (web http://{cluster.rm_web})\nIn another shell:\n"
               f"  export HADOOP_CONF_DIR={env['HADOOP_CONF_DIR']} JAVA_HOME={env['JAVA_HOME']} "
               f"PATH={cluster.bin_dir}:$PATH\n"
-              f"  .venv/bin/dbn submit examples/yarn.toml --set output.dir={cluster.uri('/user/' + os.environ.get('USER', 'me'))}/run\n"
+              f"  .venv/bin/dbn submit examples/yarn.toml --python \"$PWD/.venv/bin/python\" --workers 2 "
+              f"--worker-memory '1 GiB' --set output.dir={cluster.uri('/user/me/run')} --set data.limit=6000 "
+              f"--set model.pretrain_epochs=2 --set model.finetune_epochs=2 --wait\n"
               f"Logs: {cluster.log_file}. Ctrl-C stops it.", flush=True)
         while cluster.running:
             time.sleep(1)
