@@ -349,7 +349,7 @@ def test_gpu_workers_are_scheduled_against_the_declared_yarn_io_gpu(yarn, env_ar
                              "cluster's 1 nodes has 2"),
     (["--worker-gpus", "1", "--workers", "3"], "needs 3 GPUs (yarn.io/gpu) at once (master and all workers), "
                                                "but the cluster's 1 nodes have 2 in all"),
-])
+], ids=["more-than-a-node", "more-than-the-cluster"])
 def test_more_gpus_than_the_cluster_has_is_refused_with_a_clear_message(yarn, env_archive, tmp_path, capsys,
                                                                          flags, message):
     before = len(yarn.client.get_applications(states=list(skein.model.ApplicationState)))
