@@ -145,16 +145,6 @@ def _site_xml(properties: dict[str, object]) -> str:
     return f'<?xml version="1.0"?>\n<configuration>\n{body}</configuration>\n'
 
 
-def _death_signal():
-    """A ``preexec_fn`` that has Linux SIGTERM the JVM should this process die without stopping it."""
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
-    return lambda: prctl(1, int(signal.SIGTERM))  # PR_SET_PDEATHSIG; SIGTERM runs the JVM's clean stop
-
-
 _LOG4J = """\
 log4j.rootLogger=WARN, console
 log4j.appender.console=org.apache.log4j.ConsoleAppender
@@ -273,6 +263,9 @@ class MiniHadoop:
         if self._proc is not None:
             if self._proc.poll() is None:
                 self._proc.terminate()  # the JVM's shutdown hook stops YARN (and its containers), then HDFS
+            with contextlib.suppress(OSError):
+                self._proc.stdin.close()
+            if self._proc.poll() is None:
                 try:
                     self._proc.wait(timeout=60)
                 except subprocess.TimeoutExpired:
@@ -346,8 +339,11 @@ class MiniHadoop:
                    *(f"{k}={v}" for k, v in self._settings(jars).items())]
         env = {**os.environ, **self.env()}
         with open(self.log_file, "wb") as log:
-            self._proc = subprocess.Popen(command, cwd=work, stdin=subprocess.DEVNULL, stdout=log,
-                                          stderr=subprocess.STDOUT, env=env, preexec_fn=_death_signal())
+            # stdin is a pipe nobody writes to: when this process dies, however it dies, the JVM reads
+            # end-of-file and stops the cluster. (Not PR_SET_PDEATHSIG in a preexec_fn: a fork that runs
+            # Python code in a threaded process can deadlock, as fsspec's at-fork handler did.)
+            self._proc = subprocess.Popen(command, cwd=work, stdin=subprocess.PIPE, stdout=log,
+                                          stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + self.startup_timeout
         ready = conf / "ready"
         while not ready.is_file():

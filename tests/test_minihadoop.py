@@ -59,3 +59,30 @@ def test_stop_ends_the_jvm_and_every_container_it_started(tmp_path, jvm_killed_f
     assert processes_of(directory) == []
     assert not Path(f"/proc/{sleepers[0]}").exists() or "Z" in Path(f"/proc/{sleepers[0]}/stat").read_text().split()[2]
     assert not directory.exists()
+
+
+def test_the_cluster_stops_itself_when_the_process_that_started_it_dies(tmp_path):
+    """`python tests/minihadoop.py` killed with SIGKILL (no clean-up runs in it): the JVM sees its
+    stdin end, stops YARN and HDFS, and exits."""
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    from minihadoop import processes_of
+
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    starter = subprocess.Popen([sys.executable, str(Path(__file__).with_name("minihadoop.py"))], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    banner = [starter.stdout.readline() for _ in range(5)]
+    logs = [line for line in banner if line.startswith("Logs: ")]
+    assert logs, banner
+    directory = Path(logs[0].split()[1]).parent
+    assert processes_of(directory)  # the JVM runs
+    starter.send_signal(signal.SIGKILL)
+    starter.wait()
+    deadline = time.monotonic() + 60
+    while processes_of(directory):
+        assert time.monotonic() < deadline, f"still running after the starter died: {processes_of(directory)}"
+        time.sleep(0.5)
+    shutil.rmtree(directory, ignore_errors=True)

@@ -7,7 +7,8 @@
 // Settings come as key=value arguments. Once both clusters are up, the client
 // configuration (core-site.xml, hdfs-site.xml, yarn-site.xml) is written to CONF_DIR,
 // and then CONF_DIR/ready, which readers wait for. The JVM runs until it is
-// terminated (SIGTERM or Ctrl-C stop both clusters cleanly).
+// terminated (SIGTERM or Ctrl-C) or its standard input ends (the starting process died):
+// either way both clusters stop cleanly, YARN's containers first.
 
 import java.io.File;
 import java.io.FileOutputStream;
@@ -25,6 +26,17 @@ import org.apache.hadoop.yarn.server.MiniYARNCluster;
 
 public class MiniHadoop {
   public static void main(String[] args) throws Exception {
+    // Nobody writes to our stdin: end-of-file means the process that started us is gone.
+    Thread parentWatch = new Thread(() -> {
+      try {
+        while (System.in.read() != -1) { }
+      } catch (java.io.IOException e) {
+        // the pipe broke: the starting process is gone as well
+      }
+      System.exit(0);
+    });
+    parentWatch.setDaemon(true);
+    parentWatch.start();
     File confDir = new File(args[0]);
     Configuration conf = new YarnConfiguration();
     for (int i = 1; i < args.length; i++) {
