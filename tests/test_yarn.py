@@ -120,10 +120,19 @@ def yarn(hadoop, tmp_path_factory):
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory):
     """A real virtual environment with dbn-yarn installed from this checkout (not editable), as a user has."""
-    path = tmp_path_factory.mktemp("venv") / "env"
+    import shutil
+
+    base = tmp_path_factory.mktemp("venv")
+    source = base / "src"  # a copy, so the build leaves nothing in the checkout
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    for name in ("dbn", "iterreduce"):
+        shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    path = base / "env"
     subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
     done = subprocess.run([str(path / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
-                           f"{REPO}[hdfs]"], capture_output=True, text=True, cwd=path.parent)
+                           f"{source}[hdfs]"], capture_output=True, text=True, cwd=base)
     assert done.returncode == 0, done.stdout + done.stderr
     return path
 
