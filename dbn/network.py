@@ -47,10 +47,6 @@ class Network:
         self.biases_inc = [xp.zeros_like(b) for b in self.biases]
 
     @property
-    def n_inputs(self) -> int:
-        return int(self.weights[0].shape[0])
-
-    @property
     def n_classes(self) -> int:
         return int(self.weights[-1].shape[1])
 

@@ -181,10 +181,6 @@ def load_class(path: str):
     return getattr(importlib.import_module(module), name)
 
 
-def program_path(cls) -> str:
-    return f"{cls.__module__}:{cls.__qualname__}"
-
-
 def step_to_json(step: Step) -> str:
     return json.dumps({"phase": step.phase, "info": dict(step.info), "arrays": list(step.arrays), "kind": step.kind})
 

@@ -83,8 +83,7 @@ def build_spec(name: str, job_file: str, opts: YarnOptions, device: str = "cpu")
         spec = skein.ApplicationSpec(
             name=name, queue=opts.queue, node_label=opts.node_label, max_attempts=opts.max_attempts,
             file_systems=list(opts.file_systems), tags=list(opts.tags) or ["iterreduce"],
-            master=master, services={"worker": worker})
-        spec._validate()
+            master=master, services={"worker": worker})  # skein validates on construction
     except (ValueError, TypeError) as exc:
         raise ValueError(f"invalid YARN application spec: {exc}") from exc
     return spec
