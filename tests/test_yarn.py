@@ -402,7 +402,7 @@ def test_master_and_workers_talk_mutual_tls_and_refuse_outsiders(yarn, env_archi
         ["worker-0", "worker-1"]  # the intruders never registered
 
 
-def test_block_locations_come_from_the_real_namenode(yarn, hdfs, tmp_path, capsys):
+def test_block_locations_come_from_the_real_namenode(yarn, hdfs, tmp_path):
     from iterreduce.shards import write_shards
     from iterreduce.yarn import locality
 
