@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from dbn import DBN
-from dbn.mnist import load_mnist, scale_images
+from dbn.data.mnist import load_mnist, scale_images
 
 
 def main(argv=None):

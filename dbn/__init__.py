@@ -1,14 +1,20 @@
-"""Deep Belief Networks trained data-parallel on Hadoop YARN or a local mini-cluster."""
+"""Deep Belief Networks trained data-parallel on Hadoop YARN or a local mini-cluster.
 
-from .backend import Backend, BackendError, get_backend, gpu_available
-from .model import DBN
-from .network import Network
-from .persist import ModelFileError
-from .rbm import RBM
-from .validation import DataError
+The package has three rooms: :mod:`dbn.model` (the maths: backend, RBM, network,
+the DBN estimator, model files), :mod:`dbn.data` (MNIST, sharding, input checks)
+and :mod:`dbn.jobs` (the job spec, the IterativeReduce program, running a job
+in-process, on a local mini-cluster or on YARN, the MNIST evaluation, plots,
+benchmarks); :mod:`dbn.cli` sits on top and :mod:`dbn.exceptions` holds every error.
+"""
+
+from .exceptions import BackendError, ConfigError, DataError, DBNError, ModelFileError
+from .model.backend import Backend, get_backend, gpu_available
+from .model.estimator import DBN
+from .model.network import Network
+from .model.rbm import RBM
 
 __all__ = [
-    "Backend", "BackendError", "DBN", "DataError", "ModelFileError", "Network", "RBM",
+    "Backend", "BackendError", "ConfigError", "DBN", "DBNError", "DataError", "ModelFileError", "Network", "RBM",
     "get_backend", "gpu_available",
 ]
 __version__ = "0.1.0"

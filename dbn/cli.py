@@ -20,28 +20,19 @@ import time
 from pathlib import Path
 
 
+from iterreduce.exceptions import IterReduceError
+
 from . import __version__
-from .backend import DEVICES, BackendError
-from .config import QUICK, ConfigError, JobConfig, load_config, parse_override
-from .mnist import MnistError, load_mnist, scale_images
-from .model import DBN
-from .persist import ModelFileError, atomic_write
-from .sharding import load_source
-from .validation import DataError
+from .data.mnist import load_mnist, scale_images
+from .data.sharding import load_source
+from .exceptions import ConfigError, DataError, DBNError, ModelFileError, UsageError
+from .jobs.spec import QUICK, JobConfig, load_config, parse_override
+from .model.backend import DEVICES
+from .model.estimator import DBN
+from .model.persist import atomic_write
 
-
-class UsageError(Exception):
-    """A request the command cannot carry out, e.g. a missing optional package."""
-
-
-from iterreduce.checkpoint import CheckpointError  # noqa: E402
-from iterreduce.local import LocalJobError  # noqa: E402
-from iterreduce.shards import ShardError  # noqa: E402
-from iterreduce.yarn import YarnError  # noqa: E402
-from iterreduce.yarn.envpack import EnvPackError  # noqa: E402
-
-USER_ERRORS = (ConfigError, DataError, ModelFileError, MnistError, BackendError, UsageError, OSError,
-               ShardError, LocalJobError, CheckpointError, YarnError, EnvPackError)
+#: What the command line reports as ``dbn: error: <message>`` (exit 2) rather than a traceback.
+USER_ERRORS = (DBNError, IterReduceError, OSError)
 EXIT_ERROR, EXIT_INTERRUPTED = 2, 130
 
 
@@ -172,7 +163,7 @@ class ClusterProgress:
 
 
 def _train_distributed(cfg: JobConfig, args) -> int:
-    from .distributed import train_local
+    from .jobs.distributed import train_local
 
     out = Path(cfg.output.dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -213,7 +204,7 @@ def _train_distributed(cfg: JobConfig, args) -> int:
 
 
 def cmd_shard(args) -> int:
-    from .sharding import shard_dataset
+    from .data.sharding import shard_dataset
 
     written = shard_dataset(args.source, args.out, args.shards, split=args.split,
                             mnist_dir=args.mnist_dir, limit=args.limit)
@@ -333,7 +324,7 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_bench_rbm(args) -> int:
-    from .bench import bench_rbm, format_table, sklearn_available
+    from .jobs.bench import bench_rbm, format_table, sklearn_available
 
     if args.sklearn and not sklearn_available():
         raise UsageError("--sklearn: scikit-learn is not installed (pip install 'dbn-yarn[bench]'), or use --no-sklearn")
@@ -350,7 +341,7 @@ def cmd_bench_rbm(args) -> int:
 
 def cmd_submit(args) -> int:
     from iterreduce.yarn import client as yarn
-    from .submit import prepare
+    from .jobs.yarn import prepare
 
     yarn_flags = ("worker_memory", "worker_vcores", "worker_gpus", "queue", "node_label", "env", "python",
                   "max_attempts", "principal", "keytab")
@@ -400,7 +391,7 @@ def _follow(client, app_id: str, *, quiet: bool) -> int:
 
 
 def cmd_mnist(args) -> int:
-    from . import mnist_eval
+    from .jobs import mnist_eval
 
     overrides = dict(parse_override(item) for item in args.set)
     if args.sync_every is not None:

@@ -17,13 +17,10 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from .shards import filesystem, join
+from .exceptions import CheckpointError
 
 _HEADER = "__checkpoint__"
 _NAME = re.compile(r"ckpt-(\d{9})\.npz$")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used to resume."""
 
 
 def _encode(header: dict, arrays: dict) -> bytes:

@@ -23,10 +23,7 @@ from typing import Callable
 from .master import MasterConfig
 from .security import new_token
 from .shards import list_shards
-
-
-class LocalJobError(RuntimeError):
-    """The local job failed; the message says why and where the logs are."""
+from .exceptions import LocalJobError
 
 
 def _gpu_count() -> int:

@@ -29,8 +29,12 @@ from .proto import iterreduce_pb2 as pb
 from .proto import iterreduce_pb2_grpc as pb_grpc
 from .security import TlsCredentials, TokenInterceptor, server_credentials
 from .shards import ShardError, filesystem
+from .exceptions import IterReduceError, JobFailed
 
 log = logging.getLogger("iterreduce.master")
+
+#: Errors that fail the job with their message (bad input or a program's refusal), not as a crash.
+JOB_ERRORS = (IterReduceError, ValueError, TypeError, KeyError)
 
 
 @dataclass
@@ -66,10 +70,6 @@ class WorkerInfo:
     last_seen: float = field(default_factory=time.monotonic)
     alive: bool = True
     status: dict = field(default_factory=dict)
-
-
-class JobFailed(RuntimeError):
-    """The job cannot go on (no workers, bad shards, a program error)."""
 
 
 def shard_info(uris: list[str]) -> list[dict]:
@@ -473,7 +473,7 @@ def main(argv=None) -> int:
         time.sleep(2 * config.heartbeat_interval)  # let workers fetch DONE
         server.stop(grace=1.0)
         return 0
-    except (JobFailed, ShardError, checkpoint.CheckpointError, ValueError, TypeError, KeyError) as exc:
+    except JOB_ERRORS as exc:
         log.error("job failed: %s", exc)
         (Path(config.output) / "error.txt").write_text(str(exc) + "\n")
         return 1

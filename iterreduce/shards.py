@@ -21,12 +21,10 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from .exceptions import ShardError
+
 FEATURES = "features"
 LABEL = "label"
-
-
-class ShardError(ValueError):
-    """A shard that is missing, unreadable, empty or of the wrong schema."""
 
 
 @dataclass

@@ -13,16 +13,13 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from .proto import iterreduce_pb2 as pb
+from .exceptions import WireError
 
 CHUNK_BYTES = 1 << 20
 #: the largest gRPC message either side accepts: one chunk plus headers, with room to spare
 MAX_MESSAGE_BYTES = 4 * CHUNK_BYTES
 ALLOWED_DTYPES = {"float16", "float32", "float64", "int32", "int64", "uint8"}
 MAX_ELEMENTS = 1 << 31  # refuse to allocate absurd tensors from a malformed header
-
-
-class WireError(ValueError):
-    """A malformed tensor stream."""
 
 
 def encode(arrays: dict[str, np.ndarray], float16: bool = False) -> Iterator[pb.TensorChunk]:

@@ -112,7 +112,7 @@ def _one_blas_thread():
 
 def _downscale(images_uint8: np.ndarray) -> np.ndarray:
     """28x28 uint8 images -> 14x14 (2x2 means) float32 in [0, 1], flattened to 196 features."""
-    from dbn.mnist import scale_images
+    from dbn.data.mnist import scale_images
 
     x = scale_images(images_uint8).reshape(-1, 14, 2, 14, 2).mean(axis=(2, 4))
     return np.ascontiguousarray(x.reshape(len(x), 196), dtype=np.float32)
@@ -122,7 +122,7 @@ def _downscale(images_uint8: np.ndarray) -> np.ndarray:
 def mnist_small():
     """(x_train, y_train, x_test, y_test): the first 2000 training and 1000 test images of real
     MNIST, downscaled to 14x14 = 196 features in [0, 1]; labels int64."""
-    from dbn import mnist
+    from dbn.data import mnist
 
     if not all((MNIST_DIR / name).is_file() for name in mnist.MNIST_FILES):
         pytest.skip(f"real MNIST files not found in {MNIST_DIR}")

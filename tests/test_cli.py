@@ -13,8 +13,8 @@ import pytest
 import dbn
 from dbn import DBN
 from dbn.cli import main
-from dbn.config import QUICK
-from dbn.mnist import MNIST_FILES
+from dbn.jobs.spec import QUICK
+from dbn.data.mnist import MNIST_FILES
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_MNIST = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"

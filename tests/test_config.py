@@ -1,4 +1,4 @@
-"""Tests for dbn.config: TOML job files, defaults from DBN's signature, errors that name the key."""
+"""Tests for dbn.jobs.spec: TOML job files, defaults from DBN's signature, errors that name the key."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from dbn import DBN
-from dbn.config import (
+from dbn.jobs.spec import (
     PAPER, QUICK, ConfigError, DataSection, JobConfig, ModelSection, load_config, parse_override,
 )
 

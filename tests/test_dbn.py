@@ -1,4 +1,4 @@
-"""Tests for dbn.model.DBN on a small slice of real MNIST: accuracy, inference API, persistence,
+"""Tests for dbn.model.estimator.DBN on a small slice of real MNIST: accuracy, inference API, persistence,
 early stopping and progress callbacks."""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import pytest
 
 from conftest_runtime import DBN_PROGRAM, InProcessJob, events, load_npz, records, run_job, simulate, subprocess_env
 from dbn import DBN
-from dbn.program import DBNProgram
+from dbn.jobs.program import DBNProgram
 from iterreduce.local import LocalJobError
 from iterreduce.master import shard_info
 from iterreduce.shards import list_shards, write_shards

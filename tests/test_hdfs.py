@@ -117,7 +117,7 @@ def test_missing_shard_on_hdfs_is_a_shard_error_naming_the_uri(hdfs, base):
 
 
 def test_shard_info_and_count_classes_read_footers_on_hdfs(hdfs, base):
-    from dbn.sharding import count_classes
+    from dbn.data.sharding import count_classes
     from iterreduce.master import shard_info
 
     uri, path = base
@@ -205,7 +205,7 @@ def _dataset(tmp_path, n=90, n_features=24):
 
 
 def test_shard_dataset_writes_to_hdfs(hdfs, base, tmp_path):
-    from dbn.sharding import shard_dataset
+    from dbn.data.sharding import shard_dataset
 
     uri, path = base
     X, y = _dataset(tmp_path)

@@ -1,4 +1,4 @@
-"""Tests for dbn.mnist: real-data loading, IDX validation, locating, downloading (no network)."""
+"""Tests for dbn.data.mnist: real-data loading, IDX validation, locating, downloading (no network)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dbn import mnist
-from dbn.mnist import MnistError, download_mnist, find_mnist_dir, load_mnist, read_idx, scale_images
+from dbn.data import mnist
+from dbn.data.mnist import MnistError, download_mnist, find_mnist_dir, load_mnist, read_idx, scale_images
 
 REAL_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
 HAVE_REAL = all((REAL_DIR / name).is_file() for name in mnist.MNIST_FILES)

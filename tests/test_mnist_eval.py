@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from dbn.cli import main
-from dbn.mnist_eval import PUBLISHED, mnist_config, prepare_validation, sweep_table
+from dbn.jobs.mnist_eval import PUBLISHED, mnist_config, prepare_validation, sweep_table
 
 from conftest import MNIST_DIR
 
@@ -17,7 +17,7 @@ RESULT_KEYS = {"test_error", "layers", "workers", "sync_every", "epochs", "wall_
 
 @pytest.fixture(autouse=True)
 def _mnist_files():
-    from dbn import mnist
+    from dbn.data import mnist
 
     if not all((MNIST_DIR / name).is_file() for name in mnist.MNIST_FILES):
         pytest.skip(f"real MNIST files not found in {MNIST_DIR}")
@@ -78,7 +78,7 @@ def test_yarn_needs_an_hdfs_output(capsys):
 
 
 def test_sweep_runs_every_pair_and_writes_the_table(tmp_path, monkeypatch, capsys):
-    import dbn.mnist_eval as ev
+    import dbn.jobs.mnist_eval as ev
 
     monkeypatch.setattr(ev, "SWEEP_LAYERS", ((16,),))
     monkeypatch.setattr(ev, "SWEEP_WORKERS", (1, 2))

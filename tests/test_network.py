@@ -1,4 +1,4 @@
-"""Tests for dbn.network.Network: gradient check in float64, training, dropout."""
+"""Tests for dbn.model.network.Network: gradient check in float64, training, dropout."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ NOTEBOOK = REPO / "notebooks" / "mnist_dbn.ipynb"
 
 @pytest.fixture
 def mnist_files():
-    from dbn import mnist
+    from dbn.data import mnist
 
     if not all((MNIST_DIR / name).is_file() for name in mnist.MNIST_FILES):
         pytest.skip(f"real MNIST files not found in {MNIST_DIR}")

@@ -1,4 +1,4 @@
-"""Tests for dbn.plots: reading both log formats, per-epoch aggregation, and the PNG files."""
+"""Tests for dbn.jobs.plots: reading both log formats, per-epoch aggregation, and the PNG files."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ pytest.importorskip("matplotlib")
 from matplotlib.image import imread  # noqa: E402
 
 from dbn import DBN  # noqa: E402
-from dbn.plots import per_epoch, plot_filters, plot_finetune, plot_reconstruction, plot_run, read_log  # noqa: E402
+from dbn.jobs.plots import per_epoch, plot_filters, plot_finetune, plot_reconstruction, plot_run, read_log  # noqa: E402
 
 
 def write_log(path, records):

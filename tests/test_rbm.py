@@ -1,4 +1,4 @@
-"""Tests for dbn.rbm.RBM: the CD update against a naive reference, learning, determinism, state."""
+"""Tests for dbn.model.rbm.RBM: the CD update against a naive reference, learning, determinism, state."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dbn import RBM
-from dbn.rbm import EpochStats
+from dbn.model.rbm import EpochStats
 
 # --------------------------------------------------------------------------- helpers
 

@@ -414,8 +414,8 @@ def test_block_locations_come_from_the_real_namenode(yarn, hdfs, tmp_path):
     assert locality.slot_hosts(uris, 2, hosts) == [[node_host], [node_host]]
 
     # dbn submit turns them into the workers' preferred hosts.
-    from dbn.config import load_config
-    from dbn.submit import prepare
+    from dbn.jobs.spec import load_config
+    from dbn.jobs.yarn import prepare
 
     cfg = load_config(job_file(tmp_path, hdfs.uri("/user/test/located-job"), env="hdfs:///x.tgz"),
                       {"cluster.shards": hdfs.uri("/user/test/located")})

@@ -49,7 +49,7 @@ def test_dry_run_prints_a_spec_skein_accepts_with_workers_resources_gpus_and_env
     assert '"$PWD/environment/bin/python" -m iterreduce.yarn.container master job.json' in spec.master.script
     assert "iterreduce.yarn.container worker job.json" in worker.script
     job_file = Path(spec.master.files["job.json"].source.replace("file://", ""))
-    assert job_file.is_file() and '"dbn.program:DBNProgram"' in job_file.read_text()
+    assert job_file.is_file() and '"dbn.jobs.program:DBNProgram"' in job_file.read_text()
 
 
 def test_dry_run_with_python_ships_no_environment(capsys):

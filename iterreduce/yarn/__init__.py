@@ -12,12 +12,11 @@ how the processes start and find each other differs:
 - :mod:`.locality` finds which hosts hold the shards' HDFS blocks.
 """
 
+from ..exceptions import YarnError  # noqa: F401 - re-exported
+
 # Keys of skein's key-value store that the master and the workers share.
 KV_ADDRESS = "iterreduce/master"      # host:port of the master's gRPC server
 KV_TOKEN = "iterreduce/token"         # the job token workers present
 KV_PROGRESS = "iterreduce/progress"   # the newest superstep record (JSON), for `status`
 KV_SLOT = "iterreduce/worker/"        # + K: held (owned) by the container working as worker-K
 
-
-class YarnError(RuntimeError):
-    """A YARN operation failed; the message says which and why."""

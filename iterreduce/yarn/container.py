@@ -32,16 +32,14 @@ from pathlib import Path
 
 import skein
 
-from .. import checkpoint
-from ..master import JobFailed, Master, MasterConfig
+from ..master import JOB_ERRORS, JobFailed, Master, MasterConfig
 from ..security import TlsCredentials, from_skein, new_token
-from ..shards import ShardError, filesystem, join, list_shards
+from ..shards import filesystem, join, list_shards
 from . import KV_ADDRESS, KV_PROGRESS, KV_SLOT, KV_TOKEN
 
 log = logging.getLogger("iterreduce.yarn")
 
 _CONTAINER_ID = re.compile(r"container_(?:e\d+_)?\d+_\d+_(\d+)_\d+")
-_JOB_ERRORS = (JobFailed, ShardError, checkpoint.CheckpointError, ValueError, TypeError, KeyError)
 
 
 def attempt_number(container_id: str | None = None) -> int:
@@ -114,7 +112,7 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
         server.stop(grace=1.0)
         app.shutdown("SUCCEEDED", diagnostics=f"done; outputs in {job['output']}")
         return 0
-    except _JOB_ERRORS as exc:
+    except JOB_ERRORS as exc:
         reason = f"job failed: {exc}"
     except Exception as exc:  # noqa: BLE001 - a crash: another attempt may get further
         reason = f"master crashed: {type(exc).__name__}: {exc}"
@@ -202,7 +200,7 @@ def main(argv=None) -> int:
         return run_master(args.job, app)
     try:
         return run_worker(args.job, app)
-    except _JOB_ERRORS as exc:
+    except JOB_ERRORS as exc:
         log.error("%s", exc)
         return 1
 

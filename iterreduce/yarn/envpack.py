@@ -12,12 +12,9 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from ..exceptions import EnvPackError
 
 ENV_DIR = "environment"  # the archive's name inside the containers
-
-
-class EnvPackError(RuntimeError):
-    """The environment cannot be packed; the message names the fix."""
 
 
 def environment_kind(prefix: str | None = None) -> str | None:

@@ -43,18 +43,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .backend import DEVICES
-from .model import DBN
-from .rbm import VISIBLE_UNITS
+from ..model.backend import DEVICES
+from ..model.estimator import DBN
+from ..model.rbm import VISIBLE_UNITS
+from ..exceptions import ConfigError
 
 __all__ = [
     "ConfigError", "DataSection", "ModelSection", "OutputSection", "JobSection", "ClusterSection", "JobConfig",
     "PAPER", "QUICK", "load_config", "parse_override",
 ]
-
-
-class ConfigError(ValueError):
-    """A job configuration that cannot be used; the message names file, section and key."""
 
 
 # ------------------------------------------------------------------ sections

@@ -23,9 +23,9 @@ from iterreduce.yarn import locality
 from iterreduce.yarn.envpack import pack_environment
 from iterreduce.yarn.spec import YarnOptions, build_spec
 
-from .config import ConfigError, JobConfig
+from .spec import ConfigError, JobConfig
 from .distributed import PROGRAM, program_config
-from .sharding import shard_dataset
+from ..data.sharding import shard_dataset
 
 #: Where submissions keep their job files and packed environments.
 CACHE = Path.home() / ".cache" / "dbn-yarn"

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .backend import Backend
-from .validation import check_features
+from ..data.validation import check_features
 
 VISIBLE_UNITS = ("bernoulli", "gaussian")
 STATE_KEYS = ("weights", "visible_bias", "hidden_bias", "weights_inc", "visible_bias_inc", "hidden_bias_inc")

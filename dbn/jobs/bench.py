@@ -7,7 +7,7 @@ sklearn, ..., sgemm) so that a shared machine's load changes hit all three alike
   CuPy on the GPU (synchronised). Each measurement is the best of 3 timed
   products (after one untimed warm-up product); the reported figure is the
   median of the ``rounds + 1`` measurements.
-* ``samples_per_s``: :class:`dbn.rbm.RBM` with CD-1 on random binary data
+* ``samples_per_s``: :class:`dbn.model.rbm.RBM` with CD-1 on random binary data
   (20,000 x n_visible, float32), running ``train_epoch`` over chunks of 20
   minibatches after a warm-up; at least ``seconds`` of timed training in all,
   split evenly over the rounds. Median of the rounds.
@@ -31,8 +31,8 @@ import time
 
 import numpy as np
 
-from .backend import Backend
-from .rbm import RBM
+from ..model.backend import Backend
+from ..model.rbm import RBM
 
 CHUNK = 20  # minibatches per timed call of train_epoch
 

@@ -21,11 +21,11 @@ import numpy as np
 from iterreduce.program import Program, Step, Update, WorkerProgram, block_momentum_average, weighted_average
 from iterreduce.shards import read_shard
 
-from .model import DBN
-from .network import Network
-from .rbm import RBM
-from .sharding import count_classes
-from .validation import check_features
+from ..model.estimator import DBN
+from ..model.network import Network
+from ..model.rbm import RBM
+from ..data.sharding import count_classes
+from ..data.validation import check_features
 
 RBM_KEYS = ("weights", "hidden_bias", "visible_bias", "weights_inc", "hidden_bias_inc", "visible_bias_inc")
 
@@ -53,7 +53,7 @@ class DBNProgram(Program):
     for fine-tuning (0 = plain averaging; see :func:`iterreduce.program.block_momentum_average`),
     and ``validation``: URI of a labelled shard for a validation error per fine-tuning epoch."""
 
-    worker_class = "dbn.program:DBNWorker"
+    worker_class = "dbn.jobs.program:DBNWorker"
 
     def __init__(self, config):
         super().__init__(config)

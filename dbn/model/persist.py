@@ -13,14 +13,11 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+from ..exceptions import ModelFileError
 
 FORMAT = "dbn-yarn-model"
 VERSION = 1
 _HEADER = "__header__"
-
-
-class ModelFileError(ValueError):
-    """A model file that is missing, truncated, corrupt or of another format."""
 
 
 def atomic_write(path, write) -> None:

@@ -24,10 +24,10 @@ from typing import Callable
 
 from iterreduce.shards import filesystem, join, write_shards
 
-from .backend import resolve_device
-from .config import JobConfig, load_config
-from .mnist import load_mnist, scale_images
-from .model import DBN
+from ..model.backend import resolve_device
+from .spec import JobConfig, load_config
+from ..data.mnist import load_mnist, scale_images
+from ..model.estimator import DBN
 
 #: Published test errors of 784-500-500-2000-10 on MNIST (see the README).
 PUBLISHED = {(500, 500, 2000): {1: ("1.2 %", "Hinton & Salakhutdinov 2006"), 10: ("1.66 %", "PayPal 2014, 10 nodes")}}
@@ -149,7 +149,7 @@ def _run_yarn(cfg: JobConfig, local: Path, log) -> dict:
     from iterreduce.yarn import client as yarn
 
     from .distributed import timings
-    from .submit import prepare
+    from .yarn import prepare
 
     submission = prepare(cfg, log=log)
     client = yarn.connect(cfg.yarn.principal, cfg.yarn.keytab)

@@ -10,10 +10,10 @@ from typing import Callable
 from iterreduce.local import run_local
 from iterreduce.shards import list_shards
 
-from .config import JobConfig
-from .sharding import count_classes, shard_dataset
+from .spec import JobConfig
+from ..data.sharding import count_classes, shard_dataset
 
-PROGRAM = "dbn.program:DBNProgram"
+PROGRAM = "dbn.jobs.program:DBNProgram"
 
 
 def prepare_shards(cfg: JobConfig, n_shards: int) -> str:

@@ -6,7 +6,7 @@ to the originals from yann.lecun.com/exdb/mnist/ (their SHA256 sums are checked)
 
 Typical use::
 
-    from dbn.mnist import load_mnist, scale_images
+    from dbn.data.mnist import load_mnist, scale_images
     data = load_mnist()                    # finds the files, verifies checksums
     x = scale_images(data.x_train)         # (60000, 784) float32 in [0, 1]
 
@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Iterable, NamedTuple
 
 import numpy as np
+from ..exceptions import MnistError
 
 __all__ = [
     "DEFAULT_MIRRORS",
@@ -47,10 +48,6 @@ __all__ = [
     "read_idx",
     "scale_images",
 ]
-
-
-class MnistError(ValueError):
-    """A problem with the MNIST files; the message names the file and what is wrong."""
 
 
 class FileInfo(NamedTuple):
@@ -188,7 +185,7 @@ def find_mnist_dir() -> Path:
         "MNIST files not found; looked in:\n  "
         + "\n  ".join(looked)
         + f"\nSet ${ENV_VAR}, pass data_dir=, or fetch them with "
-        f"dbn.mnist.download_mnist() (into {default_cache_dir()})."
+        f"dbn.data.mnist.download_mnist() (into {default_cache_dir()})."
     )
 
 
@@ -243,7 +240,7 @@ def load_mnist(data_dir: str | os.PathLike | None = None, *, verify: bool = True
     if missing:
         raise MnistError(
             "missing MNIST file(s): " + ", ".join(missing)
-            + f"; fetch them with dbn.mnist.download_mnist({str(d)!r})"
+            + f"; fetch them with dbn.data.mnist.download_mnist({str(d)!r})"
         )
     if verify:
         for p in paths.values():

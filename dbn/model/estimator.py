@@ -11,7 +11,7 @@ from . import persist
 from .backend import Backend
 from .network import Network
 from .rbm import RBM
-from .validation import DataError, check_features, check_labels
+from ..data.validation import DataError, check_features, check_labels
 
 
 class DBN:
@@ -28,7 +28,7 @@ class DBN:
         Units of the first RBM's visible layer (data in [0, 1], or real-valued).
     cd_k, persistent, pretrain_epochs, pretrain_learning_rate, momentum,
     final_momentum, momentum_epoch, weight_cost, pretrain_batch_size :
-        RBM pre-training, see :class:`dbn.rbm.RBM`. ``pretrain_learning_rate``
+        RBM pre-training, see :class:`dbn.model.rbm.RBM`. ``pretrain_learning_rate``
         may be a list with one rate per layer.
     finetune_epochs, finetune_learning_rate, finetune_lr_decay, finetune_momentum,
     finetune_weight_cost, finetune_batch_size :

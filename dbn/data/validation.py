@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
-
-
-class DataError(ValueError):
-    """Input data that cannot be trained on or predicted from."""
+from ..exceptions import DataError
 
 
 def check_features(X, *, name: str = "X", n_features: int | None = None, unit_interval: bool = False) -> np.ndarray:

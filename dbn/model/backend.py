@@ -8,13 +8,10 @@ only ``to_numpy`` brings them back to the host.
 from __future__ import annotations
 
 import numpy as np
+from ..exceptions import BackendError
 
 DEVICES = ("cpu", "gpu", "auto")
 DTYPES = ("float32", "float64")
-
-
-class BackendError(RuntimeError):
-    """The requested device or dtype cannot be used on this machine."""
 
 
 def _import_cupy():

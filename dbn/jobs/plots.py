@@ -180,7 +180,7 @@ def plot_run(out_dir) -> list[Path]:
     """Write ``reconstruction.png``, ``finetune.png`` and ``filters.png`` into a run's
     directory, from its ``log.jsonl`` and ``model.npz``; a plot whose data is absent is
     skipped. Returns the paths written."""
-    from .model import DBN
+    from ..model.estimator import DBN
 
     out_dir = Path(out_dir)
     log, model_path = out_dir / "log.jsonl", out_dir / "model.npz"

@@ -1,0 +1,40 @@
+"""Every error the runtime raises on purpose, under one base class.
+
+A caller (a command line, a launcher) catches :class:`IterReduceError` to tell a
+job's failure, whose message names the file, shard or setting at fault, from a
+bug. Each class also keeps the built-in base it always had (``ValueError`` for
+bad input, ``RuntimeError`` for a failed operation), so ``except ValueError``
+still works.
+"""
+
+
+class IterReduceError(Exception):
+    """Base class of the runtime's errors."""
+
+
+class ShardError(IterReduceError, ValueError):
+    """A shard that cannot be used: unreadable, empty, or of the wrong shape."""
+
+
+class CheckpointError(IterReduceError, ValueError):
+    """A checkpoint that is missing, unreadable or of another job."""
+
+
+class WireError(IterReduceError, ValueError):
+    """A malformed or oversized tensor stream."""
+
+
+class JobFailed(IterReduceError, RuntimeError):
+    """The job cannot go on (no workers, bad shards, a program error)."""
+
+
+class LocalJobError(IterReduceError, RuntimeError):
+    """A job on the local mini-cluster failed; the message says why and where the logs are."""
+
+
+class YarnError(IterReduceError, RuntimeError):
+    """A YARN operation failed; the message says which and why."""
+
+
+class EnvPackError(IterReduceError, RuntimeError):
+    """The Python environment cannot be packed for the containers."""
