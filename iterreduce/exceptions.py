@@ -38,3 +38,7 @@ class YarnError(IterReduceError, RuntimeError):
 
 class EnvPackError(IterReduceError, RuntimeError):
     """The Python environment cannot be packed for the containers."""
+
+
+class AppSpecError(IterReduceError, ValueError):
+    """A YARN application spec that cannot be built (skein refuses a value, or no Python is given)."""

@@ -9,6 +9,7 @@ back), forwards the master's progress lines, and stops everything on Ctrl-C.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -16,10 +17,10 @@ import threading
 import subprocess
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
+from . import runlog
 from .master import MasterConfig
 from .security import new_token
 from .shards import list_shards
@@ -51,7 +52,8 @@ class LocalCluster:
         self.restarts: dict[str, int] = {}
         self.workers: dict[str, subprocess.Popen] = {}
         self.master: subprocess.Popen | None = None
-        self._log_pos = 0
+        self._log = runlog.log_path(self.out)
+        self._follower = runlog.Follower(self._log)
         self.last_worker_error = ""
 
     def _env(self, index: int | None) -> dict:
@@ -76,11 +78,11 @@ class LocalCluster:
         self.logs.mkdir(parents=True, exist_ok=True)
         (self.out / "master.json").unlink(missing_ok=True)
         (self.out / "error.txt").unlink(missing_ok=True)
-        job = asdict(self.config)
+        job = self.config.to_dict()
         job.pop("token")  # travels in the environment, not in a file
         job_file = self.out / "job.json"
         job_file.write_text(json.dumps(job, indent=2))
-        self._log_pos = (self.out / "log.jsonl").stat().st_size if (self.out / "log.jsonl").exists() else 0
+        self._follower = runlog.Follower.at_end(self._log)  # forward this run's records only
         self.master = self._spawn(["iterreduce.master", str(job_file)], "master", None)
         deadline = time.monotonic() + 60
         while not (self.out / "master.json").exists():
@@ -116,17 +118,9 @@ class LocalCluster:
         return lines[-1].strip() if lines else ""
 
     def _forward_records(self) -> None:
-        path = self.out / "log.jsonl"
-        if not path.exists():
-            return
-        with open(path, "rb") as f:
-            f.seek(self._log_pos)
-            data = f.read()
-        end = data.rfind(b"\n") + 1
-        self._log_pos += end
-        for line in data[:end].splitlines():
-            if line.strip() and self.on_record:
-                self.on_record(json.loads(line))
+        for record in self._follower.poll():
+            if self.on_record:
+                self.on_record(record)
 
     def supervise(self) -> None:
         """Wait for the job to end, restarting failed workers; raises on failure."""
@@ -162,8 +156,8 @@ class LocalCluster:
 
     def _record_event(self, event: str, **fields) -> None:
         """Append a launcher event to the job's log; the tail reader forwards it like the rest."""
-        with open(self.out / "log.jsonl", "a") as log:
-            log.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
+        with runlog.RunLog(self._log) as log:
+            log.event(event, **fields)
 
     def _wait_workers(self, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout
@@ -183,26 +177,22 @@ class LocalCluster:
                 proc.wait()
 
 
-def run_local(*, program: str, program_config: dict, shards, workers: int, output: str, seed: int = 0,
-              resume: bool = False, max_restarts: int = 3, device: str = "cpu", float16_wire: bool = False,
-              heartbeat_interval: float = 1.0, heartbeat_timeout: float = 10.0, checkpoint_every: int = 1,
+def run_local(config: MasterConfig, *, max_restarts: int = 3, device: str = "cpu",
               threads_per_worker: int | None = None, on_record: Callable[[dict], None] | None = None) -> Path:
-    """Run one job on a local mini-cluster of ``workers`` worker processes; returns the output dir.
+    """Run the job ``config`` describes on a local mini-cluster of ``config.workers`` worker
+    processes; returns the output dir.
 
-    ``shards`` is a directory URI of Parquet shards or a list of shard URIs.
-    Checkpoints go to ``OUTPUT/checkpoints``; ``resume=True`` continues from the newest.
+    The launcher completes the config: ``shards`` may be a directory URI of Parquet
+    shards, an empty ``token`` gets a fresh one, and checkpoints go to OUTPUT/checkpoints
+    unless ``checkpoint_dir`` says otherwise; ``resume=True`` continues from the newest.
     """
-    uris = list_shards(shards) if isinstance(shards, str) else list(shards)
-    out = Path(output).resolve()
+    out = Path(config.output).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    if not resume:  # a new run's log starts afresh; a resumed one continues it
-        (out / "log.jsonl").unlink(missing_ok=True)
-    config = MasterConfig(
-        program=program, program_config=program_config, shards=uris, workers=workers, token=new_token(),
-        output=str(out), seed=seed, checkpoint_dir=str(out / "checkpoints"), checkpoint_every=checkpoint_every,
-        resume=resume, heartbeat_interval=heartbeat_interval, heartbeat_timeout=heartbeat_timeout,
-        float16_wire=float16_wire,
-    )
+    if not config.resume:  # a new run's log starts afresh; a resumed one continues it
+        runlog.log_path(out).unlink(missing_ok=True)
+    shards = list_shards(config.shards) if isinstance(config.shards, str) else list(config.shards)
+    config = dataclasses.replace(config, shards=shards, output=str(out), token=config.token or new_token(),
+                                 checkpoint_dir=config.checkpoint_dir or str(out / "checkpoints"))
     cluster = LocalCluster(config, max_restarts=max_restarts, device=device,
                            threads_per_worker=threads_per_worker, on_record=on_record)
     with _sigterm_as_exit():

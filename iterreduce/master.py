@@ -10,11 +10,13 @@ until a worker of the same name registers again.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +25,7 @@ import grpc
 import numpy as np
 import pyarrow.parquet as pq
 
-from . import checkpoint, wire
+from . import checkpoint, runlog, wire
 from .program import MASTER_ONLY, Program, Update, load_class, step_to_json
 from .proto import iterreduce_pb2 as pb
 from .proto import iterreduce_pb2_grpc as pb_grpc
@@ -59,6 +61,27 @@ class MasterConfig:
     heartbeat_timeout: float = 10.0
     start_timeout: float = 300.0
     float16_wire: bool = False
+
+    def to_dict(self) -> dict:
+        """The fields as a JSON-friendly dict (what :meth:`from_dict` reads back)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "job file") -> MasterConfig:
+        """A config from a dict such as a JSON job file; raises ``ValueError`` naming
+        ``source`` and any unknown or missing key (a typo must not be silently ignored)."""
+        if not isinstance(d, dict):
+            raise ValueError(f"{source}: expected a JSON object of MasterConfig fields, got {type(d).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"{source}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}")
+        required = {f.name for f in dataclasses.fields(cls)
+                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
+        missing = sorted(required - set(d))
+        if missing:
+            raise ValueError(f"{source}: missing key{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")
+        return cls(**d)
 
 
 @dataclass
@@ -123,7 +146,7 @@ class Master(pb_grpc.MasterServicer):
         self.parameters: dict[str, np.ndarray] = {}
         self.versions: dict[str, int] = {}
         self._incarnation = 0
-        self._log = open(self.out / "log.jsonl", "a", buffering=1)
+        self._log = runlog.RunLog(runlog.log_path(self.out))
         # Called with each superstep's progress record (e.g. to report progress to YARN).
         self.listeners: list = []
 
@@ -333,7 +356,7 @@ class Master(pb_grpc.MasterServicer):
     # ------------------------------------------------------------ schedule
 
     def _event(self, event: str, **fields) -> None:
-        self._log.write(json.dumps({"event": event, "time": time.time(), **fields}) + "\n")
+        self._log.event(event, **fields)
 
     def _wait_for_workers(self) -> None:
         deadline = time.monotonic() + self.config.start_timeout
@@ -415,15 +438,10 @@ class Master(pb_grpc.MasterServicer):
         elapsed = time.perf_counter() - started
         evaluated = time.perf_counter()
         metrics = self.program.evaluate(step, self.parameters)  # not part of the sync time
-        record = {
-            "step": index, "of": len(self.steps), "phase": step.phase, **dict(step.info),
-            **self.program.summarize(step, updates), **metrics,
-            "shards": len(updates), "shards_total": len(self.shards),
-            "seconds": elapsed, "compute_seconds": compute,
-            "sync_seconds": max(elapsed - compute, 0.0), "reduce_seconds": evaluated - reduce_start,
-            "time": time.time(),
-        }
-        self._log.write(json.dumps(record) + "\n")
+        record = self._log.write(runlog.step_record(
+            index, len(self.steps), step.phase, {**dict(step.info), **self.program.summarize(step, updates), **metrics},
+            shards=len(updates), shards_total=len(self.shards),
+            seconds=elapsed, compute_seconds=compute, reduce_seconds=evaluated - reduce_start))
         for listener in self.listeners:
             listener(record)
 
@@ -447,6 +465,23 @@ class Master(pb_grpc.MasterServicer):
         threading.Thread(target=self._monitor, daemon=True).start()
         return server, f"{self.config.advertise_host or self.config.host}:{port}"
 
+    def serve_and_run(self, tls: TlsCredentials | None = None,
+                      on_serving: Callable[[str], None] | None = None) -> None:
+        """Run the whole job: serve, tell ``on_serving`` the address workers dial, run
+        the schedule, give the workers time to fetch DONE, stop the server.
+
+        Raises what :meth:`run` raises (a job error); the server is stopped either way.
+        """
+        server, address = self.serve(tls=tls)
+        try:
+            log.info("serving %d shards on %s%s", len(self.shards), address, " with mutual TLS" if tls else "")
+            if on_serving is not None:
+                on_serving(address)
+            self.run()
+            time.sleep(2 * self.config.heartbeat_interval)  # let workers fetch DONE
+        finally:
+            server.stop(grace=1.0)
+
 
 def main(argv=None) -> int:
     """``python -m iterreduce.master JOB.json``: serve one job, then exit (0 on success)."""
@@ -456,22 +491,23 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="iterreduce.master")
     ap.add_argument("job", help="JSON file with the MasterConfig fields (the token may come from $ITERREDUCE_TOKEN)")
     args = ap.parse_args(argv)
-    fields = json.loads(Path(args.job).read_text())
-    fields.setdefault("token", os.environ.get("ITERREDUCE_TOKEN", ""))
-    config = MasterConfig(**fields)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s master %(levelname)s %(message)s")
     try:
-        master = Master(config)
-        server, address = master.serve()
+        job = json.loads(Path(args.job).read_text())
+        job.setdefault("token", os.environ.get("ITERREDUCE_TOKEN", ""))
+        config = MasterConfig.from_dict(job, source=args.job)
+    except (OSError, ValueError) as exc:  # no config, so no output directory for error.txt
+        log.error("job failed: %s", exc)
+        return 1
+
+    def publish(address: str) -> None:
         # The launcher waits for this file to learn the address.
-        info = {"address": address, "pid": os.getpid()}
         tmp = Path(config.output) / ".master.json.tmp"
-        tmp.write_text(json.dumps(info))
+        tmp.write_text(json.dumps({"address": address, "pid": os.getpid()}))
         tmp.replace(Path(config.output) / "master.json")
-        log.info("serving %d shards on %s", len(master.shards), address)
-        master.run()
-        time.sleep(2 * config.heartbeat_interval)  # let workers fetch DONE
-        server.stop(grace=1.0)
+
+    try:
+        Master(config).serve_and_run(on_serving=publish)
         return 0
     except JOB_ERRORS as exc:
         log.error("job failed: %s", exc)

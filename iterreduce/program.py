@@ -26,9 +26,6 @@ import numpy as np
 
 Arrays = dict[str, np.ndarray]
 
-RUN = "run"  # workers compute updates that the master reduces
-LOCAL = "local"  # workers act on their own shards (e.g. transform them); nothing to reduce
-
 
 @dataclass(frozen=True)
 class Step:
@@ -42,7 +39,6 @@ class Step:
     phase: str
     info: Mapping[str, Any] = field(default_factory=dict)
     arrays: tuple[str, ...] = ()
-    kind: str = RUN
 
 
 @dataclass
@@ -182,9 +178,11 @@ def load_class(path: str):
 
 
 def step_to_json(step: Step) -> str:
-    return json.dumps({"phase": step.phase, "info": dict(step.info), "arrays": list(step.arrays), "kind": step.kind})
+    """A step as the JSON text the master sends to workers (and fingerprints a job with)."""
+    return json.dumps({"phase": step.phase, "info": dict(step.info), "arrays": list(step.arrays)})
 
 
 def step_from_json(text: str) -> Step:
+    """The step :func:`step_to_json` wrote."""
     d = json.loads(text)
-    return Step(d["phase"], d["info"], tuple(d["arrays"]), d["kind"])
+    return Step(d["phase"], d["info"], tuple(d["arrays"]))

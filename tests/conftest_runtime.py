@@ -178,17 +178,21 @@ def log_tail(output, lines: int = 8) -> str:
     return "\n".join(parts)
 
 
-def run_job(*, timeout: float = 60.0, **kwargs) -> Path:
-    """``iterreduce.local.run_local(**kwargs)``, failing (not hanging) after ``timeout`` seconds."""
+def run_job(*, timeout: float = 60.0, max_restarts: int = 3, device: str = "cpu", on_record=None, **fields) -> Path:
+    """``iterreduce.local.run_local`` of a MasterConfig with ``fields``, failing (not hanging)
+    after ``timeout`` seconds."""
     from iterreduce.local import run_local
+    from iterreduce.master import MasterConfig
 
-    kwargs.setdefault("heartbeat_interval", 0.2)
-    kwargs.setdefault("heartbeat_timeout", 2.0)
+    fields.setdefault("heartbeat_interval", 0.2)
+    fields.setdefault("heartbeat_timeout", 2.0)
+    config = MasterConfig(token="", **fields)
+    kwargs = {"max_restarts": max_restarts, "device": device, "on_record": on_record}
     box: dict = {}
 
     def target():
         try:
-            box["out"] = run_local(**kwargs)
+            box["out"] = run_local(config, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - handed to the test thread
             box["exc"] = exc
 
@@ -196,7 +200,7 @@ def run_job(*, timeout: float = 60.0, **kwargs) -> Path:
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
-        out = Path(kwargs["output"])
+        out = Path(config.output)
         kill_master(out)  # the launcher then stops the workers and returns
         thread.join(20)
         raise AssertionError(f"job in {out} did not finish within {timeout:.0f} s\n{log_tail(out)}")

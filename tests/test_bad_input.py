@@ -200,7 +200,7 @@ def test_zip_of_other_files(tmp_path):
 def test_model_file_missing_arrays(saved, tmp_path):
     """A file with a valid header whose arrays are incomplete."""
     with np.load(saved) as npz:
-        arrays = {name: npz[name] for name in npz.files if name != "network.weights.1"}
+        arrays = {name: npz[name] for name in npz.files if name != "net.1.weights"}
     broken = tmp_path / "broken.npz"
     np.savez(broken, **arrays)
     with pytest.raises(ModelFileError, match="inconsistent") as info:
@@ -242,7 +242,7 @@ def test_failed_first_save_creates_nothing(fitted, tmp_path, monkeypatch):
 
 @pytest.mark.skipif(dbn.gpu_available(), reason="a GPU is present: device='gpu' works here")
 def test_gpu_without_gpu_gives_install_hint():
-    for make in (lambda: Backend("gpu"), lambda: RBM(3, device="gpu"), lambda: DBN([3], device="gpu")):
+    for make in (lambda: Backend("gpu"), lambda: RBM(3, device="gpu").backend, lambda: DBN([3], device="gpu").backend):
         with pytest.raises(BackendError, match=r"CuPy and a CUDA device.*pip install 'dbn-yarn\[gpu\]'"):
             make()
     assert Backend("auto").device == "cpu"
@@ -260,12 +260,12 @@ def test_bad_device_and_dtype_strings():
     with pytest.raises(BackendError, match=r"dtype must be one of \('float32', 'float64'\), got 'float16'"):
         Backend("cpu", "float16")
     with pytest.raises(BackendError, match="device must be one of"):
-        DBN([3], device="CPU")
+        DBN([3], device="CPU").fit(np.zeros((4, 2)), [0, 1, 0, 1])
     with pytest.raises(BackendError, match="dtype must be one of"):
-        RBM(3, device="cpu", dtype="int32")
+        RBM(3, device="cpu", dtype="int32").fit(np.zeros((4, 2)))
     with pytest.raises(ValueError, match="visible must be one of"):
-        RBM(3, visible="poisson", device="cpu")
+        RBM(3, visible="poisson", device="cpu").validate_params()
     for name in ("n_hidden", "cd_k", "batch_size"):
         kwargs = {"n_hidden": 3, name: 0}
         with pytest.raises(ValueError, match=f"{name} must be >= 1"):
-            RBM(device="cpu", **kwargs)
+            RBM(device="cpu", **kwargs).validate_params()

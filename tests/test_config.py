@@ -11,7 +11,7 @@ import pytest
 
 from dbn import DBN
 from dbn.jobs.spec import (
-    PAPER, QUICK, ConfigError, DataSection, JobConfig, ModelSection, load_config, parse_override,
+    PAPER, QUICK, ConfigError, DataSection, JobSpec, ModelSection, load_spec, parse_override,
 )
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -38,13 +38,13 @@ def test_model_section_mirrors_dbn_signature():
 
 def test_job_defaults_come_from_dbn():
     params = inspect.signature(DBN.__init__).parameters
-    cfg = load_config(None)
+    cfg = load_spec(None)
     assert cfg.job.seed == params["seed"].default
     assert cfg.job.device == params["device"].default
 
 
 def test_default_config_is_the_paper_run():
-    cfg = load_config(None)
+    cfg = load_spec(None)
     assert cfg.source is None and cfg.job.name == "mnist" and cfg.output.dir == str(Path("runs/mnist"))
     assert cfg.data == DataSection(train="mnist", test="mnist")
     assert cfg.model.hidden_layers == (500, 500, 2000)
@@ -53,8 +53,8 @@ def test_default_config_is_the_paper_run():
 
 
 def test_examples_match_builtin_jobs():
-    paper, quick = load_config(EXAMPLES / "mnist.toml"), load_config(EXAMPLES / "quick.toml")
-    default, default_quick = load_config(None), load_config(None, QUICK)
+    paper, quick = load_spec(EXAMPLES / "mnist.toml"), load_spec(EXAMPLES / "quick.toml")
+    default, default_quick = load_spec(None), load_spec(None, QUICK)
     for section in ("data", "model", "job"):
         assert getattr(paper, section) == getattr(default, section)
     assert (quick.data, quick.model) == (default_quick.data, default_quick.model)
@@ -63,14 +63,14 @@ def test_examples_match_builtin_jobs():
 
 
 def test_empty_file_gives_dbn_defaults_and_name_from_file(tmp_path):
-    cfg = load_config(write(tmp_path, "", "exp1.toml"))
+    cfg = load_spec(write(tmp_path, "", "exp1.toml"))
     assert cfg.model == ModelSection()
     assert cfg.data == DataSection()
     assert cfg.job.name == "exp1" and cfg.output.dir == str(Path("runs/exp1"))
 
 
 def test_dbn_params_build_a_model(tmp_path):
-    cfg = load_config(write(tmp_path, "[model]\nhidden_layers = [8, 4]\npretrain_learning_rate = [0.1, 0.05]\n"
+    cfg = load_spec(write(tmp_path, "[model]\nhidden_layers = [8, 4]\npretrain_learning_rate = [0.1, 0.05]\n"
                                       "[job]\ndevice = 'cpu'\nseed = 3\n"))
     model = DBN(**cfg.dbn_params())
     assert model.hidden_layers == [8, 4] and model.pretrain_learning_rate == [0.1, 0.05]
@@ -78,11 +78,11 @@ def test_dbn_params_build_a_model(tmp_path):
 
 
 def test_to_dict_is_json_and_config_is_frozen(tmp_path):
-    cfg = load_config(write(tmp_path, "[model]\nhidden_layers = [8, 4]\n"))
+    cfg = load_spec(write(tmp_path, "[model]\nhidden_layers = [8, 4]\n"))
     d = json.loads(json.dumps(cfg.to_dict()))
     assert d["model"]["hidden_layers"] == [8, 4]
     assert set(d) == {"data", "model", "output", "job", "cluster", "yarn", "source"}
-    assert isinstance(cfg, JobConfig)
+    assert isinstance(cfg, JobSpec)
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.model.pretrain_epochs = 1
 
@@ -91,7 +91,7 @@ def test_to_dict_is_json_and_config_is_frozen(tmp_path):
 
 
 def test_types_are_checked_and_numbers_widened(tmp_path):
-    cfg = load_config(write(tmp_path, "[model]\nfinetune_learning_rate = 1\nearly_stopping_patience = 3\n"
+    cfg = load_spec(write(tmp_path, "[model]\nfinetune_learning_rate = 1\nearly_stopping_patience = 3\n"
                                       "persistent = true\nvisible = 'gaussian'\n"))
     assert cfg.model.finetune_learning_rate == 1.0 and isinstance(cfg.model.finetune_learning_rate, float)
     assert cfg.model.early_stopping_patience == 3 and cfg.model.persistent is True
@@ -99,14 +99,14 @@ def test_types_are_checked_and_numbers_widened(tmp_path):
 
 def test_relative_data_paths_follow_the_config_file(tmp_path):
     (tmp_path / "sub").mkdir()
-    cfg = load_config(write(tmp_path / "sub", "[data]\ntrain = 'train.npz'\ntest = 'mnist'\nmnist_dir = '../m'\n"))
+    cfg = load_spec(write(tmp_path / "sub", "[data]\ntrain = 'train.npz'\ntest = 'mnist'\nmnist_dir = '../m'\n"))
     assert cfg.data.train == str(tmp_path / "sub" / "train.npz")
     assert cfg.data.test == "mnist"
     assert Path(cfg.data.mnist_dir).resolve() == (tmp_path / "m").resolve()
 
 
 def test_overrides_parse_command_line_strings(tmp_path):
-    cfg = load_config(write(tmp_path, "[model]\npretrain_epochs = 7\n"), {
+    cfg = load_spec(write(tmp_path, "[model]\npretrain_epochs = 7\n"), {
         "model.pretrain_epochs": "5", "model.hidden_layers": "30,20", "model.dropout": "0.25",
         "model.persistent": "true", "model.early_stopping_patience": "none",
         "model.pretrain_learning_rate": "[0.1, 0.2]", "data.train": "x.npz", "job.name": "42",
@@ -152,12 +152,12 @@ def test_parse_override():
 ])
 def test_bad_files_name_file_section_and_key(tmp_path, text, message):
     with pytest.raises(ConfigError, match=message):
-        load_config(write(tmp_path, text))
+        load_spec(write(tmp_path, text))
 
 
 def test_missing_file(tmp_path):
     with pytest.raises(ConfigError, match=r"nope.toml: no such config file"):
-        load_config(tmp_path / "nope.toml")
+        load_spec(tmp_path / "nope.toml")
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -169,7 +169,7 @@ def test_missing_file(tmp_path):
 ])
 def test_bad_overrides(overrides, message):
     with pytest.raises(ConfigError, match=message):
-        load_config(None, overrides)
+        load_spec(None, overrides)
 
 
 def test_config_error_is_a_value_error():
@@ -177,28 +177,67 @@ def test_config_error_is_a_value_error():
 
 
 def test_cluster_section_defaults_to_one_process_and_validates(tmp_path):
-    cfg = load_config(None)
+    cfg = load_spec(None)
     assert cfg.cluster.workers == 0 and cfg.cluster.sync_every == 0
     job = tmp_path / "job.toml"
     job.write_text("[cluster]\nworkers = 4\nsync_every = 10\n")
-    cfg = load_config(job)
+    cfg = load_spec(job)
     assert (cfg.cluster.workers, cfg.cluster.sync_every) == (4, 10)
     job.write_text("[cluster]\nworkers = -1\n")
     with pytest.raises(ConfigError, match=r"\[cluster\] workers: must be >= 0"):
-        load_config(job)
+        load_spec(job)
     job.write_text("[cluster]\nheartbeat_timeout = 0\n")
     with pytest.raises(ConfigError, match="heartbeat_timeout"):
-        load_config(job)
+        load_spec(job)
     with pytest.raises(ConfigError, match="unknown key 'worker'"):
-        load_config(None, {"cluster.worker": "3"})
+        load_spec(None, {"cluster.worker": "3"})
 
 
 def test_yarn_section_reads_strings_lists_and_checks_counts(tmp_path):
-    cfg = load_config(write(tmp_path, '[yarn]\nqueue = "ml"\nfile_systems = ["hdfs://a:8020", "hdfs://b"]\n'
+    cfg = load_spec(write(tmp_path, '[yarn]\nqueue = "ml"\nfile_systems = ["hdfs://a:8020", "hdfs://b"]\n'
                                       'worker_gpus = 2\nkeytab = "me.keytab"\n'))
     assert cfg.yarn.queue == "ml" and cfg.yarn.file_systems == ("hdfs://a:8020", "hdfs://b")
     assert cfg.yarn.worker_gpus == 2 and cfg.yarn.keytab == str(tmp_path / "me.keytab")  # relative to the file
     with pytest.raises(ConfigError, match=r"\[yarn\] file_systems: expected an array of strings"):
-        load_config(write(tmp_path, "[yarn]\nfile_systems = [1]\n"))
+        load_spec(write(tmp_path, "[yarn]\nfile_systems = [1]\n"))
     with pytest.raises(ConfigError, match=r"\[yarn\] max_attempts: must be >= 1, got 0"):
-        load_config(write(tmp_path, "[yarn]\nmax_attempts = 0\n"))
+        load_spec(write(tmp_path, "[yarn]\nmax_attempts = 0\n"))
+
+
+# ------------------------------------------------------- the spec as data
+
+
+def test_spec_round_trips_through_toml_and_json(tmp_path):
+    spec = load_spec(EXAMPLES / "yarn.toml", {"model.hidden_layers": "300,100", "data.limit": "500",
+                                              "model.pretrain_learning_rate": "[0.1, 0.05]"})
+    again = tmp_path / "again.toml"
+    again.write_text(spec.to_toml())
+    reread = load_spec(again)
+    assert (reread.data, reread.model, reread.output, reread.job, reread.cluster, reread.yarn) == \
+        (spec.data, spec.model, spec.output, spec.job, spec.cluster, spec.yarn)
+    assert JobSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+
+
+def test_from_dict_checks_every_value_and_names_the_origin():
+    with pytest.raises(ConfigError, match=r"job\.json: \[cluster\] unknown key 'wrokers' \(did you mean 'workers'\?\)"):
+        JobSpec.from_dict({"cluster": {"wrokers": 2}}, origin="job.json")
+    with pytest.raises(ConfigError, match=r"job\.json: \[model\] hidden_layers: expected a non-empty array"):
+        JobSpec.from_dict({"model": {"hidden_layers": []}}, origin="job.json")
+    with pytest.raises(ConfigError, match=r"job\.json: \[model\] pretrain_learning_rate has 1 values for 2"):
+        JobSpec.from_dict({"model": {"hidden_layers": [4, 2], "pretrain_learning_rate": [0.1]}}, origin="job.json")
+
+
+def test_replace_checks_the_changed_values_too():
+    spec = load_spec(None)
+    assert spec.replace(data={"limit": 10}).data.limit == 10
+    with pytest.raises(ConfigError, match=r"\[data\] limit: must be a positive number of rows"):
+        spec.replace(data={"limit": 0})
+
+
+def test_master_config_is_the_runtime_part_of_the_spec():
+    spec = load_spec(None, {"cluster.workers": 3, "cluster.heartbeat_timeout": 7.5, "cluster.float16_wire": True,
+                            "job.seed": 9})
+    config = spec.master_config(shards=["a.parquet"], output="out", n_classes=10)
+    assert (config.workers, config.heartbeat_timeout, config.float16_wire, config.seed) == (3, 7.5, True, 9)
+    assert config.program_config == spec.program_config(10) and config.program_config["n_classes"] == 10
+    assert config.token == ""  # the launcher's to set; never in a file

@@ -3,6 +3,8 @@ early stopping and progress callbacks."""
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 
@@ -80,6 +82,7 @@ def test_save_load_round_trip(fitted, mnist_small, tmp_path):
     assert loaded.n_features_in_ == model.n_features_in_ and loaded.n_classes_ == model.n_classes_
     params, loaded_params = model.get_params(), loaded.get_params()
     params.pop("device"), loaded_params.pop("device")
+    assert params.pop("callback") is not None and loaded_params.pop("callback") is None  # never in the file
     assert loaded_params == params
     np.testing.assert_array_equal(loaded.predict_proba(x_test), model.predict_proba(x_test))
     np.testing.assert_array_equal(loaded.predict(x_test), model.predict(x_test))
@@ -189,14 +192,54 @@ def test_same_seed_same_model_on_cpu(mnist_small):
     assert not np.array_equal(a.network_.weights[0], c.network_.weights[0])
 
 
-def test_hyperparameter_validation():
-    with pytest.raises(ValueError, match="hidden_layers"):
-        DBN([], device="cpu")
-    with pytest.raises(ValueError, match="hidden_layers"):
-        DBN([10, 0], device="cpu")
-    with pytest.raises(ValueError, match="pretrain_learning_rate has 1 values for 2"):
-        DBN([10, 5], pretrain_learning_rate=[0.1], device="cpu")
-    with pytest.raises(ValueError, match="dropout"):
-        DBN([10], dropout=1.0, device="cpu")
-    with pytest.raises(ValueError, match="validation_fraction"):
-        DBN([10], validation_fraction=-0.1, device="cpu")
+def test_hyperparameter_validation(mnist_small):
+    x, y = mnist_small[0][:50], mnist_small[1][:50]
+    cases = [
+        (dict(hidden_layers=[]), "hidden_layers"),
+        (dict(hidden_layers=[10, 0]), "hidden_layers"),
+        (dict(hidden_layers=[10, 5], pretrain_learning_rate=[0.1]), "pretrain_learning_rate has 1 values for 2"),
+        (dict(hidden_layers=[10], dropout=1.0), "dropout"),
+        (dict(hidden_layers=[10], validation_fraction=-0.1), "validation_fraction"),
+    ]
+    for kwargs, match in cases:
+        model = DBN(**kwargs, device="cpu")  # the constructor only stores its arguments
+        with pytest.raises(ValueError, match=match):
+            model.validate_params()
+        with pytest.raises(ValueError, match=match):
+            model.fit(x, y)
+        with pytest.raises(ValueError, match=match):
+            model.pretrain(x)
+    assert DBN([10, 5], pretrain_learning_rate=[0.1, 0.05], device="cpu").validate_params().hidden_layers == [10, 5]
+
+
+def test_get_params_set_params_and_clone():
+    """scikit-learn's estimator contract: the hyperparameters are __init__'s arguments, stored as given."""
+    layers, rates, callback = (8, 4), [0.1, 0.05], print
+    model = DBN(layers, pretrain_learning_rate=rates, dropout=0.25, device="cpu", seed=7, callback=callback)
+    params = model.get_params()
+    assert list(params) == list(inspect.signature(DBN).parameters) == DBN._param_names()
+    assert params["hidden_layers"] is layers and params["pretrain_learning_rate"] is rates
+    assert params["callback"] is callback and params["seed"] == 7 and params["device"] == "cpu"
+    assert model.get_params(deep=False) == params
+    # clone: a new estimator from get_params has equal params, and the very same objects.
+    clone = DBN(**model.get_params(deep=False))
+    assert all(clone.get_params()[name] is value for name, value in params.items())
+    assert not clone.rbms_ and clone.network_ is None
+
+    assert model.set_params(finetune_epochs=3, dropout=0.5) is model
+    assert model.finetune_epochs == 3 and model.get_params()["dropout"] == 0.5
+    with pytest.raises(ValueError, match="invalid parameter 'n_layers'"):
+        model.set_params(n_layers=2)
+    # The backend is made on first use, afresh after a new device or seed.
+    backend = model.backend
+    assert model.backend is backend and backend.device == "cpu"
+    model.set_params(seed=8)
+    assert model.backend is not backend
+
+
+def test_per_layer_pretrain_rates_reach_the_rbms(mnist_small):
+    model = DBN([8, 4], pretrain_learning_rate=[0.2, 0.05], pretrain_epochs=1, device="cpu").pretrain(mnist_small[0][:100])
+    assert [rbm.learning_rate for rbm in model.rbms_] == [0.2, 0.05]
+    assert model.pretrain_learning_rate == [0.2, 0.05]
+    shared = DBN([8, 4], pretrain_learning_rate=0.3, pretrain_epochs=1, device="cpu").pretrain(mnist_small[0][:100])
+    assert [rbm.learning_rate for rbm in shared.rbms_] == [0.3, 0.3] and shared.pretrain_learning_rate == 0.3

@@ -95,8 +95,8 @@ def test_shard_seed_depends_on_job_step_and_shard_only():
 
 
 def test_step_json_round_trip():
-    step = Step("pretrain", {"layer": 1, "batches": [2, 4]}, ("a", "b"), "run")
-    assert step_from_json(step_to_json(step)) == Step("pretrain", {"layer": 1, "batches": [2, 4]}, ("a", "b"), "run")
+    step = Step("pretrain", {"layer": 1, "batches": [2, 4]}, ("a", "b"))
+    assert step_from_json(step_to_json(step)) == Step("pretrain", {"layer": 1, "batches": [2, 4]}, ("a", "b"))
 
 
 # ------------------------------------------------------------------ checkpoints
@@ -445,3 +445,69 @@ def test_block_momentum_average_accelerates_a_steady_direction():
     second = block_momentum_average(params, ups2, ["w", "w_inc"], 0.9, plain=["w_inc"])
     np.testing.assert_allclose(second["w"], 1.0 + 1.0 + 0.9)
     np.testing.assert_allclose(second[f"{MASTER_ONLY}block_delta.w"], 1.9)
+
+
+# ------------------------------------------------------------- master config and entry point
+
+
+def test_master_config_round_trips_and_refuses_unknown_or_missing_keys():
+    from iterreduce.master import MasterConfig
+
+    config = MasterConfig(program=SOFTMAX, program_config={"n_classes": 3}, shards=["a.parquet"], workers=2,
+                          token="t", output="out", heartbeat_timeout=3.0)
+    assert MasterConfig.from_dict(config.to_dict()) == config
+    assert config.to_dict()["heartbeat_timeout"] == 3.0
+    with pytest.raises(ValueError, match=r"^job file: unknown key 'foo'$"):
+        MasterConfig.from_dict({**config.to_dict(), "foo": 1})
+    with pytest.raises(ValueError, match=r"^job\.json: unknown keys 'heartbeat', 'zz'$"):
+        MasterConfig.from_dict({**config.to_dict(), "zz": 1, "heartbeat": 2}, source="job.json")
+    fields = config.to_dict()
+    del fields["token"], fields["workers"]
+    with pytest.raises(ValueError, match=r"job file: missing keys 'token', 'workers'"):
+        MasterConfig.from_dict(fields)
+    with pytest.raises(ValueError, match=r"expected a JSON object"):
+        MasterConfig.from_dict([1, 2])
+
+
+def test_master_main_reports_an_unknown_job_key(tmp_path, caplog):
+    import json
+
+    from iterreduce.master import main
+
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"program": SOFTMAX, "program_config": {}, "shards": [], "workers": 1,
+                               "output": str(tmp_path / "out"), "worker": 1}))
+    assert main([str(job)]) == 1
+    assert f"{job}: unknown key 'worker'" in caplog.text
+    assert not (tmp_path / "out").exists()  # failed before doing anything
+
+
+def test_serve_and_run_announces_the_address_runs_and_stops_the_server(tmp_path):
+    import threading
+
+    from iterreduce.master import Master, MasterConfig
+    from iterreduce.proto import iterreduce_pb2_grpc as pb_grpc
+    from iterreduce.worker import Worker
+
+    X, y = blobs(60, d=4, k=3)
+    uris = write_shards(X, y, str(tmp_path / "shards"), 2)
+    master = Master(MasterConfig(program=SOFTMAX, program_config={"n_classes": 3, "epochs": 2}, shards=uris,
+                                 workers=1, token="t", output=str(tmp_path / "out"), heartbeat_interval=0.2))
+    announced, exits, threads = [], [], []
+
+    def on_serving(address):  # as a launcher publishes the address, then workers dial it
+        announced.append(address)
+        worker = Worker(address, "t", "worker-0")
+        threads.append(threading.Thread(target=lambda: exits.append(worker.run()), daemon=True))
+        threads[0].start()
+
+    try:
+        master.serve_and_run(on_serving=on_serving)
+    finally:
+        master._log.close()
+    threads[0].join(15)
+    assert exits == [0]  # the worker fetched DONE before the server stopped
+    assert [r["step"] for r in records(tmp_path / "out")] == [0, 1] and events(tmp_path / "out", "done")
+    with grpc.insecure_channel(announced[0]) as channel, pytest.raises(grpc.RpcError) as err:
+        pb_grpc.MasterStub(channel).Heartbeat(pb.HeartbeatRequest(worker_id="x"), metadata=metadata("t"), timeout=2)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE

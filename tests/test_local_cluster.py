@@ -190,7 +190,7 @@ def test_master_sigkill_then_resume_is_bit_identical_dbn(tmp_path, monkeypatch, 
     a, b, out_b = kill_master_then_resume(tmp_path, monkeypatch, program=SLOW_DBN, config=config, shards=shards,
                                           workers=2, kill_at=3, n_steps=8, result_file="model.npz")
     assert sorted(a) == sorted(b)
-    assert {"rbm.0.weights", "rbm.1.weights", "network.weights.2"} <= set(a)
+    assert {"rbm.0.weights", "rbm.1.weights", "net.2.weights"} <= set(a)  # model file format 2 (dbn.model.state)
     for k in a:
         assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k
     from dbn import DBN
@@ -236,8 +236,9 @@ def test_sigterm_to_the_launcher_stops_the_whole_job(tmp_path):
     write_shards(X, y, str(tmp_path / "shards"), 2)
     script = (
         "import sys; sys.path.insert(0, %r)\n"
-        "from iterreduce.local import run_local\n"
-        "run_local(program=%r, program_config={'n_classes': 3, 'epochs': 10000}, shards=%r, workers=2, output=%r)\n"
+        "from iterreduce.local import run_local\nfrom iterreduce.master import MasterConfig\n"
+        "run_local(MasterConfig(program=%r, program_config={'n_classes': 3, 'epochs': 10000}, shards=%r, workers=2, "
+        "token='', output=%r))\n"
     ) % (str(Path(__file__).resolve().parents[1]), SOFTMAX, str(tmp_path / "shards"), str(tmp_path / "out"))
     launcher = subprocess.Popen([sys.executable, "-c", script])
     deadline = time.monotonic() + 60

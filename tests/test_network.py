@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from dbn import Backend, Network
+from dbn.model.state import net_names
 
 SIZES = (7, 5, 4, 3)
 BATCH = 6
@@ -189,3 +190,21 @@ def test_get_state_is_a_snapshot():
     net.train_epoch(net.backend.asarray(X), y, 0, learning_rate=0.1, momentum=0.9, batch_size=20)
     for key in state:
         np.testing.assert_array_equal(state[key], saved[key], err_msg=key)
+
+
+def test_state_uses_the_flat_names():
+    """get_state / set_state speak the names of dbn.model.state, which the program and model file use."""
+    X, y = separable_problem(n=60)
+    net = make_network()
+    net.train_epoch(net.backend.asarray(X), y, 0, learning_rate=0.1, momentum=0.9, batch_size=20)
+    state = net.get_state()
+    assert list(state) == list(net_names(3)) and state["net.0.weights_inc"].any()
+    assert state["net.0.weights"].shape == (7, 5) and state["net.2.biases"].shape == (3,)
+    rebuilt = Network.from_state({**state, "rbm.0.weights": np.zeros((7, 5))}, 3, net.backend)  # other names ignored
+    for key, value in rebuilt.get_state().items():
+        np.testing.assert_array_equal(value, state[key], err_msg=key)
+    # Increments absent: they start at zero.
+    bare = rebuilt.set_state({k: v for k, v in state.items() if not k.endswith("_inc")})
+    assert not any(bare.get_state()[f"net.{i}.weights_inc"].any() for i in range(3))
+    with pytest.raises(KeyError, match="net.1.biases"):
+        make_network().set_state({k: v for k, v in state.items() if k != "net.1.biases"})

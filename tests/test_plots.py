@@ -57,6 +57,14 @@ def distributed_records():
     return records
 
 
+def cli_records():
+    """A single-process log as ``dbn train`` writes it: a start event, epoch records tagged
+    ``"event": "epoch"``, and a summary event."""
+    epochs = [{"event": "epoch", **r, "epoch_seconds": 0.1, "elapsed": 1.0} for r in single_process_records()]
+    return [{"event": "start", "time": "2024-01-01T00:00:00", "config": {}}, *epochs,
+            {"event": "summary", "test_error": 0.1, "epochs": {"pretrain": 3, "finetune": 4}}]
+
+
 def assert_png(path):
     image = imread(path)
     assert image.ndim == 3 and image.shape[0] > 50 and image.shape[1] > 50
@@ -83,6 +91,12 @@ def test_read_log_skips_events_and_dedups_by_step(tmp_path):
 def test_read_log_single_process_keeps_every_record(tmp_path):
     log = write_log(tmp_path / "log.jsonl", single_process_records())
     assert read_log(log) == single_process_records()
+
+
+def test_read_log_keeps_the_epoch_records_of_a_cli_log(tmp_path):
+    records = read_log(write_log(tmp_path / "log.jsonl", cli_records()))
+    assert records == cli_records()[1:-1]  # the epoch records, not the start and summary events
+    assert per_epoch(records, "finetune") == per_epoch(single_process_records(), "finetune")
 
 
 def test_per_epoch_is_samples_weighted_mean_of_parts(tmp_path):
@@ -122,7 +136,7 @@ def test_missing_log_names_the_file(tmp_path):
 # ------------------------------------------------------------------ plots
 
 
-@pytest.mark.parametrize("make", [single_process_records, distributed_records])
+@pytest.mark.parametrize("make", [single_process_records, cli_records, distributed_records])
 def test_curves_are_valid_pngs(tmp_path, make):
     records = read_log(write_log(tmp_path / "log.jsonl", make()))
     assert_png(plot_reconstruction(records, tmp_path / "r.png", sizes=[784, 12, 6]))
@@ -151,8 +165,9 @@ def test_filters_wrong_visible_size(tmp_path, tiny_dbn):
         plot_filters(DBN([4]), tmp_path / "x.png")
 
 
-def test_plot_run_writes_all_three(tmp_path, tiny_dbn):
-    write_log(tmp_path / "log.jsonl", single_process_records())
+@pytest.mark.parametrize("make", [single_process_records, cli_records])
+def test_plot_run_writes_all_three(tmp_path, tiny_dbn, make):
+    write_log(tmp_path / "log.jsonl", make())
     tiny_dbn.save(tmp_path / "model.npz")
     written = plot_run(tmp_path)
     assert [p.name for p in written] == ["reconstruction.png", "finetune.png", "filters.png"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import pytest
 
@@ -285,3 +287,36 @@ def test_free_energy_matches_definition():
         expected = (-(X @ a) if visible == "bernoulli" else 0.5 * ((X - a) ** 2).sum(axis=1)) - softplus
         np.testing.assert_allclose(rbm.free_energy(X), expected, rtol=1e-12)
         np.testing.assert_allclose(rbm.transform(X), sigmoid(X @ W + b), rtol=1e-12)
+
+
+def test_hyperparameters_are_checked_when_training_starts(bas_data):
+    """The constructor only stores its arguments; validate_params, fit, initialize and train_epoch check them."""
+    cases = [(dict(n_hidden=0), "n_hidden must be >= 1"), (dict(n_hidden=3, cd_k=0), "cd_k must be >= 1"),
+             (dict(n_hidden=3, batch_size=0), "batch_size must be >= 1"), (dict(n_hidden=3, epochs=-1), "epochs must be >= 0"),
+             (dict(n_hidden=2.5), "n_hidden must be an integer"),
+             (dict(n_hidden=3, visible="poisson"), "visible must be one of")]
+    for kwargs, match in cases:
+        rbm = RBM(**kwargs, device="cpu")
+        for check in (rbm.validate_params, lambda: rbm.fit(bas_data), lambda: rbm.initialize(n_visible=4)):
+            with pytest.raises(ValueError, match=match):
+                check()
+    good = RBM(3, batch_size=10, device="cpu").initialize(bas_data)
+    good.cd_k = 0
+    with pytest.raises(ValueError, match="cd_k must be >= 1"):
+        good.train_epoch(bas_data, 0)
+
+
+def test_get_params_set_params_and_clone():
+    rbm = RBM(5, learning_rate=0.05, dtype="float64", device="cpu", seed=3)
+    params = rbm.get_params()
+    assert list(params) == list(inspect.signature(RBM).parameters) == RBM._param_names()
+    assert params["n_hidden"] == 5 and params["dtype"] == "float64" and params["learning_rate"] == 0.05
+    clone = RBM(**rbm.get_params(deep=False))
+    assert all(clone.get_params()[name] is value for name, value in params.items())
+    assert rbm.backend.dtype == np.float64 and rbm.backend is rbm.backend
+    # A new seed gives a fresh backend whose random stream starts from it.
+    a = rbm.set_params(seed=11).initialize(n_visible=4).get_state()["weights"]
+    b = RBM(5, dtype="float64", device="cpu", seed=11).initialize(n_visible=4).get_state()["weights"]
+    np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="invalid parameter 'n_visible'"):
+        rbm.set_params(n_visible=4)

@@ -414,10 +414,10 @@ def test_block_locations_come_from_the_real_namenode(yarn, hdfs, tmp_path):
     assert locality.slot_hosts(uris, 2, hosts) == [[node_host], [node_host]]
 
     # dbn submit turns them into the workers' preferred hosts.
-    from dbn.jobs.spec import load_config
+    from dbn.jobs.spec import load_spec
     from dbn.jobs.yarn import prepare
 
-    cfg = load_config(job_file(tmp_path, hdfs.uri("/user/test/located-job"), env="hdfs:///x.tgz"),
+    cfg = load_spec(job_file(tmp_path, hdfs.uri("/user/test/located-job"), env="hdfs:///x.tgz"),
                       {"cluster.shards": hdfs.uri("/user/test/located")})
     submission = prepare(cfg)
     assert submission.job["slot_hosts"] == [[node_host], [node_host]]

@@ -53,6 +53,21 @@ def load_source(source: str, *, split: str = "train", mnist_dir: str | None = No
     return X, y
 
 
+def load_dataset(source: str, *, split: str = "train", mnist_dir: str | None = None, limit: int | None = None,
+                 labels: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+    """Features ready to train on (MNIST pixels scaled to [0, 1]) and labels, from ``source``
+    ("mnist", a .npz or a .csv, as :func:`load_source`); ``labels=True`` requires them."""
+    X, y = load_source(source, split=split, mnist_dir=mnist_dir, limit=limit)
+    if labels and y is None:
+        raise DataError(f"{source}: no array y (labels; in a CSV, a 'label' column): training and evaluation "
+                        f"need them")
+    if source == "mnist":
+        from .mnist import scale_images
+
+        X = scale_images(X)
+    return X, y
+
+
 def _read_csv(path: Path):
     import pyarrow.csv as pacsv
 

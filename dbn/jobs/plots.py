@@ -14,7 +14,6 @@ mean a single-process run reports (a key missing from some parts, such as
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -22,39 +21,21 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, MaxNLocator
 
+from iterreduce.runlog import LOG_NAME, read_progress
+
 METRICS = ("reconstruction_error", "loss", "train_error", "valid_error")
 
 
 def read_log(path) -> list[dict]:
-    """Training records of ``log.jsonl``, without event records (those with an ``"event"`` key).
+    """Training records of ``log.jsonl``: the progress records (those with a ``"phase"``,
+    including a single-process run's ``"event": "epoch"`` records), without bare events.
 
     Records carrying a ``step`` (distributed runs) are deduplicated: when a resumed
     run logs a step again, the later record replaces the earlier one in place.
     Raises ``FileNotFoundError`` for a missing file and ``ValueError`` naming the
     file and line for a line that is not a JSON object.
     """
-    path = Path(path)
-    records: list[dict] = []
-    by_step: dict[int, int] = {}
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}, line {lineno}: not valid JSON ({exc.msg}): {line.strip()[:80]!r}") from None
-            if not isinstance(rec, dict):
-                raise ValueError(f"{path}, line {lineno}: expected a JSON object, got {type(rec).__name__}")
-            if "event" in rec or "phase" not in rec:
-                continue
-            if "step" in rec and rec["step"] in by_step:
-                records[by_step[rec["step"]]] = rec
-                continue
-            if "step" in rec:
-                by_step[rec["step"]] = len(records)
-            records.append(rec)
-    return records
+    return read_progress(path)
 
 
 def per_epoch(records, phase: str, layer=None) -> dict[int, dict]:
@@ -183,9 +164,9 @@ def plot_run(out_dir) -> list[Path]:
     from ..model.estimator import DBN
 
     out_dir = Path(out_dir)
-    log, model_path = out_dir / "log.jsonl", out_dir / "model.npz"
+    log, model_path = out_dir / LOG_NAME, out_dir / "model.npz"
     if not log.exists() and not model_path.exists():
-        raise FileNotFoundError(f"{out_dir}: no log.jsonl or model.npz to plot")
+        raise FileNotFoundError(f"{out_dir}: no {LOG_NAME} or model.npz to plot")
     records = read_log(log) if log.exists() else []
     model = DBN.load(model_path, device="cpu") if model_path.exists() else None
     sizes = [model.n_features_in_, *model.hidden_layers] if model is not None else None

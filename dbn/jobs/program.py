@@ -21,29 +21,19 @@ import numpy as np
 from iterreduce.program import Program, Step, Update, WorkerProgram, block_momentum_average, weighted_average
 from iterreduce.shards import read_shard
 
+from ..data.sharding import count_classes
+from ..data.validation import check_features
+from ..model import state
 from ..model.estimator import DBN
 from ..model.network import Network
 from ..model.rbm import RBM
-from ..data.sharding import count_classes
-from ..data.validation import check_features
-
-RBM_KEYS = ("weights", "hidden_bias", "visible_bias", "weights_inc", "hidden_bias_inc", "visible_bias_inc")
 
 
 def dbn_params(config) -> dict:
-    """The :class:`DBN` hyperparameters in a program config (without device and runtime keys)."""
-    return {k: v for k, v in config.items()
-            if k not in ("n_classes", "sync_every", "block_momentum", "pretrain_block_momentum", "validation",
-                         "device", "callback")}
-
-
-def rbm_arrays(layer: int) -> tuple[str, ...]:
-    return tuple(f"rbm.{layer}.{k}" for k in RBM_KEYS)
-
-
-def net_arrays(n_layers: int, only: range | None = None) -> tuple[str, ...]:
-    layers = range(n_layers) if only is None else only
-    return tuple(f"net.{k}.{i}" for i in layers for k in ("weights", "biases", "weights_inc", "biases_inc"))
+    """The :class:`DBN` hyperparameters in a program config: the keys of its signature, less
+    ``device`` (each process picks its own) and ``callback`` (none in a distributed job)."""
+    names = set(DBN._param_names()) - {"device", "callback"}
+    return {k: v for k, v in config.items() if k in names}
 
 
 class DBNProgram(Program):
@@ -51,13 +41,17 @@ class DBNProgram(Program):
     ``n_classes`` (None: counted from the labels), ``seed``, ``sync_every`` (minibatches per synchronisation;
     0 or absent = once per epoch, the paper's setting) and ``block_momentum``
     for fine-tuning (0 = plain averaging; see :func:`iterreduce.program.block_momentum_average`),
-    and ``validation``: URI of a labelled shard for a validation error per fine-tuning epoch."""
+    and ``validation``: URI of a labelled shard for a validation error per fine-tuning epoch.
+
+    The parameters are the flat state of :mod:`dbn.model.state` (``rbm.{l}.*``, ``net.{i}.*``),
+    plus the runtime's ``master.*`` arrays; before fine-tuning, ``net.{n}.weights`` holds the
+    softmax layer's initial weights, drawn here so that every worker starts from the same ones."""
 
     worker_class = "dbn.jobs.program:DBNWorker"
 
     def __init__(self, config):
         super().__init__(config)
-        self.model = DBN(**dbn_params(config), device="cpu")
+        self.model = DBN(**dbn_params(config), device="cpu").validate_params()
         self.layers = self.model.hidden_layers
         self.n_classes = config.get("n_classes")  # None: counted from the shards' labels at the start
         self._validation = None
@@ -76,11 +70,11 @@ class DBNProgram(Program):
         m = self.model
         parts = self._parts(shards, m.pretrain_batch_size)
         for layer in range(len(self.layers)):
-            yield Step("transform", {"layer": layer}, (f"rbm.{layer}.visible_bias",))
+            yield Step("transform", {"layer": layer}, (state.rbm_name(layer, "visible_bias"),))
             for epoch in range(m.pretrain_epochs):
                 for part in range(parts):
                     yield Step("pretrain", {"layer": layer, "epoch": epoch, "part": part,
-                                            "batches": self._ranges(part, parts)}, rbm_arrays(layer))
+                                            "batches": self._ranges(part, parts)}, state.rbm_names(layer))
         parts = self._finetune_parts = self._parts(shards, m.finetune_batch_size)
         n = len(self.layers) + 1
         for epoch in range(m.finetune_epochs):
@@ -90,7 +84,7 @@ class DBNProgram(Program):
                     "epoch": epoch, "part": part, "batches": self._ranges(part, parts),
                     "learning_rate": m.finetune_learning_rate * m.finetune_lr_decay ** epoch,
                     "top_only": top_only,
-                }, net_arrays(n, range(n - 1, n) if top_only else None))
+                }, state.net_names(n, range(n - 1, n) if top_only else None))
 
     def initial_parameters(self, seed, shards):
         unlabelled = [s["uri"] for s in shards if not s["labels"]]
@@ -105,29 +99,18 @@ class DBNProgram(Program):
             n_classes = count_classes([s["uri"] for s in shards]) if not unlabelled else 1
         params = {}
         for layer in range(len(self.layers)):
-            rbm = self.model._make_rbm(layer)
-            rbm.seed = seed + 1000 * (layer + 1)
-            rbm.backend.reseed(rbm.seed)
+            rbm = self.model._make_rbm(layer).set_params(seed=seed + 1000 * (layer + 1))  # from the job's seed
             rbm.initialize(n_visible=sizes[layer])
-            params.update({f"rbm.{layer}.{k}": v for k, v in rbm.get_state().items()})
+            params.update(state.named_rbm_state(layer, rbm.get_state()))
         rng = np.random.default_rng([seed, 99])
-        params["net.weights.out"] = (0.01 * rng.standard_normal((self.layers[-1], int(n_classes)))).astype(np.float32)
+        softmax = 0.01 * rng.standard_normal((self.layers[-1], int(n_classes)))
+        params[state.net_name(len(self.layers), "weights")] = softmax.astype(np.float32)
         return params
 
     def before_step(self, step, parameters):
-        if step.phase == "finetune" and "net.weights.0" not in parameters:
-            # Fine-tuning starts from the pre-trained stack plus a fresh softmax layer.
-            params = dict(parameters)
-            n = len(self.layers)
-            for i in range(n):
-                params[f"net.weights.{i}"] = parameters[f"rbm.{i}.weights"].copy()
-                params[f"net.biases.{i}"] = parameters[f"rbm.{i}.hidden_bias"].copy()
-            params[f"net.weights.{n}"] = parameters["net.weights.out"]
-            params[f"net.biases.{n}"] = np.zeros(params[f"net.weights.{n}"].shape[1], np.float32)
-            for i in range(n + 1):
-                params[f"net.weights_inc.{i}"] = np.zeros_like(params[f"net.weights.{i}"])
-                params[f"net.biases_inc.{i}"] = np.zeros_like(params[f"net.biases.{i}"])
-            return params
+        if step.phase == "finetune" and state.net_name(0, "weights") not in parameters:
+            # Fine-tuning starts from the pre-trained stack plus the softmax layer drawn at the start.
+            return {**parameters, **state.finetune_start(parameters, len(self.layers))}
         return parameters
 
     def reduce(self, step, parameters, updates):
@@ -137,13 +120,12 @@ class DBNProgram(Program):
             mean = weighted_average(updates, [name])[name]
             if step.info["layer"] == 0 and self.model.visible == "gaussian":
                 return {name: np.zeros_like(mean)}
-            p = np.clip(mean, 1e-3, 1 - 1e-3)
-            return {name: np.log(p / (1 - p)).astype(np.float32)}
+            return {name: state.logit(mean).astype(np.float32)}
         # Block momentum speeds up fine-tuning only: in CD pre-training it compounded with the
         # RBMs' own momentum of 0.9 and slowed convergence (MNIST, 10 workers, measured).
         key = "block_momentum" if step.phase == "finetune" else "pretrain_block_momentum"
         momentum = float(self.config.get(key) or 0.0)
-        increments = [name for name in step.arrays if "_inc" in name]
+        increments = [name for name in step.arrays if state.is_increment(name)]
         return block_momentum_average(parameters, updates, step.arrays, momentum, plain=increments)
 
     def evaluate(self, step, parameters):
@@ -154,9 +136,7 @@ class DBNProgram(Program):
             return {}
         if self._validation is None:
             self._validation = read_shard(uri, need_labels=True)
-        n = len(self.layers) + 1
-        net = Network([parameters[f"net.weights.{i}"] for i in range(n)],
-                      [parameters[f"net.biases.{i}"] for i in range(n)], self.model.backend)
+        net = Network.from_state(parameters, len(self.layers) + 1, self.model.backend)
         proba = net.predict_proba_device(self.model.backend.asarray(self._validation.features))
         predicted = self.model.backend.to_numpy(proba).argmax(axis=1)
         return {"valid_error": float(np.mean(predicted != self._validation.labels))}
@@ -166,18 +146,7 @@ class DBNProgram(Program):
 
     def to_model(self, parameters) -> DBN:
         """The trained :class:`DBN` from the final parameters."""
-        model = DBN(**dbn_params(self.config), device="cpu")
-        model.n_features_in_ = int(parameters["rbm.0.weights"].shape[0])
-        for layer in range(len(self.layers)):
-            rbm = model._make_rbm(layer)
-            rbm.set_state({k: parameters[f"rbm.{layer}.{k}"] for k in RBM_KEYS})
-            model.rbms_.append(rbm)
-        n = len(self.layers) + 1
-        if "net.weights.0" in parameters:
-            model.network_ = Network([parameters[f"net.weights.{i}"] for i in range(n)],
-                                     [parameters[f"net.biases.{i}"] for i in range(n)], model.backend)
-            model.n_classes_ = int(parameters[f"net.biases.{n - 1}"].shape[0])
-        return model
+        return DBN(**dbn_params(self.config), device="cpu").set_state(parameters)
 
 
 class DBNWorker(WorkerProgram):
@@ -185,7 +154,7 @@ class DBNWorker(WorkerProgram):
 
     def __init__(self, config, device="cpu"):
         super().__init__(config, device)
-        self.model = DBN(**dbn_params(config), device=device)
+        self.model = DBN(**dbn_params(config), device=device).validate_params()
         self.layers = self.model.hidden_layers
         self._inputs: dict[tuple[int, int], object] = {}  # (shard, layer) -> that layer's input, on the device
         self._rbms: dict[tuple[int, int], RBM] = {}
@@ -200,18 +169,17 @@ class DBNWorker(WorkerProgram):
                 self._inputs[key] = self.model.backend.asarray(shard.features)
             else:
                 below = self._rbm(shard, layer - 1)
-                below.set_state({k: parameters[f"rbm.{layer - 1}.{k}"] for k in RBM_KEYS})
+                below.set_state(state.rbm_state(parameters, layer - 1))
                 self._inputs[key] = below._hidden_probs(self._input(shard, layer - 1, parameters))
         return self._inputs[key]
 
     def _rbm(self, shard, layer: int) -> RBM:
         key = (shard.index, layer)
         if key not in self._rbms:
-            rbm = self.model._make_rbm(layer)
             # The shuffle of each epoch depends on (job seed, layer, shard) only, so the
             # parts of an epoch synced every k minibatches walk one consistent order.
-            rbm.seed = int(np.random.SeedSequence([self.model.seed, layer, shard.index]).generate_state(1)[0])
-            self._rbms[key] = rbm
+            seed = int(np.random.SeedSequence([self.model.seed, layer, shard.index]).generate_state(1)[0])
+            self._rbms[key] = self.model._make_rbm(layer).set_params(seed=seed)
         return self._rbms[key]
 
     def run(self, step: Step, parameters, shard, seed) -> Update:
@@ -236,23 +204,20 @@ class DBNWorker(WorkerProgram):
         layer = step.info["layer"]
         data = self._input(shard, layer, parameters)
         rbm = self._rbm(shard, layer)
-        rbm.set_state({k: parameters[f"rbm.{layer}.{k}"] for k in RBM_KEYS})
+        rbm.set_state(state.rbm_state(parameters, layer))
         rbm.backend.reseed(seed)
         stats = rbm.train_epoch(data, step.info["epoch"], self._batches(step, data.shape[0], rbm.batch_size), checked=True)
-        arrays = {f"rbm.{layer}.{k}": v for k, v in rbm.get_state().items()}
+        arrays = state.named_rbm_state(layer, rbm.get_state())
         return Update(shard.index, stats.n_samples, arrays, {"reconstruction_error": stats.reconstruction_error})
 
     def _finetune(self, step, parameters, shard, seed) -> Update:
         m, be = self.model, self.model.backend
         if shard.labels is None:
             raise ValueError(f"{shard.uri}: fine-tuning needs a 'label' column")
-        n = len(self.layers) + 1
         data = self._input(shard, 0, parameters)
         if shard.index not in self._labels:
             self._labels[shard.index] = be.asarray(shard.labels, dtype=np.int64)
-        state = {k.removeprefix("net."): v for k, v in parameters.items() if k.startswith("net.") and k[-1].isdigit()}
-        net = Network([state[f"weights.{i}"] for i in range(n)], [state[f"biases.{i}"] for i in range(n)], be)
-        net.set_state(state)
+        net = Network.from_state(parameters, len(self.layers) + 1, be)
         be.reseed(seed)
         order_seed = int(np.random.SeedSequence([m.seed, 10_000, shard.index]).generate_state(1)[0])
         stats = net.train_epoch(
@@ -263,5 +228,5 @@ class DBNWorker(WorkerProgram):
             train_layers=slice(-1, None) if step.info["top_only"] else slice(None),
             seed=order_seed, batches=self._batches(step, data.shape[0], m.finetune_batch_size),
         )
-        arrays = {f"net.{k}": v for k, v in net.get_state().items() if f"net.{k}" in step.arrays}
+        arrays = {k: v for k, v in net.get_state().items() if k in step.arrays}
         return Update(shard.index, stats.n_samples, arrays, {"loss": stats.loss, "train_error": stats.train_error})

@@ -1,4 +1,4 @@
-"""Job configuration: one TOML file describes a whole training job.
+"""The job spec: one TOML file describes a whole training job.
 
 ::
 
@@ -43,14 +43,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import tomli_w
+
+from iterreduce.master import MasterConfig
+
+from ..exceptions import ConfigError
 from ..model.backend import DEVICES
 from ..model.estimator import DBN
 from ..model.rbm import VISIBLE_UNITS
-from ..exceptions import ConfigError
+
+#: The IterativeReduce program that trains a DBN (see dbn/jobs/program.py).
+PROGRAM = "dbn.jobs.program:DBNProgram"
 
 __all__ = [
-    "ConfigError", "DataSection", "ModelSection", "OutputSection", "JobSection", "ClusterSection", "JobConfig",
-    "PAPER", "QUICK", "load_config", "parse_override",
+    "ConfigError", "DataSection", "ModelSection", "OutputSection", "JobSection", "ClusterSection", "YarnSection", "JobSpec",
+    "PAPER", "QUICK", "load_spec", "parse_override",
 ]
 
 
@@ -140,7 +147,14 @@ _PATH_KEYS = {("data", "train"), ("data", "test"), ("data", "mnist_dir"), ("yarn
 
 
 @dataclass(frozen=True)
-class JobConfig:
+class JobSpec:
+    """A whole training job: what to train on, the model, where it runs and where results go.
+
+    Declarative like skein's ``ApplicationSpec``: build it with :func:`load_spec` (a TOML
+    file) or :meth:`from_dict`, serialise it with :meth:`to_dict` / :meth:`to_toml`; every
+    value is checked once, on the way in, with errors naming the file, section and key.
+    """
+
     data: DataSection
     model: ModelSection
     output: OutputSection
@@ -149,16 +163,45 @@ class JobConfig:
     yarn: YarnSection = YarnSection()
     source: str | None = None  # the config file, None for the built-in default
 
-    def dbn_params(self) -> dict:
-        """Keyword arguments for ``DBN(...)`` (without callback)."""
-        params = dataclasses.asdict(self.model)
-        params["hidden_layers"] = list(params["hidden_layers"])
-        if isinstance(params["pretrain_learning_rate"], tuple):
-            params["pretrain_learning_rate"] = list(params["pretrain_learning_rate"])
-        return {**params, "device": self.job.device, "seed": self.job.seed}
+    @classmethod
+    def from_dict(cls, doc: dict, *, origin: str = "job spec", base: Path | None = None,
+                  overrides: dict[str, Any] | None = None) -> "JobSpec":
+        """A spec from sections of keys (``{"model": {"pretrain_epochs": 5}, ...}``, as
+        :meth:`to_dict` writes them); ``base`` resolves relative data paths; ``overrides``
+        (dotted keys, strings parsed as on the command line) are applied last."""
+        values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+        doc = dict(doc)
+        source = doc.pop("source", None)
+        for section, table in doc.items():
+            if section not in SECTIONS:
+                raise ConfigError(f"{origin}: unknown section [{section}]{_suggest(section, SECTIONS)}")
+            if not isinstance(table, dict):
+                raise ConfigError(f"{origin}: '{section}' must be a [{section}] table, got {_describe(table)}")
+            for key, value in table.items():
+                value = _check(origin, section, key, value)
+                if base is not None and (section, key) in _PATH_KEYS and value is not None and value != "mnist":
+                    value = str(base / Path(value).expanduser())
+                values[section][key] = value
+        for dotted, value in (overrides or {}).items():
+            section, _, key = dotted.partition(".")
+            if section not in SECTIONS or not key:
+                raise ConfigError(
+                    f"override {dotted!r}: keys look like section.key with section one of "
+                    f"{', '.join(SECTIONS)}{_suggest(section, SECTIONS)}"
+                )
+            values[section][key] = _check("command line", section, key, value, parse_strings=True)
+        job = values["job"]
+        job.setdefault("name", Path(source).stem if source else "mnist")
+        values["output"].setdefault("dir", str(Path("runs") / job["name"]))
+        spec = cls(**{name: kind(**values[name]) for name, kind in SECTIONS.items()}, source=source)
+        try:
+            DBN(**spec.dbn_params()).validate_params()
+        except ValueError as exc:
+            raise ConfigError(f"{origin}: [model] {exc}") from None
+        return spec
 
     def to_dict(self) -> dict:
-        """Plain JSON-serialisable dict (tuples as lists), for logs and config.json."""
+        """Plain JSON-serialisable dict (tuples as lists): config.json, and the YARN job file's spec."""
         def plain(x):
             if isinstance(x, (tuple, list)):
                 return [plain(v) for v in x]
@@ -168,6 +211,44 @@ class JobConfig:
         out = {name: plain(dataclasses.asdict(getattr(self, name))) for name in SECTIONS}
         out["source"] = self.source
         return out
+
+    def to_toml(self) -> str:
+        """The spec as a job file that :func:`load_spec` reads back (unset values left out)."""
+        doc = {section: {k: v for k, v in table.items() if v is not None}
+               for section, table in self.to_dict().items() if section != "source"}
+        return tomli_w.dumps(doc)
+
+    def replace(self, **changes: dict) -> "JobSpec":
+        """A copy with some keys of some sections changed: ``spec.replace(data={"limit": 10})``."""
+        doc = self.to_dict()
+        for section, table in changes.items():
+            doc[section] = {**doc[section], **table}
+        return JobSpec.from_dict(doc, origin=self.source or "job spec")
+
+    def dbn_params(self) -> dict:
+        """Keyword arguments for ``DBN(...)`` (without callback)."""
+        params = dataclasses.asdict(self.model)
+        params["hidden_layers"] = list(params["hidden_layers"])
+        if isinstance(params["pretrain_learning_rate"], tuple):
+            params["pretrain_learning_rate"] = list(params["pretrain_learning_rate"])
+        return {**params, "device": self.job.device, "seed": self.job.seed}
+
+    def master_config(self, *, shards, output: str, n_classes: int | None = None, token: str = "") -> MasterConfig:
+        """The runtime's part of this job: the master's configuration for ``shards`` (a
+        directory URI or a list of shard URIs) writing to ``output``. The token is the
+        launcher's to set (it never goes into a file)."""
+        c = self.cluster
+        return MasterConfig(program=PROGRAM, program_config=self.program_config(n_classes), shards=shards,
+                            workers=c.workers, token=token, output=output, seed=self.job.seed,
+                            heartbeat_timeout=c.heartbeat_timeout, float16_wire=c.float16_wire)
+
+    def program_config(self, n_classes: int | None = None) -> dict:
+        """The DBN program's configuration for the runtime (``n_classes=None``: the master
+        counts the classes in the shards' labels when the job starts)."""
+        params = {k: v for k, v in self.dbn_params().items() if k != "device"}
+        c = self.cluster
+        return {**params, "n_classes": n_classes, "sync_every": c.sync_every, "block_momentum": c.block_momentum,
+                "pretrain_block_momentum": c.pretrain_block_momentum, "validation": c.validation}
 
 
 #: The paper's run (784-500-500-2000-10 on MNIST), used when no config file is given;
@@ -184,7 +265,7 @@ PAPER: dict[str, Any] = {
     "model.input_dropout": 0.2,
 }
 
-#: ``dbn train --quick``: a reduced run (about 2-3 minutes on 2 cores), as examples/quick.toml.
+#: ``--quick`` (dbn train and dbn mnist): a reduced run of a few minutes on 2 cores, as examples/quick.toml.
 QUICK: dict[str, Any] = {
     "data.limit": 10000,
     "model.pretrain_epochs": 20,
@@ -195,58 +276,42 @@ QUICK: dict[str, Any] = {
 # ------------------------------------------------------------------- loading
 
 
-def load_config(path=None, overrides: dict[str, Any] | None = None) -> JobConfig:
+def load_spec(path=None, overrides: dict[str, Any] | None = None, *, quick: bool = False) -> JobSpec:
     """Read a TOML job file (or the built-in PAPER job when ``path`` is None) and apply overrides.
+
+    ``quick`` applies the QUICK preset first and, when the output folder is the default
+    ``runs/<name>``, writes to ``runs/<name>-quick`` instead, apart from full runs.
 
     ``overrides`` maps dotted keys to values, e.g. ``{"model.pretrain_epochs": 5}``.
     String values (from the command line) are parsed as TOML literals when the key
     is not a string setting: ``"5"`` -> 5, ``"[500, 500]"`` or ``"500,500"`` -> a list,
     ``"none"`` -> unset for optional keys.
     """
-    values: dict[str, dict[str, Any]] = {name: {} for name in SECTIONS}
+    if quick:
+        spec = load_spec(path, {**QUICK, **(overrides or {})})
+        if spec.output.dir == str(Path("runs") / spec.job.name):
+            spec = spec.replace(output={"dir": str(Path("runs") / f"{spec.job.name}-quick")})
+        return spec
     if path is None:
-        origin, base = "default config", None
+        doc: dict = {}
         for dotted, value in PAPER.items():
             section, key = dotted.split(".", 1)
-            values[section][key] = _check(origin, section, key, value)
-    else:
-        path = Path(path)
-        origin, base = str(path), path.expanduser().resolve().parent
-        try:
-            with open(path.expanduser(), "rb") as f:
-                doc = tomllib.load(f)
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: no such config file") from None
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot read config file: {exc.strerror or exc}") from None
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: invalid TOML: {exc}") from None
-        for section, table in doc.items():
-            if section not in SECTIONS:
-                raise ConfigError(f"{origin}: unknown section [{section}]{_suggest(section, SECTIONS)}")
-            if not isinstance(table, dict):
-                raise ConfigError(f"{origin}: '{section}' must be a [{section}] table, got {_describe(table)}")
-            for key, value in table.items():
-                value = _check(origin, section, key, value)
-                if (section, key) in _PATH_KEYS and value is not None and value != "mnist":
-                    value = str(base / Path(value).expanduser())
-                values[section][key] = value
-    for dotted, value in (overrides or {}).items():
-        section, _, key = dotted.partition(".")
-        if section not in SECTIONS or not key:
-            raise ConfigError(
-                f"override {dotted!r}: keys look like section.key with section one of "
-                f"{', '.join(SECTIONS)}{_suggest(section, SECTIONS)}"
-            )
-        values[section][key] = _check("command line", section, key, value, parse_strings=True)
-
-    job = values["job"]
-    job.setdefault("name", Path(path).stem if path is not None else "mnist")
-    values["output"].setdefault("dir", str(Path("runs") / job["name"]))
-    return JobConfig(
-        **{name: cls(**values[name]) for name, cls in SECTIONS.items()},
-        source=str(path) if path is not None else None,
-    )
+            doc.setdefault(section, {})[key] = value
+        return JobSpec.from_dict(doc, origin="default config", overrides=overrides)
+    path = Path(path)
+    try:
+        with open(path.expanduser(), "rb") as f:
+            doc = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such config file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    if "source" in doc:
+        raise ConfigError(f"{path}: unknown section [source]")
+    return JobSpec.from_dict({**doc, "source": str(path)}, origin=str(path),
+                             base=path.expanduser().resolve().parent, overrides=overrides)
 
 
 def parse_override(item: str) -> tuple[str, str]:

@@ -23,9 +23,9 @@ from iterreduce.yarn import locality
 from iterreduce.yarn.envpack import pack_environment
 from iterreduce.yarn.spec import YarnOptions, build_spec
 
-from .spec import ConfigError, JobConfig
-from .distributed import PROGRAM, program_config
 from ..data.sharding import shard_dataset
+from ..exceptions import ConfigError
+from .spec import JobSpec
 
 #: Where submissions keep their job files and packed environments.
 CACHE = Path.home() / ".cache" / "dbn-yarn"
@@ -36,11 +36,11 @@ class Submission:
     """What ``dbn submit`` hands to YARN."""
 
     spec: object          # skein.ApplicationSpec
-    job: dict             # the job file's content
+    job: dict             # the job file: {"master": MasterConfig fields, "slot_hosts", "spec": the JobSpec}
     job_file: Path
 
 
-def yarn_options(cfg: JobConfig) -> YarnOptions:
+def yarn_options(cfg: JobSpec) -> YarnOptions:
     """The YARN options of a job config ([yarn] and [cluster])."""
     y = cfg.yarn
     if cfg.cluster.workers < 1:
@@ -69,7 +69,7 @@ def _name_services(uris: list[str]) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def prepare(cfg: JobConfig, *, dry_run: bool = False, log=print) -> Submission:
+def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
     """Build (and, unless ``dry_run``, stage) a YARN submission of ``cfg``.
 
     Staging shards ``[data] train`` to HDFS when no ``[cluster] shards`` is given and
@@ -93,11 +93,9 @@ def prepare(cfg: JobConfig, *, dry_run: bool = False, log=print) -> Submission:
     opts.worker_nodes = sorted({h for slot in slot_hosts for h in slot})
     opts.file_systems = list(dict.fromkeys([*opts.file_systems, *_name_services([output, shards])]))
 
-    job = {
-        "program": PROGRAM, "program_config": program_config(cfg), "shards": shards, "workers": opts.workers,
-        "output": output, "seed": cfg.job.seed, "heartbeat_timeout": cfg.cluster.heartbeat_timeout,
-        "float16_wire": cfg.cluster.float16_wire, "slot_hosts": slot_hosts, "config": cfg.to_dict(),
-    }
+    master = cfg.master_config(shards=shards, output=output).to_dict()
+    del master["token"]  # each application master attempt makes its own
+    job = {"master": master, "slot_hosts": slot_hosts, "spec": cfg.to_dict()}
     text = json.dumps(job, indent=2)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     job_file = CACHE / "submissions" / f"{cfg.job.name}-{stamp}-{hashlib.sha256(text.encode()).hexdigest()[:8]}" / "job.json"
@@ -112,3 +110,14 @@ def prepare(cfg: JobConfig, *, dry_run: bool = False, log=print) -> Submission:
         opts.env_archive = str(archive)
     spec = build_spec(f"dbn-{cfg.job.name}", str(job_file), opts, device=cfg.job.device)
     return Submission(spec, job, job_file)
+
+
+def submit(cfg: JobSpec, *, log=print) -> tuple[Submission, str, str]:
+    """Stage ``cfg`` (:func:`prepare`) and submit it to YARN; returns the submission, the
+    application id and its tracking URL."""
+    from iterreduce.yarn import client as yarn
+
+    yarn.check_kerberos(cfg.yarn.principal, cfg.yarn.keytab)  # before any staging work
+    submission = prepare(cfg, log=log)
+    app_id, url = yarn.submit(yarn.connect(cfg.yarn.principal, cfg.yarn.keytab), submission.spec)
+    return submission, app_id, url

@@ -73,9 +73,6 @@ class Backend:
         else:
             self.xp = np
             self._rng = np.random.default_rng(seed)
-        # Shuffling orders are drawn on the host so that both devices visit
-        # minibatches in the same order for the same seed.
-        self.host_rng = np.random.default_rng(seed)
 
     def __repr__(self) -> str:
         return f"Backend(device={self.device!r}, dtype={self.dtype.name!r})"

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import numbers
 import time
 from typing import Callable
 
 import numpy as np
 
-from . import persist
-from .backend import Backend
+from . import persist, state
+from .base import Estimator
 from .network import Network
 from .rbm import RBM
 from ..data.validation import DataError, check_features, check_labels
+from ..exceptions import ModelFileError
 
 
-class DBN:
+class DBN(Estimator):
     """A stack of RBMs, fine-tuned as a classifier with a softmax output layer.
 
     Scikit-learn style: hyperparameters here, learned state in attributes with a
@@ -53,7 +55,14 @@ class DBN:
     network_ : Network or None     the fine-tuned network (hidden layers + softmax)
     n_features_in_, n_classes_ : int
     history_ : list of dict        every progress record
+
+    The arguments of ``__init__`` are the hyperparameters, kept as given:
+    :meth:`get_params` / :meth:`set_params` read and write them, :meth:`validate_params`
+    checks them (``fit``, ``pretrain`` and ``finetune`` call it). The learned arrays
+    map to flat names and back with :mod:`dbn.model.state`.
     """
+
+    dtype = "float32"  # not a hyperparameter: training runs in float32
 
     def __init__(
         self,
@@ -64,9 +73,8 @@ class DBN:
         persistent: bool = False,
         pretrain_epochs: int = 50,
         pretrain_learning_rate: float | list = 0.1,
-        momentum: float = 0.5,
-        final_momentum: float = 0.9,
-        momentum_epoch: int = 5,
+        # One schedule: momentum until epoch momentum_epoch, final_momentum from then on.
+        momentum: float = 0.5, final_momentum: float = 0.9, momentum_epoch: int = 5,
         weight_cost: float = 2e-4,
         pretrain_batch_size: int = 100,
         finetune_epochs: int = 50,
@@ -84,58 +92,39 @@ class DBN:
         seed: int = 0,
         callback: Callable[[dict], None] | None = None,
     ):
-        self.hidden_layers = [int(n) for n in hidden_layers]
-        if not self.hidden_layers or min(self.hidden_layers) < 1:
-            raise ValueError(f"hidden_layers must be a non-empty list of positive sizes, got {hidden_layers!r}")
-        rates = pretrain_learning_rate if isinstance(pretrain_learning_rate, (list, tuple)) else [pretrain_learning_rate] * len(self.hidden_layers)
-        if len(rates) != len(self.hidden_layers):
-            raise ValueError(
-                f"pretrain_learning_rate has {len(rates)} values for {len(self.hidden_layers)} hidden layers"
-            )
-        for name, p in (("dropout", dropout), ("input_dropout", input_dropout), ("validation_fraction", validation_fraction)):
-            if not 0 <= p < 1:
-                raise ValueError(f"{name} must be in [0, 1), got {p!r}")
-        self.visible = visible
-        self.cd_k = cd_k
-        self.persistent = persistent
-        self.pretrain_epochs = pretrain_epochs
-        self.pretrain_learning_rate = [float(r) for r in rates]
-        self.momentum = momentum
-        self.final_momentum = final_momentum
-        self.momentum_epoch = momentum_epoch
-        self.weight_cost = weight_cost
-        self.pretrain_batch_size = pretrain_batch_size
-        self.finetune_epochs = finetune_epochs
-        self.finetune_learning_rate = finetune_learning_rate
-        self.finetune_lr_decay = finetune_lr_decay
-        self.finetune_momentum = finetune_momentum
-        self.finetune_weight_cost = finetune_weight_cost
-        self.finetune_batch_size = finetune_batch_size
-        self.top_layer_epochs = top_layer_epochs
-        self.dropout = dropout
-        self.input_dropout = input_dropout
-        self.validation_fraction = validation_fraction
-        self.early_stopping_patience = early_stopping_patience
-        self.device = device
-        self.seed = seed
-        self.callback = callback
-        self.backend = Backend(device, "float32", seed)
+        self._store_params(locals())
         self.rbms_: list[RBM] = []
         self.network_: Network | None = None
         self.history_: list[dict] = []
 
     # ---------------------------------------------------------- parameters
 
-    def get_params(self) -> dict:
-        """Hyperparameters as a JSON-friendly dict (the model file's config)."""
-        names = (
-            "hidden_layers visible cd_k persistent pretrain_epochs pretrain_learning_rate momentum "
-            "final_momentum momentum_epoch weight_cost pretrain_batch_size finetune_epochs "
-            "finetune_learning_rate finetune_lr_decay finetune_momentum finetune_weight_cost "
-            "finetune_batch_size top_layer_epochs dropout input_dropout validation_fraction "
-            "early_stopping_patience device seed"
-        ).split()
-        return {name: getattr(self, name) for name in names}
+    def validate_params(self) -> "DBN":
+        """Check the hyperparameters (``fit``, ``pretrain`` and ``finetune`` call it); returns self.
+
+        The RBMs check their own settings (``cd_k``, ``pretrain_batch_size``, ...) when pre-training starts.
+        """
+        try:
+            sizes_ok = len(self.hidden_layers) > 0 and all(
+                isinstance(n, numbers.Integral) and n >= 1 for n in self.hidden_layers)
+        except TypeError:  # not a sequence
+            sizes_ok = False
+        if not sizes_ok:
+            raise ValueError(f"hidden_layers must be a non-empty list of positive sizes, got {self.hidden_layers!r}")
+        self._pretrain_rates()
+        for name in ("dropout", "input_dropout", "validation_fraction"):
+            p = getattr(self, name)
+            if not 0 <= p < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {p!r}")
+        return self
+
+    def _pretrain_rates(self) -> list:
+        """One pre-training learning rate per hidden layer."""
+        rate, n = self.pretrain_learning_rate, len(self.hidden_layers)
+        rates = list(rate) if isinstance(rate, (list, tuple)) else [rate] * n
+        if len(rates) != n:
+            raise ValueError(f"pretrain_learning_rate has {len(rates)} values for {n} hidden layers")
+        return rates
 
     def _make_rbm(self, layer: int) -> RBM:
         return RBM(
@@ -143,14 +132,14 @@ class DBN:
             visible=self.visible if layer == 0 else "bernoulli",
             cd_k=self.cd_k,
             persistent=self.persistent,
-            learning_rate=self.pretrain_learning_rate[layer],
+            learning_rate=self._pretrain_rates()[layer],
             momentum=self.momentum,
             final_momentum=self.final_momentum,
             momentum_epoch=self.momentum_epoch,
             weight_cost=self.weight_cost,
             batch_size=self.pretrain_batch_size,
             epochs=self.pretrain_epochs,
-            device=self.backend.device,
+            device=self.device,
             seed=self.seed + 1000 * (layer + 1),
         )
 
@@ -163,6 +152,7 @@ class DBN:
 
     def fit(self, X, y) -> "DBN":
         """Pre-train on ``X``, then fine-tune on ``(X, y)``."""
+        self.validate_params()
         X = self._check_X(X, fitted=False)
         y = check_labels(y, n_samples=X.shape[0])
         self.pretrain(X)
@@ -170,6 +160,7 @@ class DBN:
 
     def pretrain(self, X) -> "DBN":
         """Greedy layer-wise CD training; each layer learns on the one below's mean-field output."""
+        self.validate_params()
         data = self._check_X(X, fitted=False)
         self.n_features_in_ = data.shape[1]
         self.rbms_, self.network_ = [], None
@@ -193,19 +184,20 @@ class DBN:
         """Backprop fine-tuning of the pre-trained stack with a softmax output layer."""
         if not self.rbms_:
             raise RuntimeError("finetune needs a pre-trained model: call pretrain() or fit() first")
-        be, xp = self.backend, self.backend.xp
+        self.validate_params()
+        be = self.backend
         X = self._check_X(X)
         y = check_labels(y, n_samples=X.shape[0])
         self.n_classes_ = int(y.max()) + 1 if self.network_ is None else self.network_.n_classes
         y = check_labels(y, n_samples=X.shape[0], n_classes=self.n_classes_)
         X_train, y_train, X_valid, y_valid = self._split_validation(X, y)
 
-        if self.network_ is None:
-            weights = [rbm.weights_ for rbm in self.rbms_]
-            biases = [rbm.hidden_bias_ for rbm in self.rbms_]
-            weights.append(be.normal((self.hidden_layers[-1], self.n_classes_), scale=0.01))
-            biases.append(be.zeros(self.n_classes_))
-            self.network_ = Network([xp.array(w) for w in weights], [xp.array(b) for b in biases], be)
+        if self.network_ is None:  # the pre-trained stack plus a fresh softmax layer
+            pretrained = self.get_state(increments=False)
+            softmax = be.normal((self.hidden_layers[-1], self.n_classes_), scale=0.01)
+            n = len(self.rbms_)
+            pretrained[state.net_name(n, "weights")] = be.to_numpy(softmax)
+            self.network_ = Network.from_state(state.finetune_start(pretrained, n), n + 1, be)
         net = self.network_
         dropout = [self.input_dropout] + [self.dropout] * len(self.hidden_layers)
         y_train_dev = be.asarray(y_train, dtype=np.int64)
@@ -305,52 +297,67 @@ class DBN:
         if self.network_ is None:
             raise RuntimeError("this DBN has no classifier yet: call fit() or finetune() first")
 
+    # --------------------------------------------------------------- state
+
+    def get_state(self, *, increments: bool = True) -> dict[str, np.ndarray]:
+        """The learned arrays as a flat state of host NumPy arrays, under the names of
+        :mod:`dbn.model.state`: the RBMs and, once fine-tuned, the network;
+        ``increments=False`` leaves out the momentum increments (what a model file holds)."""
+        arrays = {}
+        for layer, rbm in enumerate(self.rbms_):
+            arrays.update(state.named_rbm_state(layer, rbm.get_state()))
+        if self.network_ is not None:
+            arrays.update(self.network_.get_state())
+        return arrays if increments else {k: v for k, v in arrays.items() if not state.is_increment(k)}
+
+    def set_state(self, arrays: dict) -> "DBN":
+        """Set ``rbms_``, ``network_``, ``n_features_in_`` and ``n_classes_`` from a flat state.
+
+        It must hold an RBM for each of ``hidden_layers``; the network is built when
+        ``net.0.weights`` is there (a program's state before fine-tuning holds only the
+        softmax layer's initial weights, which is no network yet).
+        """
+        n = len(self.hidden_layers)
+        self.rbms_ = [self._make_rbm(layer).set_state(state.rbm_state(arrays, layer)) for layer in range(n)]
+        self.n_features_in_ = self.rbms_[0].n_visible
+        has_network = state.net_name(0, "weights") in arrays
+        self.network_ = Network.from_state(arrays, n + 1, self.backend) if has_network else None
+        if self.network_ is not None:
+            self.n_classes_ = self.network_.n_classes
+        return self
+
     # --------------------------------------------------------- persistence
 
     def save(self, path) -> None:
-        """Write the model to ``path`` (.npz + JSON header, no pickle), atomically."""
+        """Write the model to ``path`` (.npz + JSON header, no pickle), atomically.
+
+        The arrays are the learned state under the names of :mod:`dbn.model.state`
+        (without momentum increments); the header holds the hyperparameters, except
+        ``callback``.
+        """
         self._require_fitted()
-        to_np = self.backend.to_numpy
-        arrays = {}
-        for i, rbm in enumerate(self.rbms_):
-            for key, value in rbm.get_state().items():
-                if not key.endswith("_inc"):
-                    arrays[f"rbm.{i}.{key}"] = value
-        if self.network_ is not None:
-            for i, (w, b) in enumerate(zip(self.network_.weights, self.network_.biases)):
-                arrays[f"network.weights.{i}"] = to_np(w)
-                arrays[f"network.biases.{i}"] = to_np(b)
         header = {
-            "params": self.get_params(),
+            "params": {k: v for k, v in self.get_params().items() if k != "callback"},
             "n_features_in": self.n_features_in_,
             "n_classes": getattr(self, "n_classes_", None),
-            "n_rbms": len(self.rbms_),
             "has_network": self.network_ is not None,
         }
-        persist.save_arrays(path, header, arrays)
+        persist.save_arrays(path, header, self.get_state(increments=False))
 
     @classmethod
     def load(cls, path, device: str = "auto") -> "DBN":
-        """Read a model written by :meth:`save`, onto ``device`` (a GPU-trained model loads on a CPU)."""
+        """Read a model written by :meth:`save`, onto ``device`` (a GPU-trained model loads on a CPU).
+
+        Files of format version 1 (before the names of :mod:`dbn.model.state`) load too.
+        """
         header, arrays = persist.load_arrays(path)
         try:
-            params = dict(header["params"])
-            params["device"] = device
-            model = cls(**params)
-            model.n_features_in_ = int(header["n_features_in"])
-            for i in range(int(header["n_rbms"])):
-                rbm = model._make_rbm(i)
-                rbm.set_state({k: arrays[f"rbm.{i}.{k}"] for k in ("weights", "visible_bias", "hidden_bias")})
-                model.rbms_.append(rbm)
-            if header["has_network"]:
-                n = len(model.hidden_layers) + 1
-                model.network_ = Network(
-                    [arrays[f"network.weights.{i}"] for i in range(n)],
-                    [arrays[f"network.biases.{i}"] for i in range(n)],
-                    model.backend,
-                )
-                model.n_classes_ = int(header["n_classes"])
+            if header.get("version", 1) < 2:
+                arrays = state.from_version_1(arrays)
+            model = cls(**{**header["params"], "device": device}).validate_params()
+            model.set_state(arrays)
+            if (model.network_ is not None) != header["has_network"]:
+                raise ValueError(f"has_network is {header['has_network']} but the arrays say otherwise")
         except (KeyError, TypeError, ValueError) as exc:
-            raise persist.ModelFileError(f"{path}: model file is inconsistent: {exc!r}") from exc
+            raise ModelFileError(f"{path}: model file is inconsistent: {exc!r}") from exc
         return model
-

@@ -2,7 +2,7 @@
 
 Like the RBM, minibatches are columns (features x batch) and the unit of work for
 the distributed runtime is :meth:`Network.train_epoch` from the current
-parameters (:meth:`get_state` / :meth:`set_state`).
+parameters (:meth:`get_state` / :meth:`set_state`, under the names of :mod:`dbn.model.state`).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .backend import Backend
+from .state import NET_KEYS, net_name
 
 
 @dataclass
@@ -52,25 +53,30 @@ class Network:
 
     # ---------------------------------------------------------------- state
 
+    @classmethod
+    def from_state(cls, state: dict, n_layers: int, backend: Backend) -> "Network":
+        """The network of layers ``net.0`` to ``net.{n_layers - 1}`` in a flat state (names of
+        :mod:`dbn.model.state`; increments where present), on ``backend``'s device."""
+        weights = [state[net_name(i, "weights")] for i in range(n_layers)]
+        biases = [state[net_name(i, "biases")] for i in range(n_layers)]
+        return cls(weights, biases, backend).set_state(state)
+
     def get_state(self) -> dict[str, np.ndarray]:
-        """Parameters and momentum increments as host NumPy arrays."""
+        """Parameters and momentum increments as host NumPy arrays, under their flat names
+        (``net.{i}.weights``, ..., see :mod:`dbn.model.state`)."""
         to_np = self.backend.to_numpy
-        state = {}
-        for i in range(len(self.weights)):
-            state[f"weights.{i}"] = to_np(self.weights[i])
-            state[f"biases.{i}"] = to_np(self.biases[i])
-            state[f"weights_inc.{i}"] = to_np(self.weights_inc[i])
-            state[f"biases_inc.{i}"] = to_np(self.biases_inc[i])
-        return state
+        return {net_name(i, key): to_np(getattr(self, key)[i]) for i in range(len(self.weights)) for key in NET_KEYS}
 
     def set_state(self, state: dict) -> "Network":
-        """Load parameters (and increments, zero when absent) onto the device."""
+        """Load parameters (and increments, zero when absent) from flat names onto the device;
+        other names in ``state`` are ignored."""
         be, xp = self.backend, self.backend.xp
         for i in range(len(self.weights)):
-            self.weights[i] = be.copy(state[f"weights.{i}"])
-            self.biases[i] = be.copy(state[f"biases.{i}"])
-            self.weights_inc[i] = be.copy(state[f"weights_inc.{i}"]) if f"weights_inc.{i}" in state else xp.zeros_like(self.weights[i])
-            self.biases_inc[i] = be.copy(state[f"biases_inc.{i}"]) if f"biases_inc.{i}" in state else xp.zeros_like(self.biases[i])
+            self.weights[i] = be.copy(state[net_name(i, "weights")])
+            self.biases[i] = be.copy(state[net_name(i, "biases")])
+            for key, param in (("weights_inc", self.weights[i]), ("biases_inc", self.biases[i])):
+                name = net_name(i, key)
+                getattr(self, key)[i] = be.copy(state[name]) if name in state else xp.zeros_like(param)
         return self
 
     # ------------------------------------------------------------- forward

@@ -16,7 +16,7 @@ import numpy as np
 from ..exceptions import ModelFileError
 
 FORMAT = "dbn-yarn-model"
-VERSION = 1
+VERSION = 2  # 2: the array names of dbn.model.state (1: network.weights.{i}, ...)
 _HEADER = "__header__"
 
 
@@ -39,11 +39,18 @@ def atomic_write(path, write) -> None:
         raise
 
 
+def _plain(value):
+    """NumPy numbers and arrays in a header (e.g. hidden_layers given as an array) as JSON numbers and lists."""
+    if isinstance(value, (np.generic, np.ndarray)):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serialisable")
+
+
 def save_arrays(path, header: dict, arrays: dict[str, np.ndarray]) -> None:
     """Save ``arrays`` and a JSON-serialisable ``header`` atomically to ``path``."""
     if _HEADER in arrays:
         raise ValueError(f"array name {_HEADER!r} is reserved")
-    meta = json.dumps({"format": FORMAT, "version": VERSION, **header}, sort_keys=True)
+    meta = json.dumps({"format": FORMAT, "version": VERSION, **header}, sort_keys=True, default=_plain)
     payload = {name: np.ascontiguousarray(a) for name, a in arrays.items()}
     payload[_HEADER] = np.frombuffer(meta.encode(), dtype=np.uint8)
     atomic_write(path, lambda f: np.savez(f, **payload))

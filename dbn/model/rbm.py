@@ -11,15 +11,16 @@ a range of its minibatches, on this data and report the sample count.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
 
-from .backend import Backend
+from .base import Estimator
+from .state import RBM_KEYS, is_increment, logit
 from ..data.validation import check_features
 
 VISIBLE_UNITS = ("bernoulli", "gaussian")
-STATE_KEYS = ("weights", "visible_bias", "hidden_bias", "weights_inc", "visible_bias_inc", "hidden_bias_inc")
 
 
 @dataclass
@@ -32,7 +33,7 @@ class EpochStats:
     free_energy_gap: float | None = None  # held-out minus training free energy
 
 
-class RBM:
+class RBM(Estimator):
     """Restricted Boltzmann Machine with Bernoulli hidden units.
 
     Parameters
@@ -70,6 +71,9 @@ class RBM:
     weights_ (n_visible, n_hidden), visible_bias_ (n_visible,), hidden_bias_ (n_hidden,)
         Device arrays (NumPy or CuPy); :meth:`get_state` returns NumPy copies.
     history_ : list of EpochStats
+
+    The arguments of ``__init__`` are kept as given (:meth:`get_params` /
+    :meth:`set_params`) and checked by :meth:`validate_params` when training starts.
     """
 
     def __init__(
@@ -80,9 +84,8 @@ class RBM:
         cd_k: int = 1,
         persistent: bool = False,
         learning_rate: float = 0.1,
-        momentum: float = 0.5,
-        final_momentum: float = 0.9,
-        momentum_epoch: int = 5,
+        # One schedule: momentum until epoch momentum_epoch, final_momentum from then on.
+        momentum: float = 0.5, final_momentum: float = 0.9, momentum_epoch: int = 5,
         weight_cost: float = 2e-4,
         batch_size: int = 100,
         epochs: int = 50,
@@ -91,32 +94,25 @@ class RBM:
         dtype: str = "float32",
         seed: int = 0,
     ):
-        if visible not in VISIBLE_UNITS:
-            raise ValueError(f"visible must be one of {VISIBLE_UNITS}, got {visible!r}")
-        for name, value in (("n_hidden", n_hidden), ("cd_k", cd_k), ("batch_size", batch_size)):
-            if int(value) < 1:
-                raise ValueError(f"{name} must be >= 1, got {value!r}")
-        if epochs < 0:
-            raise ValueError(f"epochs must be >= 0, got {epochs!r}")
-        self.n_hidden = int(n_hidden)
-        self.visible = visible
-        self.cd_k = int(cd_k)
-        self.persistent = bool(persistent)
-        self.learning_rate = float(learning_rate)
-        self.momentum = float(momentum)
-        self.final_momentum = float(final_momentum)
-        self.momentum_epoch = int(momentum_epoch)
-        self.weight_cost = float(weight_cost)
-        self.batch_size = int(batch_size)
-        self.epochs = int(epochs)
-        self.init_std = float(init_std)
-        self.device = device
-        self.dtype = dtype
-        self.seed = int(seed)
-        self.backend = Backend(device, dtype, seed)
+        self._store_params(locals())
         self.history_: list[EpochStats] = []
         self._buffers: dict[int, dict] = {}
         self._chain = None
+
+    def validate_params(self) -> "RBM":
+        """Check the hyperparameters (``fit``, ``initialize`` and ``train_epoch`` call it); returns self."""
+        if self.visible not in VISIBLE_UNITS:
+            raise ValueError(f"visible must be one of {VISIBLE_UNITS}, got {self.visible!r}")
+        for name in ("n_hidden", "cd_k", "batch_size", "epochs"):
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Integral):
+                raise ValueError(f"{name} must be an integer, got {value!r}")
+        for name in ("n_hidden", "cd_k", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.epochs < 0:
+            raise ValueError(f"epochs must be >= 0, got {self.epochs!r}")
+        return self
 
     # ------------------------------------------------------------------ set-up
 
@@ -128,6 +124,7 @@ class RBM:
         """Draw initial parameters; ``X`` (optional) sets the visible biases."""
         if X is None and n_visible is None:
             raise ValueError("initialize needs data X or n_visible")
+        self.validate_params()
         be, xp = self.backend, self.backend.xp
         if X is not None:
             X = self._check(X, fitted=False)
@@ -138,8 +135,7 @@ class RBM:
         self.hidden_bias_ = be.zeros(self.n_hidden)
         self.visible_bias_ = be.zeros(n_visible)
         if X is not None and self.visible == "bernoulli":
-            p = xp.clip(xp.mean(X, axis=0), 1e-3, 1 - 1e-3)
-            self.visible_bias_ = xp.log(p / (1 - p)).astype(be.dtype)
+            self.visible_bias_ = logit(xp.mean(X, axis=0), xp).astype(be.dtype)
         self._reset_increments()
         return self
 
@@ -152,7 +148,7 @@ class RBM:
 
     def get_state(self) -> dict[str, np.ndarray]:
         """Parameters and momentum increments as host NumPy arrays."""
-        return {key: self.backend.to_numpy(getattr(self, key + "_")) for key in STATE_KEYS}
+        return {key: self.backend.to_numpy(getattr(self, key + "_")) for key in RBM_KEYS}
 
     def set_state(self, state: dict) -> "RBM":
         """Load parameters (and increments, zero when absent) onto the device."""
@@ -165,8 +161,8 @@ class RBM:
         self.visible_bias_ = be.copy(state["visible_bias"])
         self.hidden_bias_ = be.copy(state["hidden_bias"])
         self._reset_increments()
-        for key in STATE_KEYS[3:]:
-            if key in state:
+        for key in RBM_KEYS:
+            if is_increment(key) and key in state:
                 setattr(self, key + "_", be.copy(state[key]))
         self._buffers.clear()
         return self
@@ -186,6 +182,7 @@ class RBM:
         overfitting signal of Hinton's practical guide. ``callback(stats)`` is
         called after every epoch.
         """
+        self.validate_params()
         X = self._check(X, fitted=False)
         self.initialize(X)
         self.history_ = []
@@ -208,6 +205,7 @@ class RBM:
         """
         if not hasattr(self, "weights_"):
             raise RuntimeError("RBM is not initialised: call fit(), initialize() or set_state() first")
+        self.validate_params()
         X = X if checked else self._check(X)
         n = X.shape[0]
         batch = min(self.batch_size, n)

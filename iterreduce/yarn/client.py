@@ -156,6 +156,26 @@ def wait(client: skein.Client, app_id: str, poll: float = 2.0, on_status=None) -
         time.sleep(poll)
 
 
+def follow(client: skein.Client, app_id: str, show) -> Status:
+    """Wait for the application to end, calling ``show(line)`` with each new one-line status
+    (state, and the newest superstep while it runs); returns the last status."""
+    shown: list[str] = []
+
+    def on_status(st: Status) -> None:
+        lines = st.describe().splitlines()
+        line = lines[0] + (f" | {lines[1].strip()}" if st.record else "")
+        if line not in shown[-1:]:
+            shown.append(line)
+            show(line)
+
+    return wait(client, app_id, on_status=on_status)
+
+
+def ended_badly(st: Status) -> str:
+    """Why an application that did not succeed ended, and where to look."""
+    return f"{st.app_id} ended {st.final_status}: {st.diagnostics or 'no diagnostics'}; its logs (`yarn logs -applicationId {st.app_id}`) say why"
+
+
 def logs(client: skein.Client, app_id: str) -> str:
     """The application's container logs, one section per container.
 

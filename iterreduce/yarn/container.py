@@ -49,23 +49,28 @@ def attempt_number(container_id: str | None = None) -> int:
 
 
 def read_job(path: str) -> dict:
-    """The job description that ``submit`` shipped with the application."""
+    """The job file that ``submit`` shipped with the application: ``{"master": the
+    MasterConfig fields without the token, "slot_hosts": [...], ...}`` (a launcher may add
+    keys of its own, such as the job spec it came from)."""
     try:
-        return json.loads(Path(path).read_text())
+        job = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
         raise JobFailed(f"{path}: unreadable job file: {exc}") from exc
+    if not isinstance(job, dict) or not isinstance(job.get("master"), dict):
+        raise JobFailed(f"{path}: not a job file (no 'master' section)")
+    return job
 
 
 def master_config(job: dict, local_out: Path, token: str, resume: bool) -> MasterConfig:
-    """The master's configuration in a container: outputs written locally, checkpoints to the job's URI."""
-    shards = job["shards"]
-    uris = list_shards(shards) if isinstance(shards, str) else list(shards)
-    fields = {k: v for k, v in job.items() if k in MasterConfig.__dataclass_fields__}
-    fields.update(shards=uris, output=str(local_out), token=token, host="0.0.0.0",
-                  advertise_host=os.environ.get("NM_HOST") or socket.getfqdn(),
-                  checkpoint_dir=job.get("checkpoint_dir") or join(job["output"], "checkpoints"),
-                  resume=resume or bool(job.get("resume")))
-    return MasterConfig(**fields)
+    """The master's configuration in a container: outputs written locally (and copied to the
+    job's output URI at the end), checkpoints straight to the job's output URI."""
+    fields = dict(job["master"])
+    shards = fields["shards"]
+    fields.update(shards=list_shards(shards) if isinstance(shards, str) else list(shards), output=str(local_out),
+                  token=token, host="0.0.0.0", advertise_host=os.environ.get("NM_HOST") or socket.getfqdn(),
+                  checkpoint_dir=fields.get("checkpoint_dir") or join(fields["output"], "checkpoints"),
+                  resume=resume or bool(fields.get("resume")))
+    return MasterConfig.from_dict(fields, source="job file")
 
 
 def app_credentials(app: skein.ApplicationClient) -> TlsCredentials:
@@ -94,23 +99,22 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
     """The application master's job; returns the exit code (see the module docstring)."""
     attempt = attempt_number()
     job = read_job(job_file)
+    output = job["master"]["output"]
     local_out = Path("output").resolve()
     try:
         tls = app_credentials(app)
         config = master_config(job, local_out, new_token(), resume=attempt > 1)
         master = Master(config)
         master.listeners.append(lambda record: _report(app, record))
-        server, address = master.serve(tls=tls)
-        app.kv[KV_TOKEN] = config.token.encode()
-        app.kv[KV_ADDRESS] = address.encode()  # last: a worker that sees the address finds the token too
-        log.info("attempt %d serving %d shards on %s with mutual TLS (the application's certificate)",
-                 attempt, len(master.shards), address)
-        master.run()
-        written = upload_outputs(local_out, job["output"])
-        log.info("outputs written: %s", ", ".join(written))
-        time.sleep(2 * config.heartbeat_interval)  # let workers fetch DONE
-        server.stop(grace=1.0)
-        app.shutdown("SUCCEEDED", diagnostics=f"done; outputs in {job['output']}")
+
+        def publish(address: str) -> None:
+            app.kv[KV_TOKEN] = config.token.encode()
+            app.kv[KV_ADDRESS] = address.encode()  # last: a worker that sees the address finds the token too
+            log.info("attempt %d: workers connect with mutual TLS (the application's certificate)", attempt)
+
+        master.serve_and_run(tls=tls, on_serving=publish)
+        log.info("outputs written: %s", ", ".join(upload_outputs(local_out, output)))
+        app.shutdown("SUCCEEDED", diagnostics=f"done; outputs in {output}")
         return 0
     except JOB_ERRORS as exc:
         reason = f"job failed: {exc}"
@@ -122,9 +126,9 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
             return 1
     log.error(reason)
     try:
-        upload_outputs(local_out, job["output"])  # the log says what happened up to the failure
+        upload_outputs(local_out, output)  # the log says what happened up to the failure
     except Exception as exc:  # noqa: BLE001 - the failure itself matters more
-        log.warning("could not copy the outputs to %s: %s", job.get("output"), exc)
+        log.warning("could not copy the outputs to %s: %s", output, exc)
     app.shutdown("FAILED", diagnostics=reason[:4000])
     return 1
 
@@ -178,7 +182,7 @@ def run_worker(job_file: str, app: skein.ApplicationClient) -> int:
     token = app.kv.wait(KV_TOKEN).decode()
     host = os.environ.get("NM_HOST") or socket.getfqdn()
     preferred = [k for k, hosts in enumerate(job.get("slot_hosts", [])) if host in hosts]
-    slot = claim_slot(app, int(job["workers"]), os.environ.get("SKEIN_CONTAINER_ID", host), preferred)
+    slot = claim_slot(app, int(job["master"]["workers"]), os.environ.get("SKEIN_CONTAINER_ID", host), preferred)
     name = f"worker-{slot}"
     logging.getLogger().handlers[0].setFormatter(logging.Formatter(f"%(asctime)s {name} %(levelname)s %(message)s"))
     log.info("working as %s for the master at %s", name, address)

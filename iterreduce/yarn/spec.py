@@ -4,7 +4,7 @@ The application master's script starts the iterreduce master; a ``worker`` servi
 of N instances runs the workers. Every container gets the job file and the
 Python environment (an archive unpacked as ``environment``, or a Python already
 installed on the nodes). Validation is skein's own: a bad value raises skein's
-``ValueError``, which :func:`build_spec` re-raises naming the option at fault.
+``ValueError``, which :func:`build_spec` re-raises as :class:`AppSpecError` naming the option at fault.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import skein
 
+from ..exceptions import AppSpecError
 from .envpack import ENV_DIR
 
 JOB_FILE = "job.json"
@@ -61,9 +62,9 @@ def build_spec(name: str, job_file: str, opts: YarnOptions, device: str = "cpu")
     uploads local files to the application's staging directory.
     """
     if opts.workers < 1:
-        raise ValueError(f"--workers must be at least 1, got {opts.workers}")
+        raise AppSpecError(f"--workers must be at least 1, got {opts.workers}")
     if not opts.python and not opts.env_archive:
-        raise ValueError("no Python for the containers: give an environment archive (--env) or --python PATH")
+        raise AppSpecError("no Python for the containers: give an environment archive (--env) or --python PATH")
     files = {JOB_FILE: skein.File(source=job_file, type="file")}
     if not opts.python:
         files[ENV_DIR] = skein.File(source=opts.env_archive, type="archive")
@@ -85,5 +86,5 @@ def build_spec(name: str, job_file: str, opts: YarnOptions, device: str = "cpu")
             file_systems=list(opts.file_systems), tags=list(opts.tags) or ["iterreduce"],
             master=master, services={"worker": worker})  # skein validates on construction
     except (ValueError, TypeError) as exc:
-        raise ValueError(f"invalid YARN application spec: {exc}") from exc
+        raise AppSpecError(f"invalid YARN application spec: {exc}") from exc
     return spec

@@ -1,0 +1,93 @@
+"""Progress a person can watch: one line on stderr per record of a run's log.
+
+The same printer serves every launcher: the in-process ``epoch`` records, a
+master's per-superstep records and the launchers' events (a worker lost or
+restarted). With ``json_lines`` each record also goes to stdout as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from .spec import JobSpec
+
+
+def to_json(record) -> str:
+    """One JSON line (NumPy scalars as numbers, anything else unknown as its text)."""
+    return json.dumps(record, default=lambda o: o.item() if hasattr(o, "item") else str(o))
+
+
+def _rate(x: float) -> str:
+    return f"{x / 1000:.1f}k" if x >= 1000 else f"{x:.0f}"
+
+
+class ProgressPrinter:
+    """``on_record`` callback of :func:`dbn.jobs.run.run` for the command line."""
+
+    def __init__(self, spec: JobSpec, *, quiet: bool = False, json_lines: bool = False, stream=None):
+        self.spec, self.quiet, self.json_lines = spec, quiet, json_lines
+        self.stream = stream or sys.stderr
+        self.start = time.perf_counter()
+
+    def __call__(self, rec: dict) -> None:
+        start = rec.get("event") == "start"
+        if self.json_lines and not start:  # the start record carries the whole spec: it stays in the log
+            print(to_json(rec), flush=True)
+        if self.quiet:
+            return
+        if start:
+            line = f"{rec['where']}, writing to {rec['output']}"
+        elif rec.get("event") == "epoch":
+            line = self._epoch(rec)
+        elif "step" in rec and "phase" in rec:
+            line = self._step(rec)
+        else:
+            detail = {k: v for k, v in rec.items() if k not in ("event", "time")}
+            line = f"[{rec.get('event')}] {to_json(detail)}"
+        print(line, file=self.stream, flush=True)
+
+    def _where(self, rec: dict) -> str:
+        m = self.spec.model
+        where = rec["phase"]
+        if rec["phase"] in ("pretrain", "transform"):
+            where += f" layer {rec['layer'] + 1}/{len(m.hidden_layers)}"
+        if "epoch" in rec:
+            total = m.pretrain_epochs if rec["phase"] == "pretrain" else m.finetune_epochs
+            where += f" epoch {rec['epoch'] + 1}/{total}"
+        return where
+
+    @staticmethod
+    def _metrics(rec: dict) -> str:
+        text = ""
+        if "reconstruction_error" in rec:
+            text += f"  recon {rec['reconstruction_error']:.2f}"
+        if "loss" in rec:
+            text += f"  loss {rec['loss']:.4f}  train err {100 * rec['train_error']:.2f}%"
+        if "valid_error" in rec:
+            text += f"  valid err {100 * rec['valid_error']:.2f}%"
+        return text
+
+    def _epoch(self, rec: dict) -> str:
+        """An in-process epoch: where, metrics, speed, time so far."""
+        rate = f"{_rate(rec['samples_per_s'])} samples/s" if rec["samples_per_s"] else "- samples/s"
+        return f"{self._where(rec)}{self._metrics(rec)}  {rate}  {rec['elapsed']:.0f} s"
+
+    def _step(self, rec: dict) -> str:
+        """A master's superstep: where, metrics, speed, synchronisation share, shards."""
+        rate = rec["samples"] / rec["seconds"] if rec["seconds"] > 0 else 0
+        share = rec["sync_seconds"] / rec["seconds"] if rec["seconds"] > 0 else 0
+        return (f"step {rec['step'] + 1}/{rec['of']}  {self._where(rec)}{self._metrics(rec)}  "
+                f"{_rate(rate)} samples/s  sync {rec['sync_seconds']:.2f} s ({100 * share:.0f}%)  "
+                f"shards {rec['shards']}/{rec['shards_total']}  {time.perf_counter() - self.start:.0f} s")
+
+
+def summary_line(result: dict) -> str:
+    """The last line of ``dbn train``: test error, time, synchronisation share, model file."""
+    if result["test_error"] is not None:
+        head = f"test error {100 * result['test_error']:.2f} %"
+    else:
+        head = "pre-trained only: no classifier to test" if result["layers"][-1] is None else "no test set"
+    sync = "" if result.get("sync_fraction") is None else f", {100 * result['sync_fraction']:.1f} % of pre-training in sync"
+    return f"{head}  ({result['wall_seconds']:.0f} s{sync})  model: {result['model']}"

@@ -1,0 +1,328 @@
+"""One run path: ``run(spec, launcher)`` trains a job, tests it once and writes ``result.json``.
+
+The launcher decides where the training happens; everything around it (the
+output folder, ``config.json``, loading the model, the test error, the result)
+is the same for all three:
+
+- :class:`InProcess`: a :class:`dbn.DBN` in this process (``dbn train``);
+- :class:`LocalCluster`: the IterativeReduce master and N worker processes on this
+  machine (``dbn train --local N``, ``dbn mnist``);
+- :class:`Yarn`: the same master and workers in YARN containers, followed to the end,
+  with the model and log fetched into the local output folder (``dbn mnist --yarn``).
+
+Each launcher's ``train(spec, out, on_record)`` leaves ``model.npz`` and ``log.jsonl``
+in ``out`` and returns its figures (timings, sizes); ``on_record`` sees a ``start``
+event (``where`` the job runs, its ``output``), then every record of the log as it is
+written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable, Protocol
+
+from iterreduce import runlog
+from iterreduce.local import run_local
+from iterreduce.shards import filesystem, join, list_shards
+
+from .. import __version__
+from ..data.sharding import count_classes, load_dataset, shard_dataset
+from ..exceptions import ConfigError, ModelFileError, UsageError
+from ..model.backend import resolve_device
+from ..model.estimator import DBN
+from ..model.persist import atomic_write
+from .spec import JobSpec
+
+MODEL_FILE, RESULT_FILE, CONFIG_FILE = "model.npz", "result.json", "config.json"
+
+OnRecord = Callable[[dict], None]
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C during training; ``hint`` says what was kept and how to go on."""
+
+    def __init__(self, hint: str):
+        super().__init__(hint)
+        self.hint = hint
+
+
+class Launcher(Protocol):
+    """Where a job trains (see the module docstring)."""
+
+    #: a few words for the result's ``on`` and the progress lines
+    where: str
+
+    def output_dir(self, spec: JobSpec) -> str:
+        """The local folder that gets model.npz, log.jsonl, config.json and result.json."""
+
+    def describe(self, spec: JobSpec) -> str:
+        """Where ``spec`` trains, in a few words for a person."""
+
+    def train(self, spec: JobSpec, out: Path, on_record: OnRecord) -> dict:
+        """Train ``spec``; leave model.npz and log.jsonl in ``out``; return the run's figures."""
+
+
+# ------------------------------------------------------------------ the run
+
+
+def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
+        extra: dict | None = None) -> dict:
+    """Train ``spec`` with ``launcher``, test the model once on ``[data] test``, write
+    ``result.json`` (and ``config.json``) to ``[output] dir``; returns the result.
+
+    ``extra`` adds keys to the result (e.g. the MNIST evaluation's validation size).
+    """
+    out = Path(launcher.output_dir(spec)).resolve()
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(out / CONFIG_FILE, spec.to_dict())
+    start = time.perf_counter()
+    try:
+        figures = launcher.train(spec, out, on_record or (lambda record: None))
+    except Exception:
+        if created and [p.name for p in out.iterdir()] == [CONFIG_FILE]:  # bad input: leave no trace
+            shutil.rmtree(out)
+        raise
+    model = DBN.load(out / MODEL_FILE, device="cpu")
+    n_test, test_error = None, None
+    if spec.data.test is not None and model.network_ is not None:  # pre-training only: nothing to test
+        tested = test_model(model, spec.data.test, mnist_dir=spec.data.mnist_dir)
+        n_test, test_error = tested["n_samples"], tested["test_error"]
+    result = {
+        "name": spec.job.name, "on": launcher.where, "test_error": test_error, "n_test": n_test,
+        "layers": [model.n_features_in_, *model.hidden_layers, getattr(model, "n_classes_", None)],
+        "epochs": {"pretrain": spec.model.pretrain_epochs, "finetune": spec.model.finetune_epochs},
+        "wall_seconds": time.perf_counter() - start, **figures,
+        "seed": spec.job.seed, "device": resolve_device(spec.job.device), "device_name": device_name(spec.job.device),
+        "workers": spec.cluster.workers, "sync_every": spec.cluster.sync_every,
+        "block_momentum": spec.cluster.block_momentum, "model": str(out / MODEL_FILE),
+        "params": spec.dbn_params(), "version": __version__, "commit": _commit(), "date": time.strftime("%Y-%m-%d"),
+        **(extra or {}),
+    }
+    write_json(out / RESULT_FILE, result)
+    if isinstance(launcher, InProcess):  # its log is this process's own; a master's log ends with its "done"
+        with runlog.RunLog(out / runlog.LOG_NAME) as log:
+            log.write({"event": "summary", **result})
+    return result
+
+
+def test_model(model: DBN | str | Path, data: str, *, mnist_dir: str | None = None, device: str = "cpu") -> dict:
+    """Test error of ``model`` (a DBN, or a model file loaded onto ``device``) on ``data``
+    ("mnist" for its 10,000 test images, a .npz or a .csv with labels)."""
+    path = None if isinstance(model, DBN) else str(model)
+    if path is not None:
+        model = DBN.load(path, device=device)
+        if model.network_ is None:
+            raise ModelFileError(f"{path}: a pre-trained stack without a classifier: nothing to evaluate")
+    X, y = load_dataset(data, split="test", mnist_dir=mnist_dir, labels=True)
+    error = 1.0 - model.score(X, y)
+    return {"model": path, "data": data, "test_error": error, "n_samples": int(X.shape[0]),
+            "errors": int(round(error * X.shape[0])), "device": model.backend.device}
+
+
+def write_json(path: Path, obj) -> None:
+    """``obj`` as indented JSON at ``path``, atomically (NumPy scalars as numbers)."""
+    text = json.dumps(obj, indent=2, default=lambda o: o.item() if hasattr(o, "item") else str(o)) + "\n"
+    atomic_write(path, lambda f: f.write(text.encode()))
+
+
+def device_name(device: str) -> str:
+    """The hardware a device setting resolves to, e.g. "cpu: x86_64, 2 cores"."""
+    if resolve_device(device) == "gpu":
+        import cupy
+
+        name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
+        return f"gpu: {name.decode() if isinstance(name, bytes) else name}"
+    return f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+
+
+def _commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def phase_timings(records: list[dict]) -> dict:
+    """Pre-training (transform + pretrain) and fine-tuning seconds and the share of
+    pre-training spent in synchronisation, from a master's step records."""
+    by_phase = runlog.seconds_by_phase(records)
+
+    def total(phases, key):
+        return sum(by_phase.get(p, {}).get(key, 0.0) for p in phases)
+
+    pre, pre_sync = total(("pretrain", "transform"), "seconds"), total(("pretrain", "transform"), "sync_seconds")
+    return {"pretrain_seconds": pre, "finetune_seconds": total(("finetune",), "seconds"),
+            "sync_fraction": pre_sync / pre if pre else None, "sync_seconds_pretrain": pre_sync}
+
+
+# ---------------------------------------------------------------- launchers
+
+
+class InProcess:
+    """Train a :class:`dbn.DBN` in this process; the log gets a ``start`` event and one
+    ``epoch`` record per epoch of every phase."""
+
+    where = "in-process"
+
+    def output_dir(self, spec: JobSpec) -> str:
+        return spec.output.dir
+
+    def describe(self, spec: JobSpec) -> str:
+        return f"{'-'.join(map(str, spec.model.hidden_layers))} in this process on {spec.job.device}"
+
+    def train(self, spec: JobSpec, out: Path, on_record: OnRecord) -> dict:
+        X, y = load_dataset(spec.data.train, split="train", mnist_dir=spec.data.mnist_dir, limit=spec.data.limit,
+                            labels=True)
+        model = DBN(**spec.dbn_params())
+        with runlog.RunLog(out / runlog.LOG_NAME) as log:
+            def write(record: dict) -> None:
+                log.write(record)
+                on_record(record)
+
+            write({"event": "start", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "version": __version__,
+                   "where": f"{X.shape[0]} x {X.shape[1]} -> {self.describe(spec)}", "output": str(out),
+                   "device": model.backend.device, "n_train": int(X.shape[0]), "n_features": int(X.shape[1]),
+                   "config": spec.to_dict()})
+            model.callback = epochs = _EpochRecords(write)
+            try:
+                model.pretrain(X)
+                pretrain_seconds = epochs.elapsed()
+                model.finetune(X, y)
+            except KeyboardInterrupt:
+                write({"event": "interrupted", "after": epochs.where, "elapsed": epochs.elapsed()})
+                raise Interrupted(f"after {epochs.where}; no model written; progress so far is in "
+                                  f"{out / runlog.LOG_NAME}") from None
+        model.save(out / MODEL_FILE)
+        return {"n_train": int(X.shape[0]), "pretrain_seconds": pretrain_seconds,
+                "finetune_seconds": epochs.elapsed() - pretrain_seconds, "sync_fraction": None,
+                "finetune_epochs_run": sum(1 for r in model.history_ if r["phase"] == "finetune")}
+
+
+class _EpochRecords:
+    """DBN callback: turns its progress records into the log's ``epoch`` records."""
+
+    def __init__(self, write: OnRecord):
+        self.write, self.start, self.last, self.where = write, time.perf_counter(), None, "start-up"
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def __call__(self, rec: dict) -> None:
+        key = (rec["phase"], rec.get("layer"))
+        previous = self.last[1] if self.last and self.last[0] == key else 0.0
+        self.last = (key, rec["seconds"])
+        seconds = rec["seconds"] - previous
+        self.where = (f"pretrain layer {rec['layer'] + 1} epoch {rec['epoch'] + 1}" if rec["phase"] == "pretrain"
+                      else f"finetune epoch {rec['epoch'] + 1}")
+        self.write({"event": "epoch", **rec, "epoch_seconds": seconds,
+                    "samples_per_s": rec["samples"] / seconds if seconds > 0 else None, "elapsed": self.elapsed()})
+
+
+class LocalCluster:
+    """The master and ``[cluster] workers`` worker processes on this machine; ``[data] train``
+    is cut into OUT/shards unless ``[cluster] shards`` names shards already written."""
+
+    where = "local mini-cluster"
+
+    def __init__(self, resume: bool = False):
+        self.resume = resume
+
+    def output_dir(self, spec: JobSpec) -> str:
+        return spec.output.dir
+
+    def describe(self, spec: JobSpec) -> str:
+        return f"local mini-cluster of {spec.cluster.workers} workers"
+
+    def train(self, spec: JobSpec, out: Path, on_record: OnRecord) -> dict:
+        workers = spec.cluster.workers
+        if workers < 1:
+            raise ConfigError("a local mini-cluster needs workers: set [cluster] workers or pass --local N")
+        on_record({"event": "start", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "where": self.describe(spec),
+                   "output": str(out)})  # not logged: the master's log is the master's
+        uris = list_shards(local_shards(spec, out, workers))
+        try:
+            config = spec.master_config(shards=uris, output=str(out), n_classes=count_classes(uris))
+            run_local(dataclasses.replace(config, resume=self.resume), max_restarts=spec.cluster.max_restarts,
+                      device=spec.job.device, on_record=on_record)
+        except KeyboardInterrupt:
+            raise Interrupted(f"checkpoints are in {out / 'checkpoints'}: continue with the same command "
+                              f"and --resume") from None
+        records = runlog.read_progress(out / runlog.LOG_NAME)
+        return {**phase_timings(records), "shards": len(uris), "n_train": _rows(records)}
+
+
+def local_shards(spec: JobSpec, out: Path, n_shards: int) -> str:
+    """The job's shard directory: ``[cluster] shards``, or ``[data] train`` cut into OUT/shards.
+
+    Shards written here are reused by a later run (e.g. ``--resume``) of the same data.
+    """
+    if spec.cluster.shards:
+        return spec.cluster.shards
+    shards = out / "shards"
+    source = {"train": spec.data.train, "limit": spec.data.limit, "shards": n_shards, "mnist_dir": spec.data.mnist_dir}
+    marker = shards / "source.json"
+    if marker.exists() and json.loads(marker.read_text()) == source:
+        return str(shards)
+    shard_dataset(spec.data.train, str(shards), n_shards, split="train", mnist_dir=spec.data.mnist_dir,
+                  limit=spec.data.limit)
+    marker.write_text(json.dumps(source))
+    return str(shards)
+
+
+def _rows(records: list[dict]) -> int | None:
+    """Training rows of a distributed run: what its first step (a transform of every shard) saw."""
+    first = next((r for r in records if r.get("phase") == "transform"), None)
+    return int(first["samples"]) if first else None
+
+
+class Yarn:
+    """The job on YARN (as ``dbn submit`` stages it), followed to its end; the model and
+    the log are fetched from ``[output] dir`` (on HDFS) into ``report_dir``."""
+
+    where = "yarn"
+
+    def __init__(self, report_dir: str, log: Callable[[str], None] = print, poll: float = 5.0):
+        self.report_dir, self.log, self.poll = report_dir, log, poll
+
+    def output_dir(self, spec: JobSpec) -> str:
+        return self.report_dir
+
+    def describe(self, spec: JobSpec) -> str:
+        return f"YARN, {spec.cluster.workers} worker containers"
+
+    def train(self, spec: JobSpec, out: Path, on_record: OnRecord) -> dict:
+        from iterreduce.yarn import client as yarn
+
+        from .yarn import submit
+
+        _, app_id, url = submit(spec, log=self.log)
+        client = yarn.connect(spec.yarn.principal, spec.yarn.keytab)
+        self.log(f"submitted {app_id} ({url or 'no tracking URL yet'})")
+        self.where = f"yarn ({app_id})"
+        st = yarn.wait(client, app_id, poll=self.poll, on_status=lambda s: s.record and on_record(s.record))
+        if st.final_status != "SUCCEEDED":
+            raise yarn.YarnError(yarn.ended_badly(st))
+        fs, base = filesystem(spec.output.dir)
+        for name in (MODEL_FILE, runlog.LOG_NAME):
+            with fs.open_input_stream(join(base, name), compression=None) as src:
+                (out / name).write_bytes(src.read())
+        records = runlog.read_progress(out / runlog.LOG_NAME)
+        return {**phase_timings(records), "shards": spec.cluster.workers, "n_train": _rows(records), "app_id": app_id}
+
+
+def launcher_for(spec: JobSpec, *, resume: bool = False) -> Launcher:
+    """In this process when ``[cluster] workers`` is 0, else on a local mini-cluster."""
+    if spec.cluster.workers > 0:
+        return LocalCluster(resume=resume)
+    if resume:
+        raise UsageError("--resume continues a distributed job: add --local N (or [cluster] workers)")
+    return InProcess()
