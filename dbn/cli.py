@@ -134,9 +134,9 @@ def cmd_shard(args) -> int:
 
 
 def cmd_evaluate(args) -> int:
-    from .jobs.run import test_model
+    from .jobs.run import evaluate_model
 
-    record = test_model(args.model, args.data, mnist_dir=args.mnist_dir, device=args.device)
+    record = evaluate_model(args.model, args.data, mnist_dir=args.mnist_dir, device=args.device)
     error = record["test_error"]
     print(to_json(record) if args.json else f"test error {100 * error:.2f} %  ({record['errors']} of "
           f"{record['n_samples']})  {args.model} on {args.data}")

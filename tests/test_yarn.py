@@ -240,6 +240,27 @@ def test_submit_from_a_packed_virtualenv_trains_with_data_and_model_on_hdfs(yarn
 # ------------------------------------------------------------------ faults
 
 
+def test_the_run_path_on_yarn_tests_the_model_and_writes_the_report_locally(yarn, env_archive, tmp_path):
+    """run(spec, Yarn(...)), as `dbn mnist --yarn` uses it: the job trains in containers, the
+    model and the log come back from HDFS, and result.json is the same object as elsewhere."""
+    from dbn.jobs.run import Yarn, run
+    from dbn.jobs.spec import load_spec
+
+    output = yarn.hadoop.uri("/user/test/runpath")
+    spec = load_spec(job_file(tmp_path, output, env=env_archive),
+                     {"data.test": str(tmp_path / "train.npz")})
+    seen: list[dict] = []
+    report = tmp_path / "report"
+    result = run(spec, Yarn(str(report), log=lambda msg: None, poll=1.0), on_record=seen.append)
+
+    assert result["on"].startswith("yarn (application_") and result["workers"] == 2
+    assert result["layers"] == [N_FEATURES, 12, 8, 3] and 0 <= result["test_error"] < 0.4  # as the first test's bar
+    assert result["n_train"] == 600 and result["pretrain_seconds"] > 0
+    assert json.loads((report / "result.json").read_text())["test_error"] == result["test_error"]
+    assert DBN.load(report / "model.npz").n_classes_ == 3
+    assert any("step" in r for r in seen)  # the master's progress, followed while it ran
+
+
 def test_a_worker_killed_with_sigkill_is_restarted_and_rejoins_with_its_shards(yarn, env_archive, tmp_path, capsys):
     output = yarn.hadoop.uri("/user/test/killed-worker")
     app_id = submit(capsys, job_file(tmp_path, output, env=env_archive, epochs=8))

@@ -56,8 +56,11 @@ class Interrupted(KeyboardInterrupt):
 class Launcher(Protocol):
     """Where a job trains (see the module docstring)."""
 
-    #: a few words for the result's ``on`` and the progress lines
+    #: a few words for the result's ``on``
     where: str
+    #: True when this process writes the log (the run's summary then ends it); a master's
+    #: log is the master's own and ends with its ``done`` event
+    writes_log: bool
 
     def output_dir(self, spec: JobSpec) -> str:
         """The local folder that gets model.npz, log.jsonl, config.json and result.json."""
@@ -93,7 +96,7 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
     model = DBN.load(out / MODEL_FILE, device="cpu")
     n_test, test_error = None, None
     if spec.data.test is not None and model.network_ is not None:  # pre-training only: nothing to test
-        tested = test_model(model, spec.data.test, mnist_dir=spec.data.mnist_dir)
+        tested = evaluate_model(model, spec.data.test, mnist_dir=spec.data.mnist_dir)
         n_test, test_error = tested["n_samples"], tested["test_error"]
     result = {
         "name": spec.job.name, "on": launcher.where, "test_error": test_error, "n_test": n_test,
@@ -107,13 +110,13 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
         **(extra or {}),
     }
     write_json(out / RESULT_FILE, result)
-    if isinstance(launcher, InProcess):  # its log is this process's own; a master's log ends with its "done"
+    if launcher.writes_log:
         with runlog.RunLog(out / runlog.LOG_NAME) as log:
             log.write({"event": "summary", **result})
     return result
 
 
-def test_model(model: DBN | str | Path, data: str, *, mnist_dir: str | None = None, device: str = "cpu") -> dict:
+def evaluate_model(model: DBN | str | Path, data: str, *, mnist_dir: str | None = None, device: str = "cpu") -> dict:
     """Test error of ``model`` (a DBN, or a model file loaded onto ``device``) on ``data``
     ("mnist" for its 10,000 test images, a .npz or a .csv with labels)."""
     path = None if isinstance(model, DBN) else str(model)
@@ -171,7 +174,7 @@ class InProcess:
     """Train a :class:`dbn.DBN` in this process; the log gets a ``start`` event and one
     ``epoch`` record per epoch of every phase."""
 
-    where = "in-process"
+    where, writes_log = "in-process", True
 
     def output_dir(self, spec: JobSpec) -> str:
         return spec.output.dir
@@ -231,7 +234,7 @@ class LocalCluster:
     """The master and ``[cluster] workers`` worker processes on this machine; ``[data] train``
     is cut into OUT/shards unless ``[cluster] shards`` names shards already written."""
 
-    where = "local mini-cluster"
+    where, writes_log = "local mini-cluster", False
 
     def __init__(self, resume: bool = False):
         self.resume = resume
@@ -288,7 +291,7 @@ class Yarn:
     """The job on YARN (as ``dbn submit`` stages it), followed to its end; the model and
     the log are fetched from ``[output] dir`` (on HDFS) into ``report_dir``."""
 
-    where = "yarn"
+    where, writes_log = "yarn", False
 
     def __init__(self, report_dir: str, log: Callable[[str], None] = print, poll: float = 5.0):
         self.report_dir, self.log, self.poll = report_dir, log, poll
@@ -306,9 +309,17 @@ class Yarn:
 
         _, app_id, url = submit(spec, log=self.log)
         client = yarn.connect(spec.yarn.principal, spec.yarn.keytab)
-        self.log(f"submitted {app_id} ({url or 'no tracking URL yet'})")
         self.where = f"yarn ({app_id})"
-        st = yarn.wait(client, app_id, poll=self.poll, on_status=lambda s: s.record and on_record(s.record))
+        on_record({"event": "start", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "output": spec.output.dir,
+                   "where": f"{self.describe(spec)}, application {app_id} (tracking URL: {url or 'none yet'})"})
+        last: list[dict] = [{}]
+
+        def forward(st) -> None:  # the master's newest step record, once each
+            if st.record and st.record.get("step") != last[0].get("step"):
+                last[0] = st.record
+                on_record(st.record)
+
+        st = yarn.wait(client, app_id, poll=self.poll, on_status=forward)
         if st.final_status != "SUCCEEDED":
             raise yarn.YarnError(yarn.ended_badly(st))
         fs, base = filesystem(spec.output.dir)

@@ -110,7 +110,8 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
         def publish(address: str) -> None:
             app.kv[KV_TOKEN] = config.token.encode()
             app.kv[KV_ADDRESS] = address.encode()  # last: a worker that sees the address finds the token too
-            log.info("attempt %d: workers connect with mutual TLS (the application's certificate)", attempt)
+            log.info("attempt %d serving %d shards on %s; workers connect with mutual TLS (the application's "
+                     "certificate)", attempt, len(master.shards), address)
 
         master.serve_and_run(tls=tls, on_serving=publish)
         log.info("outputs written: %s", ", ".join(upload_outputs(local_out, output)))
