@@ -58,7 +58,7 @@ def test_examples_match_builtin_jobs():
     for section in ("data", "model", "job"):
         assert getattr(paper, section) == getattr(default, section)
     assert (quick.data, quick.model) == (default_quick.data, default_quick.model)
-    assert quick.data.limit == 10000 and quick.job.name == "quick"
+    assert quick.data.limit == 20000 and quick.job.name == "quick"
     assert set(PAPER) >= {"model.finetune_epochs", "model.dropout"}
 
 

@@ -267,9 +267,9 @@ PAPER: dict[str, Any] = {
 
 #: ``--quick`` (dbn train and dbn mnist): a reduced run of a few minutes on 2 cores, as examples/quick.toml.
 QUICK: dict[str, Any] = {
-    "data.limit": 10000,
+    "data.limit": 20000,
     "model.pretrain_epochs": 20,
-    "model.finetune_epochs": 40,
+    "model.finetune_epochs": 30,
 }
 
 
