@@ -309,6 +309,15 @@ class InProcessJob:
         for worker in self.worker_objects:
             assert self.results[worker.name] == 0, f"{worker.name} ended with {self.results[worker.name]!r}"
 
+    def run_to_end(self, *names: str, timeout: float = 60.0) -> None:
+        """Add workers ``names``, run the job to its end and close it, whatever happens."""
+        try:
+            for name in names:
+                self.add_worker(name)
+            self.start().wait(timeout=timeout)
+        finally:
+            self.close()
+
     def close(self) -> None:
         with self.master.lock:
             self.master.done = True

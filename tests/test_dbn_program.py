@@ -134,12 +134,7 @@ def test_pretrain_only_job_needs_no_labels(tmp_path):
     uris = write_shards(X, None, str(tmp_path / "shards"), 2)
     config = dict(hidden_layers=[6, 4], pretrain_epochs=2, finetune_epochs=0, n_classes=2, seed=3)
     job = InProcessJob(tmp_path / "out", uris, workers=2, program=DBN_PROGRAM, program_config=config)
-    try:
-        job.add_worker("w0")
-        job.add_worker("w1")
-        job.start().wait(timeout=60)
-    finally:
-        job.close()
+    job.run_to_end("w0", "w1")
     assert phases(records(tmp_path / "out")) == ["transform", "pretrain", "pretrain"] * 2
     model = DBN.load(tmp_path / "out" / "model.npz", device="cpu")
     assert model.network_ is None and len(model.rbms_) == 2

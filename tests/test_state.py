@@ -99,12 +99,7 @@ def test_same_names_in_program_checkpoint_and_model_file(tmp_path, mnist_small):
     config = dict(hidden_layers=[12, 6], pretrain_epochs=1, finetune_epochs=2, top_layer_epochs=1, n_classes=10, seed=0)
     job = InProcessJob(tmp_path / "out", uris, workers=2, program=DBN_PROGRAM, program_config=config,
                        checkpoint_dir=str(tmp_path / "ckpt"))
-    try:
-        job.add_worker("w0")
-        job.add_worker("w1")
-        job.start().wait(timeout=60)
-    finally:
-        job.close()
+    job.run_to_end("w0", "w1")
 
     names = {*state.rbm_names(0), *state.rbm_names(1), *state.net_names(3)}
     steps = list(DBNProgram(config).schedule(shard_info(uris)))
