@@ -32,7 +32,7 @@ from ..model.rbm import RBM
 def dbn_params(config) -> dict:
     """The :class:`DBN` hyperparameters in a program config: the keys of its signature, less
     ``device`` (each process picks its own) and ``callback`` (none in a distributed job)."""
-    names = set(DBN._param_names()) - {"device", "callback"}
+    names = set(DBN().get_params()) - {"device", "callback"}
     return {k: v for k, v in config.items() if k in names}
 
 
