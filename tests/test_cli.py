@@ -262,3 +262,23 @@ def test_bench_rbm_table_with_sklearn(capsys):
 def test_bench_rejects_bad_sizes(capsys):
     assert main(["bench", "rbm", "--hidden", "0", "--no-sklearn"]) == 2
     assert "dbn: error:" in capsys.readouterr().err
+
+
+def test_one_process_trains_on_the_shards_the_job_names(tmp_path, capsys):
+    """[cluster] shards without --local: the shards are the data, never [data] train (MNIST by default)."""
+    from iterreduce.shards import write_shards
+
+    make_dataset(tmp_path / "d.npz", n=240)
+    with np.load(tmp_path / "d.npz") as d:
+        write_shards(d["X"], d["y"], str(tmp_path / "shards"), 3)
+    assert main(["train", "--set", f"cluster.shards={tmp_path / 'shards'}", "--set", "data.test=none",
+                 "--layers", "8", "--epochs", "1", "--finetune-epochs", "1", "--device", "cpu",
+                 "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    result = json.loads((tmp_path / "o" / "result.json").read_text())
+    assert result["n_train"] == 240 and result["layers"] == [N_FEATURES, 8, N_CLASSES]
+
+    write_shards(np.zeros((4, N_FEATURES), np.float32), None, str(tmp_path / "unlabelled"), 2)
+    assert main(["train", "--set", f"cluster.shards={tmp_path / 'unlabelled'}", "--layers", "8",
+                 "--out", str(tmp_path / "u"), "--quiet"]) == 2
+    assert "part-00000.parquet: no 'label' column" in capsys.readouterr().err
+    assert not (tmp_path / "u").exists()

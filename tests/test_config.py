@@ -241,3 +241,9 @@ def test_master_config_is_the_runtime_part_of_the_spec():
     assert (config.workers, config.heartbeat_timeout, config.float16_wire, config.seed) == (3, 7.5, True, 9)
     assert config.program_config == spec.program_config(10) and config.program_config["n_classes"] == 10
     assert config.token == ""  # the launcher's to set; never in a file
+
+
+def test_none_on_the_command_line_unsets_optional_string_settings_too():
+    assert load_spec(None).data.test == "mnist"
+    assert load_spec(None, {"data.test": "none", "cluster.shards": "null"}).data.test is None
+    assert load_spec(None, {"data.train": "none"}).data.train == "none"  # not optional: a file's name

@@ -68,6 +68,20 @@ def load_dataset(source: str, *, split: str = "train", mnist_dir: str | None = N
     return X, y
 
 
+def load_shards(uri: str, *, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Features and labels of every Parquet shard under ``uri`` (a directory or URI), in order,
+    for training in one process on the shards a job names; the first ``limit`` rows only."""
+    from iterreduce.shards import list_shards, read_shard
+
+    parts = [read_shard(shard, i, need_labels=True) for i, shard in enumerate(list_shards(uri))]
+    widths = {part.features.shape[1] for part in parts}
+    if len(widths) > 1:
+        raise ShardError(f"{uri}: shards disagree on the feature count: {sorted(widths)}")
+    X = np.concatenate([part.features for part in parts])
+    y = np.concatenate([part.labels for part in parts])
+    return (X, y) if limit is None else (X[:limit], y[:limit])
+
+
 def _read_csv(path: Path):
     import pyarrow.csv as pacsv
 

@@ -33,7 +33,7 @@ from iterreduce.local import run_local
 from iterreduce.shards import filesystem, join, list_shards
 
 from .. import __version__
-from ..data.sharding import count_classes, load_dataset, shard_dataset
+from ..data.sharding import count_classes, load_dataset, load_shards, shard_dataset
 from ..exceptions import ConfigError, ModelFileError, UsageError
 from ..model.backend import resolve_device
 from ..model.estimator import DBN
@@ -171,8 +171,9 @@ def phase_timings(records: list[dict]) -> dict:
 
 
 class InProcess:
-    """Train a :class:`dbn.DBN` in this process; the log gets a ``start`` event and one
-    ``epoch`` record per epoch of every phase."""
+    """Train a :class:`dbn.DBN` in this process, on ``[cluster] shards`` when the job names
+    shards, else on ``[data] train``; the log gets a ``start`` event and one ``epoch`` record
+    per epoch of every phase."""
 
     where, writes_log = "in-process", True
 
@@ -183,8 +184,11 @@ class InProcess:
         return f"{'-'.join(map(str, spec.model.hidden_layers))} in this process on {spec.job.device}"
 
     def train(self, spec: JobSpec, out: Path, on_record: OnRecord) -> dict:
-        X, y = load_dataset(spec.data.train, split="train", mnist_dir=spec.data.mnist_dir, limit=spec.data.limit,
-                            labels=True)
+        if spec.cluster.shards:  # the job names its data as shards: train on those, never on [data] train
+            X, y = load_shards(spec.cluster.shards, limit=spec.data.limit)
+        else:
+            X, y = load_dataset(spec.data.train, split="train", mnist_dir=spec.data.mnist_dir,
+                                limit=spec.data.limit, labels=True)
         model = DBN(**spec.dbn_params())
         with runlog.RunLog(out / runlog.LOG_NAME) as log:
             def write(record: dict) -> None:

@@ -345,7 +345,9 @@ def _check(origin: str, section: str, key: str, value, parse_strings: bool = Fal
         hint = f" (it belongs in [{owner[0]}])" if owner else _suggest(key, fields)
         raise ConfigError(f"{where} unknown key {key!r}{hint}")
     hint = typing.get_type_hints(cls)[key]
-    if parse_strings and isinstance(value, str) and not _accepts(hint, str):
+    if parse_strings and isinstance(value, str) and value.lower() in ("none", "null") and _accepts(hint, type(None)):
+        value = None  # --set data.test=none unsets an optional key, string settings included
+    elif parse_strings and isinstance(value, str) and not _accepts(hint, str):
         value = _parse_literal(value, _accepts(hint, type(None)))
         if hint is tuple and isinstance(value, int):  # --layers 500: one hidden layer
             value = [value]
