@@ -25,6 +25,7 @@ from .master import MasterConfig
 from .security import new_token
 from .shards import list_shards
 from .exceptions import LocalJobError
+from .lifeline import LAUNCHER_PID
 
 
 def _gpu_count() -> int:
@@ -58,6 +59,7 @@ class LocalCluster:
 
     def _env(self, index: int | None) -> dict:
         env = dict(os.environ, ITERREDUCE_TOKEN=self.config.token, PYTHONUNBUFFERED="1")
+        env[LAUNCHER_PID] = str(os.getpid())  # children exit when this process is gone (lifeline.py)
         # Children import the runtime (and the program) from where this process does.
         root = str(Path(__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
@@ -205,18 +207,24 @@ def run_local(config: MasterConfig, *, max_restarts: int = 3, device: str = "cpu
     return out
 
 
+#: Signals that end the launcher like Ctrl-C, so that it stops its children: a scheduler's or
+#: `kill`'s SIGTERM, and the SIGHUP of a closed terminal or a dropped ssh session.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+
 @contextlib.contextmanager
 def _sigterm_as_exit():
-    """Let SIGTERM (e.g. from a scheduler or `kill`) unwind like Ctrl-C, so children are stopped."""
+    """Let the :data:`STOP_SIGNALS` unwind like Ctrl-C, so children are stopped."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
-    def exit_on_term(signum, frame):
+    def exit_on_signal(signum, frame):
         raise SystemExit(128 + signum)
 
-    previous = signal.signal(signal.SIGTERM, exit_on_term)
+    previous = {signum: signal.signal(signum, exit_on_signal) for signum in STOP_SIGNALS}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from . import checkpoint, runlog, wire
+from .lifeline import follow_launcher
 from .program import MASTER_ONLY, Program, Update, load_class, step_to_json
 from .proto import iterreduce_pb2 as pb
 from .proto import iterreduce_pb2_grpc as pb_grpc
@@ -492,6 +493,7 @@ def main(argv=None) -> int:
     ap.add_argument("job", help="JSON file with the MasterConfig fields (the token may come from $ITERREDUCE_TOKEN)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s master %(levelname)s %(message)s")
+    follow_launcher()
     try:
         job = json.loads(Path(args.job).read_text())
         job.setdefault("token", os.environ.get("ITERREDUCE_TOKEN", ""))

@@ -13,6 +13,7 @@ import grpc
 import numpy as np
 
 from . import wire
+from .lifeline import follow_launcher
 from .program import Update, WorkerProgram, load_class, shard_seed, step_from_json
 from .proto import iterreduce_pb2 as pb
 from .proto import iterreduce_pb2_grpc as pb_grpc
@@ -144,6 +145,7 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.name} %(levelname)s %(message)s")
+    follow_launcher()
     token = os.environ.get("ITERREDUCE_TOKEN", "")
     try:
         return Worker(args.master, token, args.name, args.device).run()

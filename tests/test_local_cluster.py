@@ -226,8 +226,10 @@ def test_every_worker_crashing_fails_the_job_with_the_last_error(tmp_path):
     assert not Path(tmp_path / "out" / "parameters.npz").exists()
 
 
-def test_sigterm_to_the_launcher_stops_the_whole_job(tmp_path):
-    """A launcher killed politely (scheduler, `kill`) takes its master and workers with it."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=lambda s: s.name)
+def test_the_launcher_ending_by_any_signal_stops_the_whole_job(tmp_path, signum):
+    """A launcher stopped politely (a scheduler's SIGTERM, a dropped ssh session's SIGHUP) stops
+    its master and workers itself; one killed with SIGKILL cannot, so they notice it is gone."""
     import subprocess
     import sys
     import time
@@ -247,8 +249,14 @@ def test_sigterm_to_the_launcher_stops_the_whole_job(tmp_path):
         time.sleep(0.2)
     address = master_info(tmp_path / "out")["address"]
     master_pid = master_info(tmp_path / "out")["pid"]
-    launcher.send_signal(signal.SIGTERM)
-    assert launcher.wait(timeout=30) == 128 + signal.SIGTERM
-    time.sleep(0.5)
-    assert not worker_pids(address, "worker-0") and not worker_pids(address, "worker-1")
-    assert not Path(f"/proc/{master_pid}").exists() or "iterreduce.master" not in " ".join(cmdline(master_pid))
+    launcher.send_signal(signum)
+    assert launcher.wait(timeout=30) == (-signum if signum == signal.SIGKILL else 128 + signum)
+
+    def job_alive() -> bool:
+        master = Path(f"/proc/{master_pid}").exists() and "iterreduce.master" in " ".join(cmdline(master_pid))
+        return master or bool(worker_pids(address, "worker-0") or worker_pids(address, "worker-1"))
+
+    deadline = time.monotonic() + 5  # the bar: nothing of the job alive 5 s after the launcher died
+    while job_alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not job_alive()
