@@ -96,12 +96,12 @@ def cmd_submit(args) -> int:
     if args.dry_run:
         print(prepare(spec, dry_run=True, log=say).spec.to_yaml(), end="")
         return 0
-    submission, app_id, url = submit(spec, log=say)
+    submission, app_id, url, client = submit(spec, log=say)
     print(app_id)
     say(f"submitted {app_id}; tracking URL: {url or '(none yet)'}; outputs in {submission.job['master']['output']}")
     say(f"watch it with `dbn status {app_id}`, read its logs with `dbn logs {app_id}`")
     if args.wait:
-        st = yarn.follow(yarn.connect(spec.yarn.principal, spec.yarn.keytab), app_id, show=say)
+        st = yarn.follow(client, app_id, show=say)
         if st.final_status != "SUCCEEDED":
             print(f"dbn: error: {yarn.ended_badly(st)}", file=sys.stderr)
             return 1
@@ -115,7 +115,7 @@ def cmd_mnist(args) -> int:
         raise UsageError("--yarn needs --hdfs-out URI: where the job writes its model and checkpoints on HDFS")
     overrides = _overrides(args, JOB_FLAGS)
     out, result = mnist_eval.command(
-        out=args.out, quick=args.quick, sweep_table_too=args.sweep, local=args.local,
+        out=args.out, quick=args.quick, sweep_instead=args.sweep, local=args.local,
         yarn_out=args.hdfs_out if args.yarn else None, validation=args.validation, seed=args.seed,
         data_dir=args.data, overrides=overrides, log=_say(args, "mnist"),
         progress_for=lambda spec: ProgressPrinter(spec, quiet=args.quiet))

@@ -94,16 +94,16 @@ def evaluate(spec: JobSpec, *, validation: int = 0, yarn_report_dir: str | None 
     return result
 
 
-def command(*, out: str | None, quick: bool, sweep_table_too: bool = False, local: int | None, yarn_out: str | None,
+def command(*, out: str | None, quick: bool, sweep_instead: bool = False, local: int | None, yarn_out: str | None,
             validation: int | None, seed: int, data_dir: str | None, overrides: dict, progress_for=None,
             log: Callable[[str], None] = print) -> tuple[str, dict | str]:
     """``dbn mnist``'s defaults and choice: returns (report dir, the result), or with
-    ``sweep_table_too`` (``--sweep``) the sweep's Markdown table instead of a result.
+    ``sweep_instead`` (``--sweep``) the sweep's Markdown table instead of a result.
     ``progress_for(spec)`` makes the run's ``on_record`` callback."""
     tag = "-quick" if quick else ""
-    out = out or str(Path("runs") / (f"mnist-sweep{tag}" if sweep_table_too else f"mnist{tag}"))
+    out = out or str(Path("runs") / (f"mnist-sweep{tag}" if sweep_instead else f"mnist{tag}"))
     validation = validation if validation is not None else (5000 if quick else 0)
-    if sweep_table_too:
+    if sweep_instead:
         if yarn_out:
             raise UsageError("--sweep runs on the local mini-cluster; drop --yarn")
         return out, sweep(out=out, quick=quick, seed=seed, data_dir=data_dir, overrides=overrides,

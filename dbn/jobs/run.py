@@ -263,8 +263,7 @@ class LocalCluster:
         except KeyboardInterrupt:
             raise Interrupted(f"checkpoints are in {out / 'checkpoints'}: continue with the same command "
                               f"and --resume") from None
-        records = runlog.read_progress(out / runlog.LOG_NAME)
-        return {**phase_timings(records), "shards": len(uris), "n_train": _rows(records)}
+        return {**cluster_figures(out), "shards": len(uris)}
 
 
 def local_shards(spec: JobSpec, out: Path, n_shards: int) -> str:
@@ -285,10 +284,12 @@ def local_shards(spec: JobSpec, out: Path, n_shards: int) -> str:
     return str(shards)
 
 
-def _rows(records: list[dict]) -> int | None:
-    """Training rows of a distributed run: what its first step (a transform of every shard) saw."""
+def cluster_figures(out: Path) -> dict:
+    """A master's figures from its log in ``out``: the timings of :func:`phase_timings`, and
+    the training rows (``n_train``: what the first step, a transform of every shard, saw)."""
+    records = runlog.read_progress(out / runlog.LOG_NAME)
     first = next((r for r in records if r.get("phase") == "transform"), None)
-    return int(first["samples"]) if first else None
+    return {**phase_timings(records), "n_train": int(first["samples"]) if first else None}
 
 
 class Yarn:
@@ -311,8 +312,7 @@ class Yarn:
 
         from .yarn import submit
 
-        _, app_id, url = submit(spec, log=self.log)
-        client = yarn.connect(spec.yarn.principal, spec.yarn.keytab)
+        _, app_id, url, client = submit(spec, log=self.log)
         self.where = f"yarn ({app_id})"
         on_record({"event": "start", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "output": spec.output.dir,
                    "where": f"{self.describe(spec)}, application {app_id} (tracking URL: {url or 'none yet'})"})
@@ -330,8 +330,7 @@ class Yarn:
         for name in (MODEL_FILE, runlog.LOG_NAME):
             with fs.open_input_stream(join(base, name), compression=None) as src:
                 (out / name).write_bytes(src.read())
-        records = runlog.read_progress(out / runlog.LOG_NAME)
-        return {**phase_timings(records), "shards": spec.cluster.workers, "n_train": _rows(records), "app_id": app_id}
+        return {**cluster_figures(out), "shards": spec.cluster.workers, "app_id": app_id}
 
 
 def launcher_for(spec: JobSpec, *, resume: bool = False) -> Launcher:

@@ -112,12 +112,14 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
     return Submission(spec, job, job_file)
 
 
-def submit(cfg: JobSpec, *, log=print) -> tuple[Submission, str, str]:
+def submit(cfg: JobSpec, *, log=print):
     """Stage ``cfg`` (:func:`prepare`) and submit it to YARN; returns the submission, the
-    application id and its tracking URL."""
+    application id, its tracking URL and the skein client, to follow the application with
+    (without a running driver, each new client starts a Java driver: connect once)."""
     from iterreduce.yarn import client as yarn
 
     yarn.check_kerberos(cfg.yarn.principal, cfg.yarn.keytab)  # before any staging work
     submission = prepare(cfg, log=log)
-    app_id, url = yarn.submit(yarn.connect(cfg.yarn.principal, cfg.yarn.keytab), submission.spec)
-    return submission, app_id, url
+    client = yarn.connect(cfg.yarn.principal, cfg.yarn.keytab)
+    app_id, url = yarn.submit(client, submission.spec)
+    return submission, app_id, url, client
