@@ -1,12 +1,15 @@
 """The ``dbn`` command line: it parses arguments, calls :mod:`dbn.jobs` and prints.
 
-    dbn train [JOB.toml] [--local N [--resume]] [--quick] [--json] [--set section.key=value ...]
+    dbn train [JOB.toml] [--local N [--resume]] [--overwrite] [--quick] [--json] [--set section.key=value ...]
     dbn submit [JOB.toml] [--workers N] [--dry-run] [--wait]; dbn status|logs|kill APP_ID
-    dbn mnist [--quick] [--local N] [--yarn --hdfs-out URI] [--sweep];  dbn shard SOURCE OUT --shards N
+    dbn mnist [--quick] [--local N] [--yarn --hdfs-out URI] [--sweep] [--overwrite];  dbn shard SOURCE OUT --shards N
     dbn evaluate MODEL.npz;  dbn bench rbm [--device gpu]
 
 Errors in the input (configuration, data, model files, devices, the cluster) print
 ``dbn: error: <message>`` and exit with status 2; ``--debug`` shows the traceback.
+
+An output directory belongs to one job: ``dbn train`` and ``dbn mnist`` refuse one that
+holds another job's run unless given ``--overwrite`` (see :data:`OVERWRITE_HELP`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,11 @@ from .model.backend import DEVICES
 #: What the command line reports as ``dbn: error: <message>`` (exit 2) rather than a traceback.
 USER_ERRORS = (DBNError, IterReduceError, OSError)
 EXIT_ERROR, EXIT_INTERRUPTED = 2, 130
+
+OVERWRITE_HELP = ("replace the run of another job in the output directory (refused without this flag); the "
+                  "earlier run is kept in OUT/previous/N, and its model.npz and result.json stay in place until "
+                  "this run writes its own. Rerunning the same job needs no --overwrite: it keeps the earlier "
+                  "run the same way")
 
 #: Flags that set a job-spec key: (flag, key, type, metavar, help). The key is the argparse dest.
 JOB_FLAGS = (
@@ -78,7 +86,8 @@ def cmd_train(args) -> int:
 
     spec = _spec(args, JOB_FLAGS, extra={"cluster.workers": args.local, "output.dir": args.out})
     try:
-        result = run(spec, launcher_for(spec, resume=args.resume), on_record=ProgressPrinter(spec, quiet=args.quiet, json_lines=args.json))
+        result = run(spec, launcher_for(spec, resume=args.resume), overwrite=args.overwrite,
+                     on_record=ProgressPrinter(spec, quiet=args.quiet, json_lines=args.json))
     except Interrupted as stop:
         print(f"dbn: interrupted (Ctrl-C) {stop.hint}", file=sys.stderr, flush=True)
         return EXIT_INTERRUPTED
@@ -117,7 +126,7 @@ def cmd_mnist(args) -> int:
     out, result = mnist_eval.command(
         out=args.out, quick=args.quick, sweep_instead=args.sweep, local=args.local,
         yarn_out=args.hdfs_out if args.yarn else None, validation=args.validation, seed=args.seed,
-        data_dir=args.data, overrides=overrides, log=_say(args, "mnist"),
+        data_dir=args.data, overrides=overrides, log=_say(args, "mnist"), overwrite=args.overwrite,
         progress_for=lambda spec: ProgressPrinter(spec, quiet=args.quiet))
     print(result if args.sweep else to_json(result) if args.json else mnist_eval.report_line(out, result),
           end="" if args.sweep else "\n")
@@ -199,15 +208,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="dbn", parents=[common], description="Deep Belief Networks on YARN: "
                                      "train, submit, evaluate and benchmark.")
     parser.add_argument("--version", action="version", version=f"dbn {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", help="run `dbn COMMAND --help` for its options")
     config = ("config", {"nargs": "?", "type": Path, "help": "job file (.toml); default: MNIST, 784-500-500-2000-10"})
     json_ = ("--json", {"action": "store_true", "help": "JSON on stdout"})
     flag = {"action": "store_true"}
+    overwrite = ("--overwrite", {**flag, "help": OVERWRITE_HELP})
 
     p = _command(sub, "train", [job], "train a DBN as a job file says, in this process or on --local N workers",
                  cmd_train, config, ("--out", {"metavar": "DIR", "help": "output.dir (default runs/<job name>)"}),
                  ("--local", {"type": int, "metavar": "N", "help": "a local mini-cluster of N workers (cluster.workers)"}),
                  ("--resume", {**flag, "help": "continue a killed distributed job from its last checkpoint"}),
+                 overwrite,
                  ("--quick", {**flag, "help": "a reduced run (the QUICK preset, as examples/quick.toml)"}),
                  ("--json", {**flag, "help": "JSON lines on stdout: one per record, then a summary"}))
     _flags(p, JOB_FLAGS)
@@ -232,7 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
                  ("--seed", {"type": int, "default": 0, "help": "random seed (default 0)"}),
                  ("--validation", {"type": int, "metavar": "N", "help": "hold out the last N training images "
                                    "(default: 5000 with --quick, else 0)"}),
-                 ("--sweep", {**flag, "help": "three network sizes on 1 and 10 workers: OUT/sweep.md"}), json_)
+                 ("--sweep", {**flag, "help": "three network sizes on 1 and 10 workers: OUT/sweep.md"}), overwrite,
+                 json_)
     _flags(p, JOB_FLAGS)
     _command(sub, "shard", [common], "cut 'mnist', a .npz (X [, y]) or a .csv ([label]) into Parquet shards",
              cmd_shard, ("source", {"help": "'mnist', FILE.npz or FILE.csv"}),
@@ -241,15 +253,21 @@ def build_parser() -> argparse.ArgumentParser:
              ("--split", {"choices": ("train", "test"), "default": "train", "help": "MNIST split"}),
              ("--mnist-dir", {"help": "directory of the MNIST files"}),
              ("--limit", {"type": int, "metavar": "N", "help": "only the first N rows"}))
-    _command(sub, "evaluate", [common], "test error of a saved model", cmd_evaluate,
+    _command(sub, "evaluate", [common], "test error of a saved model on MNIST's test images or a labelled data "
+             "file", cmd_evaluate,
              ("model", {"type": Path, "help": "model file written by dbn train (model.npz)"}),
-             ("--data", {"default": "mnist", "help": "'mnist' (its 10,000 test images) or a .npz with X and y"}),
+             ("--data", {"default": "mnist", "help": "'mnist' (its 10,000 test images), a .npz with X and y, "
+                                               "or a .csv with labels"}),
              ("--mnist-dir", {"help": "directory of the MNIST files"}),
-             ("--device", {"choices": DEVICES, "default": "auto"}), json_)
-    bench = sub.add_parser("bench", parents=[common], help="speed benchmarks")
-    _command(bench.add_subparsers(dest="bench", metavar="WHAT", required=True), "rbm", [common],
+             ("--device", {"choices": DEVICES, "default": "auto",
+                           "help": "where the model runs: cpu, gpu, or auto (gpu when one is usable; the default)"}),
+             json_)
+    bench = sub.add_parser("bench", parents=[common], help="speed benchmarks",
+                           description="Speed benchmarks; `dbn bench rbm --help` for the RBM's.")
+    _command(bench.add_subparsers(dest="bench", metavar="WHAT", required=True, help="what to measure"), "rbm",
+             [common],
              "CD-1 samples/s beside this machine's sgemm rate and scikit-learn's BernoulliRBM", cmd_bench_rbm,
-             ("--device", {"choices": DEVICES, "default": "cpu"}),
+             ("--device", {"choices": DEVICES, "default": "cpu", "help": "cpu, gpu or auto (default cpu)"}),
              *((f"--{name}", {"type": int, "default": default, "help": f"{what} (default {default})"})
                for name, default, what in (("batch", 100, "minibatch size"), ("visible", 784, "visible units"),
                                            ("hidden", 500, "hidden units"), ("rounds", 3, "measurement rounds"),

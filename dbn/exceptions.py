@@ -7,6 +7,8 @@ bad input, ``RuntimeError`` for a device that cannot be used), so code that
 catches those still works.
 """
 
+from iterreduce.exceptions import DataError as RuntimeDataError
+
 
 class DBNError(Exception):
     """Base class of dbn's errors; the message names the file, section, key or value at fault."""
@@ -16,8 +18,10 @@ class ConfigError(DBNError, ValueError):
     """A job spec that cannot be used; the message names file, section and key."""
 
 
-class DataError(DBNError, ValueError):
-    """Input data that cannot be trained on (wrong shape, NaN, out of range, bad labels)."""
+class DataError(DBNError, RuntimeDataError):
+    """Input data that cannot be trained on (wrong shape, NaN, out of range, bad labels).
+
+    A runtime data error too: raised in a worker, it stops the job instead of being retried."""
 
 
 class MnistError(DBNError, ValueError):

@@ -4,12 +4,17 @@ A checkpoint is an ``.npz`` of the parameter arrays plus a JSON header with the
 next superstep, the job seed and a fingerprint of the job (program, its
 configuration, seed, shard sizes and schedule) that a resume must match. Files are named
 ``ckpt-<step>.npz`` so the newest is the one with the highest step.
+
+A directory may also hold checkpoints of other jobs (an earlier run into the same output
+directory): pruning only ever removes checkpoints of the job being saved, and a resume
+asks :func:`latest` for the newest checkpoint *of its own job* (``fingerprint``).
 """
 
 from __future__ import annotations
 
 import io
 import json
+import logging
 import re
 import zipfile
 
@@ -18,6 +23,8 @@ import pyarrow.fs as pafs
 
 from .shards import filesystem, join
 from .exceptions import CheckpointError
+
+log = logging.getLogger("iterreduce.checkpoint")
 
 _HEADER = "__checkpoint__"
 _NAME = re.compile(r"ckpt-(\d{9})\.npz$")
@@ -32,7 +39,8 @@ def _encode(header: dict, arrays: dict) -> bytes:
 
 
 def save(directory: str, step: int, header: dict, arrays: dict, keep: int = 2) -> str:
-    """Write checkpoint ``step`` under ``directory`` (any URI); keep the newest ``keep``."""
+    """Write checkpoint ``step`` under ``directory`` (any URI); keep the newest ``keep`` of this
+    job (checkpoints whose header has the same ``fingerprint``; other jobs' are never pruned)."""
     fs, path = filesystem(directory)
     fs.create_dir(path, recursive=True)
     name = f"ckpt-{step:09d}.npz"
@@ -43,8 +51,11 @@ def save(directory: str, step: int, header: dict, arrays: dict, keep: int = 2) -
     if fs.get_file_info(final).type != pafs.FileType.NotFound:
         fs.delete_file(final)  # a rerun's: HDFS renames never replace a file
     fs.move(tmp, final)  # rename: readers never see half a checkpoint
-    others = [n for n in _list(fs, path) if n != name]  # never prune the one just written
-    for old in others[:max(0, len(others) - (keep - 1))] if keep > 0 else []:
+    # Never prune the one just written, nor another job's (an earlier run's) checkpoints: those
+    # would otherwise push this job's own out, and they are not this job's to delete.
+    fingerprint = header.get("fingerprint")
+    ours = [n for n in _list(fs, path) if n != name and _fingerprint(fs, join(path, n)) == fingerprint]
+    for old in ours[:max(0, len(ours) - (keep - 1))] if keep > 0 else []:
         fs.delete_file(join(path, old))
     return join(directory, name)
 
@@ -57,11 +68,32 @@ def _list(fs, path) -> list[str]:
     return sorted(e.base_name for e in entries if _NAME.match(e.base_name))
 
 
-def latest(directory: str) -> str | None:
-    """URI of the newest checkpoint in ``directory``, or None."""
+_UNREADABLE = object()  # the fingerprint of a checkpoint whose header cannot be read: matches no job
+
+
+def _fingerprint(fs, path):
+    """The ``fingerprint`` in a checkpoint's header (None when it has none), reading only the
+    header; :data:`_UNREADABLE` for a file that is no readable checkpoint."""
+    try:
+        with fs.open_input_file(path) as f, zipfile.ZipFile(f) as npz, npz.open(f"{_HEADER}.npy") as member:
+            header = np.lib.format.read_array(member, allow_pickle=False)
+        return json.loads(header.tobytes().decode()).get("fingerprint")
+    except (OSError, zipfile.BadZipFile, KeyError, ValueError, AttributeError) as exc:
+        log.warning("%s: unreadable checkpoint header, ignored: %s", path, exc)
+        return _UNREADABLE
+
+
+def latest(directory: str, fingerprint: str | None = None) -> str | None:
+    """URI of the newest checkpoint in ``directory``, or None.
+
+    With ``fingerprint``, the newest whose header holds that fingerprint, i.e. the newest of
+    that job: checkpoints of other jobs (and unreadable files) are passed over.
+    """
     fs, path = filesystem(directory)
-    names = _list(fs, path)
-    return join(directory, names[-1]) if names else None
+    for name in reversed(_list(fs, path)):  # newest first: most often the first one is it
+        if fingerprint is None or _fingerprint(fs, join(path, name)) == fingerprint:
+            return join(directory, name)
+    return None
 
 
 def load(uri: str) -> tuple[dict, dict[str, np.ndarray]]:

@@ -12,8 +12,14 @@ class IterReduceError(Exception):
     """Base class of the runtime's errors."""
 
 
-class ShardError(IterReduceError, ValueError):
-    """A shard that cannot be used: unreadable, empty, or of the wrong shape."""
+class DataError(IterReduceError, ValueError):
+    """Input data that cannot be used. Raised by a worker (or a program's worker half), it
+    is reported to the master, which stops the job with its message: bad data is never
+    retried as a process failure, since a new process would read the same bytes."""
+
+
+class ShardError(DataError):
+    """A shard that cannot be used: unreadable, empty, or of the wrong type or shape."""
 
 
 class CheckpointError(IterReduceError, ValueError):
@@ -30,6 +36,15 @@ class JobFailed(IterReduceError, RuntimeError):
 
 class LocalJobError(IterReduceError, RuntimeError):
     """A job on the local mini-cluster failed; the message says why and where the logs are."""
+
+
+class MasterKilled(LocalJobError):
+    """The master process died from a signal (``kill -9``, the out-of-memory killer): the job
+    can be continued from ``checkpoint``, the newest checkpoint (None when none was written)."""
+
+    def __init__(self, message: str, checkpoint: str | None):
+        super().__init__(message)
+        self.checkpoint = checkpoint
 
 
 class YarnError(IterReduceError, RuntimeError):

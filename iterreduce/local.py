@@ -4,6 +4,10 @@ The same master and worker code that runs in YARN containers; only the start-up
 differs. The launcher supervises: it restarts a worker that exits with an error
 (up to ``max_restarts`` times each, under the same name so it gets its shards
 back), forwards the master's progress lines, and stops everything on Ctrl-C.
+
+A new run (not a resume) into a folder that holds an earlier run never deletes that
+run's files: its log, checkpoints and process logs move to ``OUTPUT/previous/N/``
+(:func:`set_aside`), so its checkpoints can never be mistaken for the new run's.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import threading
 import subprocess
@@ -20,12 +25,63 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from . import runlog
-from .master import MasterConfig
+from . import checkpoint, runlog
+from .master import EXIT_DATA_ERROR, MasterConfig
 from .security import new_token
 from .shards import list_shards
-from .exceptions import LocalJobError
+from .exceptions import LocalJobError, MasterKilled
 from .lifeline import LAUNCHER_PID
+from .worker import EXIT_MASTER_GONE
+
+
+#: One run's files in its output directory, besides the program's own output (e.g. model.npz).
+RUN_FILES = (runlog.LOG_NAME, "checkpoints", "logs", "job.json", "error.txt")
+#: Where earlier runs' files are kept: ``OUTPUT/previous/1``, ``2``, ... (the highest is the newest).
+PREVIOUS = "previous"
+#: Earlier runs that ``previous/`` keeps once a new run has succeeded.
+KEEP_PREVIOUS = 3
+
+
+def set_aside(out, move=RUN_FILES, keep_in_place=()) -> Path | None:
+    """Keep an earlier run's files in a new folder ``out/previous/N`` (N: one more than the
+    highest there) instead of deleting them; returns it, or None when there was nothing.
+
+    ``move`` (names in ``out``) move there: a new run starts without them. ``keep_in_place``
+    (files) are hard-linked there (copied where links fail) and stay where they are until
+    the new run replaces them atomically: the link then still holds the earlier bytes.
+    """
+    out = Path(out)
+    moving = [name for name in move if (out / name).exists()]
+    linking = [name for name in keep_in_place if (out / name).is_file()]
+    if not moving and not linking:
+        return None
+    numbers = [int(p.name) for p in (out / PREVIOUS).glob("*") if p.name.isdigit()]
+    folder = out / PREVIOUS / str(max(numbers, default=0) + 1)
+    folder.mkdir(parents=True)
+    for name in linking:  # first: a failure here has moved nothing yet
+        try:
+            os.link(out / name, folder / name)
+        except OSError:
+            shutil.copy2(out / name, folder / name)
+    for name in moving:
+        (out / name).rename(folder / name)
+    return folder
+
+
+def prune_previous(out, keep: int = KEEP_PREVIOUS) -> None:
+    """Delete all but the newest ``keep`` earlier runs in ``out/previous`` (call it once a new
+    run has written its own files, never before)."""
+    folders = sorted((p for p in (Path(out) / PREVIOUS).glob("*") if p.name.isdigit() and p.is_dir()),
+                     key=lambda p: int(p.name))
+    for old in folders[:max(0, len(folders) - keep)]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def _gpu_count() -> int:
@@ -89,7 +145,7 @@ class LocalCluster:
         deadline = time.monotonic() + 60
         while not (self.out / "master.json").exists():
             if self.master.poll() is not None:
-                raise LocalJobError(self._failure("the master exited before serving"))
+                raise self._master_failed(self.master.returncode, "before serving")
             if time.monotonic() > deadline:
                 raise LocalJobError(f"the master did not start within 60 s (log: {self.logs / 'master.log'})")
             time.sleep(0.05)
@@ -103,6 +159,20 @@ class LocalCluster:
         device = "gpu" if self.gpus else ("cpu" if self.device == "auto" else self.device)
         self.workers[name] = self._spawn(
             ["iterreduce.worker", "--master", self.address, "--name", name, "--device", device], name, index)
+
+    def _master_failed(self, code: int, when: str = "") -> LocalJobError:
+        """The error for a master that ended with exit status ``code`` (negative: a signal)."""
+        when = f" {when}" if when else ""
+        if code == EXIT_DATA_ERROR:  # the data's fault, named in error.txt; not the master's
+            return LocalJobError(self._failure("the job stopped on bad data"))
+        if code >= 0:
+            return LocalJobError(self._failure(f"the master failed{when} (exit {code})"))
+        # Killed from outside: its log's last line says nothing about why, and a resume can go on.
+        directory = self.config.checkpoint_dir
+        newest = checkpoint.latest(directory) if directory else None
+        kept = f"checkpoints in {directory}, the newest {newest.rsplit('/', 1)[-1]}" if newest else "no checkpoint"
+        return MasterKilled(f"the master was killed by {_signal_name(-code)}{when} (logs in {self.logs}); {kept}",
+                            newest)
 
     def _failure(self, what: str) -> str:
         error = self.out / "error.txt"
@@ -132,15 +202,17 @@ class LocalCluster:
             if code is not None:
                 self._forward_records()
                 if code != 0:
-                    raise LocalJobError(self._failure(f"the master failed (exit {code})"))
+                    raise self._master_failed(code)
                 self._wait_workers()
                 return
             for name, proc in list(self.workers.items()):
                 rc = proc.poll()
                 if rc is None or rc == 0:
                     continue
+                if rc == EXIT_MASTER_GONE and self._master_ends(within=5.0):
+                    break  # the master ended the job (e.g. on bad data): nothing to restart
                 used = self.restarts.get(name, 0)
-                error = f"killed by {signal.Signals(-rc).name}" if rc < 0 else self._last_error(name)
+                error = f"killed by {_signal_name(-rc)}" if rc < 0 else self._last_error(name)
                 if used >= self.max_restarts:
                     self._record_event("worker_gave_up", worker=name, exit=rc, restarts=used, error=error)
                     self.last_worker_error = error
@@ -155,6 +227,14 @@ class LocalCluster:
                 raise LocalJobError(f"every worker failed and used up its {self.max_restarts} restarts; "
                                     f"last error: {self.last_worker_error} (logs in {self.logs})")
             time.sleep(0.2)
+
+    def _master_ends(self, within: float) -> bool:
+        """Whether the master process exits within ``within`` seconds."""
+        try:
+            self.master.wait(timeout=within)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
 
     def _record_event(self, event: str, **fields) -> None:
         """Append a launcher event to the job's log; the tail reader forwards it like the rest."""
@@ -187,11 +267,13 @@ def run_local(config: MasterConfig, *, max_restarts: int = 3, device: str = "cpu
     The launcher completes the config: ``shards`` may be a directory URI of Parquet
     shards, an empty ``token`` gets a fresh one, and checkpoints go to OUTPUT/checkpoints
     unless ``checkpoint_dir`` says otherwise; ``resume=True`` continues from the newest.
+    A new run keeps an earlier run's log and checkpoints in OUTPUT/previous/N
+    (:func:`set_aside`); once it has succeeded, the newest :data:`KEEP_PREVIOUS` stay.
     """
     out = Path(config.output).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    if not config.resume:  # a new run's log starts afresh; a resumed one continues it
-        runlog.log_path(out).unlink(missing_ok=True)
+    if not config.resume:  # a new run's log and checkpoints start afresh; a resumed one continues them
+        set_aside(out)
     shards = list_shards(config.shards) if isinstance(config.shards, str) else list(config.shards)
     config = dataclasses.replace(config, shards=shards, output=str(out), token=config.token or new_token(),
                                  checkpoint_dir=config.checkpoint_dir or str(out / "checkpoints"))
@@ -204,6 +286,7 @@ def run_local(config: MasterConfig, *, max_restarts: int = 3, device: str = "cpu
         except BaseException:
             cluster.stop()  # never leave a master or workers behind
             raise
+    prune_previous(out)
     return out
 
 

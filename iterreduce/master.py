@@ -23,7 +23,6 @@ from pathlib import Path
 
 import grpc
 import numpy as np
-import pyarrow.parquet as pq
 
 from . import checkpoint, runlog, wire
 from .lifeline import follow_launcher
@@ -31,10 +30,13 @@ from .program import MASTER_ONLY, Program, Update, load_class, step_to_json
 from .proto import iterreduce_pb2 as pb
 from .proto import iterreduce_pb2_grpc as pb_grpc
 from .security import TlsCredentials, TokenInterceptor, server_credentials
-from .shards import ShardError, filesystem
-from .exceptions import IterReduceError, JobFailed
+from .shards import shard_info
+from .exceptions import DataError, IterReduceError, JobFailed
 
 log = logging.getLogger("iterreduce.master")
+
+#: The master's exit status when the job stopped on unusable data (1: any other job error).
+EXIT_DATA_ERROR = 2
 
 #: Errors that fail the job with their message (bad input or a program's refusal), not as a crash.
 JOB_ERRORS = (IterReduceError, ValueError, TypeError, KeyError)
@@ -96,29 +98,6 @@ class WorkerInfo:
     status: dict = field(default_factory=dict)
 
 
-def shard_info(uris: list[str]) -> list[dict]:
-    """Row and feature counts of each shard, from the Parquet footers (no data read)."""
-    info = []
-    for uri in uris:
-        fs, path = filesystem(uri)
-        try:
-            meta = pq.read_metadata(path, filesystem=fs)
-            schema = pq.read_schema(path, filesystem=fs)
-        except Exception as exc:  # noqa: BLE001 - any reader error is the shard's fault
-            raise ShardError(f"{uri}: not a readable Parquet file: {exc}") from exc
-        if "features" not in schema.names:
-            raise ShardError(f"{uri}: no 'features' column (columns: {schema.names})")
-        ftype = schema.field("features").type
-        if meta.num_rows == 0:
-            raise ShardError(f"{uri}: shard is empty")
-        width = getattr(ftype, "list_size", None)
-        if width is None:  # a variable-length list: its first row says (read_shard checks the rest)
-            first = pq.ParquetFile(path, filesystem=fs).read_row_group(0, columns=["features"]).column(0)
-            width = len(first[0].as_py())
-        info.append({"uri": uri, "rows": meta.num_rows, "features": width, "labels": "label" in schema.names})
-    return info
-
-
 class Master(pb_grpc.MasterServicer):
     """Holds the job's state; :meth:`run` drives the schedule, the RPCs serve workers."""
 
@@ -147,7 +126,11 @@ class Master(pb_grpc.MasterServicer):
         self.parameters: dict[str, np.ndarray] = {}
         self.versions: dict[str, int] = {}
         self._incarnation = 0
+        self.failure: DataError | None = None  # a worker's report of unusable data: ends the job
         self._log = runlog.RunLog(runlog.log_path(self.out))
+        # Before any worker starts: refuse data the program cannot use, and log what it found.
+        facts = self.program.check_shards(self.shards)
+        self._event("data", shards=len(self.shards), rows=sum(s["rows"] for s in self.shards), **facts)
         # Called with each superstep's progress record (e.g. to report progress to YARN).
         self.listeners: list = []
 
@@ -228,7 +211,7 @@ class Master(pb_grpc.MasterServicer):
                 if worker is None or not worker.alive:
                     context.abort(grpc.StatusCode.NOT_FOUND, f"unknown worker {request.worker_id}: register again")
                 worker.last_seen = time.monotonic()
-                if self.done:
+                if self.done or self.failure:
                     yield pb.TaskChunk(header=pb.TaskHeader(kind=pb.TaskHeader.DONE))
                     return
                 todo = sorted(s for s in worker.shards
@@ -307,6 +290,16 @@ class Master(pb_grpc.MasterServicer):
             self.lock.notify_all()
         return pb.PushReply(accepted=True)
 
+    def ReportDataError(self, request, context):
+        with self.lock:
+            if self.failure is None:
+                log.error("%s reports bad data in shard %d: %s", request.worker_id, request.shard, request.message)
+                self._event("data_error", worker=request.worker_id, step=request.step, shard=request.shard,
+                            message=request.message)
+                self.failure = DataError(request.message)
+            self.lock.notify_all()
+        return pb.DataErrorReply()
+
     def _reject(self, context, reason: str, abort: bool = True):
         log.warning("rejected update: %s", reason)
         if abort:
@@ -363,6 +356,7 @@ class Master(pb_grpc.MasterServicer):
         deadline = time.monotonic() + self.config.start_timeout
         with self.lock:
             while len(self._live()) < self.config.workers:
+                self._raise_failure()
                 if time.monotonic() > deadline:
                     if self._live():
                         log.warning("starting with %d of %d workers", len(self._live()), self.config.workers)
@@ -371,9 +365,18 @@ class Master(pb_grpc.MasterServicer):
                 self.lock.wait(timeout=0.5)
             self._assign_orphans()
 
+    def _raise_failure(self) -> None:
+        """Stop the job on a worker's report of bad data (call with the lock held)."""
+        if self.failure is not None:
+            raise self.failure
+
     def _restore(self) -> int:
         """Initial parameters, or those of the newest checkpoint when resuming; returns the first step."""
-        ckpt = checkpoint.latest(self.config.checkpoint_dir) if (self.config.resume and self.config.checkpoint_dir) else None
+        ckpt = None
+        if self.config.resume and self.config.checkpoint_dir:
+            # The newest of this job's checkpoints; else the newest of any, which is refused below.
+            ckpt = (checkpoint.latest(self.config.checkpoint_dir, self.fingerprint)
+                    or checkpoint.latest(self.config.checkpoint_dir))
         if ckpt is None:
             if self.config.resume:
                 log.warning("resume asked for, but no checkpoint in %s: starting afresh", self.config.checkpoint_dir)
@@ -420,6 +423,7 @@ class Master(pb_grpc.MasterServicer):
             self.expected = {s for s, w in self.owner.items() if w is not None and self.workers[w].alive}
             self.lock.notify_all()
             while not self.results or self.expected - set(self.results):
+                self._raise_failure()
                 if not self.expected - set(self.results):
                     # Every shard was dropped before any reported: redo the step in full
                     # with the workers that are (or come) back.
@@ -479,13 +483,15 @@ class Master(pb_grpc.MasterServicer):
             if on_serving is not None:
                 on_serving(address)
             self.run()
-            time.sleep(2 * self.config.heartbeat_interval)  # let workers fetch DONE
         finally:
+            if self.done or self.failure:  # the job ended: let workers fetch DONE and exit 0
+                time.sleep(2 * self.config.heartbeat_interval)
             server.stop(grace=1.0)
 
 
 def main(argv=None) -> int:
-    """``python -m iterreduce.master JOB.json``: serve one job, then exit (0 on success)."""
+    """``python -m iterreduce.master JOB.json``: serve one job, then exit (0 on success,
+    :data:`EXIT_DATA_ERROR` when the data cannot be used, 1 on any other job error)."""
     import argparse
     import os
 
@@ -514,7 +520,7 @@ def main(argv=None) -> int:
     except JOB_ERRORS as exc:
         log.error("job failed: %s", exc)
         (Path(config.output) / "error.txt").write_text(str(exc) + "\n")
-        return 1
+        return EXIT_DATA_ERROR if isinstance(exc, DataError) else 1
 
 
 if __name__ == "__main__":

@@ -64,8 +64,16 @@ class Program(ABC):
     def initial_parameters(self, seed: int, shards: list[dict]) -> Arrays:
         """Parameters before the first superstep.
 
-        ``shards`` describes each shard: ``{"uri", "rows", "features", "labels"}``.
+        ``shards`` describes each shard: ``{"uri", "rows", "features", "labels", "ranges"}``.
         """
+
+    def check_shards(self, shards: list[dict]) -> dict:
+        """Refuse data this program cannot use, before any training: raise
+        :class:`~iterreduce.exceptions.DataError` naming the shard. ``shards`` as for
+        :meth:`initial_parameters`, plus ``ranges``, the smallest and largest feature value
+        and label from the footers (:func:`iterreduce.shards.footer_ranges`). Returns facts
+        about the data for the log's ``data`` event (e.g. class counts); default: none."""
+        return {}
 
     @abstractmethod
     def schedule(self, shards: list[dict]) -> Iterator[Step]:
@@ -116,6 +124,8 @@ class WorkerProgram(ABC):
         """Compute this shard's update for ``step`` from ``parameters``.
 
         ``shard`` is a :class:`iterreduce.shards.ShardData` (features, labels, index).
+        Raise :class:`~iterreduce.exceptions.DataError` for data that cannot be used: the
+        job then stops with its message (it is not retried in a new process).
         """
 
 

@@ -25,6 +25,7 @@ from .exceptions import ShardError
 
 FEATURES = "features"
 LABEL = "label"
+FEATURE_TYPES = (pa.float32(), pa.uint8(), pa.float64())
 
 
 @dataclass
@@ -81,48 +82,159 @@ def list_shards(uri: str) -> list[str]:
     return [join(uri, name) for name in names]
 
 
-def read_shard(uri: str, index: int = 0, n_features: int | None = None, need_labels: bool = False) -> ShardData:
-    """Read one shard, checking its schema; every error names the file."""
+def open_shard(uri: str) -> pq.ParquetFile:
+    """The Parquet file at ``uri`` with its footer read and its schema checked; a missing,
+    truncated or unreadable file, or a schema other than the module docstring's, raises
+    :class:`ShardError` naming it."""
     fs, path = filesystem(uri)
     try:
-        table = pq.read_table(path, filesystem=fs)
+        # Pages written with checksums (as write_shards does) are verified as they are read.
+        parquet = pq.ParquetFile(path, filesystem=fs, page_checksum_verification=True)
     except FileNotFoundError as exc:
         raise ShardError(f"{uri}: shard not found") from exc
-    except (OSError, pa.ArrowException) as exc:
-        raise ShardError(f"{uri}: not a readable Parquet file: {exc}") from exc
-    if FEATURES not in table.column_names:
-        raise ShardError(f"{uri}: no '{FEATURES}' column (columns: {table.column_names})")
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
+        raise ShardError(f"{uri}: not a readable Parquet file ({type(exc).__name__}: {exc})") from exc
+    try:
+        check_schema(uri, parquet.schema_arrow)
+    except ShardError:
+        parquet.close()
+        raise
+    return parquet
+
+
+def check_schema(uri: str, schema: pa.Schema) -> None:
+    """Refuse a shard schema other than the module docstring's, naming the column at fault."""
+    if FEATURES not in schema.names:
+        raise ShardError(f"{uri}: no '{FEATURES}' column (columns: {schema.names})")
+    ftype = schema.field(FEATURES).type
+    if not (pa.types.is_fixed_size_list(ftype) or pa.types.is_list(ftype)):
+        raise ShardError(f"{uri}: '{FEATURES}' must be a list of float32 or uint8, got {ftype}")
+    if ftype.value_type not in FEATURE_TYPES:
+        raise ShardError(f"{uri}: '{FEATURES}' values must be float32 or uint8, got {ftype.value_type}")
+    if pa.types.is_fixed_size_list(ftype) and ftype.list_size == 0:
+        raise ShardError(f"{uri}: '{FEATURES}' lists are empty: no feature to train on")
+    if LABEL in schema.names and not pa.types.is_integer(schema.field(LABEL).type):
+        raise ShardError(f"{uri}: '{LABEL}' must be an integer column, got {schema.field(LABEL).type} "
+                         f"(classes are 0, 1, 2, ...)")
+
+
+def footer_ranges(parquet: pq.ParquetFile) -> dict:
+    """The smallest and largest feature value and label the footer's statistics record, as
+    ``{"features": (lo, hi) or None, "label": (lo, hi) or None}`` (None where a row group has
+    no statistics). Parquet writers leave NaN out of the statistics, infinities not."""
+    meta = parquet.metadata
+    ranges = {}
+    for name, column in ((FEATURES, f"{FEATURES}."), (LABEL, LABEL)):
+        lo = hi = None
+        for g in range(meta.num_row_groups):
+            group = meta.row_group(g)
+            stats = [group.column(c).statistics for c in range(group.num_columns)
+                     if group.column(c).path_in_schema.startswith(column)]
+            if not stats:
+                break
+            if stats[0] is None or not stats[0].has_min_max:
+                lo = hi = None
+                break
+            lo = stats[0].min if lo is None else min(lo, stats[0].min)
+            hi = stats[0].max if hi is None else max(hi, stats[0].max)
+        ranges[name] = None if lo is None else (lo, hi)
+    if ranges[FEATURES] and parquet.schema_arrow.field(FEATURES).type.value_type == pa.uint8():
+        ranges[FEATURES] = tuple(v / 255.0 for v in ranges[FEATURES])  # read as intensities
+    return ranges
+
+
+def read_shard(uri: str, index: int = 0, n_features: int | None = None, need_labels: bool = False) -> ShardData:
+    """Read one shard, checking its schema and values; every error names the file (and the
+    row and column where known)."""
+    try:
+        with open_shard(uri) as parquet:
+            table = parquet.read()
+    except ShardError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a corrupt page or a truncated column
+        raise ShardError(f"{uri}: not a readable Parquet file ({type(exc).__name__}: {exc})") from exc
     if table.num_rows == 0:
         raise ShardError(f"{uri}: shard is empty")
     column = table.column(FEATURES).combine_chunks()
-    if not (pa.types.is_fixed_size_list(column.type) or pa.types.is_list(column.type)):
-        raise ShardError(f"{uri}: '{FEATURES}' must be a list of float32 or uint8, got {column.type}")
     value_type = column.type.value_type
-    if value_type not in (pa.float32(), pa.uint8(), pa.float64()):
-        raise ShardError(f"{uri}: '{FEATURES}' values must be float32 or uint8, got {value_type}")
     if column.null_count:
         raise ShardError(f"{uri}: '{FEATURES}' has {column.null_count} null rows")
     lengths = column.value_lengths().to_numpy() if pa.types.is_list(column.type) else None
     width = column.type.list_size if lengths is None else int(lengths[0])
     if lengths is not None and (lengths != width).any():
-        raise ShardError(f"{uri}: rows have different feature counts ({sorted(set(lengths.tolist()))[:5]})")
+        row = int(np.argmax(lengths != width))
+        raise ShardError(f"{uri}: rows have different feature counts: row {row} has {int(lengths[row])}, row 0 has {width}")
+    if width == 0:
+        raise ShardError(f"{uri}: '{FEATURES}' lists are empty: no feature to train on")
     if n_features is not None and width != n_features:
         raise ShardError(f"{uri}: {width} features per row, expected {n_features}")
     values = column.flatten().to_numpy(zero_copy_only=False).reshape(table.num_rows, width)
     features = values.astype(np.float32) / 255.0 if value_type == pa.uint8() else values.astype(np.float32)
-    if not np.isfinite(features).all():
-        raise ShardError(f"{uri}: '{FEATURES}' contains NaN or infinite values")
-    labels = None
-    if LABEL in table.column_names:
-        label_col = table.column(LABEL)
-        if not pa.types.is_integer(label_col.type):
-            raise ShardError(f"{uri}: '{LABEL}' must be an integer column, got {label_col.type}")
-        if label_col.null_count:
-            raise ShardError(f"{uri}: '{LABEL}' has {label_col.null_count} nulls")
-        labels = label_col.to_numpy().astype(np.int64)
-    elif need_labels:
+    bad = ~np.isfinite(features)
+    if bad.any():
+        row, col = (int(i) for i in np.argwhere(bad)[0])
+        raise ShardError(f"{uri}: '{FEATURES}' contains NaN or infinite values ({int(bad.sum())}, nulls "
+                         f"included), the first at row {row}, column {col}")
+    labels = _labels(uri, table.column(LABEL)) if LABEL in table.column_names else None
+    if labels is None and need_labels:
         raise ShardError(f"{uri}: no '{LABEL}' column, but this job needs labels")
     return ShardData(index, uri, features, labels)
+
+
+def read_labels(uri: str) -> np.ndarray:
+    """The labels of one shard, reading only that column (e.g. to count the classes)."""
+    try:
+        with open_shard(uri) as parquet:
+            if LABEL not in parquet.schema_arrow.names:
+                raise ShardError(f"{uri}: no '{LABEL}' column: a classifier needs labels")
+            column = parquet.read(columns=[LABEL]).column(LABEL)
+    except ShardError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a corrupt page or a truncated column
+        raise ShardError(f"{uri}: not a readable Parquet file ({type(exc).__name__}: {exc})") from exc
+    return _labels(uri, column)
+
+
+def _labels(uri: str, column: pa.ChunkedArray) -> np.ndarray:
+    """An integer label column as int64 classes, refusing nulls and negative values (by row)."""
+    if column.null_count:
+        row = int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
+        raise ShardError(f"{uri}: '{LABEL}' has {column.null_count} nulls, the first at row {row}")
+    labels = column.to_numpy().astype(np.int64)
+    if (labels < 0).any():
+        row = int(np.argmax(labels < 0))
+        raise ShardError(f"{uri}: '{LABEL}' at row {row} is {labels[row]}: classes are 0, 1, 2, ...")
+    return labels
+
+
+def shard_info(uris: list[str]) -> list[dict]:
+    """What the footers say of each shard, without reading its data: ``uri``, ``rows``,
+    ``features`` (per row), ``labels`` (whether it has them) and ``ranges`` (see
+    :func:`footer_ranges`). Refuses a shard the footer already shows to be unusable:
+    unreadable, of another schema, empty, with infinite features or negative labels."""
+    info = []
+    for uri in uris:
+        with open_shard(uri) as parquet:
+            rows = parquet.metadata.num_rows
+            if rows == 0:
+                raise ShardError(f"{uri}: shard is empty")
+            width = getattr(parquet.schema_arrow.field(FEATURES).type, "list_size", None)
+            if width is None:  # a variable-length list: its first row says (read_shard checks the rest)
+                try:
+                    width = len(parquet.read_row_group(0, columns=[FEATURES]).column(0)[0])
+                except Exception as exc:  # noqa: BLE001 - a corrupt page
+                    raise ShardError(f"{uri}: not a readable Parquet file ({type(exc).__name__}: {exc})") from exc
+            ranges = footer_ranges(parquet)
+            has_labels = LABEL in parquet.schema_arrow.names
+        features, labels = ranges[FEATURES], ranges[LABEL]
+        if features and not np.isfinite(features).all():
+            raise ShardError(f"{uri}: '{FEATURES}' holds infinite values (the footer's statistics: "
+                             f"min {features[0]}, max {features[1]})")
+        if labels and labels[0] < 0:
+            raise ShardError(f"{uri}: '{LABEL}' holds negative values (the footer's statistics: min {labels[0]}): "
+                             f"classes are 0, 1, 2, ...")
+        info.append({"uri": uri, "rows": rows, "features": width, "labels": has_labels, "ranges": ranges})
+    return info
 
 
 def write_shards(X: np.ndarray, y: np.ndarray | None, uri: str, n_shards: int, *, prefix: str = "part") -> list[str]:
@@ -147,6 +259,6 @@ def write_shards(X: np.ndarray, y: np.ndarray | None, uri: str, n_shards: int, *
         if y is not None:
             columns[LABEL] = pa.array(np.asarray(y)[rows].astype(np.int64))
         name = f"{prefix}-{i:05d}.parquet"
-        pq.write_table(pa.table(columns), join(path, name), filesystem=fs)
+        pq.write_table(pa.table(columns), join(path, name), filesystem=fs, write_page_checksum=True)
         written.append(join(uri, name))
     return written

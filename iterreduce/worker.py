@@ -17,10 +17,14 @@ from .lifeline import follow_launcher
 from .program import Update, WorkerProgram, load_class, shard_seed, step_from_json
 from .proto import iterreduce_pb2 as pb
 from .proto import iterreduce_pb2_grpc as pb_grpc
+from .exceptions import DataError
 from .security import TlsCredentials, channel_credentials, channel_options, metadata
 from .shards import ShardData, read_shard
 
 log = logging.getLogger("iterreduce.worker")
+
+#: A worker's exit status when its master cannot be reached (it ended, or is unreachable).
+EXIT_MASTER_GONE = 3
 
 
 class Worker:
@@ -92,7 +96,17 @@ class Worker:
                     continue
                 self.parameters.update(arrays)
                 self.versions.update(header.versions)
-                self._push(header, self._compute(header))
+                try:
+                    updates = self._compute(header)
+                except DataError as exc:
+                    # Another process would read the same bytes: report it, and the master
+                    # ends the job (the next fetch says DONE) instead of retrying it.
+                    log.error("bad data: %s", exc)
+                    self.stub.ReportDataError(pb.DataErrorReport(
+                        worker_id=self.worker_id, step=header.step, shard=self.status.get("shard", -1),
+                        message=str(exc)), metadata=self.metadata, timeout=30)
+                    continue
+                self._push(header, updates)
         finally:
             self._stop.set()
 
@@ -152,7 +166,7 @@ def main(argv=None) -> int:
     except grpc.RpcError as exc:
         if exc.code() == grpc.StatusCode.UNAVAILABLE:
             log.error("master at %s is gone: %s", args.master, exc.details())
-            return 3
+            return EXIT_MASTER_GONE
         log.error("RPC failed: %s %s", exc.code(), exc.details())
         return 1
 

@@ -129,9 +129,9 @@ def test_labels_outside_class_range_at_score_and_finetune(fitted):
     X, y = toy_data()
     y = y.copy()
     y[0] = 7
-    with pytest.raises(DataError, match=r"label 7 outside the model's classes 0\.\.2"):
+    with pytest.raises(DataError, match=r"label 7 at row 0, outside the model's classes 0\.\.2"):
         fitted.score(X, y)
-    with pytest.raises(DataError, match=r"label 7 outside the model's classes 0\.\.2"):
+    with pytest.raises(DataError, match=r"label 7 at row 0, outside the model's classes 0\.\.2"):
         fitted.finetune(X, y)  # the fitted network has 3 outputs
 
 

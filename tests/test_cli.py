@@ -86,10 +86,12 @@ def test_train_writes_model_log_config_and_result(job, capsys):
     assert len(epochs) == 2 * 2 + 3
     assert log[-1]["test_error"] == result["test_error"]
 
-    # A second run appends to the log.
+    # A second run of the same job keeps the first run's log in previous/1 and starts its own.
+    first_log = (out / "log.jsonl").read_bytes()
     assert main(["train", str(config), "--out", str(out), "--quiet"]) == 0
     assert capsys.readouterr().err == ""
-    assert len(read_jsonl(out / "log.jsonl")) == 2 * len(log)
+    assert (out / "previous" / "1" / "log.jsonl").read_bytes() == first_log
+    assert len(read_jsonl(out / "log.jsonl")) == len(log)
 
 
 def test_train_json_lines_and_flags_override_the_file(job, capsys):
@@ -100,8 +102,9 @@ def test_train_json_lines_and_flags_override_the_file(job, capsys):
     captured = capsys.readouterr()
     assert captured.err == ""
     records = [json.loads(line) for line in captured.out.splitlines()]
-    assert [r["event"] for r in records] == ["epoch"] * (3 * 1 + 2) + ["summary"]
-    assert records[0]["phase"] == "pretrain" and records[0]["samples_per_s"] > 0
+    assert [r["event"] for r in records] == ["data"] + ["epoch"] * (3 * 1 + 2) + ["summary"]
+    assert records[0]["rows"] == 300 and sum(records[0]["classes"]) == 300 and records[0]["warnings"] == []
+    assert records[1]["phase"] == "pretrain" and records[1]["samples_per_s"] > 0
     summary = records[-1]
     assert summary["layers"] == [N_FEATURES, 12, 6, 4, N_CLASSES] and summary["seed"] == 5
     assert summary["params"]["dropout"] == 0.1
@@ -228,6 +231,60 @@ def test_version_help_and_usage(capsys):
     assert main(["frobnicate"]) == 2
     assert main(["train", "--help"]) == 0
     assert "--finetune-epochs" in capsys.readouterr().out
+
+
+def _subcommands(parser, prefix=("dbn",)):
+    """(command words, parser) of every command and subcommand, depth first."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {choice.dest: choice.help for choice in action._choices_actions}
+            for name, sub in action.choices.items():
+                yield (*prefix, name), sub, helps.get(name)
+                yield from _subcommands(sub, (*prefix, name))
+
+
+def test_every_command_has_a_description_and_every_option_a_help():
+    from dbn.cli import build_parser
+
+    parser = build_parser()
+    commands = list(_subcommands(parser))
+    assert {" ".join(words) for words, *_ in commands} >= {"dbn train", "dbn evaluate", "dbn bench rbm", "dbn mnist"}
+    for words, sub, summary in [(("dbn",), parser, "top"), *commands]:
+        name = " ".join(words)
+        assert summary, f"{name}: no help line in its parent's list of commands"
+        assert sub.description, f"{name}: no description"
+        for action in sub._actions:
+            what = "/".join(action.option_strings) or action.dest
+            assert action.help, f"{name} {what}: no help text"
+
+
+@pytest.mark.parametrize("command", ["status", "logs", "kill"])
+@pytest.mark.parametrize("fake_yarn", [False, True], ids=["no-yarn", "broken-yarn"])
+def test_yarn_commands_without_yarn_fail_cleanly_and_write_nothing(tmp_path, command, fake_yarn):
+    """No Hadoop here: only `dbn: error:` on stderr, exit 2, and no ~/.skein left behind
+    (skein writes its credentials there before it tries to start a driver)."""
+    import os
+
+    home, bin_dir = tmp_path / "home", tmp_path / "bin"
+    home.mkdir()
+    bin_dir.mkdir()
+    if fake_yarn:  # a `yarn` that cannot give skein a classpath
+        (bin_dir / "yarn").write_text("#!/bin/sh\nexit 1\n")
+        (bin_dir / "yarn").chmod(0o755)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HADOOP_CONF_DIR", "HADOOP_HOME", "ITERREDUCE_SKEIN_DRIVER", "SKEIN_CONFIG", "JAVA_HOME")}
+    env.update(HOME=str(home), PATH=os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), "/usr/bin", "/bin"]))
+    proc = subprocess.run([sys.executable, "-m", "dbn.cli", command, "application_1_1"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    dbn_lines = [line for line in proc.stderr.splitlines() if line.startswith("dbn: ")]
+    assert len(dbn_lines) == 1 and dbn_lines[0].startswith("dbn: error: cannot reach YARN")
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
+    if not fake_yarn:
+        assert proc.stderr == dbn_lines[0] + "\n"  # nothing else at all
+    assert not (home / ".skein").exists()
 
 
 def test_python_m_dbn_cli():

@@ -236,10 +236,11 @@ def test_replace_checks_the_changed_values_too():
 
 def test_master_config_is_the_runtime_part_of_the_spec():
     spec = load_spec(None, {"cluster.workers": 3, "cluster.heartbeat_timeout": 7.5, "cluster.float16_wire": True,
-                            "job.seed": 9})
-    config = spec.master_config(shards=["a.parquet"], output="out", n_classes=10)
+                            "job.seed": 9, "model.n_classes": 10})
+    config = spec.master_config(shards=["a.parquet"], output="out")
     assert (config.workers, config.heartbeat_timeout, config.float16_wire, config.seed) == (3, 7.5, True, 9)
-    assert config.program_config == spec.program_config(10) and config.program_config["n_classes"] == 10
+    assert config.program_config == spec.program_config() and config.program_config["n_classes"] == 10
+    assert load_spec(None).program_config()["n_classes"] is None  # the master counts them
     assert config.token == ""  # the launcher's to set; never in a file
 
 

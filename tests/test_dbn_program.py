@@ -7,10 +7,10 @@ import pytest
 
 from conftest_runtime import DBN_PROGRAM, InProcessJob, events, load_npz, records, run_job, simulate, subprocess_env
 from dbn import DBN
+from dbn.exceptions import DataError
 from dbn.jobs.program import DBNProgram
 from iterreduce.local import LocalJobError
-from iterreduce.master import shard_info
-from iterreduce.shards import list_shards, write_shards
+from iterreduce.shards import list_shards, shard_info, write_shards
 
 
 @pytest.fixture(autouse=True)
@@ -94,9 +94,9 @@ def test_shard_with_the_wrong_feature_count_fails_clearly(tmp_path, mnist_small)
         run_job(program=DBN_PROGRAM, program_config=config, shards=shards, workers=2, output=str(tmp_path / "out"),
                 max_restarts=0)
     message = str(info.value)
-    assert "the master failed (exit 1)" in message
+    assert message.startswith("the job stopped on bad data: ")  # refused from the footers, before any worker
     assert "shards disagree on the feature count" in message
-    assert str(width) in message and str(width - 10) in message
+    assert f"a-00000.parquet has {width}" in message and f"b-00000.parquet has {width - 10}" in message
     assert (tmp_path / "out" / "error.txt").read_text().strip() in message
     assert not records(tmp_path / "out")
 
@@ -111,7 +111,7 @@ def test_finetune_on_shards_without_labels_fails_clearly(tmp_path, mnist_small):
                 max_restarts=0)
     message = str(info.value)
     # Refused by the master before any pre-training, naming the shards.
-    assert "the master failed" in message
+    assert message.startswith("the job stopped on bad data: ")
     assert "fine-tuning needs labels" in message and "part-0000" in message
     assert not records(tmp_path / "out")
 
@@ -119,13 +119,9 @@ def test_finetune_on_shards_without_labels_fails_clearly(tmp_path, mnist_small):
 def test_missing_labels_are_refused_before_pretraining(tmp_path):
     X = np.random.default_rng(0).random((40, 12), dtype=np.float32)
     uris = write_shards(X, None, str(tmp_path / "shards"), 2)
-    job = InProcessJob(tmp_path / "out", uris, workers=1, program=DBN_PROGRAM, start_timeout=0.5,
-                       program_config=dict(hidden_layers=[4], pretrain_epochs=1, finetune_epochs=1, n_classes=2))
-    try:
-        with pytest.raises(Exception, match="label"):
-            job.master.run()  # no worker: it fails at once, or after start_timeout without one
-    finally:
-        job.close()
+    with pytest.raises(DataError, match=r"part-00000.parquet: no 'label' column, but fine-tuning needs labels"):
+        InProcessJob(tmp_path / "out", uris, workers=1, program=DBN_PROGRAM, start_timeout=0.5,
+                     program_config=dict(hidden_layers=[4], pretrain_epochs=1, finetune_epochs=1, n_classes=2))
 
 
 def test_pretrain_only_job_needs_no_labels(tmp_path):

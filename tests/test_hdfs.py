@@ -116,15 +116,18 @@ def test_missing_shard_on_hdfs_is_a_shard_error_naming_the_uri(hdfs, base):
         read_shard(f"{uri}/gone.parquet")
 
 
-def test_shard_info_and_count_classes_read_footers_on_hdfs(hdfs, base):
-    from dbn.data.sharding import count_classes
-    from iterreduce.master import shard_info
+def test_shard_info_and_labels_read_footers_and_one_column_on_hdfs(hdfs, base):
+    from iterreduce.shards import read_labels, shard_info
 
     uri, path = base
     X = np.random.default_rng(5).random((40, 7), dtype=np.float32)
     written = write_shards(X, np.arange(40) % 5, uri, 2)
-    assert shard_info(written) == [{"uri": u, "rows": 20, "features": 7, "labels": True} for u in written]
-    assert count_classes(written) == 5
+    info = shard_info(written)
+    assert [{k: v for k, v in i.items() if k != "ranges"} for i in info] == [
+        {"uri": u, "rows": 20, "features": 7, "labels": True} for u in written]
+    assert all(i["ranges"]["label"] == (0, 4) and 0 <= i["ranges"]["features"][0] < i["ranges"]["features"][1] < 1
+               for i in info)
+    assert np.array_equal(read_labels(written[1]), np.arange(20, 40) % 5)
     with hdfs.fs().open_output_stream(f"{path}/x.parquet") as out:
         out.write(b"garbage" * 20)
     with pytest.raises(ShardError, match=f"^{uri}/x.parquet: not a readable Parquet file"):

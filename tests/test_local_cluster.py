@@ -17,7 +17,8 @@ import pytest
 from conftest_runtime import (DELAY_ENV, SLOW_DBN, SLOW_SOFTMAX, SOFTMAX, blobs, events, kill_master, kill_worker,
                               cmdline, load_npz, master_info, records, run_job, simulate, subprocess_env,
                               worker_pids)
-from iterreduce.local import LocalJobError
+from iterreduce import checkpoint
+from iterreduce.exceptions import LocalJobError, MasterKilled
 from iterreduce.shards import write_shards
 
 
@@ -148,10 +149,12 @@ def kill_master_then_resume(tmp_path, monkeypatch, *, program, config, shards, w
             killed.append(kill_master(out_b))
 
     monkeypatch.setenv(DELAY_ENV, "0.1")  # long enough steps for the kill to land mid-run
-    with pytest.raises(LocalJobError, match=r"the master failed \(exit -9\)"):
+    with pytest.raises(MasterKilled, match=r"^the master was killed by SIGKILL \(logs in .*\); checkpoints in "
+                       r".*/checkpoints, the newest ckpt-\d{9}\.npz$") as info:
         run_job(program=program, program_config=config, shards=shards, workers=workers, output=str(out_b),
                 on_record=on_record)
     assert killed and killed[0] is not None
+    assert info.value.checkpoint == checkpoint.latest(str(out_b / "checkpoints"))
     assert not (out_b / result_file).exists()
     done_before = {r["step"] for r in records(out_b)}
     assert kill_at in done_before and len(done_before) < n_steps
@@ -197,6 +200,26 @@ def test_master_sigkill_then_resume_is_bit_identical_dbn(tmp_path, monkeypatch, 
 
     model = DBN.load(out_b / "model.npz", device="cpu")
     assert model.hidden_layers == [32, 16] and model.n_classes_ == 10
+
+
+def test_a_master_killed_before_any_checkpoint_is_reported_as_killed(tmp_path, monkeypatch):
+    """Not the unrelated last line of the master's log: the signal, and that nothing can be resumed."""
+    monkeypatch.setenv(DELAY_ENV, "1.0")  # the first step outlasts the kill
+    X, y = blobs(300, d=4, k=3)
+    write_shards(X, y, str(tmp_path / "shards"), 2)
+    out = tmp_path / "out"
+    killed = []
+
+    def on_record(rec):
+        if rec.get("event") == "worker_registered" and not killed:
+            killed.append(kill_master(out))
+
+    with pytest.raises(MasterKilled) as info:
+        run_job(program=SLOW_SOFTMAX, program_config={"n_classes": 3, "epochs": 5}, shards=str(tmp_path / "shards"),
+                workers=2, output=str(out), on_record=on_record)
+    assert killed and killed[0] is not None
+    assert str(info.value) == f"the master was killed by SIGKILL (logs in {out / 'logs'}); no checkpoint"
+    assert info.value.checkpoint is None
 
 
 def test_every_worker_crashing_fails_the_job_with_the_last_error(tmp_path):

@@ -187,7 +187,8 @@ def test_non_finite_features(tmp_path, bad):
     X = np.ones((5, 3), np.float32)
     X[3, 1] = bad
     (uri,) = write_shards(X, None, str(tmp_path), 1)
-    with pytest.raises(ShardError, match="part-00000.parquet: 'features' contains NaN or infinite"):
+    with pytest.raises(ShardError, match=r"part-00000.parquet: 'features' contains NaN or infinite values \(1, nulls included\), "
+                                         r"the first at row 3, column 1$"):
         read_shard(uri)
 
 

@@ -12,9 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-import pyarrow.parquet as pq
-
-from iterreduce.shards import ShardError, filesystem, write_shards
+from iterreduce.shards import ShardError, write_shards
 
 from .validation import DataError, check_features, check_labels
 
@@ -68,15 +66,22 @@ def load_dataset(source: str, *, split: str = "train", mnist_dir: str | None = N
     return X, y
 
 
-def load_shards(uri: str, *, limit: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def load_shards(uri: str, *, limit: int | None = None, n_classes: int | None = None,
+                unit_interval: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Features and labels of every Parquet shard under ``uri`` (a directory or URI), in order,
-    for training in one process on the shards a job names; the first ``limit`` rows only."""
+    for training in one process on the shards a job names; the first ``limit`` rows only.
+    Each shard is checked as a worker would: a label outside ``0..n_classes-1``, or (with
+    ``unit_interval``) a feature outside [0, 1], is an error naming its shard and row."""
     from iterreduce.shards import list_shards, read_shard
 
     parts = [read_shard(shard, i, need_labels=True) for i, shard in enumerate(list_shards(uri))]
-    widths = {part.features.shape[1] for part in parts}
+    for part in parts:
+        check_features(part.features, name=part.uri, unit_interval=unit_interval)
+        check_labels(part.labels, n_samples=part.rows, n_classes=n_classes, name=f"{part.uri}: 'label'")
+    widths = {part.features.shape[1]: part.uri for part in parts}
     if len(widths) > 1:
-        raise ShardError(f"{uri}: shards disagree on the feature count: {sorted(widths)}")
+        raise ShardError(f"{uri}: shards disagree on the feature count: " +
+                         ", ".join(f"{name} has {width}" for width, name in sorted(widths.items())))
     X = np.concatenate([part.features for part in parts])
     y = np.concatenate([part.labels for part in parts])
     return (X, y) if limit is None else (X[:limit], y[:limit])
@@ -105,15 +110,3 @@ def shard_dataset(source: str, out: str, n_shards: int, **kwargs) -> list[str]:
     if X.dtype != np.uint8:
         X = X.astype(np.float32)
     return write_shards(X, y, out, n_shards)
-
-
-def count_classes(uris: list[str]) -> int:
-    """Number of classes (largest label + 1) over all shards, reading only the label column."""
-    largest = -1
-    for uri in uris:
-        fs, path = filesystem(uri)
-        if "label" not in pq.read_schema(path, filesystem=fs).names:
-            raise ShardError(f"{uri}: no 'label' column: a classifier needs labels")
-        labels = pq.read_table(path, filesystem=fs, columns=["label"]).column("label").to_numpy()
-        largest = max(largest, int(np.max(labels)))
-    return largest + 1

@@ -5,6 +5,11 @@ from __future__ import annotations
 import numpy as np
 from ..exceptions import DataError
 
+#: A class with fewer examples than this share of the median class is reported as rare.
+RARE_CLASS_SHARE = 0.05
+
+UNIT_INTERVAL_HINT = ("scale the data (e.g. pixels / 255) or use visible='gaussian' for real-valued inputs")
+
 
 def check_features(X, *, name: str = "X", n_features: int | None = None, unit_interval: bool = False) -> np.ndarray:
     """Validate a 2-D feature matrix and return it as a NumPy (or CuPy) array.
@@ -34,9 +39,10 @@ def check_features(X, *, name: str = "X", n_features: int | None = None, unit_in
     if unit_interval:
         lo, hi = float(X.min()), float(X.max())
         if lo < 0 or hi > 1:
+            row, col = (int(i) for i in xp.argwhere((X < 0) | (X > 1))[0])
             raise DataError(
-                f"{name} has values in [{lo:g}, {hi:g}] but Bernoulli visible units need [0, 1]: "
-                "scale the data (e.g. pixels / 255) or use visible='gaussian' for real-valued inputs"
+                f"{name} has values in [{lo:g}, {hi:g}] (the first outside [0, 1] at row {row}, column {col}) "
+                f"but Bernoulli visible units need [0, 1]: {UNIT_INTERVAL_HINT}"
             )
     return X
 
@@ -55,12 +61,33 @@ def check_labels(y, *, n_samples: int, n_classes: int | None = None, name: str =
         raise DataError(f"{name} must hold integer class labels, got dtype {y.dtype}")
     y = y.astype(np.int64)
     if y.size and y.min() < 0:
-        raise DataError(f"{name} has negative label {int(y.min())}: labels must be 0..n_classes-1")
+        row = int(np.argmax(y < 0))
+        raise DataError(f"{name} has negative label {int(y[row])} at row {row}: labels must be 0..n_classes-1")
     if n_classes is not None and y.size and y.max() >= n_classes:
-        raise DataError(
-            f"{name} has label {int(y.max())} outside the model's classes 0..{n_classes - 1}"
-        )
+        row = int(np.argmax(y >= n_classes))
+        raise DataError(f"{name} has label {int(y[row])} at row {row}, outside the model's classes "
+                        f"0..{n_classes - 1} (n_classes = {n_classes})")
     return y
+
+
+def class_warnings(counts, *, name: str = "the labels") -> list[str]:
+    """Warnings about the class counts ``counts[c]`` (examples of class c): classes with
+    none, and classes with very few next to the others (fewer than
+    :data:`RARE_CLASS_SHARE` of the median class present), as a stray label makes."""
+    counts = np.asarray(counts)
+    present = counts[counts > 0]
+    typical = float(np.median(present)) if present.size else 0.0
+    warnings = []
+    empty = np.flatnonzero(counts == 0).tolist()
+    if empty:
+        which = f"class {empty[0]} has" if len(empty) == 1 else f"classes {', '.join(map(str, empty))} have"
+        warnings.append(f"{name}: {which} no examples (the classes run 0..{counts.size - 1})")
+    for c in np.flatnonzero((counts > 0) & (counts < RARE_CLASS_SHARE * typical)).tolist():
+        n = int(counts[c])
+        warnings.append(f"{name}: class {c} has only {n} example{'s' if n > 1 else ''} (the median class has "
+                        f"{typical:.0f}): a stray label? set [model] n_classes to make labels outside "
+                        f"0..n_classes-1 an error")
+    return warnings
 
 
 def _array_module(x):

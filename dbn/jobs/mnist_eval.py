@@ -72,9 +72,9 @@ def prepare_validation(spec: JobSpec, n: int, where: str) -> JobSpec:
 
 
 def evaluate(spec: JobSpec, *, validation: int = 0, yarn_report_dir: str | None = None,
-             on_record: Callable | None = None, log: Callable[[str], None] = print) -> dict:
+             on_record: Callable | None = None, log: Callable[[str], None] = print, overwrite: bool = False) -> dict:
     """Train ``spec``, test once on the 10,000 test images, write result.json and the plots;
-    returns the result.
+    returns the result. ``overwrite``: as for :func:`dbn.jobs.run.run`.
 
     On the local mini-cluster by default; with ``yarn_report_dir`` on YARN, where
     ``[output] dir`` is the job's HDFS output and the report goes to ``yarn_report_dir``.
@@ -86,7 +86,7 @@ def evaluate(spec: JobSpec, *, validation: int = 0, yarn_report_dir: str | None 
         spec = prepare_validation(spec, validation, str(Path(spec.output.dir).resolve()))
         launcher = LocalCluster()
     spec = spec.replace(data={"test": "mnist"})
-    result = run(spec, launcher, on_record=on_record,
+    result = run(spec, launcher, on_record=on_record, overwrite=overwrite,
                  extra={"train_images": spec.data.limit or TRAIN_IMAGES, "validation_images": validation})
     from .plots import plot_run
 
@@ -96,7 +96,7 @@ def evaluate(spec: JobSpec, *, validation: int = 0, yarn_report_dir: str | None 
 
 def command(*, out: str | None, quick: bool, sweep_instead: bool = False, local: int | None, yarn_out: str | None,
             validation: int | None, seed: int, data_dir: str | None, overrides: dict, progress_for=None,
-            log: Callable[[str], None] = print) -> tuple[str, dict | str]:
+            log: Callable[[str], None] = print, overwrite: bool = False) -> tuple[str, dict | str]:
     """``dbn mnist``'s defaults and choice: returns (report dir, the result), or with
     ``sweep_instead`` (``--sweep``) the sweep's Markdown table instead of a result.
     ``progress_for(spec)`` makes the run's ``on_record`` callback."""
@@ -107,7 +107,7 @@ def command(*, out: str | None, quick: bool, sweep_instead: bool = False, local:
         if yarn_out:
             raise UsageError("--sweep runs on the local mini-cluster; drop --yarn")
         return out, sweep(out=out, quick=quick, seed=seed, data_dir=data_dir, overrides=overrides,
-                          validation=validation, log=log)
+                          validation=validation, log=log, overwrite=overwrite)
     workers = local or (QUICK_WORKERS if quick else 10)
     spec = mnist_config(out=yarn_out or out, workers=workers, quick=quick, seed=seed, data_dir=data_dir,
                         overrides=overrides)
@@ -115,7 +115,7 @@ def command(*, out: str | None, quick: bool, sweep_instead: bool = False, local:
         f"{spec.cluster.workers} workers, {spec.model.pretrain_epochs} + {spec.model.finetune_epochs} epochs; "
         f"report in {out}")
     return out, evaluate(spec, validation=validation, yarn_report_dir=out if yarn_out else None,
-                         on_record=progress_for and progress_for(spec), log=log)
+                         on_record=progress_for and progress_for(spec), log=log, overwrite=overwrite)
 
 
 def report_line(out: str, result: dict) -> str:
@@ -126,7 +126,8 @@ def report_line(out: str, result: dict) -> str:
 
 
 def sweep(*, out: str, quick: bool, seed: int, data_dir: str | None, layers=None, workers=None,
-          overrides: dict | None = None, validation: int = 0, on_record=None, log=print) -> str:
+          overrides: dict | None = None, validation: int = 0, on_record=None, log=print,
+          overwrite: bool = False) -> str:
     """Run every (layers, workers) pair (default: SWEEP_LAYERS x SWEEP_WORKERS); write and
     return the Markdown table (``OUT/sweep.md``)."""
     rows = []
@@ -136,7 +137,8 @@ def sweep(*, out: str, quick: bool, seed: int, data_dir: str | None, layers=None
             log(f"sweep: {name}")
             cfg = mnist_config(out=str(Path(out) / name), workers=n, quick=quick, seed=seed, data_dir=data_dir,
                                layers=sizes, overrides=overrides)
-            rows.append((sizes, n, evaluate(cfg, validation=validation, on_record=on_record, log=log)))
+            rows.append((sizes, n, evaluate(cfg, validation=validation, on_record=on_record, log=log,
+                                            overwrite=overwrite)))
             log(f"sweep: {name}: test error {100 * rows[-1][2]['test_error']:.2f} %")
     table = sweep_table(rows, quick=quick)
     Path(out).mkdir(parents=True, exist_ok=True)

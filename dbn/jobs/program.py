@@ -19,10 +19,10 @@ import math
 import numpy as np
 
 from iterreduce.program import Program, Step, Update, WorkerProgram, block_momentum_average, weighted_average
-from iterreduce.shards import read_shard
+from iterreduce.shards import read_labels, read_shard, shard_info
 
-from ..data.sharding import count_classes
-from ..data.validation import check_features
+from ..data.validation import UNIT_INTERVAL_HINT, check_features, check_labels, class_warnings
+from ..exceptions import DataError
 from ..model import state
 from ..model.estimator import DBN
 from ..model.network import Network
@@ -53,7 +53,7 @@ class DBNProgram(Program):
         super().__init__(config)
         self.model = DBN(**dbn_params(config), device="cpu").validate_params()
         self.layers = self.model.hidden_layers
-        self.n_classes = config.get("n_classes")  # None: counted from the shards' labels at the start
+        self.n_classes = config.get("n_classes")  # None: counted from the shards' labels by check_shards
         self._validation = None
         self._finetune_parts = 1
 
@@ -86,24 +86,56 @@ class DBNProgram(Program):
                     "top_only": top_only,
                 }, state.net_names(n, range(n - 1, n) if top_only else None))
 
-    def initial_parameters(self, seed, shards):
+    def check_shards(self, shards):
+        """Refuse data this DBN cannot train on, by the footers (feature counts, labels, the
+        value range Bernoulli units need) and the label columns (classes outside ``n_classes``);
+        returns the class counts and warnings about rare classes for the log."""
         unlabelled = [s["uri"] for s in shards if not s["labels"]]
         if self.model.finetune_epochs > 0 and unlabelled:
-            raise ValueError(f"fine-tuning needs labels, but these shards have no 'label' column: {unlabelled[:3]}")
+            raise DataError(f"{unlabelled[0]}: no 'label' column, but fine-tuning needs labels "
+                            f"({len(unlabelled)} of {len(shards)} shards have none)")
         widths = {s["features"] for s in shards}
-        if len(widths) != 1 or None in widths:
-            raise ValueError(f"shards disagree on the feature count or do not fix it: {sorted(map(str, widths))}")
-        sizes = [widths.pop(), *self.layers]
-        n_classes = self.n_classes
-        if n_classes is None:  # unlabelled shards (pre-training only) get a placeholder output layer
-            n_classes = count_classes([s["uri"] for s in shards]) if not unlabelled else 1
+        if len(widths) != 1:
+            first = {}
+            for s in shards:
+                first.setdefault(s["features"], s["uri"])
+            raise DataError("shards disagree on the feature count: " +
+                            ", ".join(f"{uri} has {width}" for width, uri in sorted(first.items())))
+        if self.model.visible == "bernoulli":
+            for s in shards:
+                lo, hi = (v + 0.0 for v in s["ranges"]["features"] or (0, 1))  # + 0.0: no "-0"
+                if lo < 0 or hi > 1:
+                    raise DataError(f"{s['uri']}: features range over [{lo:g}, {hi:g}] (the footer's statistics) "
+                                    f"but Bernoulli visible units need [0, 1]: {UNIT_INTERVAL_HINT}")
+        if self.config.get("validation"):  # scored after each fine-tuning epoch: check it now, not then
+            (valid,) = shard_info([self.config["validation"]])
+            if not valid["labels"] or valid["features"] != shards[0]["features"]:
+                raise DataError(f"{valid['uri']}: the validation shard needs a 'label' column and "
+                                f"{shards[0]['features']} features per row, as the training shards have")
+        if unlabelled:  # pre-training only: a placeholder output layer
+            self.n_classes = 1
+            return {}
+        counts = np.zeros(self.config.get("n_classes") or 0, dtype=np.int64)
+        for s in shards:
+            labels = check_labels(read_labels(s["uri"]), n_samples=s["rows"], n_classes=self.config.get("n_classes"),
+                                  name=f"{s['uri']}: 'label'")
+            found = np.bincount(labels)
+            counts = np.pad(counts, (0, max(0, found.size - counts.size)))
+            counts[:found.size] += found
+        self.n_classes = self.config.get("n_classes") or counts.size
+        return {"classes": counts.tolist(), "warnings": class_warnings(counts, name="the shards' labels")}
+
+    def initial_parameters(self, seed, shards):
+        if self.n_classes is None:  # check_shards counts the classes (the master calls it first)
+            self.check_shards(shards)
+        sizes = [shards[0]["features"], *self.layers]
         params = {}
         for layer in range(len(self.layers)):
             rbm = self.model._make_rbm(layer).set_params(seed=seed + 1000 * (layer + 1))  # from the job's seed
             rbm.initialize(n_visible=sizes[layer])
             params.update(state.named_rbm_state(layer, rbm.get_state()))
         rng = np.random.default_rng([seed, 99])
-        softmax = 0.01 * rng.standard_normal((self.layers[-1], int(n_classes)))
+        softmax = 0.01 * rng.standard_normal((self.layers[-1], int(self.n_classes)))
         params[state.net_name(len(self.layers), "weights")] = softmax.astype(np.float32)
         return params
 
@@ -213,7 +245,7 @@ class DBNWorker(WorkerProgram):
     def _finetune(self, step, parameters, shard, seed) -> Update:
         m, be = self.model, self.model.backend
         if shard.labels is None:
-            raise ValueError(f"{shard.uri}: fine-tuning needs a 'label' column")
+            raise DataError(f"{shard.uri}: fine-tuning needs a 'label' column")
         data = self._input(shard, 0, parameters)
         if shard.index not in self._labels:
             self._labels[shard.index] = be.asarray(shard.labels, dtype=np.int64)

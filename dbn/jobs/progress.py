@@ -41,6 +41,8 @@ class ProgressPrinter:
             line = f"{rec['where']}, writing to {rec['output']}"
         elif rec.get("event") == "epoch":
             line = self._epoch(rec)
+        elif rec.get("event") == "data":
+            line = data_lines(rec)
         elif "step" in rec and "phase" in rec:
             line = self._step(rec)
         else:
@@ -81,6 +83,16 @@ class ProgressPrinter:
         return (f"step {rec['step'] + 1}/{rec['of']}  {self._where(rec)}{self._metrics(rec)}  "
                 f"{_rate(rate)} samples/s  sync {rec['sync_seconds']:.2f} s ({100 * share:.0f}%)  "
                 f"shards {rec['shards']}/{rec['shards_total']}  {time.perf_counter() - self.start:.0f} s")
+
+
+def data_lines(rec: dict) -> str:
+    """A ``data`` event: rows, shards, the examples of each class, then one line per warning."""
+    where = f" in {rec['shards']} shards" if rec.get("shards") else ""
+    line = f"data: {rec['rows']} rows{where}"
+    if rec.get("classes"):
+        line += f"; {len(rec['classes'])} classes, examples of each: " + " ".join(
+            f"{c}:{n}" for c, n in enumerate(rec["classes"]))
+    return "\n".join([line, *(f"warning: {w}" for w in rec.get("warnings", ()))])
 
 
 def summary_line(result: dict) -> str:

@@ -14,6 +14,10 @@ Each launcher's ``train(spec, out, on_record)`` leaves ``model.npz`` and ``log.j
 in ``out`` and returns its figures (timings, sizes); ``on_record`` sees a ``start``
 event (``where`` the job runs, its ``output``), then every record of the log as it is
 written.
+
+An output folder is one job's (:func:`claim_output`): a run refuses a folder that holds a
+run of another job unless asked to overwrite it, and a new run never destroys the earlier
+run's files before it has its own: they are kept in ``OUT/previous/N/``.
 """
 
 from __future__ import annotations
@@ -28,12 +32,16 @@ import time
 from pathlib import Path
 from typing import Callable, Protocol
 
+import numpy as np
+
 from iterreduce import runlog
-from iterreduce.local import run_local
+from iterreduce.exceptions import MasterKilled
+from iterreduce.local import PREVIOUS, RUN_FILES, prune_previous, run_local, set_aside
 from iterreduce.shards import filesystem, join, list_shards
 
 from .. import __version__
-from ..data.sharding import count_classes, load_dataset, load_shards, shard_dataset
+from ..data.sharding import load_dataset, load_shards, shard_dataset
+from ..data.validation import check_labels, class_warnings
 from ..exceptions import ConfigError, ModelFileError, UsageError
 from ..model.backend import resolve_device
 from ..model.estimator import DBN
@@ -43,6 +51,10 @@ from .spec import JobSpec
 MODEL_FILE, RESULT_FILE, CONFIG_FILE = "model.npz", "result.json", "config.json"
 
 OnRecord = Callable[[dict], None]
+
+#: Settings that say where or how a job runs, not what it trains: a run whose config.json
+#: differs from the job only in these is still a run of the same job.
+NOT_THE_JOB = ("source", "output.dir", "cluster.max_restarts", "cluster.heartbeat_timeout", "yarn")
 
 
 class Interrupted(KeyboardInterrupt):
@@ -76,14 +88,17 @@ class Launcher(Protocol):
 
 
 def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
-        extra: dict | None = None) -> dict:
+        extra: dict | None = None, overwrite: bool = False) -> dict:
     """Train ``spec`` with ``launcher``, test the model once on ``[data] test``, write
     ``result.json`` (and ``config.json``) to ``[output] dir``; returns the result.
 
     ``extra`` adds keys to the result (e.g. the MNIST evaluation's validation size).
+    ``overwrite`` lets the run replace another job's run in the output folder (see
+    :func:`claim_output`).
     """
     out = Path(launcher.output_dir(spec)).resolve()
     created = not out.exists()
+    claim_output(out, spec, resume=getattr(launcher, "resume", False), overwrite=overwrite)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / CONFIG_FILE, spec.to_dict())
     start = time.perf_counter()
@@ -113,7 +128,77 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
     if launcher.writes_log:
         with runlog.RunLog(out / runlog.LOG_NAME) as log:
             log.write({"event": "summary", **result})
+    prune_previous(out)  # only now: this run has its own model, result and log
     return result
+
+
+def claim_output(out: Path, spec: JobSpec, *, resume: bool = False, overwrite: bool = False) -> Path | None:
+    """Make the output folder ``out`` ready for a run of ``spec``, or refuse it.
+
+    - A folder that holds a run of another job (see :func:`other_job`) is refused with a
+      :class:`UsageError`, unless ``overwrite``.
+    - ``resume`` of the same job continues its run: nothing changes.
+    - Any other run (a rerun of the same job, or ``overwrite``) keeps the earlier run in
+      ``out/previous/N``: its config, log, checkpoints and process logs move there (so a
+      later ``--resume`` only sees this run's checkpoints), while model.npz and result.json
+      stay in place, linked there, until this run writes its own (atomically): a run that
+      fails leaves them byte-identical. Once a run succeeds, the newest few earlier runs stay.
+
+    Returns the folder the earlier run went to, or None.
+    """
+    why = other_job(out, spec)
+    if why and not overwrite:
+        raise UsageError(f"{out}: holds a run of another job ({why}); pass --overwrite to replace it (the earlier "
+                         f"run is kept in {out / PREVIOUS}), or choose another output directory ([output] dir "
+                         f"or --out)")
+    if resume and not why:
+        return None
+    return set_aside(out, move=(CONFIG_FILE, *RUN_FILES), keep_in_place=(MODEL_FILE, RESULT_FILE))
+
+
+def other_job(out: Path, spec: JobSpec) -> str | None:
+    """Why ``out`` holds a run of another job than ``spec``, or None when it holds none (no
+    model, result or checkpoint: e.g. a failed attempt) or one of the same job.
+
+    A run's job is its config.json; settings in :data:`NOT_THE_JOB` do not count.
+    """
+    if not out.is_dir():
+        return None
+    held = [name for name in (MODEL_FILE, RESULT_FILE) if (out / name).exists()]
+    if any((out / "checkpoints").glob("ckpt-*.npz")):
+        held.append("checkpoints")
+    if not held:
+        return None
+    try:
+        earlier = json.loads((out / CONFIG_FILE).read_text())
+    except FileNotFoundError:
+        return f"{', '.join(held)} but no {CONFIG_FILE} saying of which job"
+    except (OSError, ValueError) as exc:
+        return f"{out / CONFIG_FILE}: unreadable: {exc}"
+    differ = _differences(earlier, spec.to_dict())
+    if not differ:
+        return None
+    shown = "; ".join(f"{key} {there!r} there, {here!r} here" for key, there, here in differ[:3])
+    more = f" and {len(differ) - 3} more" if len(differ) > 3 else ""
+    return f"its {CONFIG_FILE} differs: {shown}{more}"
+
+
+def _differences(earlier: dict, now: dict) -> list[tuple[str, object, object]]:
+    """(dotted key, earlier value, value now) of each setting of the job that differs."""
+    def flat(d, prefix=""):
+        items = {}
+        for key, value in (d.items() if isinstance(d, dict) else ()):
+            if isinstance(value, dict):
+                items.update(flat(value, f"{prefix}{key}."))
+            else:
+                items[f"{prefix}{key}"] = value
+        return items
+
+    def counts(key: str) -> bool:
+        return not any(key == name or key.startswith(f"{name}.") for name in NOT_THE_JOB)
+
+    a, b = flat(earlier), flat(now)
+    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if counts(k) and a.get(k) != b.get(k)]
 
 
 def evaluate_model(model: DBN | str | Path, data: str, *, mnist_dir: str | None = None, device: str = "cpu") -> dict:
@@ -184,11 +269,17 @@ class InProcess:
         return f"{'-'.join(map(str, spec.model.hidden_layers))} in this process on {spec.job.device}"
 
     def train(self, spec: JobSpec, out: Path, on_record: OnRecord) -> dict:
+        n_classes = spec.model.n_classes
         if spec.cluster.shards:  # the job names its data as shards: train on those, never on [data] train
-            X, y = load_shards(spec.cluster.shards, limit=spec.data.limit)
+            source = spec.cluster.shards
+            X, y = load_shards(source, limit=spec.data.limit, n_classes=n_classes,
+                               unit_interval=spec.model.visible == "bernoulli")
         else:
-            X, y = load_dataset(spec.data.train, split="train", mnist_dir=spec.data.mnist_dir,
-                                limit=spec.data.limit, labels=True)
+            source = spec.data.train
+            X, y = load_dataset(source, split="train", mnist_dir=spec.data.mnist_dir, limit=spec.data.limit,
+                                labels=True)
+            y = check_labels(y, n_samples=X.shape[0], n_classes=n_classes, name=f"{source} labels")
+        counts = np.bincount(y, minlength=n_classes or 0)
         model = DBN(**spec.dbn_params())
         with runlog.RunLog(out / runlog.LOG_NAME) as log:
             def write(record: dict) -> None:
@@ -199,6 +290,8 @@ class InProcess:
                    "where": f"{X.shape[0]} x {X.shape[1]} -> {self.describe(spec)}", "output": str(out),
                    "device": model.backend.device, "n_train": int(X.shape[0]), "n_features": int(X.shape[1]),
                    "config": spec.to_dict()})
+            write({"event": "data", "rows": int(X.shape[0]), "classes": counts.tolist(),
+                   "warnings": class_warnings(counts, name=f"the labels of {source}")})
             model.callback = epochs = _EpochRecords(write)
             try:
                 model.pretrain(X)
@@ -257,9 +350,14 @@ class LocalCluster:
                    "output": str(out)})  # not logged: the master's log is the master's
         uris = list_shards(local_shards(spec, out, workers))
         try:
-            config = spec.master_config(shards=uris, output=str(out), n_classes=count_classes(uris))
+            config = spec.master_config(shards=uris, output=str(out))
             run_local(dataclasses.replace(config, resume=self.resume), max_restarts=spec.cluster.max_restarts,
                       device=spec.job.device, on_record=on_record)
+        except MasterKilled as killed:
+            if killed.checkpoint is None:
+                raise
+            raise MasterKilled(f"{killed}: continue the job with the same command and --resume",
+                               killed.checkpoint) from None
         except KeyboardInterrupt:
             raise Interrupted(f"checkpoints are in {out / 'checkpoints'}: continue with the same command "
                               f"and --resume") from None
@@ -329,7 +427,8 @@ class Yarn:
         fs, base = filesystem(spec.output.dir)
         for name in (MODEL_FILE, runlog.LOG_NAME):
             with fs.open_input_stream(join(base, name), compression=None) as src:
-                (out / name).write_bytes(src.read())
+                data = src.read()
+            atomic_write(out / name, lambda f, data=data: f.write(data))  # never half a model in place of the last
         return {**cluster_figures(out), "shards": spec.cluster.workers, "app_id": app_id}
 
 

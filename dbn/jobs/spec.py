@@ -233,21 +233,21 @@ class JobSpec:
             params["pretrain_learning_rate"] = list(params["pretrain_learning_rate"])
         return {**params, "device": self.job.device, "seed": self.job.seed}
 
-    def master_config(self, *, shards, output: str, n_classes: int | None = None, token: str = "") -> MasterConfig:
+    def master_config(self, *, shards, output: str, token: str = "") -> MasterConfig:
         """The runtime's part of this job: the master's configuration for ``shards`` (a
         directory URI or a list of shard URIs) writing to ``output``. The token is the
         launcher's to set (it never goes into a file)."""
         c = self.cluster
-        return MasterConfig(program=PROGRAM, program_config=self.program_config(n_classes), shards=shards,
+        return MasterConfig(program=PROGRAM, program_config=self.program_config(), shards=shards,
                             workers=c.workers, token=token, output=output, seed=self.job.seed,
                             heartbeat_timeout=c.heartbeat_timeout, float16_wire=c.float16_wire)
 
-    def program_config(self, n_classes: int | None = None) -> dict:
-        """The DBN program's configuration for the runtime (``n_classes=None``: the master
-        counts the classes in the shards' labels when the job starts)."""
+    def program_config(self) -> dict:
+        """The DBN program's configuration for the runtime (``[model] n_classes`` unset: the
+        master counts the classes in the shards' labels when the job starts)."""
         params = {k: v for k, v in self.dbn_params().items() if k != "device"}
         c = self.cluster
-        return {**params, "n_classes": n_classes, "sync_every": c.sync_every, "block_momentum": c.block_momentum,
+        return {**params, "sync_every": c.sync_every, "block_momentum": c.block_momentum,
                 "pretrain_block_momentum": c.pretrain_block_momentum, "validation": c.validation}
 
 

@@ -38,6 +38,9 @@ class DBN(Estimator):
         ``finetune_lr_decay`` after every epoch.
     top_layer_epochs : int
         Fine-tuning epochs that train only the softmax layer first (Hinton's backprop.m: 5).
+    n_classes : int or None
+        Classes of the softmax layer; labels must be 0..n_classes-1 (others are an
+        error). None: the largest label + 1.
     dropout, input_dropout : float
         Drop probabilities of hidden units and input units during fine-tuning.
     validation_fraction : float
@@ -84,6 +87,7 @@ class DBN(Estimator):
         finetune_weight_cost: float = 0.0,
         finetune_batch_size: int = 100,
         top_layer_epochs: int = 5,
+        n_classes: int | None = None,
         dropout: float = 0.0,
         input_dropout: float = 0.0,
         validation_fraction: float = 0.0,
@@ -112,6 +116,9 @@ class DBN(Estimator):
         if not sizes_ok:
             raise ValueError(f"hidden_layers must be a non-empty list of positive sizes, got {self.hidden_layers!r}")
         self._pretrain_rates()
+        if self.n_classes is not None and not (isinstance(self.n_classes, numbers.Integral) and self.n_classes >= 2):
+            raise ValueError(f"n_classes must be an integer of at least 2 (or None: from the labels), "
+                             f"got {self.n_classes!r}")
         for name in ("dropout", "input_dropout", "validation_fraction"):
             p = getattr(self, name)
             if not 0 <= p < 1:
@@ -187,8 +194,11 @@ class DBN(Estimator):
         self.validate_params()
         be = self.backend
         X = self._check_X(X)
-        y = check_labels(y, n_samples=X.shape[0])
-        self.n_classes_ = int(y.max()) + 1 if self.network_ is None else self.network_.n_classes
+        y = check_labels(y, n_samples=X.shape[0], n_classes=self.n_classes)
+        if self.network_ is not None:
+            self.n_classes_ = self.network_.n_classes
+        else:
+            self.n_classes_ = self.n_classes or int(y.max()) + 1
         y = check_labels(y, n_samples=X.shape[0], n_classes=self.n_classes_)
         X_train, y_train, X_valid, y_valid = self._split_validation(X, y)
 

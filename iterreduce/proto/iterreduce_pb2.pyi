@@ -166,3 +166,19 @@ class PushReply(_message.Message):
     accepted: bool
     reason: str
     def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class DataErrorReport(_message.Message):
+    __slots__ = ("worker_id", "step", "shard", "message")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    step: int
+    shard: int
+    message: str
+    def __init__(self, worker_id: _Optional[str] = ..., step: _Optional[int] = ..., shard: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class DataErrorReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

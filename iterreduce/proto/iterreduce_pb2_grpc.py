@@ -54,6 +54,11 @@ class MasterStub:
                 request_serializer=iterreduce_dot_proto_dot_iterreduce__pb2.UpdateChunk.SerializeToString,
                 response_deserializer=iterreduce_dot_proto_dot_iterreduce__pb2.PushReply.FromString,
                 _registered_method=True)
+        self.ReportDataError = channel.unary_unary(
+                '/iterreduce.Master/ReportDataError',
+                request_serializer=iterreduce_dot_proto_dot_iterreduce__pb2.DataErrorReport.SerializeToString,
+                response_deserializer=iterreduce_dot_proto_dot_iterreduce__pb2.DataErrorReply.FromString,
+                _registered_method=True)
 
 
 class MasterServicer:
@@ -87,6 +92,14 @@ class MasterServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportDataError(self, request, context):
+        """The worker cannot use a shard's data: the master stops the job with this message
+        (a new process would read the same bytes, so it is not retried).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_MasterServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -109,6 +122,11 @@ def add_MasterServicer_to_server(servicer, server):
                     servicer.PushUpdate,
                     request_deserializer=iterreduce_dot_proto_dot_iterreduce__pb2.UpdateChunk.FromString,
                     response_serializer=iterreduce_dot_proto_dot_iterreduce__pb2.PushReply.SerializeToString,
+            ),
+            'ReportDataError': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportDataError,
+                    request_deserializer=iterreduce_dot_proto_dot_iterreduce__pb2.DataErrorReport.FromString,
+                    response_serializer=iterreduce_dot_proto_dot_iterreduce__pb2.DataErrorReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -219,6 +237,33 @@ class Master:
             '/iterreduce.Master/PushUpdate',
             iterreduce_dot_proto_dot_iterreduce__pb2.UpdateChunk.SerializeToString,
             iterreduce_dot_proto_dot_iterreduce__pb2.PushReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportDataError(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/iterreduce.Master/ReportDataError',
+            iterreduce_dot_proto_dot_iterreduce__pb2.DataErrorReport.SerializeToString,
+            iterreduce_dot_proto_dot_iterreduce__pb2.DataErrorReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -4,11 +4,16 @@ A :class:`skein.Client` talks to YARN through skein's driver: the one at
 ``$ITERREDUCE_SKEIN_DRIVER`` (``host:port``) when set, else skein's global driver
 (``skein driver start``) when one runs, else a new driver (which needs ``java``
 and ``yarn`` on PATH), logged in with a Kerberos keytab when one is given.
+
+Nothing is written before YARN answers: without ``yarn`` on PATH no driver is started,
+and skein's TLS credentials, when ``~/.skein`` has none, are made in memory and saved
+there only once a driver has answered (skein itself would write them first).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -21,13 +26,53 @@ import skein
 from . import KV_PROGRESS, YarnError
 
 
+def _config_dir() -> str:
+    """skein's configuration folder: ``$SKEIN_CONFIG`` (read now, not at import) or ``~/.skein``."""
+    return os.environ.get("SKEIN_CONFIG") or str(Path.home() / ".skein")
+
+
 def security() -> skein.Security:
-    """skein's TLS credentials from ``$SKEIN_CONFIG`` (read now, not at import) or ``~/.skein``."""
-    directory = os.environ.get("SKEIN_CONFIG") or str(Path.home() / ".skein")
+    """skein's TLS credentials from :func:`_config_dir`, or new ones held in memory when it
+    has none (:func:`connect` saves them there once a driver has answered)."""
     try:
-        return skein.Security.from_directory(directory)
+        return skein.Security.from_directory(_config_dir())
     except FileNotFoundError:
-        return skein.Security.from_default()
+        return skein.Security.new_credentials()
+
+
+def _keep(credentials: skein.Security) -> None:
+    """Save credentials made in memory to skein's folder, as skein would, so that later
+    clients (``dbn status``) talk to this client's applications with the same ones."""
+    if credentials.cert_bytes is None:  # read from files: already there
+        return
+    try:
+        credentials.to_directory(_config_dir())
+    except FileExistsError:
+        pass  # another client saved its own meanwhile; this one's still serve this client
+    except OSError as exc:
+        logging.getLogger(__name__).warning("cannot save skein's credentials in %s: %s", _config_dir(), exc)
+
+
+class _Client(skein.Client):
+    """skein's client, except that one whose driver never started does not print an
+    "Exception ignored in __del__" traceback (skein's ``close`` reads ``_proc``, which its
+    ``__init__`` sets only once a driver runs)."""
+
+    __slots__ = ()
+
+    def close(self):
+        if hasattr(self, "_proc"):
+            super().close()
+
+
+def _driver_missing() -> str | None:
+    """Why skein cannot start a driver here (no ``yarn`` or no ``java``), or None."""
+    java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else shutil.which("java")
+    if not shutil.which("yarn"):
+        return "no `yarn` command on PATH (Hadoop's client: skein's driver needs its classpath)"
+    if not java or not os.path.exists(java):
+        return "no `java` (set JAVA_HOME or put java on PATH)"
+    return None
 
 
 def check_kerberos(principal: str | None, keytab: str | None) -> None:
@@ -42,6 +87,7 @@ def connect(principal: str | None = None, keytab: str | None = None) -> skein.Cl
     """A client of skein's driver (see the module docstring)."""
     check_kerberos(principal, keytab)
     address = os.environ.get("ITERREDUCE_SKEIN_DRIVER")
+    hint = "Check that `java` and `yarn` are on PATH and HADOOP_CONF_DIR points at the cluster's configuration"
     try:
         if address:
             return skein.Client(address=address, security=security())
@@ -50,10 +96,16 @@ def connect(principal: str | None = None, keytab: str | None = None) -> skein.Cl
                 return skein.Client.from_global_driver()
             except skein.exceptions.DriverNotRunningError:
                 pass
-        return skein.Client(principal=principal, keytab=keytab and str(Path(keytab).expanduser()))
-    except (skein.exceptions.DriverError, ConnectionError, FileNotFoundError, OSError) as exc:
-        raise YarnError(f"cannot reach YARN through skein's driver: {exc}. Check that `java` and `yarn` are "
-                        f"on PATH and HADOOP_CONF_DIR points at the cluster's configuration") from exc
+        missing = _driver_missing()
+        if missing:  # before skein starts anything, or writes anything
+            raise YarnError(f"cannot reach YARN: {missing}. {hint}, or set ITERREDUCE_SKEIN_DRIVER to a running "
+                            f"skein driver's host:port")
+        credentials = security()
+        client = _Client(security=credentials, principal=principal, keytab=keytab and str(Path(keytab).expanduser()))
+        _keep(credentials)
+        return client
+    except (skein.exceptions.DriverError, ConnectionError, subprocess.CalledProcessError, OSError) as exc:
+        raise YarnError(f"cannot reach YARN through skein's driver: {str(exc).rstrip('.')}. {hint}") from exc
 
 
 _RESOURCES = (("memory", "MiB of memory"), ("vcores", "vcores"), ("gpus", "GPUs (yarn.io/gpu)"))

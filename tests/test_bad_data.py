@@ -1,0 +1,201 @@
+"""Bad data in a job's Parquet shards: every class of fault stops the job at once with
+``dbn: error:`` naming the shard (and row and column where known), exit status 2, no
+model written and no retry, in one process and on the local mini-cluster alike."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dbn.cli import main
+from iterreduce.shards import write_shards
+
+N_ROWS, N_FEATURES, N_SHARDS, BAD = 120, 12, 3, 1  # shard BAD holds the fault
+ROW, COL = 7, 4  # where in that shard
+
+
+def good_data(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, N_ROWS)
+    X = (rng.random((N_ROWS, N_FEATURES)) < np.where(np.arange(N_FEATURES) % 3 == y[:, None], 0.8, 0.1))
+    return X.astype(np.float32), y
+
+
+def rewrite(uri: str, **columns) -> None:
+    """Shard ``uri`` written again with some of its columns replaced."""
+    table = pq.read_table(uri)
+    for name, column in columns.items():
+        table = table.set_column(table.column_names.index(name), name, column)
+    pq.write_table(table, uri)
+
+
+def set_value(uri: str, value: float) -> None:
+    X = pq.read_table(uri).column("features").combine_chunks().flatten().to_numpy().reshape(-1, N_FEATURES).copy()
+    X[ROW, COL] = value
+    rewrite(uri, features=pa.FixedSizeListArray.from_arrays(pa.array(X.ravel()), N_FEATURES))
+
+
+def int64_features(uri):
+    X = pq.read_table(uri).column("features").combine_chunks().flatten().to_numpy().astype(np.int64)
+    rewrite(uri, features=pa.FixedSizeListArray.from_arrays(pa.array(X), N_FEATURES))
+
+
+def string_labels(uri):
+    rewrite(uri, label=pa.array([str(v) for v in pq.read_table(uri).column("label").to_pylist()]))
+
+
+def negative_label(uri):
+    y = pq.read_table(uri).column("label").to_numpy().copy()
+    y[ROW] = -1
+    rewrite(uri, label=pa.array(y))
+
+
+def corrupt_page(uri):
+    """Flip bytes inside the features' data page: the footer still reads, the page does not."""
+    column = pq.read_metadata(uri).row_group(0).column(0)
+    middle = column.data_page_offset + column.total_compressed_size // 2
+    data = bytearray(Path(uri).read_bytes())
+    for i in range(middle, middle + 16):
+        data[i] ^= 0xFF
+    Path(uri).write_bytes(bytes(data))
+
+
+def truncate(uri):
+    data = Path(uri).read_bytes()
+    Path(uri).write_bytes(data[:len(data) // 2])
+
+
+def not_parquet(uri):
+    Path(uri).write_text("features,label\n0.1,2\n")
+
+
+#: fault -> (how to make it, what the message says besides the shard's path, found where)
+FAULTS = {
+    "int64 features": (int64_features, "'features' values must be float32 or uint8, got int64", "footer"),
+    "string labels": (string_labels, "'label' must be an integer column, got string", "footer"),
+    "NaN": (lambda uri: set_value(uri, np.nan), f"NaN or infinite values (1, nulls included), the first at "
+                                                f"row {ROW}, column {COL}", "data"),
+    "infinity": (lambda uri: set_value(uri, np.inf), "'features' holds infinite values", "footer"),
+    "above one": (lambda uri: set_value(uri, 1.5), "features range over [0, 1.5] (the footer's statistics) but "
+                                                   "Bernoulli visible units need [0, 1]", "footer"),
+    "negative label": (negative_label, "'label' holds negative values", "footer"),
+    "corrupt page": (corrupt_page, "not a readable Parquet file", "data"),
+    "truncated file": (truncate, "not a readable Parquet file", "footer"),
+    "not Parquet": (not_parquet, "not a readable Parquet file", "footer"),
+}
+
+
+def make_job(tmp_path: Path, fault: str | None, *, workers: int, extra: str = "") -> tuple[Path, Path, str]:
+    """A job on shards, shard BAD made bad by ``fault``; an earlier run's model.npz is already in
+    its output folder. Returns (job file, output folder, the bad shard's path)."""
+    uris = write_shards(*good_data(), str(tmp_path / "shards"), N_SHARDS)
+    if fault:
+        FAULTS[fault][0](uris[BAD])
+    out = tmp_path / "out"
+    out.mkdir(parents=True)
+    (out / "model.npz").write_bytes(b"an earlier run's model")
+    job = tmp_path / "job.toml"
+    job.write_text(
+        "[data]\n"
+        "[model]\nhidden_layers = [6]\npretrain_epochs = 1\nfinetune_epochs = 1\ntop_layer_epochs = 0\n"
+        f"pretrain_batch_size = 10\nfinetune_batch_size = 10\n{extra}"
+        f"[cluster]\nworkers = {workers}\nshards = '{tmp_path / 'shards'}'\nmax_restarts = 2\n"
+        f"[output]\ndir = '{out}'\n[job]\ndevice = 'cpu'\n"
+    )
+    return job, out, uris[BAD]
+
+
+def events(out: Path) -> list[str]:
+    log = out / "log.jsonl"
+    return [json.loads(line).get("event") for line in log.read_text().splitlines()] if log.exists() else []
+
+
+def assert_refused(capsys, code: int, out: Path, *fragments: str) -> str:
+    err = capsys.readouterr().err
+    assert code == 2, err
+    message = err.strip().splitlines()[-1]
+    assert message.startswith("dbn: error: ")
+    for fragment in fragments:
+        assert fragment in message, (fragment, message)
+    assert (out / "model.npz").read_bytes() == b"an earlier run's model"  # no model written over it
+    assert "Traceback" not in err
+    return message
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_bad_shard_stops_a_local_cluster_job(tmp_path, capsys, fault):
+    job, out, bad = make_job(tmp_path, fault, workers=N_SHARDS)
+    code = main(["train", str(job), "--local", str(N_SHARDS), "--overwrite"])
+    assert_refused(capsys, code, out, bad, FAULTS[fault][1])
+    logged = events(out)
+    assert "worker_restarted" not in logged and "worker_gave_up" not in logged  # never retried
+    assert "step" not in " ".join(map(str, logged))
+    if FAULTS[fault][2] == "footer":  # refused by the master before any worker started
+        assert "worker_registered" not in logged
+    else:  # found by the worker that read it, and reported as what it is
+        assert "data_error" in logged
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_bad_shard_stops_a_job_in_one_process(tmp_path, capsys, fault):
+    job, out, bad = make_job(tmp_path, fault, workers=0)
+    code = main(["train", str(job), "--overwrite"])
+    fragment = FAULTS[fault][1]
+    if fault in ("infinity", "above one", "negative label"):  # read in full here: the values, not the footer
+        fragment = {"infinity": f"row {ROW}, column {COL}", "above one": f"row {ROW}, column {COL}",
+                    "negative label": f"at row {ROW} is -1"}[fault]
+    assert_refused(capsys, code, out, bad, fragment)
+
+
+def test_a_stray_label_is_reported_and_n_classes_makes_it_an_error(tmp_path, capsys):
+    X, y = good_data()
+    y[50] = 10  # one stray label among classes 0..2
+    uris = write_shards(X, y, str(tmp_path / "shards"), N_SHARDS)
+    job, out, _ = make_job(tmp_path / "a", None, workers=2)
+    job.write_text(job.read_text().replace(str(tmp_path / "a" / "shards"), str(tmp_path / "shards")))
+    assert main(["train", str(job), "--local", "2", "--overwrite"]) == 0
+    err = capsys.readouterr().err
+    assert "data: 120 rows in 3 shards; 11 classes, examples of each: 0:" in err and " 10:1" in err
+    assert "warning: the shards' labels: classes 3, 4, 5, 6, 7, 8, 9 have no examples (the classes run 0..10)" in err
+    assert "warning: the shards' labels: class 10 has only 1 example" in err and "n_classes" in err
+
+    job.write_text(job.read_text().replace("[model]\n", "[model]\nn_classes = 3\n"))
+    (out / "model.npz").write_bytes(b"an earlier run's model")
+    code = main(["train", str(job), "--local", "2", "--overwrite"])
+    assert_refused(capsys, code, out, f"{uris[1]}: 'label' has label 10 at row 10, outside the model's classes 0..2")
+
+    code = main(["train", str(job), "--set", "cluster.workers=0", "--overwrite"])  # one process: the same error
+    assert_refused(capsys, code, out, f"{uris[1]}: 'label' has label 10 at row 10, outside the model's classes 0..2")
+
+
+def test_a_bad_shard_stops_a_ten_worker_job(tmp_path, capsys):
+    """The issue's case: ten workers, one shard with a NaN that only reading it shows."""
+    uris = write_shards(*good_data(), str(tmp_path / "shards"), 10)
+    set_value(uris[6], np.nan)
+    job, out, _ = make_job(tmp_path / "a", None, workers=10)
+    job.write_text(job.read_text().replace(str(tmp_path / "a" / "shards"), str(tmp_path / "shards")))
+    code = main(["train", str(job), "--local", "10", "--overwrite"])
+    assert_refused(capsys, code, out, uris[6], f"row {ROW}, column {COL}")
+    assert "data_error" in events(out)
+
+
+@pytest.mark.parametrize("fault", ["no labels", "other width", "truncated file"])
+def test_a_bad_validation_shard_is_refused_before_training(tmp_path, capsys, fault):
+    X, y = good_data(1)
+    valid = str(tmp_path / "valid")
+    if fault == "other width":
+        X = X[:, :-2]
+    (uri,) = write_shards(X, None if fault == "no labels" else y, valid, 1)
+    if fault == "truncated file":
+        truncate(uri)
+    job, out, _ = make_job(tmp_path, None, workers=2, extra="")
+    job.write_text(job.read_text().replace("[cluster]\n", f"[cluster]\nvalidation = '{uri}'\n"))
+    code = main(["train", str(job), "--local", "2", "--overwrite"])
+    fragment = "not a readable Parquet file" if fault == "truncated file" else "the validation shard needs"
+    assert_refused(capsys, code, out, uri, fragment)
+    assert "worker_registered" not in events(out)

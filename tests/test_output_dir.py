@@ -1,0 +1,290 @@
+"""Reusing an output directory (issue 11, part 6): refuse another job's run unless --overwrite,
+never destroy the earlier run's files before the new run has its own, and let --resume
+continue the newest run of the same job.
+
+Jobs are tiny (24 features, a few hundred rows, layers of 16 and 8, 1-4 epochs): in this
+process for most cases, on a local mini-cluster where checkpoints and killed masters matter.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest_runtime import DELAY_ENV, SLOW_DBN, events, kill_master, records, subprocess_env
+from dbn import DBN
+from dbn.cli import main
+from dbn.jobs.run import other_job
+from dbn.jobs.spec import load_spec
+from iterreduce import checkpoint
+from iterreduce.local import prune_previous, set_aside
+from test_cli import make_dataset
+
+RUN_FILES = ("model.npz", "result.json", "config.json", "log.jsonl")
+
+
+@pytest.fixture
+def job(tmp_path):
+    """A tiny job file (in-process by default) and its output dir: (config, out)."""
+    make_dataset(tmp_path / "train.npz")
+    make_dataset(tmp_path / "test.npz", n=120, seed=1)
+    config = tmp_path / "tiny.toml"
+    config.write_text(
+        "[data]\ntrain = 'train.npz'\ntest = 'test.npz'\n"
+        "[model]\nhidden_layers = [16, 8]\npretrain_epochs = 1\nfinetune_epochs = 2\ntop_layer_epochs = 1\n"
+        "pretrain_batch_size = 20\nfinetune_batch_size = 20\n"
+        "[job]\nseed = 1\ndevice = 'cpu'\n"
+    )
+    return config, tmp_path / "out"
+
+
+def train(config, out, *flags) -> int:
+    return main(["train", str(config), "--out", str(out), "--quiet", *flags])
+
+
+def snapshot(out: Path) -> dict[str, bytes]:
+    return {name: (out / name).read_bytes() for name in RUN_FILES if (out / name).exists()}
+
+
+# ------------------------------------------------------------- another job's run
+
+
+def test_another_jobs_run_is_refused_and_left_as_it_was(job, capsys):
+    config, out = job
+    assert train(config, out) == 0
+    before = snapshot(out)
+    assert set(before) == set(RUN_FILES)
+    capsys.readouterr()
+
+    assert train(config, out, "--layers", "12") == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dbn: error: ") and "Traceback" not in err
+    assert f"{out}: holds a run of another job" in err
+    assert "model.hidden_layers [16, 8] there, [12] here" in err  # what differs
+    assert "--overwrite" in err and "--out" in err  # what to do
+    assert snapshot(out) == before and not (out / "previous").exists()
+
+
+def test_a_model_without_config_is_another_jobs_run(job, capsys):
+    config, out = job
+    assert train(config, out) == 0
+    (out / "config.json").unlink()  # e.g. a model copied in by hand: of which job, nobody knows
+    before = snapshot(out)
+    capsys.readouterr()
+    assert train(config, out) == 2
+    assert "model.npz, result.json but no config.json" in capsys.readouterr().err
+    assert snapshot(out) == before
+    assert train(config, out, "--overwrite") == 0
+
+
+def test_a_failed_attempt_holds_no_run(job, capsys):
+    """A folder with a log but no model, result or checkpoint (a run that failed) is no one's."""
+    config, out = job
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps({"model": {"hidden_layers": [3]}}))
+    (out / "log.jsonl").write_text('{"event": "start"}\n')
+    assert other_job(out, load_spec(config, {})) is None
+    assert train(config, out) == 0
+    assert (out / "previous" / "1" / "log.jsonl").read_text() == '{"event": "start"}\n'
+
+
+def test_settings_of_where_a_job_runs_do_not_make_another_job(job):
+    config, out = job
+    assert train(config, out) == 0
+    assert other_job(out, load_spec(config, {"cluster.max_restarts": 9, "output.dir": "elsewhere"})) is None
+    assert "model.pretrain_epochs 1 there, 2 here" in other_job(out, load_spec(config, {"model.pretrain_epochs": 2}))
+
+
+# ------------------------------------------------------------------ --overwrite
+
+
+def test_overwrite_keeps_the_earlier_model_until_the_new_one_is_written(job, monkeypatch):
+    config, out = job
+    assert train(config, out) == 0
+    earlier = snapshot(out)
+    seen_at_save = []
+    save = DBN.save
+
+    def checked_save(self, path):  # the moment the new model replaces the earlier one
+        seen_at_save.append(snapshot(out))
+        save(self, path)
+
+    monkeypatch.setattr(DBN, "save", checked_save)
+    assert train(config, out, "--layers", "12", "--overwrite") == 0
+    assert len(seen_at_save) == 1
+    assert seen_at_save[0]["model.npz"] == earlier["model.npz"]  # byte-identical until replaced
+    assert seen_at_save[0]["result.json"] == earlier["result.json"]
+    assert DBN.load(out / "model.npz", device="cpu").hidden_layers == [12]
+    # The earlier run is kept whole: model, result, config and log.
+    assert snapshot(out / "previous" / "1") == earlier
+    assert json.loads((out / "config.json").read_text())["model"]["hidden_layers"] == [12]
+
+
+@pytest.mark.parametrize("local", [False, True], ids=["in-process", "local-cluster"])
+def test_a_failing_run_leaves_the_model_byte_identical(job, tmp_path, capsys, local):
+    config, out = job
+    assert train(config, out) == 0
+    earlier = snapshot(out)
+    np.savez(tmp_path / "no_labels.npz", X=np.zeros((30, 24), np.float32))
+    flags = ["--local", "2"] if local else []
+    assert train(config, out, "--overwrite", "--set", f"data.train={tmp_path / 'no_labels.npz'}", *flags) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dbn: error: ") and ("label" in err or "no array y" in err)
+    assert (out / "model.npz").read_bytes() == earlier["model.npz"]
+    assert (out / "result.json").read_bytes() == earlier["result.json"]
+    assert snapshot(out / "previous" / "1") == earlier  # config and log were set aside, not deleted
+
+
+# ----------------------------------------------------------- the same job again
+
+
+def test_rerunning_the_same_job_keeps_the_earlier_run(job, monkeypatch):
+    """The same job into its own folder needs no --overwrite: the earlier run moves to
+    previous/1 (its model.npz and result.json stay until the new run replaces them)."""
+    config, out = job
+    assert train(config, out) == 0
+    earlier = snapshot(out)
+    assert train(config, out) == 0
+    assert snapshot(out / "previous" / "1") == earlier
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["event"] for r in log if r["event"] in ("start", "summary")] == ["start", "summary"]  # this run's only
+    assert (out / "config.json").read_bytes() == earlier["config.json"]
+
+
+def test_previous_runs_are_numbered_and_pruned_only_when_asked(tmp_path):
+    out = tmp_path / "out"
+    for i in range(1, 6):
+        (out / "checkpoints").mkdir(parents=True)
+        (out / "checkpoints" / "ckpt-000000001.npz").write_text(f"run {i}")
+        (out / "log.jsonl").write_text(f"log {i}")
+        (out / "model.npz").write_text(f"model {i}")
+        assert set_aside(out, keep_in_place=("model.npz",)) == out / "previous" / str(i)
+        assert (out / "model.npz").read_text() == f"model {i}"  # stays in place ...
+        assert (out / "previous" / str(i) / "model.npz").read_text() == f"model {i}"  # ... and is kept
+        (out / "model.npz").unlink()
+    assert sorted(p.name for p in (out / "previous").iterdir()) == ["1", "2", "3", "4", "5"]
+    assert set_aside(out) is None  # nothing of a run left to set aside
+    prune_previous(out, keep=3)
+    assert sorted(p.name for p in (out / "previous").iterdir()) == ["3", "4", "5"]
+    assert (out / "previous" / "5" / "checkpoints" / "ckpt-000000001.npz").read_text() == "run 5"
+
+
+# --------------------------------------------------------- --resume and checkpoints
+
+
+def test_checkpoint_latest_picks_the_newest_of_the_job(tmp_path):
+    directory = str(tmp_path / "ck")
+    for step in (11, 12):
+        checkpoint.save(directory, step, {"fingerprint": "old job"}, {"a": np.zeros(2)})
+    for step in (1, 2, 3):
+        checkpoint.save(directory, step, {"fingerprint": "new job"}, {"a": np.ones(2)})
+    (tmp_path / "ck" / "ckpt-000000013.npz").write_bytes(b"not a checkpoint")
+    assert checkpoint.latest(directory).endswith("ckpt-000000013.npz")  # without a fingerprint: the highest step
+    assert checkpoint.latest(directory, fingerprint="new job").endswith("ckpt-000000003.npz")
+    assert checkpoint.latest(directory, fingerprint="old job").endswith("ckpt-000000012.npz")
+    assert checkpoint.latest(directory, fingerprint="a third job") is None
+    assert checkpoint.latest(str(tmp_path / "none"), fingerprint="new job") is None
+
+
+def test_checkpoint_pruning_spares_other_jobs(tmp_path):
+    """Another job's higher-numbered checkpoints never push this job's out (keep=2 of its own)."""
+    directory = str(tmp_path / "ck")
+    for step in (11, 12):
+        checkpoint.save(directory, step, {"fingerprint": "old job"}, {"a": np.zeros(2)})
+    for step in (1, 2, 3):
+        checkpoint.save(directory, step, {"fingerprint": "new job"}, {"a": np.ones(2)}, keep=2)
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == \
+        ["ckpt-000000002.npz", "ckpt-000000003.npz", "ckpt-000000011.npz", "ckpt-000000012.npz"]
+
+
+def _kill_master_when_checkpointed(out: Path, killed: list, stop: threading.Event) -> None:
+    """Watch the new run in ``out`` (once the earlier one is set aside); SIGKILL its master
+    once a step has been checkpointed."""
+    while not stop.is_set():
+        if (out / "previous" / "1").exists() and records(out) and any((out / "checkpoints").glob("ckpt-*.npz")):
+            pid = kill_master(out)
+            if pid:
+                killed.append(pid)
+                return
+        time.sleep(0.05)
+
+
+def test_resume_continues_the_new_run_not_the_earlier_jobs_checkpoints(job, monkeypatch, capsys):
+    """Job A finishes with checkpoints 9 and 10; job B (--overwrite) is killed after a step or
+    two, and `--resume` goes on from B's own newest checkpoint."""
+    config, out = job
+    subprocess_env(monkeypatch)
+    monkeypatch.setattr("dbn.jobs.spec.PROGRAM", SLOW_DBN)  # the real program, slower steps to kill one in
+    assert train(config, out, "--local", "2", "--epochs", "3") == 0  # A: 2 x (1 + 3) + 2 = 10 steps
+    a_checkpoints = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert a_checkpoints == ["ckpt-000000009.npz", "ckpt-000000010.npz"]
+
+    monkeypatch.setenv(DELAY_ENV, "0.4")
+    killed, stop = [], threading.Event()
+    watcher = threading.Thread(target=_kill_master_when_checkpointed, args=(out, killed, stop), daemon=True)
+    watcher.start()
+    try:
+        code = train(config, out, "--local", "2", "--layers", "12", "--overwrite")  # B: 1 + 1 + 2 = 4 steps
+    finally:
+        stop.set()
+        watcher.join()
+    assert killed, "the job ended before its master could be killed"
+    assert code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dbn: error: the master was killed by SIGKILL")
+    assert f"checkpoints in {out / 'checkpoints'}" in err and "--resume" in err
+    b_checkpoints = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert b_checkpoints and all(name < "ckpt-000000005.npz" for name in b_checkpoints)
+    assert sorted(p.name for p in (out / "previous" / "1" / "checkpoints").iterdir()) == a_checkpoints
+
+    monkeypatch.setenv(DELAY_ENV, "0")
+    assert train(config, out, "--local", "2", "--layers", "12", "--resume") == 0
+    (resumed,) = events(out, "resumed")
+    assert resumed["checkpoint"] == str(out / "checkpoints" / b_checkpoints[-1])
+    assert [r["step"] for r in records(out)][-1] == 3 and all(r["of"] == 4 for r in records(out))
+    assert DBN.load(out / "model.npz", device="cpu").hidden_layers == [12]
+    assert not (out / "previous" / "2").exists()  # the resume set nothing aside
+
+
+def test_resume_passes_over_another_jobs_checkpoints_in_the_directory(tmp_path, monkeypatch):
+    """Another job's higher-numbered checkpoints in the very checkpoint folder (e.g. a shared
+    [cluster] checkpoint folder on HDFS): the master resumes from its own job's newest."""
+    from conftest_runtime import SOFTMAX, blobs, run_job
+    from iterreduce.shards import write_shards
+
+    subprocess_env(monkeypatch)
+    X, y = blobs(300, d=4, k=3)
+    write_shards(X, y, str(tmp_path / "shards"), 2)
+    job = {"program": SOFTMAX, "program_config": {"n_classes": 3, "epochs": 4}, "shards": str(tmp_path / "shards"),
+           "workers": 2, "output": str(tmp_path / "out")}
+    run_job(**job)
+    ckpts = str(tmp_path / "out" / "checkpoints")
+    for step in (11, 12):  # another job's, newer by step number
+        checkpoint.save(ckpts, step, {"fingerprint": "another job"}, {"weights": np.zeros((4, 3), np.float32)})
+    run_job(**job, resume=True)
+    (resumed,) = events(tmp_path / "out", "resumed")
+    assert resumed["checkpoint"] == f"{ckpts}/ckpt-000000004.npz" and resumed["step"] == 4
+
+
+def test_dbn_mnist_passes_overwrite_on_to_its_runs(job, monkeypatch, capsys):
+    """`dbn mnist` starts its runs through mnist_eval; --overwrite must reach each of them."""
+    import dbn.jobs.mnist_eval as mnist_eval
+    from dbn.jobs.run import InProcess, run
+
+    config, out = job
+    assert train(config, out) == 0
+    other = load_spec(config, {"model.hidden_layers": [12], "output.dir": str(out)})
+
+    def command(**kwargs):  # what mnist_eval.command does, on the tiny job instead of MNIST
+        return str(out), run(other, InProcess(), overwrite=kwargs["overwrite"])
+
+    monkeypatch.setattr(mnist_eval, "command", command)
+    assert main(["mnist", "--quiet", "--json"]) == 2
+    assert f"{out}: holds a run of another job" in capsys.readouterr().err
+    assert main(["mnist", "--quiet", "--json", "--overwrite"]) == 0
+    assert DBN.load(out / "model.npz", device="cpu").hidden_layers == [12]
