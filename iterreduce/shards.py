@@ -13,6 +13,9 @@ is installed, so no libhdfs is needed).
 
 from __future__ import annotations
 
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from urllib.parse import urlparse
 
@@ -104,6 +107,9 @@ def open_shard(uri: str) -> pq.ParquetFile:
 
 def check_schema(uri: str, schema: pa.Schema) -> None:
     """Refuse a shard schema other than the module docstring's, naming the column at fault."""
+    for name in (FEATURES, LABEL):
+        if schema.names.count(name) > 1:
+            raise ShardError(f"{uri}: {schema.names.count(name)} columns are named '{name}'")
     if FEATURES not in schema.names:
         raise ShardError(f"{uri}: no '{FEATURES}' column (columns: {schema.names})")
     ftype = schema.field(FEATURES).type
@@ -118,26 +124,30 @@ def check_schema(uri: str, schema: pa.Schema) -> None:
                          f"(classes are 0, 1, 2, ...)")
 
 
-def footer_ranges(parquet: pq.ParquetFile) -> dict:
+def footer_ranges(parquet: pq.ParquetFile, uri: str = "") -> dict:
     """The smallest and largest feature value and label the footer's statistics record, as
     ``{"features": (lo, hi) or None, "label": (lo, hi) or None}`` (None where a row group has
-    no statistics). Parquet writers leave NaN out of the statistics, infinities not."""
-    meta = parquet.metadata
-    ranges = {}
-    for name, column in ((FEATURES, f"{FEATURES}."), (LABEL, LABEL)):
-        lo = hi = None
-        for g in range(meta.num_row_groups):
-            group = meta.row_group(g)
-            stats = [group.column(c).statistics for c in range(group.num_columns)
-                     if group.column(c).path_in_schema.startswith(column)]
-            if not stats:
-                break
-            if stats[0] is None or not stats[0].has_min_max:
-                lo = hi = None
-                break
-            lo = stats[0].min if lo is None else min(lo, stats[0].min)
-            hi = stats[0].max if hi is None else max(hi, stats[0].max)
-        ranges[name] = None if lo is None else (lo, hi)
+    no numeric statistics). Parquet writers leave NaN out of the statistics, infinities not."""
+    try:
+        leaves = {}  # the Parquet leaf column of each: the features' values, the labels
+        for i in range(len(parquet.schema)):
+            path = parquet.schema.column(i).path.split(".")
+            if path[0] == FEATURES or path == [LABEL]:
+                leaves.setdefault(path[0], i)
+        meta, ranges = parquet.metadata, {}
+        for name in (FEATURES, LABEL):
+            lo = hi = None
+            for g in range(meta.num_row_groups if name in leaves else 0):
+                stats = meta.row_group(g).column(leaves[name]).statistics
+                numeric = stats is not None and stats.has_min_max and all(
+                    isinstance(v, (int, float)) and not isinstance(v, bool) for v in (stats.min, stats.max))
+                if not numeric:
+                    lo = hi = None
+                    break
+                lo, hi = (stats.min, stats.max) if lo is None else (min(lo, stats.min), max(hi, stats.max))
+            ranges[name] = None if lo is None else (lo, hi)
+    except Exception as exc:  # noqa: BLE001 - a corrupt footer
+        raise ShardError(f"{uri}: not a readable Parquet footer ({type(exc).__name__}: {exc})") from exc
     if ranges[FEATURES] and parquet.schema_arrow.field(FEATURES).type.value_type == pa.uint8():
         ranges[FEATURES] = tuple(v / 255.0 for v in ranges[FEATURES])  # read as intensities
     return ranges
@@ -211,30 +221,52 @@ def shard_info(uris: list[str]) -> list[dict]:
     """What the footers say of each shard, without reading its data: ``uri``, ``rows``,
     ``features`` (per row), ``labels`` (whether it has them) and ``ranges`` (see
     :func:`footer_ranges`). Refuses a shard the footer already shows to be unusable:
-    unreadable, of another schema, empty, with infinite features or negative labels."""
+    unreadable, of another schema, empty, with infinite features or negative labels.
+
+    The footers are read in a helper process: on some corrupt footers pyarrow ends the
+    process that reads them (std::terminate), which must be an error naming the shard,
+    not the death of the master."""
+    global _footer_reader
     info = []
     for uri in uris:
-        with open_shard(uri) as parquet:
-            rows = parquet.metadata.num_rows
-            if rows == 0:
-                raise ShardError(f"{uri}: shard is empty")
-            width = getattr(parquet.schema_arrow.field(FEATURES).type, "list_size", None)
-            if width is None:  # a variable-length list: its first row says (read_shard checks the rest)
-                try:
-                    width = len(parquet.read_row_group(0, columns=[FEATURES]).column(0)[0])
-                except Exception as exc:  # noqa: BLE001 - a corrupt page
-                    raise ShardError(f"{uri}: not a readable Parquet file ({type(exc).__name__}: {exc})") from exc
-            ranges = footer_ranges(parquet)
-            has_labels = LABEL in parquet.schema_arrow.names
-        features, labels = ranges[FEATURES], ranges[LABEL]
-        if features and not np.isfinite(features).all():
-            raise ShardError(f"{uri}: '{FEATURES}' holds infinite values (the footer's statistics: "
-                             f"min {features[0]}, max {features[1]})")
-        if labels and labels[0] < 0:
-            raise ShardError(f"{uri}: '{LABEL}' holds negative values (the footer's statistics: min {labels[0]}): "
-                             f"classes are 0, 1, 2, ...")
-        info.append({"uri": uri, "rows": rows, "features": width, "labels": has_labels, "ranges": ranges})
+        if _footer_reader is None:
+            _footer_reader = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+        try:
+            info.append(_footer_reader.submit(describe_shard, uri).result())
+        except BrokenProcessPool:
+            _footer_reader = None
+            raise ShardError(f"{uri}: not a readable Parquet file (reading its footer crashed the Parquet "
+                             f"reader)") from None
     return info
+
+
+_footer_reader: ProcessPoolExecutor | None = None  # shard_info's helper process, started on first use
+
+
+def describe_shard(uri: str) -> dict:
+    """One shard's entry of :func:`shard_info`, read in this process."""
+    with open_shard(uri) as parquet:
+        rows = parquet.metadata.num_rows
+        if rows == 0:
+            raise ShardError(f"{uri}: shard is empty")
+        width = getattr(parquet.schema_arrow.field(FEATURES).type, "list_size", None)
+        if width is None:  # a variable-length list: its first row says (read_shard checks the rest)
+            try:
+                width = len(parquet.read_row_group(0, columns=[FEATURES]).column(0)[0])
+            except Exception as exc:  # noqa: BLE001 - a corrupt page
+                raise ShardError(f"{uri}: not a readable Parquet file ({type(exc).__name__}: {exc})") from exc
+            if width == 0:
+                raise ShardError(f"{uri}: '{FEATURES}' lists are empty: no feature to train on")
+        ranges = footer_ranges(parquet, uri)
+        has_labels = LABEL in parquet.schema_arrow.names
+    features, labels = ranges[FEATURES], ranges[LABEL]
+    if features and not np.isfinite(features).all():
+        raise ShardError(f"{uri}: '{FEATURES}' holds infinite values (the footer's statistics: "
+                         f"min {features[0]}, max {features[1]})")
+    if labels and labels[0] < 0:
+        raise ShardError(f"{uri}: '{LABEL}' holds negative values (the footer's statistics: min {labels[0]}): "
+                         f"classes are 0, 1, 2, ...")
+    return {"uri": uri, "rows": rows, "features": width, "labels": has_labels, "ranges": ranges}
 
 
 def write_shards(X: np.ndarray, y: np.ndarray | None, uri: str, n_shards: int, *, prefix: str = "part") -> list[str]:

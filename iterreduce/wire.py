@@ -20,6 +20,8 @@ CHUNK_BYTES = 1 << 20
 MAX_MESSAGE_BYTES = 4 * CHUNK_BYTES
 ALLOWED_DTYPES = {"float16", "float32", "float64", "int32", "int64", "uint8"}
 MAX_ELEMENTS = 1 << 31  # refuse to allocate absurd tensors from a malformed header
+#: at most as many dimensions as every NumPy version takes (NumPy 1 stops at 32, NumPy 2 at 64)
+MAX_DIMS = 32
 
 
 def encode(arrays: dict[str, np.ndarray], float16: bool = False) -> Iterator[pb.TensorChunk]:
@@ -53,9 +55,13 @@ class Decoder:
             if chunk.dtype not in ALLOWED_DTYPES:
                 raise WireError(f"tensor {chunk.name!r}: dtype {chunk.dtype!r} not allowed")
             shape = tuple(int(n) for n in chunk.shape)
-            # math.prod on Python ints: numpy's int64 product wraps around for absurd shapes.
-            if any(n < 0 for n in shape) or math.prod(shape) > MAX_ELEMENTS:
-                raise WireError(f"tensor {chunk.name!r}: bad shape {shape}")
+            if len(shape) > MAX_DIMS:
+                raise WireError(f"tensor {chunk.name!r}: bad shape of {len(shape)} dimensions (at most {MAX_DIMS})")
+            # math.prod on Python ints: numpy's int64 product wraps around for absurd shapes. Zero
+            # dimensions count as 1: NumPy refuses (0, 2**62) as too big although it holds nothing.
+            if any(n < 0 for n in shape) or math.prod(max(n, 1) for n in shape) > MAX_ELEMENTS:
+                raise WireError(f"tensor {chunk.name!r}: bad shape {shape} (at most {MAX_ELEMENTS} elements, "
+                                f"zero dimensions counted as one)")
             if chunk.name in self._open or chunk.name in self.arrays:
                 raise WireError(f"tensor {chunk.name!r} sent twice")
             if chunk.narrowed and chunk.dtype != "float16":
@@ -68,7 +74,8 @@ class Decoder:
             raise WireError(f"tensor {chunk.name!r}: chunk at offset {chunk.offset}, expected {len(buf)}")
         expected = math.prod(shape) * dtype.itemsize
         if len(buf) + len(chunk.data) > expected:
-            raise WireError(f"tensor {chunk.name!r}: more than the {expected} bytes its shape needs")
+            raise WireError(f"tensor {chunk.name!r}: chunk at offset {chunk.offset} brings {len(chunk.data)} bytes, "
+                            f"more than the {expected} bytes its shape needs")
         buf += chunk.data
         if chunk.last:
             if len(buf) != expected:

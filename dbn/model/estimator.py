@@ -116,6 +116,8 @@ class DBN(Estimator):
         if not sizes_ok:
             raise ValueError(f"hidden_layers must be a non-empty list of positive sizes, got {self.hidden_layers!r}")
         self._pretrain_rates()
+        if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or self.seed < 0:
+            raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
         if self.n_classes is not None and not (isinstance(self.n_classes, numbers.Integral) and self.n_classes >= 2):
             raise ValueError(f"n_classes must be an integer of at least 2 (or None: from the labels), "
                              f"got {self.n_classes!r}")

@@ -7,12 +7,15 @@ complete, so a failed save never replaces a good model with half of one.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 import zipfile
 from pathlib import Path
 
 import numpy as np
+
+from . import state
 from ..exceptions import ModelFileError
 
 FORMAT = "dbn-yarn-model"
@@ -57,28 +60,95 @@ def save_arrays(path, header: dict, arrays: dict[str, np.ndarray]) -> None:
 
 
 def load_arrays(path) -> tuple[dict, dict[str, np.ndarray]]:
-    """Read a file written by :func:`save_arrays`; returns (header, arrays)."""
+    """Read a file written by :func:`save_arrays`; returns (header, arrays).
+
+    Anything else (truncated, bit-flipped or foreign bytes, members that are not plain
+    ``.npy`` arrays of real numbers, an ``.npy`` header that claims more data than its
+    member holds, non-finite parameters, a header that is not a JSON object of this format,
+    arrays whose shapes do not fit together) raises :class:`ModelFileError` naming the file
+    and, where one is at fault, the array. Nothing is allocated beyond what the file holds.
+    """
     path = Path(path)
     if not path.is_file():
         raise ModelFileError(f"{path}: no such model file")
     try:
-        with zipfile.ZipFile(path) as z:  # an .npz is a zip; anything else is not a model
-            z.testzip()
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {name: npz[name] for name in npz.files}
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as exc:
+        arrays = _read_npz(path)
+    except ModelFileError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - zipfile, zlib, bz2, lzma and NumPy raise many types for bad bytes
         raise ModelFileError(f"{path}: not a readable model file (truncated or corrupt, or not an .npz): "
-                             f"{type(exc).__name__}") from exc
+                             f"{type(exc).__name__}: {exc}") from exc
     if _HEADER not in arrays:
         raise ModelFileError(f"{path}: not a {FORMAT} file (no header)")
+    header = _header(path, arrays.pop(_HEADER))
+    for name, array in arrays.items():
+        if array.dtype.kind != "f":
+            raise ModelFileError(f"{path}: array {name!r} holds {array.dtype}, not floating-point numbers")
+        finite = np.isfinite(array)
+        if not finite.all():
+            where = tuple(int(i) for i in np.argwhere(~finite)[0])
+            raise ModelFileError(f"{path}: array {name!r} holds {int((~finite).sum())} NaN or infinite "
+                                 f"value(s), the first at index {where}")
     try:
-        header = json.loads(arrays.pop(_HEADER).tobytes().decode())
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        state.check_state(state.from_version_1(arrays) if header.get("version", 1) < 2 else arrays)
+    except ValueError as exc:
+        raise ModelFileError(f"{path}: model file is inconsistent: {exc}") from exc
+    return header, arrays
+
+
+def _read_npz(path: Path) -> dict[str, np.ndarray]:
+    """The arrays of the ``.npz`` at ``path``, each member's ``.npy`` header checked before
+    its data is read: only plain numeric arrays, and only as many bytes as the member holds."""
+    arrays = {}
+    with zipfile.ZipFile(path) as z:  # an .npz is a zip; anything else is not a model
+        for info in z.infolist():
+            if info.is_dir() or not info.filename.endswith(".npy"):
+                raise ModelFileError(f"{path}: member {info.filename!r} is not an .npy array")
+            name = info.filename[:-len(".npy")]
+            if name in arrays:
+                raise ModelFileError(f"{path}: array {name!r} is stored twice")
+            with z.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                if version == (1, 0):
+                    shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+                elif version == (2, 0):
+                    shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+                else:
+                    raise ModelFileError(f"{path}: array {name!r} is in .npy format {version}, not 1.0 or 2.0")
+                if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None \
+                        or dtype.kind not in "biuf":
+                    raise ModelFileError(f"{path}: array {name!r} is of type {dtype}, not plain numbers "
+                                         f"(Python objects are never unpickled)")
+                size = math.prod(shape) * dtype.itemsize
+                if size != info.file_size - f.tell():  # before any allocation: a header may claim terabytes
+                    raise ModelFileError(f"{path}: array {name!r} claims shape {shape} of {dtype} ({size} bytes), "
+                                         f"but its member holds {info.file_size - f.tell()} bytes")
+                data = f.read(size + 1)  # to the end of the member, where zipfile checks its CRC
+            if len(data) != size:
+                raise ModelFileError(f"{path}: array {name!r} is truncated ({len(data)} of {size} bytes)")
+            array = np.frombuffer(data, dtype=dtype)
+            array = array.reshape(shape[::-1]).T if fortran else array.reshape(shape)
+            arrays[name] = array.copy()  # writable, and in C order
+    return arrays
+
+
+def _header(path: Path, raw: np.ndarray) -> dict:
+    """The JSON header of a model file: an object of this format and of a version this code reads."""
+    if raw.dtype != np.uint8 or raw.ndim != 1:
+        raise ModelFileError(f"{path}: corrupt header: {raw.dtype} of shape {raw.shape}, not JSON text")
+    try:
+        header = json.loads(raw.tobytes().decode())
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
         raise ModelFileError(f"{path}: corrupt header: {exc}") from exc
+    if not isinstance(header, dict):
+        raise ModelFileError(f"{path}: corrupt header: a JSON {type(header).__name__}, not an object")
     if header.get("format") != FORMAT:
         raise ModelFileError(f"{path}: format {header.get('format')!r}, expected {FORMAT!r}")
-    if header.get("version", 0) > VERSION:
+    version = header.get("version", 1)  # version 1 files said so; none lack it, but a missing one is the oldest
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ModelFileError(f"{path}: corrupt header: file format version {version!r}")
+    if version > VERSION:
         raise ModelFileError(
-            f"{path}: written by a newer version (file format {header['version']}, this one reads {VERSION})"
+            f"{path}: written by a newer version (file format {version}, this one reads {VERSION})"
         )
-    return header, arrays
+    return header

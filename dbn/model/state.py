@@ -111,6 +111,66 @@ def from_version_1(arrays: dict) -> dict:
     for name, value in arrays.items():
         prefix, _, layer = name.rpartition(".")
         if prefix in ("network.weights", "network.biases"):
+            if not (layer.isascii() and layer.isdigit()):
+                raise ValueError(f"array {name!r}: {layer!r} is no layer number")
             name = net_name(int(layer), prefix.removeprefix("network."))
         renamed[name] = value
     return renamed
+
+
+def _layers(arrays: dict, kind: str) -> list[int]:
+    """The layer numbers ``l`` of the arrays named ``{kind}.{l}.weights`` in ``arrays``, sorted."""
+    layers = []
+    for name in arrays:
+        parts = name.split(".")
+        if (len(parts) == 3 and parts[0] == kind and parts[2] == "weights" and parts[1].isascii()
+                and parts[1].isdigit() and parts[1] == str(int(parts[1]))):
+            layers.append(int(parts[1]))
+    return sorted(layers)
+
+
+def check_state(arrays: dict) -> None:
+    """Check that the shapes in a flat state fit together; a ValueError names the array at fault.
+
+    For each RBM layer ``l`` whose weights are there: ``rbm.{l}.weights`` is (n_visible, n_hidden)
+    with no dimension 0, the biases are (n_visible,) and (n_hidden,), each increment has the shape
+    of its parameter, and layer ``l`` takes what layer ``l - 1`` gives. The same for the network
+    (``net.{i}.biases`` is (n_out,)); its first layer takes the first RBM's inputs, and a hidden
+    layer ``i`` (one the network has a layer after) has the shape of RBM ``i``, whose weights it
+    starts from. Arrays that are missing are not checked here (their user names them).
+    """
+    def expect(name, shape, why):
+        if name in arrays and tuple(arrays[name].shape) != tuple(shape):
+            raise ValueError(f"array {name!r} has shape {tuple(arrays[name].shape)}, expected {tuple(shape)} ({why})")
+
+    def weights(name):
+        w = arrays[name]
+        if w.ndim != 2 or 0 in w.shape:
+            raise ValueError(f"array {name!r} has shape {tuple(w.shape)}, expected (inputs, units) of at least 1 each")
+        return w.shape
+
+    rbms = {layer: weights(rbm_name(layer, "weights")) for layer in _layers(arrays, "rbm")}
+    for layer, (n_in, n_out) in rbms.items():
+        w = rbm_name(layer, "weights")
+        expect(rbm_name(layer, "visible_bias"), (n_in,), f"the rows of {w!r}")
+        expect(rbm_name(layer, "hidden_bias"), (n_out,), f"the columns of {w!r}")
+        for key in ("weights", "visible_bias", "hidden_bias"):
+            param = rbm_name(layer, key)
+            if param in arrays:
+                expect(rbm_name(layer, key + "_inc"), arrays[param].shape, f"that of {param!r}")
+        if layer - 1 in rbms:
+            expect(w, (rbms[layer - 1][1], n_out), f"the inputs of layer {layer} are the units of layer {layer - 1}")
+    net = {i: weights(net_name(i, "weights")) for i in _layers(arrays, "net")}
+    for i, (n_in, n_out) in net.items():
+        w = net_name(i, "weights")
+        expect(net_name(i, "biases"), (n_out,), f"the columns of {w!r}")
+        for key in ("weights", "biases"):
+            param = net_name(i, key)
+            if param in arrays:
+                expect(net_name(i, key + "_inc"), arrays[param].shape, f"that of {param!r}")
+        if i - 1 in net:
+            expect(w, (net[i - 1][1], n_out), f"the inputs of layer {i} are the units of layer {i - 1}")
+        if i == 0 and 0 in rbms:
+            expect(w, (rbms[0][0], n_out), f"the network takes the inputs of {rbm_name(0, 'weights')!r}")
+        if i in rbms and i + 1 in net:
+            expect(w, rbms[i], f"hidden layer {i} of the network starts as RBM {i}")
