@@ -94,11 +94,13 @@ def test_sweep_runs_every_pair_and_writes_the_table(tmp_path, monkeypatch, capsy
 
 @pytest.mark.slow
 def test_quick_evaluation_learns_mnist(tmp_path):
-    """The README's `dbn mnist --quick`, whole: its accuracy bar is measured in benchmarks/RESULTS.md;
-    here a sanity bound catches a run that stopped learning."""
-    assert main(["mnist", "--quick", "--data", str(MNIST_DIR), "--out", str(tmp_path), "--quiet"]) == 0
+    """The README's `dbn mnist --quick` on 8,000 images with 5 + 10 epochs (45 s instead of 5 min
+    on 2 cores; 6.4 % measured): a sanity bound that catches a run that stopped learning. The
+    accuracy of the whole quick run is a benchmark figure (benchmarks/RESULTS.md, "Quick runs")."""
+    assert main(["mnist", "--quick", "--data", str(MNIST_DIR), "--out", str(tmp_path), "--quiet",
+                 "--epochs", "5", "--finetune-epochs", "10", "--set", "data.limit=8000"]) == 0
     result = json.loads((tmp_path / "result.json").read_text())
-    assert result["test_error"] < 0.05, result
+    assert result["test_error"] < 0.10, result
     assert np.isfinite(result["sync_fraction"])
 
 
