@@ -265,6 +265,8 @@ def test_the_launcher_ending_by_any_signal_stops_the_whole_job(tmp_path, signum)
         "run_local(MasterConfig(program=%r, program_config={'n_classes': 3, 'epochs': 10000}, shards=%r, workers=2, "
         "token='', output=%r))\n"
     ) % (str(Path(__file__).resolve().parents[1]), SOFTMAX, str(tmp_path / "shards"), str(tmp_path / "out"))
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "model.npz").write_bytes(b"an earlier run's model")
     launcher = subprocess.Popen([sys.executable, "-c", script])
     deadline = time.monotonic() + 60
     while not records(tmp_path / "out"):
@@ -283,3 +285,4 @@ def test_the_launcher_ending_by_any_signal_stops_the_whole_job(tmp_path, signum)
     while job_alive() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not job_alive()
+    assert (tmp_path / "out" / "model.npz").read_bytes() == b"an earlier run's model"
