@@ -199,3 +199,30 @@ def test_a_bad_validation_shard_is_refused_before_training(tmp_path, capsys, fau
     fragment = "not a readable Parquet file" if fault == "truncated file" else "the validation shard needs"
     assert_refused(capsys, code, out, uri, fragment)
     assert "worker_registered" not in events(out)
+
+
+def test_the_progress_reads_every_runtime_event_as_a_sentence(tmp_path, capsys):
+    """The events a job logs (the master's and the launcher's, as they write them) print as
+    sentences, not JSON; the data event lists the classes and its warnings."""
+    from dbn.jobs.progress import EVENT_LINES, ProgressPrinter
+    from dbn.jobs.spec import load_spec
+    from iterreduce.runlog import RunLog
+
+    log = tmp_path / "log.jsonl"
+    with RunLog(log) as run:
+        run.event("data", shards=2, rows=9, classes=[4, 5], warnings=["class 1 is odd"])
+        run.event("worker_registered", worker="worker-0#1", host="node1", shards=[0])
+        run.event("worker_lost", worker="worker-0#1", reason="no heartbeat for 10.2 s", shards_skipped=[0])
+        run.event("worker_restarted", worker="worker-0", exit=1, restart=1, error="boom")
+        run.event("worker_gave_up", worker="worker-0", exit=1, restarts=3, error="boom")
+        run.event("data_error", worker="worker-1#2", step=0, shard=1, message="x.parquet: NaN")
+        run.event("resumed", checkpoint="ckpt-000000004.npz", step=4)
+        run.event("done", steps=5, seconds=1.25)
+    printer = ProgressPrinter(load_spec(None))
+    for record in (json.loads(line) for line in log.read_text().splitlines()):
+        printer(record)
+    err = capsys.readouterr().err
+    assert "data: 9 rows in 2 shards; 2 classes, examples of each: 0:4 1:5\nwarning: class 1 is odd" in err
+    assert "worker-0#1 joined from node1 with shards [0]" in err and "done: 5 steps in 1.2 s" in err
+    assert "bad data reported by worker-1#2: x.parquet: NaN" in err
+    assert "{" not in err and len(err.splitlines()) == len(EVENT_LINES) + 2

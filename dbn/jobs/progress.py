@@ -19,6 +19,18 @@ def to_json(record) -> str:
     return json.dumps(record, default=lambda o: o.item() if hasattr(o, "item") else str(o))
 
 
+#: How the runtime's events read in the progress (any other event is shown as its JSON).
+EVENT_LINES = {
+    "worker_registered": "{worker} joined from {host} with shards {shards}",
+    "worker_lost": "{worker} lost ({reason}); the step goes on without shards {shards_skipped}",
+    "worker_restarted": "{worker} exited ({exit}; {error}): restart {restart}",
+    "worker_gave_up": "{worker} exited ({exit}; {error}) and used up its {restarts} restarts",
+    "data_error": "bad data reported by {worker}: {message}",
+    "resumed": "resumed from {checkpoint} at step {step}",
+    "done": "done: {steps} steps in {seconds:.1f} s",
+}
+
+
 def _rate(x: float) -> str:
     return f"{x / 1000:.1f}k" if x >= 1000 else f"{x:.0f}"
 
@@ -45,6 +57,8 @@ class ProgressPrinter:
             line = data_lines(rec)
         elif "step" in rec and "phase" in rec:
             line = self._step(rec)
+        elif rec.get("event") in EVENT_LINES:
+            line = EVENT_LINES[rec["event"]].format_map(rec)
         else:
             detail = {k: v for k, v in rec.items() if k not in ("event", "time")}
             line = f"[{rec.get('event')}] {to_json(detail)}"
