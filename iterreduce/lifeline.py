@@ -24,14 +24,22 @@ log = logging.getLogger("iterreduce.lifeline")
 def follow_launcher(poll: float = 0.5) -> None:
     """If a local launcher started this process, exit as soon as that launcher is gone."""
     launcher = int(os.environ.get(LAUNCHER_PID) or 0)
-    if not launcher:
-        return
+    if launcher:
+        _exit_when_orphaned(launcher, f"the launcher (pid {launcher})", poll)
 
+
+def follow_parent(poll: float = 0.5) -> None:
+    """Exit as soon as this process's parent is gone (for helper processes, e.g. the
+    master's footer reader, whose parent may be killed with SIGKILL)."""
+    _exit_when_orphaned(os.getppid(), f"the parent process (pid {os.getppid()})", poll)
+
+
+def _exit_when_orphaned(parent: int, who: str, poll: float) -> None:
     def watch() -> None:
-        while os.getppid() == launcher:
+        while os.getppid() == parent:  # re-parented: that process is gone
             time.sleep(poll)
-        log.error("the launcher (pid %d) is gone: stopping", launcher)
+        log.error("%s is gone: stopping", who)
         logging.shutdown()
         os._exit(EXIT_ORPHANED)  # no cleanup to wait for: checkpoints and outputs are written atomically
 
-    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()

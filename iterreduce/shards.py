@@ -25,6 +25,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from .exceptions import ShardError
+from .lifeline import follow_parent
 
 FEATURES = "features"
 LABEL = "label"
@@ -230,7 +231,9 @@ def shard_info(uris: list[str]) -> list[dict]:
     info = []
     for uri in uris:
         if _footer_reader is None:
-            _footer_reader = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+            # spawn, not fork: a forked child would inherit the HDFS client's runtime threads half-made.
+            _footer_reader = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
+                                                 initializer=follow_parent)
         try:
             info.append(_footer_reader.submit(describe_shard, uri).result())
         except BrokenProcessPool:

@@ -232,3 +232,27 @@ def test_rewriting_into_fewer_shards_leaves_no_stale_shard(tmp_path):
     write_shards(X, None, str(tmp_path / "s"), 4)
     written = write_shards(X, None, str(tmp_path / "s"), 2)
     assert list_shards(str(tmp_path / "s")) == written and len(written) == 2
+
+
+def test_the_footer_reader_process_ends_with_the_process_that_started_it(tmp_path):
+    """shard_info reads footers in a helper process; a master killed with SIGKILL must not
+    leave it behind."""
+    import os
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    (uri,) = write_shards(np.ones((4, 3), np.float32), None, str(tmp_path), 1)
+    script = ("import sys, time\nfrom iterreduce import shards\nshards.shard_info([sys.argv[1]])\n"
+              "print(*shards._footer_reader._processes, flush=True)\ntime.sleep(60)\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-c", script, uri], stdout=subprocess.PIPE, text=True, env=env)
+    (helper,) = (int(pid) for pid in proc.stdout.readline().split())
+    os.kill(helper, 0)  # alive while its parent is
+    proc.kill()  # SIGKILL: no atexit handler shuts the helper down
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{helper}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{helper}").exists(), "the footer reader outlived its parent"
