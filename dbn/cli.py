@@ -113,7 +113,7 @@ def cmd_submit(args) -> int:
         st = yarn.follow(client, app_id, show=say)
         if st.final_status != "SUCCEEDED":
             print(f"dbn: error: {yarn.ended_badly(st)}", file=sys.stderr)
-            return 1
+            return EXIT_ERROR if yarn.stopped_on_bad_data(st) else 1  # bad input, as on one machine
     return 0
 
 

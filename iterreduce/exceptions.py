@@ -12,6 +12,11 @@ class IterReduceError(Exception):
     """Base class of the runtime's errors."""
 
 
+#: How every launcher words the end of a job stopped by a :class:`DataError` (the local
+#: launcher's error, a YARN application's diagnostics), so callers can tell it from a crash.
+STOPPED_ON_BAD_DATA = "the job stopped on bad data"
+
+
 class DataError(IterReduceError, ValueError):
     """Input data that cannot be used. Raised by a worker (or a program's worker half), it
     is reported to the master, which stops the job with its message: bad data is never

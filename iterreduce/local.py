@@ -29,7 +29,7 @@ from . import checkpoint, runlog
 from .master import EXIT_DATA_ERROR, MasterConfig
 from .security import new_token
 from .shards import list_shards
-from .exceptions import LocalJobError, MasterKilled
+from .exceptions import STOPPED_ON_BAD_DATA, LocalJobError, MasterKilled
 from .lifeline import LAUNCHER_PID
 from .worker import EXIT_MASTER_GONE
 
@@ -164,7 +164,7 @@ class LocalCluster:
         """The error for a master that ended with exit status ``code`` (negative: a signal)."""
         when = f" {when}" if when else ""
         if code == EXIT_DATA_ERROR:  # the data's fault, named in error.txt; not the master's
-            return LocalJobError(self._failure("the job stopped on bad data"))
+            return LocalJobError(self._failure(STOPPED_ON_BAD_DATA))
         if code >= 0:
             return LocalJobError(self._failure(f"the master failed{when} (exit {code})"))
         # Killed from outside: its log's last line says nothing about why, and a resume can go on.

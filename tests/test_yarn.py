@@ -304,11 +304,15 @@ def test_a_job_error_ends_the_application_failed_with_the_reason_in_status(yarn,
 
     X = np.random.default_rng(0).random((40, N_FEATURES), dtype=np.float32)
     write_shards(X, None, hdfs.uri("/user/test/unlabelled"), 2)  # no labels, but fine-tuning is asked for
-    app_id = submit(capsys, job_file(tmp_path, hdfs.uri("/user/test/bad"), env=env_archive),
-                    "--set", f"cluster.shards={hdfs.uri('/user/test/unlabelled')}", "--max-attempts", "1")
+    code, out, err = dbn(capsys, "submit", str(job_file(tmp_path, hdfs.uri("/user/test/bad"), env=env_archive)),
+                         "--set", f"cluster.shards={hdfs.uri('/user/test/unlabelled')}", "--max-attempts", "1",
+                         "--wait", "--quiet")
+    assert code == 2, err  # bad data: the user's to fix, as on one machine
+    app_id = out.strip()
+    assert err.startswith(f"dbn: error: {app_id} ended FAILED: ") and "the job stopped on bad data" in err
     report = yarn.wait(app_id)
     assert str(report.final_status) == "FAILED"
-    assert "job failed" in report.diagnostics and "no 'label' column" in report.diagnostics
+    assert "the job stopped on bad data" in report.diagnostics and "no 'label' column" in report.diagnostics
     code, out, _ = dbn(capsys, "status", app_id)
     assert code == 0 and "FINISHED (FAILED)" in out and "no 'label' column" in out
 

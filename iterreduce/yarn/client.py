@@ -23,6 +23,7 @@ from pathlib import Path
 
 import skein
 
+from ..exceptions import STOPPED_ON_BAD_DATA
 from . import KV_PROGRESS, YarnError
 
 
@@ -221,6 +222,12 @@ def follow(client: skein.Client, app_id: str, show) -> Status:
             show(line)
 
     return wait(client, app_id, on_status=on_status)
+
+
+def stopped_on_bad_data(st: Status) -> bool:
+    """Whether the application ended because its data cannot be used (the user's to fix),
+    not because it crashed."""
+    return st.final_status == "FAILED" and STOPPED_ON_BAD_DATA in (st.diagnostics or "")
 
 
 def ended_badly(st: Status) -> str:

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import skein
 
+from ..exceptions import STOPPED_ON_BAD_DATA, DataError
 from ..master import JOB_ERRORS, JobFailed, Master, MasterConfig
 from ..security import TlsCredentials, from_skein, new_token
 from ..shards import filesystem, join, list_shards
@@ -117,6 +118,8 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
         log.info("outputs written: %s", ", ".join(upload_outputs(local_out, output)))
         app.shutdown("SUCCEEDED", diagnostics=f"done; outputs in {output}")
         return 0
+    except DataError as exc:
+        reason = f"{STOPPED_ON_BAD_DATA}: {exc}"
     except JOB_ERRORS as exc:
         reason = f"job failed: {exc}"
     except Exception as exc:  # noqa: BLE001 - a crash: another attempt may get further
