@@ -97,13 +97,18 @@ def open_shard(uri: str) -> pq.ParquetFile:
     except FileNotFoundError as exc:
         raise ShardError(f"{uri}: shard not found") from exc
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
-        raise ShardError(f"{uri}: not a readable Parquet file ({type(exc).__name__}: {exc})") from exc
+        raise unreadable(uri, exc) from exc
     try:
         check_schema(uri, parquet.schema_arrow)
     except ShardError:
         parquet.close()
         raise
     return parquet
+
+
+def unreadable(uri: str, exc: Exception) -> ShardError:
+    """The error for a shard pyarrow cannot read (a truncated file, a corrupt page or footer)."""
+    return ShardError(f"{uri}: not a readable Parquet file ({type(exc).__name__}: {exc})")
 
 
 def check_schema(uri: str, schema: pa.Schema) -> None:
@@ -163,7 +168,7 @@ def read_shard(uri: str, index: int = 0, n_features: int | None = None, need_lab
     except ShardError:
         raise
     except Exception as exc:  # noqa: BLE001 - a corrupt page or a truncated column
-        raise ShardError(f"{uri}: not a readable Parquet file ({type(exc).__name__}: {exc})") from exc
+        raise unreadable(uri, exc) from exc
     if table.num_rows == 0:
         raise ShardError(f"{uri}: shard is empty")
     column = table.column(FEATURES).combine_chunks()
@@ -202,7 +207,7 @@ def read_labels(uri: str) -> np.ndarray:
     except ShardError:
         raise
     except Exception as exc:  # noqa: BLE001 - a corrupt page or a truncated column
-        raise ShardError(f"{uri}: not a readable Parquet file ({type(exc).__name__}: {exc})") from exc
+        raise unreadable(uri, exc) from exc
     return _labels(uri, column)
 
 
@@ -257,7 +262,7 @@ def describe_shard(uri: str) -> dict:
             try:
                 width = len(parquet.read_row_group(0, columns=[FEATURES]).column(0)[0])
             except Exception as exc:  # noqa: BLE001 - a corrupt page
-                raise ShardError(f"{uri}: not a readable Parquet file ({type(exc).__name__}: {exc})") from exc
+                raise unreadable(uri, exc) from exc
             if width == 0:
                 raise ShardError(f"{uri}: '{FEATURES}' lists are empty: no feature to train on")
         ranges = footer_ranges(parquet, uri)
