@@ -53,7 +53,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from hypothesis import HealthCheck, currently_in_test_context, event, example, given, settings
+from hypothesis import HealthCheck, assume, currently_in_test_context, event, example, given, settings
 from hypothesis import strategies as st
 
 from dbn import DBN
@@ -440,6 +440,11 @@ def shard_files(draw) -> Sample:
     )
     if table.num_rows:
         options["row_group_size"] = draw(st.integers(1, table.num_rows))
+    # pyarrow 26's *writer* aborts the process (std::terminate) on zero-width fixed-size lists of
+    # strings with dictionary encoding: a bug in making the input, not in the reader under test.
+    assume(not options["use_dictionary"] or not any(
+        pa.types.is_fixed_size_list(f.type) and f.type.list_size == 0 and not pa.types.is_primitive(f.type.value_type)
+        for f in table.schema))
     pq.write_table(table, out, **options)
     data = out.getvalue()
     schema = ", ".join(f"{f.name!r}: {f.type}" for f in table.schema)
