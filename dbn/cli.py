@@ -3,7 +3,7 @@
     dbn train [JOB.toml] [--local N [--resume]] [--overwrite] [--quick] [--json] [--set section.key=value ...]
     dbn submit [JOB.toml] [--workers N] [--dry-run] [--wait]; dbn status|logs|kill APP_ID
     dbn mnist [--quick] [--local N] [--yarn --hdfs-out URI] [--sweep] [--overwrite];  dbn shard SOURCE OUT --shards N
-    dbn evaluate MODEL.npz;  dbn bench rbm [--device gpu]
+    dbn evaluate MODEL.npz;  dbn bench rbm|all [--device gpu]
 
 Errors in the input (configuration, data, model files, devices, the cluster) print
 ``dbn: error: <message>`` and exit with status 2; ``--debug`` shows the traceback.
@@ -159,7 +159,20 @@ def cmd_bench_rbm(args) -> int:
         raise UsageError("--sklearn: scikit-learn is not installed (pip install 'dbn-yarn[bench]'), or use --no-sklearn")
     try:
         result = bench_rbm(device=args.device, batch=args.batch, n_visible=args.visible, n_hidden=args.hidden,
-                           seconds=args.seconds, sklearn=args.sklearn, rounds=args.rounds, sgemm_size=args.sgemm_size)
+                           seconds=args.seconds, sklearn=args.sklearn, rounds=args.rounds, sgemm_size=args.sgemm_size,
+                           mapping=args.mapping)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    print(to_json(result) if args.json else format_table(result))
+    return 0
+
+
+def cmd_bench_all(args) -> int:
+    from .jobs.bench import MAPPINGS, bench_all, format_table
+
+    try:
+        result = bench_all(device=args.device, batch=args.batch, seconds=args.seconds, rounds=args.rounds,
+                           mappings=MAPPINGS if args.mapping == "both" else (args.mapping,), sgemm_size=args.sgemm_size)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     print(to_json(result) if args.json else format_table(result))
@@ -263,18 +276,33 @@ def build_parser() -> argparse.ArgumentParser:
                            "help": "where the model runs: cpu, gpu, or auto (gpu when one is usable; the default)"}),
              json_)
     bench = sub.add_parser("bench", parents=[common], help="speed benchmarks",
-                           description="Speed benchmarks; `dbn bench rbm --help` for the RBM's.")
-    _command(bench.add_subparsers(dest="bench", metavar="WHAT", required=True, help="what to measure"), "rbm",
-             [common],
+                           description="Speed benchmarks: `dbn bench rbm --help`, `dbn bench all --help`.")
+    what = bench.add_subparsers(dest="bench", metavar="WHAT", required=True, help="what to measure")
+
+    def sizes(*names):
+        return tuple((f"--{name}", {"type": int, "default": default, "help": f"{text} (default {default})"})
+                     for name, default, text in (("batch", 100, "minibatch size"), ("visible", 784, "visible units"),
+                                                 ("hidden", 500, "hidden units"), ("rounds", 3, "measurement rounds"),
+                                                 ("sgemm-size", 2048, "n of the n x n x n sgemm")) if name in names)
+
+    device = ("--device", {"choices": DEVICES, "default": "cpu", "help": "cpu, gpu or auto (default cpu)"})
+    seconds = ("--seconds", {"type": float, "default": 10.0,
+                             "help": "timed training per contender and mapping (default 10)"})
+    mapping = ("per-core: one single-threaded model per core, each in its own process, as the local "
+               "mini-cluster runs; one-process: one model on all BLAS threads, as dbn train")
+    _command(what, "rbm", [common],
              "CD-1 samples/s beside this machine's sgemm rate and scikit-learn's BernoulliRBM", cmd_bench_rbm,
-             ("--device", {"choices": DEVICES, "default": "cpu", "help": "cpu, gpu or auto (default cpu)"}),
-             *((f"--{name}", {"type": int, "default": default, "help": f"{what} (default {default})"})
-               for name, default, what in (("batch", 100, "minibatch size"), ("visible", 784, "visible units"),
-                                           ("hidden", 500, "hidden units"), ("rounds", 3, "measurement rounds"),
-                                           ("sgemm-size", 2048, "n of the n x n x n sgemm"))),
-             ("--seconds", {"type": float, "default": 10.0, "help": "timed training per contender (default 10)"}),
+             device, *sizes("batch", "visible", "hidden", "rounds", "sgemm-size"), seconds,
+             ("--mapping", {"choices": ("per-core", "one-process"), "default": "per-core",
+                            "help": mapping + " (default per-core)"}),
              ("--sklearn", {"action": argparse.BooleanOptionalAction, "default": None,
                             "help": "compare with scikit-learn (default: when installed)"}), json_)
+    _command(what, "all", [common],
+             "the main job's work (CD-1 on 784x500, 500x500 and 500x2000, and fine-tuning of "
+             "784-500-500-2000-10 with dropout) beside this machine's sgemm rate", cmd_bench_all,
+             device, *sizes("batch", "rounds", "sgemm-size"), seconds,
+             ("--mapping", {"choices": ("both", "per-core", "one-process"), "default": "both",
+                            "help": mapping + " (default both)"}), json_)
     return parser
 
 

@@ -5,3 +5,6 @@ data shards (:mod:`.shards`), superstep by superstep, over gRPC; a :class:`.prog
 says what a superstep is. The same code runs as a local mini-cluster of processes
 (:mod:`.local`) or in YARN containers (:mod:`.yarn`). It knows nothing about DBNs.
 """
+
+#: Environment variables that set a process's BLAS and OpenMP threads (read when the library loads).
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")

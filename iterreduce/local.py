@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from . import checkpoint, runlog
+from . import THREAD_VARS, checkpoint, runlog
 from .master import EXIT_DATA_ERROR, MasterConfig
 from .security import new_token
 from .shards import list_shards
@@ -93,6 +93,24 @@ def _gpu_count() -> int:
         return 0
 
 
+def local_processes(shards: int, cores: int | None = None) -> int:
+    """How many worker processes to run ``shards`` shards in on this machine (``cores``: its CPUs).
+
+    A process computes its shards one after another, and every superstep waits for the
+    slowest. With at most one process a core, a step takes ``ceil(shards / p)`` shard-times;
+    with more, the cores time-slice them at about 10 % extra (cache refills, switches:
+    measured on 2 cores). The cheapest ``p`` wins, the fewest processes on a tie: 10 shards
+    run in 2 processes on 2 cores, in 10 on 8 cores; 3 shards run in 3 on 2 cores.
+    """
+    cores = max(1, cores or os.cpu_count() or 1)
+
+    def step_time(p: int) -> float:
+        rounds = -(-shards // p)
+        return rounds if p <= cores else rounds * p / cores * 1.1
+
+    return min(range(1, max(1, shards) + 1), key=lambda p: (step_time(p), p))
+
+
 class LocalCluster:
     """Starts and supervises one job's processes. Use :func:`run_local`."""
 
@@ -120,7 +138,7 @@ class LocalCluster:
         root = str(Path(__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
         if index is not None:
-            for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            for var in THREAD_VARS:
                 env[var] = str(self.threads)
             if self.gpus:
                 env["CUDA_VISIBLE_DEVICES"] = str(index % self.gpus)

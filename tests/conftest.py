@@ -22,7 +22,7 @@ class NaiveCD:
     It starts from a copy of ``rbm``'s current state and reads the RBM's settings.
     ``rng`` (anything with ``random(out=, dtype=)``, e.g. a copy of the RBM's NumPy
     generator) supplies the uniform numbers, drawn with the same shapes and in the
-    same order as ``RBM._cd_step``: one (n_hidden, batch) array per hidden
+    same order as ``RBM._cd_step``: one (batch, n_hidden) array per hidden
     sampling, plus one for the persistent chain.
     """
 
@@ -37,9 +37,9 @@ class NaiveCD:
         self.rbm, self.rng, self.chain = rbm, rng, None
 
     def _sample(self, p_rows):
-        u = np.empty(p_rows.T.shape)  # (n_hidden, batch), filled in C order like the code's buffer
+        u = np.empty(p_rows.shape)  # (batch, n_hidden), filled in C order like the code's buffer
         self.rng.random(out=u, dtype=np.float64)
-        return (u.T < p_rows).astype(np.float64)
+        return (u < p_rows).astype(np.float64)
 
     def step(self, v0, momentum):
         r = self.rbm

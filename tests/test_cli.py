@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -310,10 +311,38 @@ def test_bench_rbm_json(capsys):
 def test_bench_rbm_table_with_sklearn(capsys):
     pytest.importorskip("sklearn")
     code = main(["bench", "rbm", "--seconds", "0.1", "--rounds", "1", "--hidden", "16", "--visible", "20",
-                 "--sgemm-size", "128", "--sklearn"])
+                 "--sgemm-size", "128", "--sklearn", "--mapping", "one-process"])
     assert code == 0
     out = capsys.readouterr().out
-    assert "sgemm 128^3" in out and "dbn RBM  samples/s" in out and "sklearn BernoulliRBM" in out
+    assert "sgemm 128^3" in out and "rbm 20x16  one-process" in out and "sklearn 20x16  one-process" in out
+    assert "rbm 20x16 / scikit-learn (one-process):" in out
+
+
+def test_bench_per_core_runs_one_process_per_core_and_adds_their_samples(capsys):
+    """Per-core: one single-threaded trainer in each of os.cpu_count() processes, samples summed."""
+    code = main(["bench", "rbm", "--json", "--seconds", "0.4", "--rounds", "2", "--hidden", "32", "--visible", "40",
+                 "--sgemm-size", "256", "--no-sklearn", "--mapping", "per-core"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["mapping"] == "per-core" and result["processes"] == os.cpu_count()
+    assert len(result["samples_per_s_rounds"]) == 2 and min(result["samples_per_s_rounds"]) > 0
+    assert len(result["sgemm_gflops_rounds"]) == 3  # one before each round and one after the last
+
+
+def test_bench_all_measures_the_main_jobs_shapes_and_finetuning(capsys):
+    code = main(["bench", "all", "--json", "--seconds", "0.05", "--rounds", "1", "--batch", "20",
+                 "--sgemm-size", "256", "--mapping", "one-process"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    names = [r["name"] for r in result["results"]]
+    assert names == ["rbm 784x500", "rbm 500x500", "rbm 500x2000", "finetune 784-500-500-2000-10"]
+    for r in result["results"]:
+        assert r["mapping"] == "one-process" and r["batch"] == 20 and r["samples_per_s"] > 0
+        assert r["gflops"] == pytest.approx(r["samples_per_s"] * r["flops_per_sample"] / 1e9)
+        assert r["ratio_to_sgemm"] == pytest.approx(r["gflops"] / result["sgemm_gflops"])
+    weights = 784 * 500 + 500 * 500 + 500 * 2000 + 2000 * 10
+    assert result["results"][3]["flops_per_sample"] == 6 * weights - 2 * 784 * 500  # no delta below layer 0
+    assert main(["bench", "all", "--mapping", "sideways"]) == 2
 
 
 def test_bench_rejects_bad_sizes(capsys):

@@ -135,3 +135,25 @@ def test_train_local_on_unlabelled_shards_exits_2_naming_the_shard(tmp_path, cap
                  "--out", str(tmp_path / "o"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert "dbn: error:" in err and "part-00000.parquet: no 'label' column" in err
+
+
+def test_workers_packed_into_fewer_processes_train_the_same_model(tmp_path, capsys):
+    """How the local mini-cluster maps workers (shards) to processes changes no bit of the model."""
+    make_dataset(tmp_path / "train.npz", n=240)
+    make_dataset(tmp_path / "test.npz", n=60, seed=1)
+    states = {}
+    for processes in (2, 4):
+        out = tmp_path / f"p{processes}"
+        assert main(["train", "--set", f"data.train={tmp_path / 'train.npz'}", "--set", f"data.test={tmp_path / 'test.npz'}",
+                     "--set", f"cluster.processes={processes}", "--layers", "8", "--epochs", "2",
+                     "--finetune-epochs", "2", "--device", "cpu", "--local", "4", "--out", str(out)]) == 0
+        err = capsys.readouterr().err
+        assert ("local mini-cluster of 4 workers in 2 processes" in err) == (processes == 2)
+        result = json.loads((out / "result.json").read_text())
+        assert result["workers"] == 4 and result["shards"] == 4 and result["processes"] == processes
+        states[processes] = DBN.load(out / "model.npz").get_state()
+        registered = [r for r in read_jsonl(out / "log.jsonl") if r.get("event") == "worker_registered"]
+        assert len(registered) == processes and {s for r in registered for s in r["shards"]} == {0, 1, 2, 3}
+    assert states[2].keys() == states[4].keys()
+    for key in states[2]:
+        assert np.array_equal(states[2][key], states[4][key]), key

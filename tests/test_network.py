@@ -21,9 +21,9 @@ def make_network(seed=0, sizes=SIZES, scale=0.7):
 
 def make_batch(seed=1, sizes=SIZES, batch=BATCH):
     rng = np.random.default_rng(seed)
-    x = rng.random((sizes[0], batch))  # columns are samples
+    x = rng.random((batch, sizes[0]))  # rows are samples
     labels = rng.integers(0, sizes[-1], batch)
-    targets = np.eye(sizes[-1])[:, labels]
+    targets = np.eye(sizes[-1])[labels]
     return x, targets
 
 
@@ -66,11 +66,11 @@ def test_gradient_check(weight_cost):
 
     check_gradients(net, loss_fn, grads_w, grads_b)
     # The loss itself: mean cross-entropy plus the L2 term on the weights only.
-    expected = -np.mean(np.log((probs * targets).sum(axis=0)))
+    expected = -np.mean(np.log((probs * targets).sum(axis=1)))
     expected += 0.5 * weight_cost * sum((w ** 2).sum() for w in net.weights)
     assert loss == pytest.approx(expected, rel=1e-12)
-    np.testing.assert_allclose(probs.sum(axis=0), 1.0, rtol=1e-12)
-    assert probs.shape == (SIZES[-1], BATCH)
+    np.testing.assert_allclose(probs.sum(axis=1), 1.0, rtol=1e-12)
+    assert probs.shape == (BATCH, SIZES[-1])
 
 
 def test_weight_cost_adds_exactly_l2_gradient():

@@ -1,29 +1,34 @@
-"""``dbn bench rbm``: CD-1 training speed, next to this machine's GEMM rate and scikit-learn.
+"""``dbn bench``: training speed beside this machine's GEMM rate, its FLOP limit.
 
-In one run it measures, in interleaved rounds (sgemm, ours, sklearn, sgemm, ours,
-sklearn, ..., sgemm) so that a shared machine's load changes hit all three alike:
+Every figure comes from one run, in interleaved rounds (sgemm, each contender, sgemm,
+each contender, ..., sgemm), so that a shared machine's load changes hit all alike.
+Each figure is the median over the rounds.
 
-* ``sgemm_gflops``: a float32 ``n x n @ n x n`` product (n = 2048) with NumPy, or
-  CuPy on the GPU (synchronised). Each measurement is the best of 3 timed
-  products (after one untimed warm-up product); the reported figure is the
-  median of the ``rounds + 1`` measurements.
-* ``samples_per_s``: :class:`dbn.model.rbm.RBM` with CD-1 on random binary data
-  (20,000 x n_visible, float32), running ``train_epoch`` over chunks of 20
-  minibatches after a warm-up; at least ``seconds`` of timed training in all,
-  split evenly over the rounds. Median of the rounds.
-* ``sklearn_samples_per_s``: ``sklearn.neural_network.BernoulliRBM`` (CPU, same
-  batch size, learning rate 0.1) ``fit`` with ``n_iter=1`` (one epoch) on slices of
-  the same data (at least 20 minibatches each, sized to about a quarter of a
-  round), repeated for the same time per round. Median of the rounds.
+* ``sgemm_gflops``: a float32 ``n x n @ n x n`` product (n = 2048) with all BLAS threads,
+  with NumPy (or CuPy on the GPU, synchronised); each measurement is the best of 3
+  products after a warm-up product.
+* Contenders, on random data, at one batch size (100 by default):
 
-``gflops`` counts 10 * batch * n_visible * n_hidden floating point operations per
-CD-1 minibatch (five products of that size: the data-driven hidden layer, the
-reconstruction, its hidden layer, and the two halves of the gradient).
+  - ``rbm VxH``: :class:`dbn.model.rbm.RBM` with CD-1; 10 * V * H flops a sample (five
+    products of that size: the hidden layer, the reconstruction, its hidden layer and
+    the two halves of the gradient).
+  - ``finetune``: :class:`dbn.model.network.Network` trained with dropout (0.2 on the
+    input, 0.5 on hidden units) and momentum on the whole 784-500-500-2000-10 stack;
+    per sample 2 flops a weight forward, 2 for the weight gradients and 2 for the
+    deltas of every layer but the first.
+  - ``sklearn VxH``: scikit-learn's ``BernoulliRBM.fit`` (one epoch per call, learning
+    rate 0.1), when scikit-learn is installed.
+
+* Mappings: ``per-core`` runs one single-threaded model per core, each in its own
+  process, all at once, and adds their samples: how the local mini-cluster runs its
+  workers. ``one-process`` trains one model with all BLAS threads: ``dbn train``
+  without ``--local``. On the GPU only ``one-process`` applies.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import multiprocessing
 import os
 import platform
 import statistics
@@ -31,77 +36,266 @@ import time
 
 import numpy as np
 
+from iterreduce import THREAD_VARS
+
+from ..model import flops
 from ..model.backend import Backend
+from ..model.network import Network
 from ..model.rbm import RBM
 
+SHAPES = ((784, 500), (500, 500), (500, 2000))  # the main job's three RBMs
+STACK = (784, 500, 500, 2000, 10)  # the main job's network
+FINETUNE_DROPOUT = (0.2, 0.5, 0.5, 0.5)
+MAPPINGS = ("per-core", "one-process")
 CHUNK = 20  # minibatches per timed call of train_epoch
 
 
-def flops_per_sample(n_visible: int, n_hidden: int) -> int:
-    """Floating point operations of CD-1 per training sample (10 * n_visible * n_hidden)."""
-    return 10 * n_visible * n_hidden
+def contender(kind: str, **spec) -> dict:
+    """A contender's description (what :class:`_Trainer` builds), with its name and flops."""
+    spec = {"kind": kind, "batch": 100, "seed": 0, **spec}
+    if kind == "finetune":
+        spec.setdefault("sizes", STACK)
+        spec["flops_per_sample"] = flops.backprop_per_sample(spec["sizes"])
+        spec["name"] = "finetune " + "-".join(map(str, spec["sizes"]))
+    else:
+        spec["flops_per_sample"] = flops.cd_per_sample(spec["n_visible"], spec["n_hidden"])
+        spec["name"] = f"{'sklearn' if kind == 'sklearn' else 'rbm'} {spec['n_visible']}x{spec['n_hidden']}"
+    return spec
 
 
-def sgemm_gflops(be: Backend, a, b, out, repeats: int = 3) -> float:
-    """Best of ``repeats`` timed products ``a @ b`` (square float32), in GFLOP/s."""
-    xp = be.xp
-    n = a.shape[0]
-    inner = 1 if be.device == "cpu" else 20  # a GPU product is too short to time alone
-    xp.matmul(a, b, out=out)
-    be.synchronize()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        for _ in range(inner):
-            xp.matmul(a, b, out=out)
-        be.synchronize()
-        best = min(best, (time.perf_counter() - start) / inner)
-    return 2 * n**3 / best / 1e9
+def _random_data(spec, n_samples: int = 20000):
+    rng = np.random.default_rng(spec["seed"])
+    n = max(n_samples, spec["batch"])
+    width = spec["sizes"][0] if spec["kind"] == "finetune" else spec["n_visible"]
+    return (rng.random((n, width), dtype=np.float32) < 0.5).astype(np.float32), rng.integers(0, 10, n)
 
 
-def _time_ours(rbm: RBM, X, budget: float, state: dict) -> tuple[int, float]:
-    """Train for at least ``budget`` seconds (at least one chunk); returns (samples, seconds)."""
-    n_batches = X.shape[0] // rbm.batch_size
-    samples, elapsed = 0, -1.0
-    start = time.perf_counter()
-    while elapsed < budget:
-        first = state["batch"]
-        chunk = range(first, min(first + CHUNK, n_batches))
-        rbm.train_epoch(X, state["epoch"], chunk, checked=True)
-        samples += len(chunk) * rbm.batch_size
-        if chunk.stop >= n_batches:
-            state["epoch"], state["batch"] = state["epoch"] + 1, 0
+class _Trainer:
+    """Trains one contender on the device for a time budget: ``run(seconds)`` returns (samples, seconds)."""
+
+    def __init__(self, spec: dict, device: str = "cpu"):
+        self.spec, self.batch = spec, spec["batch"]
+        X, y = _random_data(spec)
+        self.n_batches = X.shape[0] // self.batch
+        self.epoch, self.next = 0, 0
+        if spec["kind"] == "sklearn":
+            from sklearn.neural_network import BernoulliRBM
+
+            self.model = BernoulliRBM(n_components=spec["n_hidden"], batch_size=self.batch, n_iter=1,
+                                      learning_rate=0.1, random_state=spec["seed"])
+            self.X = X
+            self.rows = 20 * self.batch  # one fit call: 20 minibatches, so that its set-up costs stay small
+        elif spec["kind"] == "rbm":
+            self.model = RBM(spec["n_hidden"], device=device, batch_size=self.batch, cd_k=1, seed=spec["seed"])
+            self.X = self.model.backend.asarray(X)
+            self.model.initialize(self.X)
         else:
-            state["batch"] = chunk.stop
-        rbm.backend.synchronize()
-        elapsed = time.perf_counter() - start
-    return samples, elapsed
+            be = Backend(device, seed=spec["seed"])
+            rng = np.random.default_rng(spec["seed"])
+            sizes = spec["sizes"]
+            weights = [0.05 * rng.standard_normal((a, b), dtype=np.float32) for a, b in zip(sizes, sizes[1:])]
+            self.model = Network(weights, [np.zeros(b, np.float32) for b in sizes[1:]], be)
+            self.X, self.y = be.asarray(X), be.asarray(y, dtype=np.int64)
+        self.backend = getattr(self.model, "backend", None)
+        self.run(0.0)  # warm-up: buffers, compiled kernels, first products
+
+    def _chunk(self) -> int:
+        if self.spec["kind"] == "sklearn":
+            first = self.next * self.batch
+            if first + self.rows > self.X.shape[0]:
+                first, self.next = 0, 0
+            self.model.fit(self.X[first:first + self.rows])
+            self.next += self.rows // self.batch
+            return self.rows
+        chunk = range(self.next, min(self.next + CHUNK, self.n_batches))
+        if self.spec["kind"] == "rbm":
+            self.model.train_epoch(self.X, self.epoch, chunk, checked=True)
+        else:
+            self.model.train_epoch(self.X, self.y, self.epoch, learning_rate=0.01, momentum=0.9, weight_cost=1e-5,
+                                   batch_size=self.batch, dropout=FINETUNE_DROPOUT, batches=chunk)
+        self.epoch, self.next = (self.epoch + 1, 0) if chunk.stop >= self.n_batches else (self.epoch, chunk.stop)
+        return len(chunk) * self.batch
+
+    def run(self, budget: float) -> tuple[int, float]:
+        """Train for at least ``budget`` seconds (at least one chunk of minibatches)."""
+        samples, elapsed = 0, -1.0
+        start = time.perf_counter()
+        while elapsed < budget:
+            samples += self._chunk()
+            if self.backend is not None:
+                self.backend.synchronize()
+            elapsed = time.perf_counter() - start
+        return samples, elapsed
 
 
-def _time_sklearn(model, X, budget: float, rows: int) -> tuple[int, float]:
-    """``fit`` (one epoch, n_iter=1) on successive slices of ``rows`` rows for at least ``budget`` s."""
-    samples, elapsed, first = 0, -1.0, 0
-    start = time.perf_counter()
-    while elapsed < budget:
-        if first + rows > X.shape[0]:
-            first = 0
-        model.fit(X[first:first + rows])
-        samples += rows
-        first += rows
-        elapsed = time.perf_counter() - start
-    return samples, elapsed
+def _child(conn, spec):
+    """A per-core process: build the trainer (warmed up), then run the budgets it is sent."""
+    trainer = _Trainer(spec)
+    conn.send("ready")
+    while (budget := conn.recv()) is not None:
+        conn.send(trainer.run(budget))
 
 
-def _import_sklearn_rbm():
+class _PerCore:
+    """One single-threaded trainer per core, each in its own process, run at the same time."""
+
+    def __init__(self, spec: dict, processes: int):
+        ctx = multiprocessing.get_context("spawn")
+        saved = {var: os.environ.get(var) for var in THREAD_VARS}
+        os.environ.update({var: "1" for var in THREAD_VARS})  # read by the children's BLAS at start-up
+        try:
+            self.conns, self.procs = [], []
+            for _ in range(processes):
+                ours, theirs = ctx.Pipe()
+                proc = ctx.Process(target=_child, args=(theirs, spec), daemon=True)
+                proc.start()
+                self.conns.append(ours)
+                self.procs.append(proc)
+        finally:
+            for var, value in saved.items():
+                if value is None:
+                    os.environ.pop(var, None)
+                else:
+                    os.environ[var] = value
+        for conn in self.conns:
+            if conn.recv() != "ready":
+                raise RuntimeError("a benchmark process failed to start")
+
+    def run(self, budget: float) -> tuple[int, float]:
+        for conn in self.conns:
+            conn.send(budget)
+        results = [conn.recv() for conn in self.conns]
+        return sum(s for s, _ in results), max(t for _, t in results)
+
+    def close(self) -> None:
+        for conn, proc in zip(self.conns, self.procs):
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+
+
+def measure(contenders: list[dict], *, mappings=("per-core",), device: str = "cpu", seconds: float = 10.0,
+            rounds: int = 3, sgemm_size: int = 2048, processes: int | None = None) -> dict:
+    """Measure each contender in each mapping, interleaved with sgemm; returns the figures.
+
+    ``seconds``: timed training per contender and mapping, split evenly over the rounds.
+    """
+    if rounds < 1 or seconds <= 0 or sgemm_size < 1:
+        raise ValueError("rounds and the sgemm size must be >= 1 and seconds > 0")
+    be = Backend(device, seed=0)
+    if be.device == "gpu":
+        mappings = ("one-process",)
+    bad = set(mappings) - set(MAPPINGS)
+    if bad:
+        raise ValueError(f"unknown mapping {sorted(bad)[0]!r}: one of {', '.join(MAPPINGS)}")
+    processes = processes or os.cpu_count() or 1
+    load_before = _load()
+    a, b, c = (be.normal((sgemm_size, sgemm_size)) for _ in range(3))
+    runners = []  # (contender, mapping, runner)
     try:
-        from sklearn.neural_network import BernoulliRBM
-    except ImportError:
-        return None
-    return BernoulliRBM
+        for spec in contenders:
+            for mapping in mappings:
+                runner = _PerCore(spec, processes) if mapping == "per-core" else _Trainer(spec, be.device)
+                runners.append((spec, mapping, runner))
+        sgemm, rates = [], {id(r): [] for *_, r in runners}
+        for _ in range(rounds):
+            sgemm.append(flops.sgemm_gflops(be, arrays=(a, b, c)))
+            for _, _, runner in runners:
+                samples, elapsed = runner.run(seconds / rounds)
+                rates[id(runner)].append(samples / elapsed)
+        sgemm.append(flops.sgemm_gflops(be, arrays=(a, b, c)))
+    finally:
+        for *_, runner in runners:
+            if isinstance(runner, _PerCore):
+                runner.close()
+    limit = statistics.median(sgemm)
+    results = []
+    for spec, mapping, runner in runners:
+        rate = statistics.median(rates[id(runner)])
+        gflops = rate * spec["flops_per_sample"] / 1e9
+        results.append({
+            "name": spec["name"], "mapping": mapping, "samples_per_s": rate, "gflops": gflops,
+            "ratio_to_sgemm": gflops / limit, "flops_per_sample": spec["flops_per_sample"], "batch": spec["batch"],
+            "processes": processes if mapping == "per-core" else 1, "samples_per_s_rounds": rates[id(runner)],
+        })
+    for r in results:  # scikit-learn's rate beside ours, in the same mapping
+        if r["name"].startswith("rbm "):
+            theirs = next((s for s in results if s["name"] == "sklearn" + r["name"][3:] and s["mapping"] == r["mapping"]), None)
+            r["ratio_to_sklearn"] = r["samples_per_s"] / theirs["samples_per_s"] if theirs else None
+    blas, blas_threads = blas_info()
+    environment = {
+        "sgemm_gflops": limit, "sgemm_gflops_rounds": sgemm, "sgemm_size": sgemm_size,
+        "sgemm_method": "median over rounds+1 measurements, each the best of 3 products, all BLAS threads",
+        "device": be.device, "seconds": seconds, "rounds": rounds, "numpy_version": np.__version__,
+        "blas": blas, "blas_threads": blas_threads, "cpu": _cpu_name(), "cpu_count": os.cpu_count(),
+        "load_average_1min": [load_before, _load()],
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    if be.device == "gpu":
+        import cupy
+
+        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+        environment["gpu"] = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
+        environment["cupy_version"] = cupy.__version__
+    return {**environment, "results": results}
+
+
+def bench_all(device: str = "cpu", batch: int = 100, seconds: float = 10.0, rounds: int = 3,
+              mappings=MAPPINGS, sgemm_size: int = 2048) -> dict:
+    """The main job's work: CD-1 on its three RBM shapes and fine-tuning of its stack."""
+    if batch < 1:
+        raise ValueError("batch must be >= 1")
+    specs = [contender("rbm", n_visible=v, n_hidden=h, batch=batch) for v, h in SHAPES]
+    specs.append(contender("finetune", batch=batch))
+    return measure(specs, mappings=mappings, device=device, seconds=seconds, rounds=rounds, sgemm_size=sgemm_size)
+
+
+def bench_rbm(device: str = "cpu", batch: int = 100, n_visible: int = 784, n_hidden: int = 500,
+              seconds: float = 10.0, sklearn: bool | None = None, rounds: int = 3,
+              sgemm_size: int = 2048, mapping: str = "per-core") -> dict:
+    """CD-1 on one layer shape, beside sgemm and (``sklearn``: True to require it, False to skip
+    it, None when installed) scikit-learn's BernoulliRBM, in one mapping. Returns the figures,
+    ours at the top level."""
+    if batch < 1 or n_visible < 1 or n_hidden < 1:
+        raise ValueError("batch, visible and hidden must be >= 1")
+    if sklearn and not sklearn_available():
+        raise ImportError("scikit-learn is not installed: pip install 'dbn-yarn[bench]' (or --no-sklearn)")
+    ours = contender("rbm", n_visible=n_visible, n_hidden=n_hidden, batch=batch)
+    specs = [ours]
+    if sklearn is not False and sklearn_available() and device != "gpu":
+        specs.append(contender("sklearn", n_visible=n_visible, n_hidden=n_hidden, batch=batch))
+    result = measure(specs, mappings=(mapping,), device=device, seconds=seconds, rounds=rounds, sgemm_size=sgemm_size)
+    mine = result["results"][0]
+    theirs = result["results"][1] if len(result["results"]) > 1 else None
+    return {**result, "samples_per_s": mine["samples_per_s"], "gflops": mine["gflops"],
+            "ratio_to_sgemm": mine["ratio_to_sgemm"], "mapping": mapping, "processes": mine["processes"],
+            "samples_per_s_rounds": mine["samples_per_s_rounds"], "ratio_to_sklearn": mine.get("ratio_to_sklearn"),
+            "sklearn_samples_per_s": theirs["samples_per_s"] if theirs else None,
+            "sklearn_samples_per_s_rounds": theirs["samples_per_s_rounds"] if theirs else None,
+            "sklearn_version": _sklearn_version() if theirs else None,
+            "batch": batch, "n_visible": n_visible, "n_hidden": n_hidden, "cd_k": 1,
+            "flops_per_sample": ours["flops_per_sample"]}
 
 
 def sklearn_available() -> bool:
-    return _import_sklearn_rbm() is not None
+    try:
+        from sklearn.neural_network import BernoulliRBM  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _sklearn_version() -> str | None:
+    try:
+        import sklearn
+
+        return sklearn.__version__
+    except ImportError:
+        return None
 
 
 def blas_info() -> tuple[str | None, int | None]:
@@ -144,118 +338,6 @@ def _load() -> float | None:
         return None
 
 
-def bench_rbm(
-    device: str = "cpu",
-    batch: int = 100,
-    n_visible: int = 784,
-    n_hidden: int = 500,
-    seconds: float = 10.0,
-    sklearn: bool | None = None,
-    rounds: int = 3,
-    n_samples: int = 20000,
-    sgemm_size: int = 2048,
-    seed: int = 0,
-) -> dict:
-    """Run the benchmark and return its figures (see the module docstring).
-
-    ``sklearn``: True to require scikit-learn, False to skip it, None to measure it
-    when it is installed.
-    """
-    if batch < 1 or n_visible < 1 or n_hidden < 1 or rounds < 1 or seconds <= 0:
-        raise ValueError("batch, visible, hidden and rounds must be >= 1 and seconds > 0")
-    BernoulliRBM = _import_sklearn_rbm() if sklearn is not False else None
-    if sklearn and BernoulliRBM is None:
-        raise ImportError("scikit-learn is not installed: pip install 'dbn-yarn[bench]' (or --no-sklearn)")
-    load_before = _load()
-    n_samples = max(n_samples, batch)
-
-    rng = np.random.default_rng(seed)
-    X_host = (rng.random((n_samples, n_visible), dtype=np.float32) < 0.5).astype(np.float32)
-    rbm = RBM(n_hidden, device=device, batch_size=batch, cd_k=1, seed=seed)
-    be = rbm.backend
-    X = be.asarray(X_host)
-    rbm.initialize(X)
-    a = be.normal((sgemm_size, sgemm_size))
-    b = be.normal((sgemm_size, sgemm_size))
-    c = be.empty((sgemm_size, sgemm_size))
-
-    sk_model = None
-    if BernoulliRBM is not None:
-        sk_model = BernoulliRBM(n_components=n_hidden, batch_size=batch, n_iter=1, learning_rate=0.1, random_state=seed)
-        # Warm-up, and a first rate to size the slices that each fit call trains on: about a
-        # quarter of a round, at least 20 minibatches (so that fit's set-up costs stay small).
-        warm = min(n_samples // batch, 20) * batch
-        t = time.perf_counter()
-        sk_model.fit(X_host[:warm])
-        sk_rate = warm / (time.perf_counter() - t)
-        sk_rows = min(max(int(sk_rate * seconds / rounds / 4) // batch, 20) * batch, n_samples // batch * batch)
-    state = {"epoch": 0, "batch": 0}
-    _time_ours(rbm, X, 0.0, state)  # warm-up: buffers, first products
-
-    budget = seconds / rounds
-    sgemm, ours, theirs = [], [], []
-    for _ in range(rounds):
-        sgemm.append(sgemm_gflops(be, a, b, c))
-        samples, elapsed = _time_ours(rbm, X, budget, state)
-        ours.append(samples / elapsed)
-        if sk_model is not None:
-            samples, elapsed = _time_sklearn(sk_model, X_host, budget, sk_rows)
-            theirs.append(samples / elapsed)
-    sgemm.append(sgemm_gflops(be, a, b, c))
-
-    samples_per_s = statistics.median(ours)
-    gflops = samples_per_s * flops_per_sample(n_visible, n_hidden) / 1e9
-    sgemm_median = statistics.median(sgemm)
-    sk_rate = statistics.median(theirs) if theirs else None
-    blas, blas_threads = blas_info()
-    result = {
-        "samples_per_s": samples_per_s,
-        "gflops": gflops,
-        "sgemm_gflops": sgemm_median,
-        "ratio_to_sgemm": gflops / sgemm_median,
-        "sklearn_samples_per_s": sk_rate,
-        "ratio_to_sklearn": samples_per_s / sk_rate if sk_rate else None,
-        "device": be.device,
-        "batch": batch,
-        "n_visible": n_visible,
-        "n_hidden": n_hidden,
-        "cd_k": 1,
-        "n_samples": n_samples,
-        "flops_per_sample": flops_per_sample(n_visible, n_hidden),
-        "seconds": seconds,
-        "rounds": rounds,
-        "samples_per_s_rounds": ours,
-        "sgemm_gflops_rounds": sgemm,
-        "sklearn_samples_per_s_rounds": theirs or None,
-        "sgemm_size": sgemm_size,
-        "sgemm_method": "median over rounds+1 measurements, each the best of 3 products",
-        "numpy_version": np.__version__,
-        "blas": blas,
-        "blas_threads": blas_threads,
-        "sklearn_version": _sklearn_version() if sk_model is not None else None,
-        "cpu": _cpu_name(),
-        "cpu_count": os.cpu_count(),
-        "load_average_1min": [load_before, _load()],
-        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-    }
-    if be.device == "gpu":
-        import cupy
-
-        props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
-        result["gpu"] = props["name"].decode() if isinstance(props["name"], bytes) else props["name"]
-        result["cupy_version"] = cupy.__version__
-    return result
-
-
-def _sklearn_version() -> str | None:
-    try:
-        import sklearn
-
-        return sklearn.__version__
-    except ImportError:
-        return None
-
-
 def _rate(x: float | None) -> str:
     if x is None:
         return "-"
@@ -263,25 +345,21 @@ def _rate(x: float | None) -> str:
 
 
 def format_table(r: dict) -> str:
-    """A short human-readable report of :func:`bench_rbm`'s result."""
+    """A short human-readable report of :func:`measure`'s (or :func:`bench_rbm`'s) result."""
     device = r["device"] + (f" ({r['gpu']})" if r.get("gpu") else f" ({r['cpu']}, {r['cpu_count']} cores)")
     lines = [
-        f"RBM CD-1  {r['n_visible']} x {r['n_hidden']}  batch {r['batch']}  on {device}",
+        f"on {device}, batch {r['results'][0]['batch']}",
         f"numpy {r['numpy_version']}  BLAS {r['blas']}  threads {r['blas_threads']}  load {r['load_average_1min']}",
         "",
-        f"{'':32}{'median':>10}   rounds",
-        f"{'sgemm ' + str(r['sgemm_size']) + '^3  GFLOP/s':32}{r['sgemm_gflops']:>10.1f}   "
-        + " ".join(f"{x:.1f}" for x in r["sgemm_gflops_rounds"]),
-        f"{'dbn RBM  samples/s':32}{_rate(r['samples_per_s']):>10}   "
-        + " ".join(_rate(x) for x in r["samples_per_s_rounds"]),
-        f"{'dbn RBM  GFLOP/s':32}{r['gflops']:>10.1f}   = {r['ratio_to_sgemm']:.2f} x sgemm",
+        f"{'':34}{'samples/s':>10}{'GFLOP/s':>9}{'x sgemm':>9}   samples/s by round",
+        f"{'sgemm ' + str(r['sgemm_size']) + '^3':34}{'':>10}{r['sgemm_gflops']:>9.1f}{1:>9.2f}   "
+        + " ".join(f"{x:.1f}" for x in r["sgemm_gflops_rounds"]) + " GFLOP/s",
     ]
-    if r["sklearn_samples_per_s"] is not None:
-        lines += [
-            f"{'sklearn BernoulliRBM  samples/s':32}{_rate(r['sklearn_samples_per_s']):>10}   "
-            + " ".join(_rate(x) for x in r["sklearn_samples_per_s_rounds"]),
-            f"{'dbn / sklearn':32}{r['ratio_to_sklearn']:>9.1f}x",
-        ]
-    else:
-        lines.append(f"{'sklearn BernoulliRBM':32}{'skipped':>10}")
+    for x in r["results"]:
+        label = f"{x['name']}  {x['mapping']}" + (f" x{x['processes']}" if x["mapping"] == "per-core" else "")
+        lines.append(f"{label:34}{_rate(x['samples_per_s']):>10}{x['gflops']:>9.1f}{x['ratio_to_sgemm']:>9.2f}   "
+                     + " ".join(_rate(v) for v in x["samples_per_s_rounds"]))
+    for x in r["results"]:
+        if x.get("ratio_to_sklearn"):
+            lines.append(f"{x['name']} / scikit-learn ({x['mapping']}): {x['ratio_to_sklearn']:.2f}x")
     return "\n".join(lines)

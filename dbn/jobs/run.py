@@ -36,13 +36,14 @@ import numpy as np
 
 from iterreduce import runlog
 from iterreduce.exceptions import MasterKilled
-from iterreduce.local import PREVIOUS, RUN_FILES, prune_previous, run_local, set_aside
+from iterreduce.local import PREVIOUS, RUN_FILES, local_processes, prune_previous, run_local, set_aside
 from iterreduce.shards import filesystem, join, list_shards
 
 from .. import __version__
 from ..data.sharding import load_dataset, load_shards, shard_dataset
 from ..data.validation import check_labels, class_warnings
 from ..exceptions import ConfigError, ModelFileError, UsageError
+from ..model import flops
 from ..model.backend import resolve_device
 from ..model.estimator import DBN
 from ..model.persist import atomic_write
@@ -108,7 +109,10 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
         if created and [p.name for p in out.iterdir()] == [CONFIG_FILE]:  # bad input: leave no trace
             shutil.rmtree(out)
         raise
+    train_seconds = time.perf_counter() - start
     model = DBN.load(out / MODEL_FILE, device="cpu")
+    # On YARN other machines train: this one's sgemm rate says nothing of their limit.
+    flop_result = flop_figures(out, model, spec, train_seconds, measure=not isinstance(launcher, Yarn))
     n_test, test_error = None, None
     if spec.data.test is not None and model.network_ is not None:  # pre-training only: nothing to test
         tested = evaluate_model(model, spec.data.test, mnist_dir=spec.data.mnist_dir)
@@ -121,6 +125,7 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
         "seed": spec.job.seed, "device": resolve_device(spec.job.device), "device_name": device_name(spec.job.device),
         "workers": spec.cluster.workers, "sync_every": spec.cluster.sync_every,
         "block_momentum": spec.cluster.block_momentum, "model": str(out / MODEL_FILE),
+        **flop_result,
         "params": spec.dbn_params(), "version": __version__, "commit": _commit(), "date": time.strftime("%Y-%m-%d"),
         **(extra or {}),
     }
@@ -130,6 +135,28 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
             log.write({"event": "summary", **result})
     prune_previous(out)  # only now: this run has its own model, result and log
     return result
+
+
+#: Runs of fewer flops (about 10 s on 2 cores) report no ratio to the limit: measuring
+#: the sgemm rate (about a second) would cost more than it tells.
+LIMIT_MIN_FLOPS = 1e12
+
+
+def flop_figures(out: Path, model: DBN, spec: JobSpec, train_seconds: float, *, measure: bool = True) -> dict:
+    """How close training came to this machine's FLOP limit: ``flops`` (the products of the
+    steps in the run's log), ``sgemm_gflops`` (this machine's rate with all BLAS threads,
+    measured right after training), ``flop_limit_seconds`` (the flops at that rate) and
+    ``ratio_to_limit``: the training's wall time (``train_seconds``: data preparation,
+    start-up, every step, the model written) over the limit. Without ``measure``, or
+    under :data:`LIMIT_MIN_FLOPS`, only the flops. A resumed run's log also counts the
+    steps of the run before, so its ratio reads low."""
+    sizes = [model.n_features_in_, *model.hidden_layers, getattr(model, "n_classes_", None) or 1]
+    total = flops.job_flops(runlog.read_progress(out / runlog.LOG_NAME), sizes, cd_k=spec.model.cd_k,
+                            persistent=spec.model.persistent, top_layer_epochs=spec.model.top_layer_epochs)
+    sgemm = flops.sgemm_gflops() if measure and total >= LIMIT_MIN_FLOPS else None
+    limit = total / (sgemm * 1e9) if sgemm else None
+    return {"flops": total, "sgemm_gflops": sgemm, "flop_limit_seconds": limit, "train_wall_seconds": train_seconds,
+            "ratio_to_limit": train_seconds / limit if limit else None}
 
 
 def claim_output(out: Path, spec: JobSpec, *, resume: bool = False, overwrite: bool = False) -> Path | None:
@@ -328,8 +355,10 @@ class _EpochRecords:
 
 
 class LocalCluster:
-    """The master and ``[cluster] workers`` worker processes on this machine; ``[data] train``
-    is cut into OUT/shards unless ``[cluster] shards`` names shards already written."""
+    """The master and worker processes on this machine for ``[cluster] workers`` shards (one
+    per data-parallel worker; ``[data] train`` is cut into OUT/shards unless ``[cluster] shards``
+    names shards already written), run in ``[cluster] processes`` processes (0: chosen by
+    :func:`iterreduce.local.local_processes` for this machine's cores)."""
 
     where, writes_log = "local mini-cluster", False
 
@@ -339,20 +368,28 @@ class LocalCluster:
     def output_dir(self, spec: JobSpec) -> str:
         return spec.output.dir
 
-    def describe(self, spec: JobSpec) -> str:
-        return f"local mini-cluster of {spec.cluster.workers} workers"
+    @staticmethod
+    def processes(spec: JobSpec, shards: int) -> int:
+        """The worker processes for ``shards`` shards: ``[cluster] processes``, or as many as pay,
+        never more than ``[cluster] workers``."""
+        return min(spec.cluster.processes or local_processes(shards), spec.cluster.workers, shards)
+
+    def describe(self, spec: JobSpec, shards: int | None = None) -> str:
+        workers = spec.cluster.workers
+        processes = self.processes(spec, shards or workers)
+        return f"local mini-cluster of {workers} workers" + (f" in {processes} processes" if processes != workers else "")
 
     def train(self, spec: JobSpec, out: Path, on_record: OnRecord) -> dict:
         workers = spec.cluster.workers
         if workers < 1:
             raise ConfigError("a local mini-cluster needs workers: set [cluster] workers or pass --local N")
-        on_record({"event": "start", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "where": self.describe(spec),
-                   "output": str(out)})  # not logged: the master's log is the master's
         uris = list_shards(local_shards(spec, out, workers))
+        on_record({"event": "start", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                   "where": self.describe(spec, len(uris)), "output": str(out)})  # not logged: the master's log is the master's
         try:
-            config = spec.master_config(shards=uris, output=str(out))
-            run_local(dataclasses.replace(config, resume=self.resume), max_restarts=spec.cluster.max_restarts,
-                      device=spec.job.device, on_record=on_record)
+            config = dataclasses.replace(spec.master_config(shards=uris, output=str(out)),
+                                         workers=self.processes(spec, len(uris)), resume=self.resume)
+            run_local(config, max_restarts=spec.cluster.max_restarts, device=spec.job.device, on_record=on_record)
         except MasterKilled as killed:
             if killed.checkpoint is None:
                 raise
@@ -361,7 +398,7 @@ class LocalCluster:
         except KeyboardInterrupt:
             raise Interrupted(f"checkpoints are in {out / 'checkpoints'}: continue with the same command "
                               f"and --resume") from None
-        return {**cluster_figures(out), "shards": len(uris)}
+        return {**cluster_figures(out), "shards": len(uris), "processes": config.workers}
 
 
 def local_shards(spec: JobSpec, out: Path, n_shards: int) -> str:

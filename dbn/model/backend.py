@@ -8,6 +8,8 @@ only ``to_numpy`` brings them back to the host.
 from __future__ import annotations
 
 import numpy as np
+
+from . import kernels
 from ..exceptions import BackendError
 
 DEVICES = ("cpu", "gpu", "auto")
@@ -103,7 +105,10 @@ class Backend:
         return self.xp.zeros(shape, dtype=dtype or self.dtype)
 
     def uniform(self, out):
-        """Fill ``out`` with uniform [0, 1) numbers on the device and return it."""
+        """Fill ``out`` with uniform [0, 1) numbers on the device and return it
+        (float32 on the CPU: :func:`dbn.model.kernels.uniform_float32_`)."""
+        if self.device == "cpu" and out.dtype == np.float32 and out.flags.c_contiguous:
+            return kernels.uniform_float32_(self._rng.bit_generator, out)
         self._rng.random(out=out, dtype=out.dtype)
         return out
 
@@ -114,17 +119,27 @@ class Backend:
             x *= scale
         return x
 
-    def sigmoid(self, x, out=None):
-        """Logistic function, computed as 0.5*tanh(x/2)+0.5: no overflow, SIMD-fast.
+    def sigmoid(self, x, out=None, bias=None):
+        """Logistic function of ``x + bias`` (``bias`` optional, broadcast along the last axis).
 
-        With ``out=x`` it works in place, which the training loops rely on.
+        On the CPU, float32 runs as one fused pass (:mod:`dbn.model.kernels`); elsewhere it is
+        0.5*tanh(x/2)+0.5, which cannot overflow. ``out=x`` works in place, which the training
+        loops rely on; ``out=None`` returns a new array.
         """
         xp = self.xp
-        out = xp.multiply(x, 0.5, out=out)
-        xp.tanh(out, out=out)
-        out *= 0.5
-        out += 0.5
-        return out
+        if out is None:
+            out = x.copy()
+        elif out is not x:
+            out[...] = x
+        if self.device == "cpu":
+            return kernels.sigmoid_(out, bias)
+        if bias is not None:
+            out += bias
+        return kernels.sigmoid_exact(out, out=out, xp=xp)
+
+    def momentum_step(self, param, inc, grad, momentum: float, decay: float = 0.0) -> None:
+        """In place: ``inc = momentum * inc + grad - decay * param``, then ``param += inc``."""
+        kernels.momentum_step_(param, inc, grad, momentum, decay, xp=self.xp)
 
     def synchronize(self) -> None:
         """Wait for queued device work (for honest timings on the GPU)."""

@@ -1,6 +1,6 @@
 """The feed-forward network that backprop fine-tunes: sigmoid hidden layers, softmax output.
 
-Like the RBM, minibatches are columns (features x batch) and the unit of work for
+Like the RBM, a minibatch is a block of rows (samples x features) and the unit of work for
 the distributed runtime is :meth:`Network.train_epoch` from the current
 parameters (:meth:`get_state` / :meth:`set_state`, under the names of :mod:`dbn.model.state`).
 """
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import kernels
 from .backend import Backend
 from .state import NET_KEYS, net_name
 
@@ -82,7 +83,7 @@ class Network:
     # ------------------------------------------------------------- forward
 
     def _forward(self, x, dropout=(), train=False):
-        """Activations of every layer for column batch ``x`` (n_in, B).
+        """Activations of every layer for the row batch ``x`` (B, n_in).
 
         Returns (activations, inputs): ``activations[i]`` is layer i's output
         (``activations[0]`` is ``x``) and ``inputs[i]`` what layer i multiplied,
@@ -92,63 +93,67 @@ class Network:
         """
         be, xp = self.backend, self.backend.xp
         activations, inputs = [x], []
+        last = len(self.weights) - 1
         for i, (w, b) in enumerate(zip(self.weights, self.biases)):
             a = activations[-1]
             p = dropout[i] if train and i < len(dropout) else 0.0
             if p > 0:
-                keep = be.uniform(be.empty(a.shape)) >= p
-                a = a * keep * (1.0 / (1.0 - p))
+                mask = be.uniform(be.empty(a.shape))
+                a = kernels.dropout(a, mask, p, out=mask, xp=xp)
             inputs.append(a)
-            z = xp.matmul(w.T, a)
-            z += b[:, None]
-            if i < len(self.weights) - 1:
-                be.sigmoid(z, out=z)
-            else:  # softmax over classes (rows), stabilised
-                z -= z.max(axis=0, keepdims=True)
+            z = xp.matmul(a, w)
+            if i < last:
+                be.sigmoid(z, out=z, bias=b)
+            else:  # softmax over classes, stabilised
+                z += b
+                z -= z.max(axis=1, keepdims=True)
                 xp.exp(z, out=z)
-                z /= z.sum(axis=0, keepdims=True)
+                z /= z.sum(axis=1, keepdims=True)
             activations.append(z)
         return activations, inputs
 
     def predict_proba_device(self, X, chunk: int = 4096):
         """Class probabilities for row matrix ``X`` (on the device), shape (n, n_classes)."""
         xp = self.backend.xp
-        parts = []
-        for start in range(0, X.shape[0], chunk):
-            acts, _ = self._forward(xp.ascontiguousarray(X[start:start + chunk].T))
-            parts.append(acts[-1].T)
-        return xp.concatenate(parts, axis=0)
+        parts = [self._forward(X[start:start + chunk])[0][-1] for start in range(0, X.shape[0], chunk)]
+        return parts[0] if len(parts) == 1 else xp.concatenate(parts, axis=0)
 
     # ------------------------------------------------------------ training
 
-    def loss_and_grads(self, x, targets, weight_cost: float = 0.0, dropout=(), train=False):
-        """Mean cross-entropy (+ L2 on weights) of column batch ``x`` and its gradients.
+    def _backward(self, activations, inputs, delta, dropout=(), lowest: int = 0):
+        """Weight and bias gradients of layers ``lowest`` and up for ``delta``, the gradient at
+        the softmax's input (None below ``lowest``). Backprop is linear in ``delta``: scaled by
+        ``-lr`` it gives ready-made steps."""
+        xp = self.backend.xp
+        grads_w, grads_b = [None] * len(self.weights), [None] * len(self.weights)
+        for i in reversed(range(lowest, len(self.weights))):
+            grads_w[i] = xp.matmul(inputs[i].T, delta)
+            grads_b[i] = delta.sum(axis=0)
+            if i > lowest:
+                # Back through layer i's (dropped-out) input to the sigmoid below it.
+                delta = xp.matmul(delta, self.weights[i].T)
+                dropped = inputs[i] is not activations[i]
+                kernels.sigmoid_backward_(delta, activations[i], inputs[i] if dropped else None,
+                                          1.0 / (1.0 - dropout[i]) if dropped else 1.0, xp=xp)
+        return grads_w, grads_b
 
-        ``targets`` is one-hot (n_classes, B). Returns (loss, weight grads, bias
+    def loss_and_grads(self, x, targets, weight_cost: float = 0.0, dropout=(), train=False):
+        """Mean cross-entropy (+ L2 on weights) of the row batch ``x`` and its gradients.
+
+        ``targets`` is one-hot (B, n_classes). Returns (loss, weight grads, bias
         grads, output probabilities); the gradient check test uses this directly.
         """
         xp = self.backend.xp
-        B = x.shape[1]
+        B = x.shape[0]
         acts, inputs = self._forward(x, dropout, train)
         probs = acts[-1]
         loss = -float(xp.sum(targets * xp.log(xp.maximum(probs, 1e-30)))) / B
         if weight_cost:
             loss += 0.5 * weight_cost * sum(float(xp.vdot(w.ravel(), w.ravel())) for w in self.weights)
-        grads_w, grads_b = [None] * len(self.weights), [None] * len(self.weights)
-        delta = (probs - targets) / B  # d loss / d pre-softmax
-        for i in reversed(range(len(self.weights))):
-            grads_w[i] = xp.matmul(inputs[i], delta.T)
-            if weight_cost:
-                grads_w[i] += weight_cost * self.weights[i]
-            grads_b[i] = delta.sum(axis=1)
-            if i:
-                # Back through layer i's (dropped-out) input to the sigmoid below it.
-                delta = xp.matmul(self.weights[i], delta)
-                a = acts[i]
-                if inputs[i] is not a:
-                    delta *= inputs[i] != 0
-                    delta *= 1.0 / (1.0 - dropout[i])
-                delta *= a * (1 - a)
+        grads_w, grads_b = self._backward(acts, inputs, (probs - targets) / B, dropout)
+        if weight_cost:
+            for g, w in zip(grads_w, self.weights):
+                g += weight_cost * w
         return loss, grads_w, grads_b, probs
 
     def train_epoch(
@@ -171,6 +176,7 @@ class Network:
         ``X`` (n, n_in) and integer labels ``y`` (n,) are device arrays. Only the
         layers in ``train_layers`` are updated (Hinton trains the softmax layer
         alone for the first epochs). The shuffle depends only on (seed, epoch).
+        Each step is ``inc = momentum * inc - lr * (grad + weight_cost * W)``, ``W += inc``.
         """
         be, xp = self.backend, self.backend.xp
         n = X.shape[0]
@@ -178,23 +184,25 @@ class Network:
         n_batches = n // batch
         batches = range(n_batches) if batches is None else batches
         order = be.asarray(np.random.default_rng([seed, epoch, 1]).permutation(n), dtype=np.int64)
-        eye = xp.eye(self.n_classes, dtype=be.dtype)
         rows = be.empty((batch, X.shape[1]))
+        every = xp.arange(batch)
         layers = range(len(self.weights))[train_layers]
         total_loss, errors = 0.0, 0
         for i in batches:
             index = order[i * batch:(i + 1) * batch]
             xp.take(X, index, axis=0, out=rows)
             labels = y[index]
-            loss, gw, gb, probs = self.loss_and_grads(
-                xp.ascontiguousarray(rows.T), eye[:, labels], weight_cost, dropout, train=True
-            )
-            total_loss += loss * batch
-            errors += int((probs.argmax(axis=0) != labels).sum())
+            acts, inputs = self._forward(rows, dropout, train=True)
+            probs = acts[-1]
+            total_loss -= float(xp.sum(xp.log(xp.maximum(probs[every, labels], 1e-30))))
+            errors += int((probs.argmax(axis=1) != labels).sum())
+            # delta = -lr * (probs - targets) / B: the gradients come out as steps.
+            delta = probs.copy()
+            delta[every, labels] -= 1
+            delta *= -learning_rate / batch
+            steps_w, steps_b = self._backward(acts, inputs, delta, dropout, lowest=min(layers, default=0))
             for j in layers:
-                for param, inc, grad in ((self.weights[j], self.weights_inc[j], gw[j]), (self.biases[j], self.biases_inc[j], gb[j])):
-                    inc *= momentum
-                    inc -= learning_rate * grad
-                    param += inc
+                be.momentum_step(self.weights[j], self.weights_inc[j], steps_w[j], momentum, learning_rate * weight_cost)
+                be.momentum_step(self.biases[j], self.biases_inc[j], steps_b[j], momentum)
         n_seen = len(batches) * batch
         return FinetuneStats(epoch, n_seen, total_loss / max(n_seen, 1), errors / max(n_seen, 1))

@@ -1,8 +1,8 @@
 """Restricted Boltzmann Machine trained with contrastive divergence.
 
-Hinton's rbm.m in array form, on NumPy or CuPy. Minibatches are held as columns
-(features x batch): with that layout the batch-100 products run near the
-machine's large-matrix GEMM rate, which row layout does not (see the benchmark).
+Hinton's rbm.m in array form, on NumPy or CuPy. A minibatch is a block of rows, held
+in buffers whose halves ([v0; vk], [h0; hk]) are contiguous, so that the sigmoids run
+as fused passes (:mod:`dbn.model.kernels`) and the gradient is one product.
 
 The unit of work the distributed runtime needs is :meth:`RBM.train_epoch`: from
 the current parameters (:meth:`get_state` / :meth:`set_state`), run one epoch, or
@@ -231,80 +231,70 @@ class RBM(Estimator):
         if batch not in self._buffers:
             be, nv, nh = self.backend, self.n_visible, self.n_hidden
             self._buffers[batch] = {
-                "rows": be.empty((batch, nv)),
-                "V": be.empty((nv, 2 * batch)),  # [v0 | vk] as columns
-                "H": be.empty((nh, 2 * batch)),  # [h0 | hk] as columns
-                "h_lin": be.empty((nh, batch)),
-                "v_lin": be.empty((nv, batch)),
-                "h_sample": be.empty((nh, batch)),
+                "V": be.empty((2 * batch, nv)),  # [v0; vk], one sample per row
+                "H": be.empty((2 * batch, nh)),  # [h0; hk]
+                "h_sample": be.empty((batch, nh)),
+                "diff": be.empty((batch, nv)),
                 "grad": be.empty((nv, nh)),
             }
         return self._buffers[batch]
 
+    def _visible(self, h, out):
+        """Visible units given hidden states ``h``: probabilities, or Gaussian means."""
+        xp = self.backend.xp
+        xp.matmul(h, self.weights_.T, out=out)
+        if self.visible == "bernoulli":
+            return self.backend.sigmoid(out, out=out, bias=self.visible_bias_)
+        out += self.visible_bias_  # Gaussian units: the mean, as the practical guide recommends
+        return out
+
+    def _hidden(self, v, out):
+        """Hidden unit probabilities given visible states ``v``."""
+        self.backend.xp.matmul(v, self.weights_, out=out)
+        return self.backend.sigmoid(out, out=out, bias=self.hidden_bias_)
+
     def _cd_step(self, X, index, momentum: float):
-        """One CD-k minibatch update; returns the batch's summed squared reconstruction error."""
+        """One CD-k minibatch update; returns the batch's summed squared reconstruction error.
+
+        Rows are samples, and each buffer half is contiguous, so the sigmoids run as fused
+        passes between the four products (hidden, visible, hidden, gradient)."""
         be, xp = self.backend, self.backend.xp
-        W, a, b = self.weights_, self.visible_bias_[:, None], self.hidden_bias_[:, None]
         buf = self._buffers_for(len(index))
         B = len(index)
         V, H = buf["V"], buf["H"]
-        v0, vk, h0, hk = V[:, :B], V[:, B:], H[:, :B], H[:, B:]
+        v0, vk, h0, hk = V[:B], V[B:], H[:B], H[B:]
 
-        xp.take(X, index, axis=0, out=buf["rows"])
-        v0[...] = buf["rows"].T
-        # Positive phase: hidden probabilities given the data.
-        xp.matmul(W.T, v0, out=buf["h_lin"])
-        buf["h_lin"] += b
-        be.sigmoid(buf["h_lin"], out=h0)
+        xp.take(X, index, axis=0, out=v0)
+        self._hidden(v0, out=h0)  # positive phase
         # Negative phase: k Gibbs steps from sampled hiddens (or the persistent chain).
         h = self._chain if self.persistent and self._chain is not None else h0
         for _ in range(self.cd_k):
             h = self._sample(h, buf["h_sample"])
-            xp.matmul(W, h, out=buf["v_lin"])
-            buf["v_lin"] += a
-            if self.visible == "bernoulli":
-                be.sigmoid(buf["v_lin"], out=vk)
-            else:  # Gaussian units: the mean, as the practical guide recommends
-                vk[...] = buf["v_lin"]
-            xp.matmul(W.T, vk, out=buf["h_lin"])
-            buf["h_lin"] += b
-            be.sigmoid(buf["h_lin"], out=hk)
-            h = hk
+            self._visible(h, out=vk)
+            h = self._hidden(vk, out=hk)
         if self.persistent:
             self._chain = self._sample(hk, be.empty(hk.shape))
-
-        if self.persistent:
             # vk belongs to the persistent chain, not to this batch: measure the
             # reconstruction of v0 itself (one more product, PCD only).
-            xp.matmul(W, h0, out=buf["v_lin"])
-            buf["v_lin"] += a
-            if self.visible == "bernoulli":
-                be.sigmoid(buf["v_lin"], out=buf["v_lin"])
-            xp.subtract(v0, buf["v_lin"], out=buf["v_lin"])
+            recon = self._visible(h0, out=buf["diff"])
+            diff = xp.subtract(v0, recon, out=recon)
         else:
-            xp.subtract(v0, vk, out=buf["v_lin"])
-        diff = buf["v_lin"].ravel()
+            diff = xp.subtract(v0, vk, out=buf["diff"])
+        diff = diff.ravel()
         error = xp.vdot(diff, diff)
 
-        # Gradient <v h>_data - <v h>_model as one product of the stacked columns,
-        # with lr / B folded into H so the weight update needs no extra scaling pass.
+        # Gradient <v h>_data - <v h>_model as one product of the stacked rows, with
+        # lr / B folded into H so that the update needs no extra scaling pass.
         scale = self.learning_rate / B
         h0 *= scale
         hk *= -scale
-        grad = xp.matmul(V, H.T, out=buf["grad"])
-        grad_hidden = H.sum(axis=1)
-        grad_visible = scale * (v0.sum(axis=1) - vk.sum(axis=1))
+        grad = xp.matmul(V.T, H, out=buf["grad"])
+        grad_hidden = H.sum(axis=0)
+        grad_visible = scale * (v0.sum(axis=0) - vk.sum(axis=0))
 
-        self.weights_inc_ *= momentum
-        self.weights_inc_ += grad
-        self.weights_inc_ -= xp.multiply(W, self.learning_rate * self.weight_cost, out=grad)
-        self.visible_bias_inc_ *= momentum
-        self.visible_bias_inc_ += grad_visible
-        self.hidden_bias_inc_ *= momentum
-        self.hidden_bias_inc_ += grad_hidden
-        W += self.weights_inc_
-        self.visible_bias_ += self.visible_bias_inc_
-        self.hidden_bias_ += self.hidden_bias_inc_
+        be.momentum_step(self.weights_, self.weights_inc_, grad, momentum, self.learning_rate * self.weight_cost)
+        be.momentum_step(self.visible_bias_, self.visible_bias_inc_, grad_visible, momentum)
+        be.momentum_step(self.hidden_bias_, self.hidden_bias_inc_, grad_hidden, momentum)
         return error
 
     def _sample(self, p, out):
@@ -328,8 +318,7 @@ class RBM(Estimator):
         for start in range(0, X.shape[0], chunk):
             part = out[start:start + chunk]
             xp.matmul(X[start:start + chunk], self.weights_, out=part)
-            part += self.hidden_bias_
-            be.sigmoid(part, out=part)
+            be.sigmoid(part, out=part, bias=self.hidden_bias_)
         return out
 
     def reconstruct(self, X):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import skein
 
+from .. import THREAD_VARS
 from ..exceptions import AppSpecError
 from .envpack import ENV_DIR
 
@@ -69,8 +70,7 @@ def build_spec(name: str, job_file: str, opts: YarnOptions, device: str = "cpu")
     if not opts.python:
         files[ENV_DIR] = skein.File(source=opts.env_archive, type="archive")
     threads = str(max(1, opts.worker_vcores))
-    worker_env = {"ITERREDUCE_DEVICE": "gpu" if opts.worker_gpus else device,
-                  "OMP_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    worker_env = {"ITERREDUCE_DEVICE": "gpu" if opts.worker_gpus else device, **{var: threads for var in THREAD_VARS}}
     try:
         worker = skein.Service(
             resources=skein.Resources(memory=opts.worker_memory, vcores=opts.worker_vcores, gpus=opts.worker_gpus),

@@ -1,0 +1,112 @@
+"""The fused CPU kernels: same bits as their NumPy formulas, accurate, independent of alignment."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dbn.model import kernels
+from dbn.model.backend import Backend
+from dbn.model.rbm import RBM
+
+pytestmark = pytest.mark.skipif(kernels.kernels() is None, reason="numba is not installed")
+
+
+def _awkward_values(rng, n):
+    """Ordinary values plus the edges: +-0, the clamp, huge, tiny and subnormal magnitudes."""
+    edges = np.array([0.0, -0.0, 15.81, -15.81, 15.82, -15.82, 1e30, -1e30, 1e-30, 1e-42, -1e-42, 88.0, -104.0],
+                     dtype=np.float32)
+    x = (rng.standard_normal(n) * 8).astype(np.float32)
+    x[: edges.size] = edges
+    return x
+
+
+@pytest.mark.parametrize("offset", [0, 1, 3, 7])  # element offsets: the vector loop starts unaligned
+def test_sigmoid_kernel_gives_the_reference_bits_at_any_alignment(offset):
+    rng = np.random.default_rng(offset)
+    buffer = np.empty(1037 + offset, dtype=np.float32)
+    x = buffer[offset:]
+    x[...] = _awkward_values(rng, x.size)
+    expected = kernels.sigmoid_reference(x)
+    kernels.sigmoid_(x)
+    assert np.array_equal(x.view(np.uint32), expected.view(np.uint32))
+
+
+def test_sigmoid_kernel_with_bias_is_the_reference_of_the_sum():
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((37, 29)).astype(np.float32) * 5
+    bias = rng.standard_normal(29).astype(np.float32)
+    expected = kernels.sigmoid_reference(x + bias)
+    assert np.array_equal(kernels.sigmoid_(x.copy(), bias), expected)
+    # Not contiguous: the NumPy formula runs instead, with the same result.
+    wide = np.zeros((37, 58), dtype=np.float32)
+    wide[:, ::2] = x
+    assert np.array_equal(kernels.sigmoid_(wide[:, ::2], bias), expected)
+
+
+def test_float32_sigmoid_is_accurate_and_stays_in_the_unit_interval():
+    x = np.linspace(-60, 60, 400_001, dtype=np.float32)
+    exact = 1 / (1 + np.exp(-x.astype(np.float64)))
+    got = kernels.sigmoid_(x.copy())
+    assert np.abs(got - exact).max() < 3e-7
+    assert got.min() >= 0 and got.max() <= 1
+    assert np.diff(got).min() >= -2.5e-7  # monotone to within a few float32 steps near 1
+
+
+def test_float64_sigmoid_keeps_the_exact_formula():
+    x = np.linspace(-30, 30, 1001)
+    assert np.abs(Backend("cpu", "float64").sigmoid(x) - 1 / (1 + np.exp(-x))).max() < 1e-15
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_momentum_kernel_gives_the_bits_of_the_array_expressions(dtype):
+    rng = np.random.default_rng(1)
+    param, inc, grad = (rng.standard_normal((61, 17)).astype(dtype) for _ in range(3))
+    p2, i2 = param.copy(), inc.copy()
+    kernels.momentum_step_(param, inc, grad, 0.9, 2e-5)
+    i2 *= 0.9
+    i2 += grad
+    i2 -= dtype(2e-5) * p2
+    p2 += i2
+    assert np.array_equal(inc, i2) and np.array_equal(param, p2)
+
+
+def test_float32_cd_step_follows_the_float64_reference(naive_cd):
+    """The fused float32 path does the same CD-1 update as the plain float64 reference."""
+    rng = np.random.default_rng(3)
+    X = rng.random((40, 12))
+    rbm = RBM(7, batch_size=8, learning_rate=0.2, weight_cost=0.01, device="cpu", seed=5).initialize(X)
+    rbm.set_state({"weights": rng.normal(0, 0.8, (12, 7)), "visible_bias": rng.normal(0, 0.5, 12),
+                   "hidden_bias": rng.normal(0, 0.5, 7)})
+
+    class Float32Draws:
+        """Hands the reference the float32 uniforms the RBM drew, in order."""
+
+        def __init__(self):
+            self.rng = np.random.Generator(type(rbm.backend._rng.bit_generator)())
+            self.rng.bit_generator.state = rbm.backend._rng.bit_generator.state
+
+        def random(self, out, dtype):  # 64-bit outputs split into 32-bit halves, (bits >> 8) / 2**24
+            bits = self.rng.bit_generator.random_raw((out.size + 1) // 2).view(np.uint32)[:out.size]
+            out[...] = ((bits >> 8) / 2**24).reshape(out.shape)
+
+    ref = naive_cd(rbm, Float32Draws())
+    order = rbm._epoch_order(40, 0)
+    for i in range(3):
+        ref.step(X[order[i * 8:(i + 1) * 8]], 0.5)
+    rbm.train_epoch(X.astype(np.float32), 0, batches=range(3))
+    state = rbm.get_state()
+    np.testing.assert_allclose(state["weights"], ref.W, atol=2e-5)
+    np.testing.assert_allclose(state["hidden_bias"], ref.b, atol=2e-5)
+    np.testing.assert_allclose(state["visible_bias"], ref.a, atol=2e-5)
+
+
+def test_float32_uniforms_are_numpys_formula_from_the_raw_stream():
+    """From a fresh generator they are exactly what Generator.random(dtype=float32) draws."""
+    be = Backend("cpu", seed=11)
+    fresh = np.random.default_rng(11)
+    got = be.uniform(np.empty((37, 50), dtype=np.float32))
+    assert np.array_equal(got, fresh.random((37, 50), dtype=np.float32))
+    assert 0 <= got.min() and got.max() < 1
+    odd = be.uniform(np.empty(7, dtype=np.float32))  # 4 raw outputs; the last half is dropped
+    assert np.array_equal(odd, fresh.random(8, dtype=np.float32)[:7])
