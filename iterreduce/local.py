@@ -84,7 +84,8 @@ def _signal_name(signum: int) -> str:
         return f"signal {signum}"
 
 
-def _gpu_count() -> int:
+def gpu_count() -> int:
+    """CUDA devices CuPy sees on this machine (0 without CuPy, a driver or a device)."""
     try:
         import cupy
 
@@ -123,7 +124,7 @@ class LocalCluster:
         self.device = device
         self.threads = threads_per_worker or max(1, (os.cpu_count() or 1) // config.workers)
         self.on_record = on_record
-        self.gpus = _gpu_count() if device in ("gpu", "auto") else 0
+        self.gpus = gpu_count() if device in ("gpu", "auto") else 0
         self.restarts: dict[str, int] = {}
         self.workers: dict[str, subprocess.Popen] = {}
         self.master: subprocess.Popen | None = None

@@ -36,7 +36,7 @@ import numpy as np
 
 from iterreduce import runlog
 from iterreduce.exceptions import MasterKilled
-from iterreduce.local import PREVIOUS, RUN_FILES, local_processes, prune_previous, run_local, set_aside
+from iterreduce.local import PREVIOUS, RUN_FILES, gpu_count, local_processes, prune_previous, run_local, set_aside
 from iterreduce.shards import filesystem, join, list_shards
 
 from .. import __version__
@@ -372,7 +372,8 @@ class LocalCluster:
     def processes(spec: JobSpec, shards: int) -> int:
         """The worker processes for ``shards`` shards: ``[cluster] processes``, or as many as pay,
         never more than ``[cluster] workers``."""
-        return min(spec.cluster.processes or local_processes(shards), spec.cluster.workers, shards)
+        gpus = gpu_count() if resolve_device(spec.job.device) == "gpu" else 0  # then one process per GPU
+        return min(spec.cluster.processes or local_processes(shards, gpus or None), spec.cluster.workers, shards)
 
     def describe(self, spec: JobSpec, shards: int | None = None) -> str:
         workers = spec.cluster.workers

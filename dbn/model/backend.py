@@ -122,20 +122,17 @@ class Backend:
     def sigmoid(self, x, out=None, bias=None):
         """Logistic function of ``x + bias`` (``bias`` optional, broadcast along the last axis).
 
-        On the CPU, float32 runs as one fused pass (:mod:`dbn.model.kernels`); elsewhere it is
-        0.5*tanh(x/2)+0.5, which cannot overflow. ``out=x`` works in place, which the training
+        One fused pass (:mod:`dbn.model.kernels`): on the CPU in float32 a rational tanh, else
+        0.5*tanh(x/2)+0.5; neither can overflow. ``out=x`` works in place, which the training
         loops rely on; ``out=None`` returns a new array.
         """
-        xp = self.xp
         if out is None:
             out = x.copy()
         elif out is not x:
             out[...] = x
         if self.device == "cpu":
             return kernels.sigmoid_(out, bias)
-        if bias is not None:
-            out += bias
-        return kernels.sigmoid_exact(out, out=out, xp=xp)
+        return kernels.gpu_sigmoid_(out, bias)
 
     def momentum_step(self, param, inc, grad, momentum: float, decay: float = 0.0) -> None:
         """In place: ``inc = momentum * inc + grad - decay * param``, then ``param += inc``."""

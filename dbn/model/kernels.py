@@ -1,4 +1,4 @@
-"""Fused elementwise kernels for the CPU: one pass over memory where NumPy makes several.
+"""Fused elementwise kernels: one pass over memory where array expressions make several.
 
 At batch 100 the products of a training step are small, and the passes between them
 (the sigmoids, the momentum update) cost as much as a quarter of the step when each
@@ -16,6 +16,9 @@ approximation on ``[-7.905, 7.905]`` (clamped outside, where float32 tanh is +-1
 within 3e-7): a polynomial and one division, which vectorise, where NumPy's tanh and
 exp take several times longer. Its absolute error is below 3e-7. float64 arrays,
 which the gradient checks use, keep the exact formula (:func:`sigmoid_exact`).
+
+On the GPU the same passes are CuPy ``ElementwiseKernel`` s (:func:`gpu_kernels`), with
+CUDA's tanh; arrays they cannot take (not contiguous) go through CuPy expressions.
 """
 
 from __future__ import annotations
@@ -162,6 +165,10 @@ def momentum_step_(param, inc, grad, momentum: float, decay: float = 0.0, xp=np)
         dt = param.dtype.type
         kernels()["momentum_step"](param.reshape(-1), inc.reshape(-1), grad.reshape(-1), dt(momentum), dt(decay))
         return
+    if xp is not np and gpu_fusable(param, inc, grad):
+        dt = param.dtype.type
+        gpu_kernels()["momentum_step"](grad, dt(momentum), dt(decay), param, inc)
+        return
     inc *= momentum
     inc += grad
     if decay:
@@ -176,6 +183,9 @@ def dropout(a, u, p: float, out, xp=np):
         dt = a.dtype.type
         kernels()["dropout"](a.reshape(-1), u.reshape(-1), dt(p), dt(scale), out.reshape(-1))
         return out
+    if xp is not np and gpu_fusable(a, u, out):
+        dt = a.dtype.type
+        return gpu_kernels()["dropout"](a, u, dt(p), dt(scale), out)
     xp.greater_equal(u, p, out=out)
     out *= a
     out *= scale
@@ -188,7 +198,10 @@ def sigmoid_backward_(delta, a, kept=None, scale: float = 1.0, xp=np):
     if xp is np and fusable(delta, a, *(() if kept is None else (kept,))):
         dt = delta.dtype.type
         kernels()["sigmoid_backward"](delta.reshape(-1), a.reshape(-1), (a if kept is None else kept).reshape(-1),
-                                      dt(scale), )
+                                      dt(scale))
+        return delta
+    if xp is not np and gpu_fusable(delta, a, *(() if kept is None else (kept,))):
+        gpu_kernels()["sigmoid_backward"](a, a if kept is None else kept, delta.dtype.type(scale), delta)
         return delta
     if kept is not None:
         delta *= kept != 0
@@ -210,3 +223,50 @@ def uniform_float32_(bit_generator, out: np.ndarray) -> np.ndarray:
         return out
     k["uniform_from_bits"](bits, flat)
     return out
+
+
+# ---------------------------------------------------------------------- GPU (CuPy)
+
+_gpu_kernels: dict | None = None
+
+
+def gpu_kernels() -> dict:
+    """The fused passes as CuPy ``ElementwiseKernel`` s, built on first use (CuPy compiles
+    each for its dtypes when first called). Their formulas are the CPU kernels', but for
+    the sigmoid, which is ``0.5 * tanh(x / 2) + 0.5`` with CUDA's tanh."""
+    global _gpu_kernels
+    if _gpu_kernels is None:
+        import cupy
+
+        ek = cupy.ElementwiseKernel
+        _gpu_kernels = {
+            # x (rows x n) in place; bias (n,) along the last axis, read by the element's column.
+            "sigmoid_bias": ek("raw T bias, int64 n", "T x",
+                               "x = (T)0.5 * tanh((T)0.5 * (x + bias[i % n])) + (T)0.5", "dbn_sigmoid_bias"),
+            "momentum_step": ek("T grad, T momentum, T decay", "T param, T inc",
+                                "T step = momentum * inc + grad - decay * param; inc = step; param = param + step",
+                                "dbn_momentum_step"),
+            "dropout": ek("T a, T u, T p, T scale", "T out", "out = u >= p ? a * scale : (T)0", "dbn_dropout"),
+            "sigmoid_backward": ek("T a, T kept, T scale", "T delta",
+                                   "T d = kept != (T)0 ? delta : (T)0; delta = (d * scale) * (a * ((T)1 - a))",
+                                   "dbn_sigmoid_backward"),
+        }
+    return _gpu_kernels
+
+
+def gpu_fusable(*arrays) -> bool:
+    """True when the GPU kernels can take these CuPy arrays: C-contiguous, one dtype."""
+    dtype = arrays[0].dtype
+    return all(getattr(a, "flags", None) is not None and a.flags.c_contiguous and a.dtype == dtype for a in arrays)
+
+
+def gpu_sigmoid_(x, bias=None):
+    """In place on a CuPy array: ``x = sigmoid(x + bias)``, ``bias`` along the last axis."""
+    import cupy
+
+    if bias is None or not gpu_fusable(x, bias):
+        if bias is not None:
+            x += bias
+        return sigmoid_exact(x, out=x, xp=cupy)
+    gpu_kernels()["sigmoid_bias"](bias, bias.size, x)
+    return x

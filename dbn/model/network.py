@@ -194,8 +194,9 @@ class Network:
             labels = y[index]
             acts, inputs = self._forward(rows, dropout, train=True)
             probs = acts[-1]
-            total_loss -= float(xp.sum(xp.log(xp.maximum(probs[every, labels], 1e-30))))
-            errors += int((probs.argmax(axis=1) != labels).sum())
+            # Summed on the device: no transfer (and no wait for the GPU) until the epoch ends.
+            total_loss = total_loss - xp.sum(xp.log(xp.maximum(probs[every, labels], 1e-30)))
+            errors = errors + (probs.argmax(axis=1) != labels).sum()
             # delta = -lr * (probs - targets) / B: the gradients come out as steps.
             delta = probs.copy()
             delta[every, labels] -= 1
@@ -205,4 +206,4 @@ class Network:
                 be.momentum_step(self.weights[j], self.weights_inc[j], steps_w[j], momentum, learning_rate * weight_cost)
                 be.momentum_step(self.biases[j], self.biases_inc[j], steps_b[j], momentum)
         n_seen = len(batches) * batch
-        return FinetuneStats(epoch, n_seen, total_loss / max(n_seen, 1), errors / max(n_seen, 1))
+        return FinetuneStats(epoch, n_seen, float(total_loss) / max(n_seen, 1), int(errors) / max(n_seen, 1))
