@@ -52,6 +52,7 @@ def test_sgemm_rate_is_positive_and_finite():
 def test_result_json_reports_flops_and_the_ratio_to_the_limit(tmp_path, monkeypatch, measured):
     if measured:  # this tiny job is under the threshold at which a run measures the sgemm rate
         monkeypatch.setattr(run_module, "LIMIT_MIN_FLOPS", 0)
+        monkeypatch.setattr(run_module, "SGEMM_MEASUREMENTS", 2)
     make_dataset(tmp_path / "train.npz", n=240)
     out = tmp_path / "o"
     assert main(["train", "--set", f"data.train={tmp_path / 'train.npz'}", "--set", "data.test=none",

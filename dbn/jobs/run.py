@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -137,15 +138,18 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
     return result
 
 
-#: Runs of fewer flops (about 10 s on 2 cores) report no ratio to the limit: measuring
-#: the sgemm rate (about a second) would cost more than it tells.
-LIMIT_MIN_FLOPS = 1e12
+#: Runs of fewer flops (about 2 minutes on 2 cores) report no ratio to the limit: measuring
+#: the sgemm rate (about 5 s) would cost more than it tells.
+LIMIT_MIN_FLOPS = 1e13
+#: sgemm measurements after training, of which the median is the rate: on a shared VM one
+#: measurement (the best of 3 products) ranged from 71 to 146 GFLOP/s within a minute.
+SGEMM_MEASUREMENTS = 7
 
 
 def flop_figures(out: Path, model: DBN, spec: JobSpec, train_seconds: float, *, measure: bool = True) -> dict:
     """How close training came to this machine's FLOP limit: ``flops`` (the products of the
-    steps in the run's log), ``sgemm_gflops`` (this machine's rate with all BLAS threads,
-    measured right after training), ``flop_limit_seconds`` (the flops at that rate) and
+    steps in the run's log), ``sgemm_gflops`` (this machine's rate with all BLAS threads:
+    the median of :data:`SGEMM_MEASUREMENTS` right after training), ``flop_limit_seconds`` (the flops at that rate) and
     ``ratio_to_limit``: the training's wall time (``train_seconds``: data preparation,
     start-up, every step, the model written) over the limit. Without ``measure``, or
     under :data:`LIMIT_MIN_FLOPS`, only the flops. A resumed run's log also counts the
@@ -153,7 +157,9 @@ def flop_figures(out: Path, model: DBN, spec: JobSpec, train_seconds: float, *, 
     sizes = [model.n_features_in_, *model.hidden_layers, getattr(model, "n_classes_", None) or 1]
     total = flops.job_flops(runlog.read_progress(out / runlog.LOG_NAME), sizes, cd_k=spec.model.cd_k,
                             persistent=spec.model.persistent, top_layer_epochs=spec.model.top_layer_epochs)
-    sgemm = flops.sgemm_gflops() if measure and total >= LIMIT_MIN_FLOPS else None
+    sgemm = None
+    if measure and total >= LIMIT_MIN_FLOPS:
+        sgemm = statistics.median(flops.sgemm_gflops() for _ in range(SGEMM_MEASUREMENTS))
     limit = total / (sgemm * 1e9) if sgemm else None
     return {"flops": total, "sgemm_gflops": sgemm, "flop_limit_seconds": limit, "train_wall_seconds": train_seconds,
             "ratio_to_limit": train_seconds / limit if limit else None}
