@@ -110,3 +110,23 @@ def test_float32_uniforms_are_numpys_formula_from_the_raw_stream():
     assert 0 <= got.min() and got.max() < 1
     odd = be.uniform(np.empty(7, dtype=np.float32))  # 4 raw outputs; the last half is dropped
     assert np.array_equal(odd, fresh.random(8, dtype=np.float32)[:7])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_dropout_and_backward_kernels_give_the_bits_of_the_array_expressions(dtype):
+    rng = np.random.default_rng(2)
+    a = rng.random((33, 21)).astype(dtype)
+    u = rng.random((33, 21)).astype(dtype)
+    delta = rng.standard_normal((33, 21)).astype(dtype)
+    dropped = kernels.dropout(a, u.copy(), 0.3, out=np.empty_like(a))
+    expected = (u >= 0.3) * a
+    expected *= dtype(1 / (1 - 0.3))
+    assert np.array_equal(dropped, expected) and (dropped == 0).any()
+
+    got = kernels.sigmoid_backward_(delta.copy(), a, dropped, 1 / (1 - 0.3))
+    want = delta * (dropped != 0)
+    want *= dtype(1 / (1 - 0.3))
+    want *= a * (1 - a)
+    assert np.array_equal(got, want)
+    plain = kernels.sigmoid_backward_(delta.copy(), a)  # no dropout: a's own derivative
+    assert np.array_equal(plain, delta * (a * (1 - a)))

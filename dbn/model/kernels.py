@@ -101,16 +101,19 @@ def _compile():
             inc[i] = step
             param[i] = param[i] + step
 
+    # Constants come in typed (``one``): a Python literal would make numba compute in float64.
     @jit
-    def dropout(a, u, p, scale, out):
+    def dropout(a, u, p, scale, one, out):
+        zero = one - one
         for i in range(a.shape[0]):
-            out[i] = a[i] * scale if u[i] >= p else 0.0
+            out[i] = a[i] * one * scale if u[i] >= p else zero
 
     @jit
-    def sigmoid_backward(delta, a, kept, scale):
+    def sigmoid_backward(delta, a, kept, scale, one):
+        zero = one - one
         for i in range(delta.shape[0]):
-            d = delta[i] if kept[i] != 0 else 0.0
-            delta[i] = (d * scale) * (a[i] * (1 - a[i]))
+            d = delta[i] * one if kept[i] != zero else zero
+            delta[i] = (d * scale) * (a[i] * (one - a[i]))
 
     @jit
     def uniform_from_bits(bits, out):
@@ -181,7 +184,7 @@ def dropout(a, u, p: float, out, xp=np):
     scale = 1.0 / (1.0 - p)
     if xp is np and fusable(a, u, out):
         dt = a.dtype.type
-        kernels()["dropout"](a.reshape(-1), u.reshape(-1), dt(p), dt(scale), out.reshape(-1))
+        kernels()["dropout"](a.reshape(-1), u.reshape(-1), dt(p), dt(scale), dt(1), out.reshape(-1))
         return out
     if xp is not np and gpu_fusable(a, u, out):
         dt = a.dtype.type
@@ -198,7 +201,7 @@ def sigmoid_backward_(delta, a, kept=None, scale: float = 1.0, xp=np):
     if xp is np and fusable(delta, a, *(() if kept is None else (kept,))):
         dt = delta.dtype.type
         kernels()["sigmoid_backward"](delta.reshape(-1), a.reshape(-1), (a if kept is None else kept).reshape(-1),
-                                      dt(scale))
+                                      dt(scale), dt(1))
         return delta
     if xp is not np and gpu_fusable(delta, a, *(() if kept is None else (kept,))):
         gpu_kernels()["sigmoid_backward"](a, a if kept is None else kept, delta.dtype.type(scale), delta)
