@@ -368,3 +368,12 @@ def test_one_process_trains_on_the_shards_the_job_names(tmp_path, capsys):
                  "--out", str(tmp_path / "u"), "--quiet"]) == 2
     assert "part-00000.parquet: no 'label' column" in capsys.readouterr().err
     assert not (tmp_path / "u").exists()
+
+
+def test_bench_names_a_per_core_process_that_died():
+    from dbn.exceptions import BackendError
+    from dbn.jobs.bench import contender, measure
+
+    broken = contender("rbm", n_visible=4, n_hidden=3, batch=0)  # the children divide by the batch size
+    with pytest.raises(BackendError, match="rbm 4x3 ended early"):
+        measure([broken], mappings=("per-core",), seconds=0.1, rounds=1, sgemm_size=64)

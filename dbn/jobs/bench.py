@@ -39,6 +39,7 @@ import numpy as np
 from iterreduce import THREAD_VARS
 
 from ..model import flops
+from ..exceptions import BackendError
 from ..model.backend import Backend
 from ..model.network import Network
 from ..model.rbm import RBM
@@ -140,6 +141,7 @@ class _PerCore:
     """One single-threaded trainer per core, each in its own process, run at the same time."""
 
     def __init__(self, spec: dict, processes: int):
+        self.name = spec["name"]
         ctx = multiprocessing.get_context("spawn")
         saved = {var: os.environ.get(var) for var in THREAD_VARS}
         os.environ.update({var: "1" for var in THREAD_VARS})  # read by the children's BLAS at start-up
@@ -157,14 +159,23 @@ class _PerCore:
                     os.environ.pop(var, None)
                 else:
                     os.environ[var] = value
-        for conn in self.conns:
-            if conn.recv() != "ready":
-                raise RuntimeError("a benchmark process failed to start")
+        try:
+            for conn in self.conns:
+                self._receive(conn)
+        except BaseException:
+            self.close()
+            raise
+
+    def _receive(self, conn):
+        try:
+            return conn.recv()
+        except EOFError:  # the child died; its traceback went to stderr
+            raise BackendError(f"a per-core benchmark process of {self.name} ended early (its error is above)") from None
 
     def run(self, budget: float) -> tuple[int, float]:
         for conn in self.conns:
             conn.send(budget)
-        results = [conn.recv() for conn in self.conns]
+        results = [self._receive(conn) for conn in self.conns]
         return sum(s for s, _ in results), max(t for _, t in results)
 
     def close(self) -> None:
