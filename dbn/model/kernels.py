@@ -120,8 +120,8 @@ def _compile():
         for i in range(out.shape[0]):
             out[i] = np.float32(bits[i] >> np.uint32(8)) * np.float32(2.0 ** -24)
 
-    return {"uniform_from_bits": uniform_from_bits, "sigmoid_flat": sigmoid_flat, "sigmoid_bias": sigmoid_bias, "momentum_step": momentum_step,
-            "dropout": dropout, "sigmoid_backward": sigmoid_backward}
+    return {"uniform_from_bits": uniform_from_bits, "sigmoid_flat": sigmoid_flat, "sigmoid_bias": sigmoid_bias,
+            "momentum_step": momentum_step, "dropout": dropout, "sigmoid_backward": sigmoid_backward}
 
 
 _kernels: dict | None = None
