@@ -119,6 +119,14 @@ class WorkerProgram(ABC):
         self.config = dict(config)
         self.device = device
 
+    def load_shard(self, uri: str, index: int):
+        """This worker's copy of shard ``index``: by default read whole into memory
+        (:func:`iterreduce.shards.read_shard`). A program whose data may not fit returns
+        :func:`iterreduce.shards.spill_shard`'s streamed copy instead."""
+        from .shards import read_shard
+
+        return read_shard(uri, index)
+
     @abstractmethod
     def run(self, step: Step, parameters: Arrays, shard, seed: int) -> Update:
         """Compute this shard's update for ``step`` from ``parameters``.

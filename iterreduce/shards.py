@@ -26,6 +26,7 @@ import pyarrow.parquet as pq
 
 from .exceptions import ShardError
 from .lifeline import follow_parent
+from .rowfile import RowFile
 
 FEATURES = "features"
 LABEL = "label"
@@ -34,11 +35,13 @@ FEATURE_TYPES = (pa.float32(), pa.uint8(), pa.float64())
 
 @dataclass
 class ShardData:
-    """One shard in memory: float32 features (rows x features) and optional labels."""
+    """One shard: float32 features (rows x features) and optional int64 labels. The features
+    are an array in memory, or a :class:`~iterreduce.rowfile.RowFile` on local disk for a
+    shard streamed by :func:`spill_shard` (same rows, same bits, read on demand)."""
 
     index: int
     uri: str
-    features: np.ndarray
+    features: np.ndarray | RowFile
     labels: np.ndarray | None
 
     @property
@@ -160,8 +163,8 @@ def footer_ranges(parquet: pq.ParquetFile, uri: str = "") -> dict:
 
 
 def read_shard(uri: str, index: int = 0, n_features: int | None = None, need_labels: bool = False) -> ShardData:
-    """Read one shard, checking its schema and values; every error names the file (and the
-    row and column where known)."""
+    """Read one shard into memory, checking its schema and values; every error names the
+    file (and the row and column where known)."""
     try:
         with open_shard(uri) as parquet:
             table = parquet.read()
@@ -171,30 +174,90 @@ def read_shard(uri: str, index: int = 0, n_features: int | None = None, need_lab
         raise unreadable(uri, exc) from exc
     if table.num_rows == 0:
         raise ShardError(f"{uri}: shard is empty")
-    column = table.column(FEATURES).combine_chunks()
+    values = feature_rows(uri, table.column(FEATURES).combine_chunks(), 0, n_features)
+    labels = _labels(uri, table.column(LABEL)) if LABEL in table.column_names else None
+    if labels is None and need_labels:
+        raise ShardError(f"{uri}: no '{LABEL}' column, but this job needs labels")
+    return ShardData(index, uri, as_float32(values), labels)
+
+
+#: Rows a streamed shard reads from its Parquet file at a time (a few MB of features).
+STREAM_ROWS = 8192
+
+
+def spill_shard(uri: str, directory: str, index: int = 0, n_features: int | None = None,
+                need_labels: bool = False) -> ShardData:
+    """Copy one shard to a :class:`~iterreduce.rowfile.RowFile` in local ``directory``, a few
+    thousand rows at a time, with the checks of :func:`read_shard`: the shard's features
+    never sit whole in memory (its labels do, 8 bytes a row). Rows come back from the file
+    with the bits :func:`read_shard` gives them."""
+    rows, labels, start = None, [], 0
+    try:
+        with open_shard(uri) as parquet:
+            has_labels = LABEL in parquet.schema_arrow.names
+            if not has_labels and need_labels:
+                raise ShardError(f"{uri}: no '{LABEL}' column, but this job needs labels")
+            for batch in parquet.iter_batches(batch_size=STREAM_ROWS):
+                values = feature_rows(uri, batch.column(FEATURES), start, n_features)
+                if rows is None:
+                    rows = RowFile.new(directory, f"shard-{index:05d}-", values.shape[1], values.dtype,
+                                       divide_by=255.0 if values.dtype == np.uint8 else None)
+                elif values.shape[1] != rows.width:
+                    raise ShardError(f"{uri}: rows have different feature counts: row {start} has "
+                                     f"{values.shape[1]}, row 0 has {rows.width}")
+                rows.append(values)
+                if has_labels:
+                    labels.append(_labels(uri, batch.column(LABEL), start))
+                start += batch.num_rows
+    except ShardError:
+        if rows is not None:
+            rows.close()
+        raise
+    except Exception as exc:  # noqa: BLE001 - a corrupt page or a truncated column
+        if rows is not None:
+            rows.close()
+        raise unreadable(uri, exc) from exc
+    if rows is None:
+        raise ShardError(f"{uri}: shard is empty")
+    return ShardData(index, uri, rows, np.concatenate(labels) if has_labels else None)
+
+
+def feature_rows(uri: str, column: pa.Array, first_row: int = 0, n_features: int | None = None) -> np.ndarray:
+    """The ``features`` column (or a block of it starting at row ``first_row``) as a rows x
+    features array, uint8 kept as stored and other types as float32, refusing nulls, rows of
+    different lengths and NaN or infinite values, naming the row."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
     value_type = column.type.value_type
     if column.null_count:
-        raise ShardError(f"{uri}: '{FEATURES}' has {column.null_count} null rows")
+        raise ShardError(f"{uri}: '{FEATURES}' has {column.null_count} null rows"
+                         + (f" (the first block of nulls starts at row {first_row})" if first_row else ""))
     lengths = column.value_lengths().to_numpy() if pa.types.is_list(column.type) else None
     width = column.type.list_size if lengths is None else int(lengths[0])
     if lengths is not None and (lengths != width).any():
         row = int(np.argmax(lengths != width))
-        raise ShardError(f"{uri}: rows have different feature counts: row {row} has {int(lengths[row])}, row 0 has {width}")
+        raise ShardError(f"{uri}: rows have different feature counts: row {first_row + row} has "
+                         f"{int(lengths[row])}, row {first_row} has {width}")
     if width == 0:
         raise ShardError(f"{uri}: '{FEATURES}' lists are empty: no feature to train on")
     if n_features is not None and width != n_features:
         raise ShardError(f"{uri}: {width} features per row, expected {n_features}")
-    values = column.flatten().to_numpy(zero_copy_only=False).reshape(table.num_rows, width)
-    features = values.astype(np.float32) / 255.0 if value_type == pa.uint8() else values.astype(np.float32)
-    bad = ~np.isfinite(features)
+    values = column.flatten().to_numpy(zero_copy_only=False).reshape(len(column), width)
+    if value_type == pa.uint8():
+        return values
+    values = values.astype(np.float32)
+    bad = ~np.isfinite(values)
     if bad.any():
         row, col = (int(i) for i in np.argwhere(bad)[0])
         raise ShardError(f"{uri}: '{FEATURES}' contains NaN or infinite values ({int(bad.sum())}, nulls "
-                         f"included), the first at row {row}, column {col}")
-    labels = _labels(uri, table.column(LABEL)) if LABEL in table.column_names else None
-    if labels is None and need_labels:
-        raise ShardError(f"{uri}: no '{LABEL}' column, but this job needs labels")
-    return ShardData(index, uri, features, labels)
+                         f"included), the first at row {first_row + row}, column {col}")
+    return values
+
+
+def as_float32(values: np.ndarray) -> np.ndarray:
+    """Stored feature values as the float32 features programs see: uint8 intensities scaled
+    to [0, 1] (the same formula as :class:`~iterreduce.rowfile.RowFile`'s ``divide_by``)."""
+    return values.astype(np.float32) / 255.0 if values.dtype == np.uint8 else values
 
 
 def read_labels(uri: str) -> np.ndarray:
@@ -211,22 +274,23 @@ def read_labels(uri: str) -> np.ndarray:
     return _labels(uri, column)
 
 
-def _labels(uri: str, column: pa.ChunkedArray) -> np.ndarray:
-    """An integer label column as int64 classes, refusing nulls and negative values (by row)."""
+def _labels(uri: str, column, first_row: int = 0) -> np.ndarray:
+    """An integer label column (or a block of it starting at row ``first_row``) as int64
+    classes, refusing nulls and negative values (by row)."""
     if column.null_count:
-        row = int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
+        row = first_row + int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
         raise ShardError(f"{uri}: '{LABEL}' has {column.null_count} nulls, the first at row {row}")
     labels = column.to_numpy().astype(np.int64)
     if (labels < 0).any():
         row = int(np.argmax(labels < 0))
-        raise ShardError(f"{uri}: '{LABEL}' at row {row} is {labels[row]}: classes are 0, 1, 2, ...")
+        raise ShardError(f"{uri}: '{LABEL}' at row {first_row + row} is {labels[row]}: classes are 0, 1, 2, ...")
     return labels
 
 
 def shard_info(uris: list[str]) -> list[dict]:
     """What the footers say of each shard, without reading its data: ``uri``, ``rows``,
-    ``features`` (per row), ``labels`` (whether it has them) and ``ranges`` (see
-    :func:`footer_ranges`). Refuses a shard the footer already shows to be unusable:
+    ``features`` (per row), ``labels`` (whether it has them), ``ranges`` (see
+    :func:`footer_ranges`) and ``stored_bytes`` (bytes per stored feature value). Refuses a shard the footer already shows to be unusable:
     unreadable, of another schema, empty, with infinite features or negative labels.
 
     The footers are read in a helper process: on some corrupt footers pyarrow ends the
@@ -267,6 +331,7 @@ def describe_shard(uri: str) -> dict:
                 raise ShardError(f"{uri}: '{FEATURES}' lists are empty: no feature to train on")
         ranges = footer_ranges(parquet, uri)
         has_labels = LABEL in parquet.schema_arrow.names
+        stored_bytes = parquet.schema_arrow.field(FEATURES).type.value_type.byte_width
     features, labels = ranges[FEATURES], ranges[LABEL]
     if features and not np.isfinite(features).all():
         raise ShardError(f"{uri}: '{FEATURES}' holds infinite values (the footer's statistics: "
@@ -274,7 +339,8 @@ def describe_shard(uri: str) -> dict:
     if labels and labels[0] < 0:
         raise ShardError(f"{uri}: '{LABEL}' holds negative values (the footer's statistics: min {labels[0]}): "
                          f"classes are 0, 1, 2, ...")
-    return {"uri": uri, "rows": rows, "features": width, "labels": has_labels, "ranges": ranges}
+    return {"uri": uri, "rows": rows, "features": width, "labels": has_labels, "ranges": ranges,
+            "stored_bytes": stored_bytes}
 
 
 def write_shards(X: np.ndarray, y: np.ndarray | None, uri: str, n_shards: int, *, prefix: str = "part") -> list[str]:

@@ -19,7 +19,7 @@ from .proto import iterreduce_pb2 as pb
 from .proto import iterreduce_pb2_grpc as pb_grpc
 from .exceptions import DataError
 from .security import TlsCredentials, channel_credentials, channel_options, metadata
-from .shards import ShardData, read_shard
+from .shards import ShardData
 
 log = logging.getLogger("iterreduce.worker")
 
@@ -127,7 +127,7 @@ class Worker:
         for shard in header.shards:
             self.status = {"state": "computing", "step": header.step, "phase": step.phase, "shard": shard.index}
             if shard.index not in self.shards:
-                self.shards[shard.index] = read_shard(shard.uri, shard.index)
+                self.shards[shard.index] = self.program.load_shard(shard.uri, shard.index)
             seed = shard_seed(header.seed, header.step, shard.index)
             updates.append(self.program.run(step, self.parameters, self.shards[shard.index], seed))
         self.status = {"state": "pushing", "step": header.step}

@@ -221,13 +221,12 @@ def simulate(program: str, program_config: dict, uris: list[str], seed: int = 0)
     """Run ``program`` sequentially here: every shard every step, with the runtime's seeds and reduce."""
     from iterreduce.shards import shard_info
     from iterreduce.program import load_class, shard_seed
-    from iterreduce.shards import read_shard
 
     info = shard_info(uris)
     prog = load_class(program)(program_config)
     prog.check_shards(info)  # as the master does, before anything else
     worker = load_class(prog.worker_class)(program_config)
-    data = [read_shard(uri, i) for i, uri in enumerate(uris)]
+    data = [worker.load_shard(uri, i) for i, uri in enumerate(uris)]
     params = prog.initial_parameters(seed, info)
     for index, step in enumerate(prog.schedule(info)):
         params = prog.before_step(step, params)

@@ -182,12 +182,13 @@ def test_master_sigkill_then_resume_is_bit_identical_softmax(tmp_path, monkeypat
         assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k
 
 
-def test_master_sigkill_then_resume_is_bit_identical_dbn(tmp_path, monkeypatch, mnist_small):
+@pytest.mark.parametrize("stream", [False, True], ids=["in-memory", "streamed"])
+def test_master_sigkill_then_resume_is_bit_identical_dbn(tmp_path, monkeypatch, mnist_small, stream):
     x_train, y_train, _, _ = mnist_small
     shards = str(tmp_path / "shards")
     write_shards(x_train[:600], y_train[:600], shards, 3)
     config = dict(hidden_layers=[32, 16], pretrain_epochs=2, finetune_epochs=2, top_layer_epochs=1,
-                  n_classes=10, seed=0)
+                  n_classes=10, seed=0, stream=stream)
     # Steps: transform, 2 pretrain (layer 0); transform, 2 pretrain (layer 1); 2 finetune. Killed
     # after step 3, it resumes inside layer 1, whose inputs the new workers must rebuild.
     a, b, out_b = kill_master_then_resume(tmp_path, monkeypatch, program=SLOW_DBN, config=config, shards=shards,

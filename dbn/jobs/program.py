@@ -14,17 +14,22 @@ run follows single-machine momentum SGD; it doubles the bytes on the wire, which
 
 from __future__ import annotations
 
+import atexit
 import math
+import shutil
+import tempfile
 
 import numpy as np
 
 from iterreduce.program import Program, Step, Update, WorkerProgram, block_momentum_average, weighted_average
-from iterreduce.shards import read_labels, read_shard, shard_info
+from iterreduce.rowfile import RowFile, local_directory
+from iterreduce.shards import read_labels, read_shard, shard_info, spill_shard
 
 from ..data.validation import UNIT_INTERVAL_HINT, check_features, check_labels, class_warnings
 from ..exceptions import DataError
 from ..model import state
 from ..model.estimator import DBN
+from ..model.minibatch import chunks, column_mean
 from ..model.network import Network
 from ..model.rbm import RBM
 
@@ -182,28 +187,72 @@ class DBNProgram(Program):
 
 
 class DBNWorker(WorkerProgram):
-    """Worker side: trains RBM layers and the network on its shards."""
+    """Worker side: trains RBM layers and the network on its shards.
+
+    With ``config["stream"]`` a shard is copied to local disk (:func:`iterreduce.shards.spill_shard`)
+    and every layer's input stays there, read a few minibatches ahead: a worker's memory then
+    no longer grows with its data (see :mod:`dbn.jobs.memory`). The rows, and so the model,
+    are the same bits either way."""
 
     def __init__(self, config, device="cpu"):
         super().__init__(config, device)
         self.model = DBN(**dbn_params(config), device=device).validate_params()
         self.layers = self.model.hidden_layers
-        self._inputs: dict[tuple[int, int], object] = {}  # (shard, layer) -> that layer's input, on the device
+        self.stream = bool(config.get("stream"))
+        self._inputs: dict[tuple[int, int], object] = {}  # (shard, layer) -> that layer's input: device array or RowFile
         self._rbms: dict[tuple[int, int], RBM] = {}
         self._labels: dict[int, object] = {}
+        self._spill_dir: str | None = None
+
+    def load_shard(self, uri, index):
+        if not self.stream:
+            return read_shard(uri, index)
+        return spill_shard(uri, self._spill_directory(), index)
+
+    def _spill_directory(self) -> str:
+        """A private directory for this worker's row files on a local disk (YARN's first local
+        directory for the container, else the temporary directory), removed at exit."""
+        if self._spill_dir is None:
+            self._spill_dir = tempfile.mkdtemp(prefix="dbn-rows-", dir=local_directory())
+            atexit.register(shutil.rmtree, self._spill_dir, True)
+        return self._spill_dir
 
     def _input(self, shard, layer: int, parameters):
-        """Layer ``layer``'s input for ``shard``, computed locally from the layers below."""
+        """Layer ``layer``'s input for ``shard``, computed locally from the layers below. Only
+        the data (layer 0) and the newest layer's input are kept."""
         key = (shard.index, layer)
         if key not in self._inputs:
             if layer == 0:
-                check_features(shard.features, name=shard.uri, unit_interval=self.model.visible == "bernoulli")
-                self._inputs[key] = self.model.backend.asarray(shard.features)
+                self._inputs[key] = self._checked_data(shard)
             else:
                 below = self._rbm(shard, layer - 1)
                 below.set_state(state.rbm_state(parameters, layer - 1))
-                self._inputs[key] = below._hidden_probs(self._input(shard, layer - 1, parameters))
+                data = self._input(shard, layer - 1, parameters)
+                if self.stream:
+                    rows = RowFile.new(self._spill_directory(), f"shard-{shard.index:05d}-layer-{layer}-",
+                                       self.layers[layer - 1], np.float32)
+                    for block in below._hidden_probs_chunks(data):
+                        rows.append(block)
+                    self._inputs[key] = rows
+                else:
+                    self._inputs[key] = below._hidden_probs(data)
+            for old in [k for k in self._inputs if k[0] == shard.index and 0 < k[1] < layer]:
+                dropped = self._inputs.pop(old)  # no longer needed: a later layer is training
+                if isinstance(dropped, RowFile):
+                    dropped.close()
         return self._inputs[key]
+
+    def _checked_data(self, shard):
+        """The shard's features on the device (in memory) or as its row file (streamed),
+        checked for the visible units: Bernoulli units need [0, 1]."""
+        unit = self.model.visible == "bernoulli"
+        if not isinstance(shard.features, RowFile):
+            check_features(shard.features, name=shard.uri, unit_interval=unit)
+            return self.model.backend.asarray(shard.features)
+        if unit and shard.features.stored != np.uint8:  # uint8 intensities are in [0, 1] by construction
+            for start, block in chunks(shard.features, self.model.backend):
+                check_features(block, name=f"{shard.uri} (the block from row {start})", unit_interval=True)
+        return shard.features
 
     def _rbm(self, shard, layer: int) -> RBM:
         key = (shard.index, layer)
@@ -217,8 +266,7 @@ class DBNWorker(WorkerProgram):
     def run(self, step: Step, parameters, shard, seed) -> Update:
         if step.phase == "transform":
             data = self._input(shard, step.info["layer"], parameters)
-            mean = self.model.backend.to_numpy(data.mean(axis=0)).astype(np.float32)
-            return Update(shard.index, int(data.shape[0]), {step.arrays[0]: mean}, {})
+            return Update(shard.index, int(data.shape[0]), {step.arrays[0]: column_mean(data, self.model.backend)}, {})
         if step.phase == "pretrain":
             return self._pretrain(step, parameters, shard, seed)
         if step.phase == "finetune":
@@ -247,8 +295,8 @@ class DBNWorker(WorkerProgram):
         if shard.labels is None:
             raise DataError(f"{shard.uri}: fine-tuning needs a 'label' column")
         data = self._input(shard, 0, parameters)
-        if shard.index not in self._labels:
-            self._labels[shard.index] = be.asarray(shard.labels, dtype=np.int64)
+        if shard.index not in self._labels:  # on the device with in-memory data, streamed with the rows
+            self._labels[shard.index] = shard.labels if isinstance(data, RowFile) else be.asarray(shard.labels, dtype=np.int64)
         net = Network.from_state(parameters, len(self.layers) + 1, be)
         be.reseed(seed)
         order_seed = int(np.random.SeedSequence([m.seed, 10_000, shard.index]).generate_state(1)[0])

@@ -38,7 +38,7 @@ import numpy as np
 from iterreduce import runlog
 from iterreduce.exceptions import MasterKilled
 from iterreduce.local import PREVIOUS, RUN_FILES, gpu_count, local_processes, prune_previous, run_local, set_aside
-from iterreduce.shards import filesystem, join, list_shards
+from iterreduce.shards import filesystem, join, list_shards, shard_info
 
 from .. import __version__
 from ..data.sharding import load_dataset, load_shards, shard_dataset
@@ -48,6 +48,7 @@ from ..model import flops
 from ..model.backend import resolve_device
 from ..model.estimator import DBN
 from ..model.persist import atomic_write
+from .memory import plan as plan_memory
 from .spec import JobSpec
 
 MODEL_FILE, RESULT_FILE, CONFIG_FILE = "model.npz", "result.json", "config.json"
@@ -391,11 +392,17 @@ class LocalCluster:
         if workers < 1:
             raise ConfigError("a local mini-cluster needs workers: set [cluster] workers or pass --local N")
         uris = list_shards(local_shards(spec, out, workers))
+        processes = self.processes(spec, len(uris))
+        budget = available_memory() // processes
+        stream, memory = plan_memory(shard_info(uris), processes, spec.model.hidden_layers, choice=spec.cluster.stream,
+                                     budget_bytes=budget, budget_name=f"this machine's available memory over "
+                                                                      f"{processes} worker processes")
+        where = self.describe(spec, len(uris)) + (", streaming the data from local disk" if stream else "")
         on_record({"event": "start", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                   "where": self.describe(spec, len(uris)), "output": str(out)})  # not logged: the master's log is the master's
+                   "where": where, "output": str(out)})  # not logged: the master's log is the master's
         try:
-            config = dataclasses.replace(spec.master_config(shards=uris, output=str(out)),
-                                         workers=self.processes(spec, len(uris)), resume=self.resume)
+            config = dataclasses.replace(spec.master_config(shards=uris, output=str(out), stream=stream),
+                                         workers=processes, resume=self.resume)
             run_local(config, max_restarts=spec.cluster.max_restarts, device=spec.job.device, on_record=on_record)
         except MasterKilled as killed:
             if killed.checkpoint is None:
@@ -405,7 +412,19 @@ class LocalCluster:
         except KeyboardInterrupt:
             raise Interrupted(f"checkpoints are in {out / 'checkpoints'}: continue with the same command "
                               f"and --resume") from None
-        return {**cluster_figures(out), "shards": len(uris), "processes": config.workers}
+        return {**cluster_figures(out), "shards": len(uris), "processes": config.workers, "memory": memory}
+
+
+def available_memory() -> int:
+    """Bytes this machine can still give processes (MemAvailable, else all physical memory)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def local_shards(spec: JobSpec, out: Path, n_shards: int) -> str:

@@ -48,6 +48,7 @@ import tomli_w
 from iterreduce.master import MasterConfig
 
 from ..exceptions import ConfigError
+from .memory import STREAM_CHOICES
 from ..model.backend import DEVICES
 from ..model.estimator import DBN
 from ..model.rbm import VISIBLE_UNITS
@@ -113,6 +114,7 @@ class ClusterSection:
     block_momentum: float = 0.0  # fine-tuning: momentum over the averaged per-sync deltas (BMUF); 0: plain averaging
     pretrain_block_momentum: float = 0.0  # the same for RBM pre-training (0: plain averaging)
     validation: str | None = None  # a labelled Parquet shard the master scores after each fine-tuning epoch
+    stream: str = "auto"  # workers' data: "auto" streams it from local disk when it would not fit in memory; "always"; "never"
 
 
 @dataclass(frozen=True)
@@ -142,7 +144,7 @@ class JobSection:
 
 SECTIONS = {"data": DataSection, "model": ModelSection, "output": OutputSection, "job": JobSection,
             "cluster": ClusterSection, "yarn": YarnSection}
-CHOICES = {("model", "visible"): VISIBLE_UNITS, ("job", "device"): DEVICES}
+CHOICES = {("model", "visible"): VISIBLE_UNITS, ("job", "device"): DEVICES, ("cluster", "stream"): STREAM_CHOICES}
 _AT_LEAST_ONE = {"cd_k", "pretrain_batch_size", "finetune_batch_size"}
 _PATH_KEYS = {("data", "train"), ("data", "test"), ("data", "mnist_dir"), ("yarn", "keytab")}
 
@@ -234,22 +236,24 @@ class JobSpec:
             params["pretrain_learning_rate"] = list(params["pretrain_learning_rate"])
         return {**params, "device": self.job.device, "seed": self.job.seed}
 
-    def master_config(self, *, shards, output: str, token: str = "") -> MasterConfig:
+    def master_config(self, *, shards, output: str, token: str = "", stream: bool = False) -> MasterConfig:
         """The runtime's part of this job: the master's configuration for ``shards`` (a
-        directory URI or a list of shard URIs) writing to ``output``. The token is the
-        launcher's to set (it never goes into a file)."""
+        directory URI or a list of shard URIs) writing to ``output``, its workers streaming
+        their data from local disk or not (:func:`dbn.jobs.memory.plan` decides). The token
+        is the launcher's to set (it never goes into a file)."""
         c = self.cluster
-        return MasterConfig(program=PROGRAM, program_config=self.program_config(), shards=shards,
+        return MasterConfig(program=PROGRAM, program_config=self.program_config(stream), shards=shards,
                             workers=c.workers, token=token, output=output, seed=self.job.seed,
                             heartbeat_timeout=c.heartbeat_timeout, float16_wire=c.float16_wire)
 
-    def program_config(self) -> dict:
+    def program_config(self, stream: bool = False) -> dict:
         """The DBN program's configuration for the runtime (``[model] n_classes`` unset: the
         master counts the classes in the shards' labels when the job starts)."""
         params = {k: v for k, v in self.dbn_params().items() if k != "device"}
         c = self.cluster
         return {**params, "sync_every": c.sync_every, "block_momentum": c.block_momentum,
-                "pretrain_block_momentum": c.pretrain_block_momentum, "validation": c.validation}
+                "pretrain_block_momentum": c.pretrain_block_momentum, "validation": c.validation,
+                "stream": stream}
 
 
 #: The paper's run (784-500-500-2000-10 on MNIST), used when no config file is given;

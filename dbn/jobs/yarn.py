@@ -18,13 +18,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
-from iterreduce.shards import join, list_shards
+from skein.model import parse_memory
+
+from iterreduce.shards import join, list_shards, shard_info
 from iterreduce.yarn import locality
 from iterreduce.yarn.envpack import pack_environment
 from iterreduce.yarn.spec import YarnOptions, build_spec
 
 from ..data.sharding import shard_dataset
 from ..exceptions import ConfigError
+from .memory import plan as plan_memory
 from .spec import JobSpec
 
 #: Where submissions keep their job files and packed environments.
@@ -93,7 +96,14 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
     opts.worker_nodes = sorted({h for slot in slot_hosts for h in slot})
     opts.file_systems = list(dict.fromkeys([*opts.file_systems, *_name_services([output, shards])]))
 
-    master = cfg.master_config(shards=shards, output=output).to_dict()
+    stream = cfg.cluster.stream == "always"
+    if uris:  # the shards are known: check the workers fit their containers, and stream if they must
+        stream, _ = plan_memory(shard_info(uris), opts.workers, cfg.model.hidden_layers, choice=cfg.cluster.stream,
+                                budget_bytes=parse_memory(cfg.yarn.worker_memory) * 2**20,
+                                budget_name="[yarn] worker_memory")
+        if stream:
+            log("the workers' data will not fit their memory: they stream it from local disk")
+    master = cfg.master_config(shards=shards, output=output, stream=stream).to_dict()
     del master["token"]  # each application master attempt makes its own
     job = {"master": master, "slot_hosts": slot_hosts, "spec": cfg.to_dict()}
     text = json.dumps(job, indent=2)

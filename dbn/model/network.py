@@ -13,6 +13,7 @@ import numpy as np
 
 from . import kernels
 from .backend import Backend
+from .minibatch import minibatches
 from .state import NET_KEYS, net_name
 
 
@@ -173,7 +174,8 @@ class Network:
     ) -> FinetuneStats:
         """One epoch (or the minibatches in ``batches``) of SGD with momentum.
 
-        ``X`` (n, n_in) and integer labels ``y`` (n,) are device arrays. Only the
+        ``X`` (n, n_in) is a device array or a streamed source (see :mod:`dbn.model.minibatch`);
+        integer labels ``y`` (n,) are on the device, or on the host for streamed ``X``. Only the
         layers in ``train_layers`` are updated (Hinton trains the softmax layer
         alone for the first epochs). The shuffle depends only on (seed, epoch).
         Each step is ``inc = momentum * inc - lr * (grad + weight_cost * W)``, ``W += inc``.
@@ -183,15 +185,11 @@ class Network:
         batch = min(batch_size, n)
         n_batches = n // batch
         batches = range(n_batches) if batches is None else batches
-        order = be.asarray(np.random.default_rng([seed, epoch, 1]).permutation(n), dtype=np.int64)
-        rows = be.empty((batch, X.shape[1]))
+        order = np.random.default_rng([seed, epoch, 1]).permutation(n)
         every = xp.arange(batch)
         layers = range(len(self.weights))[train_layers]
         total_loss, errors = 0.0, 0
-        for i in batches:
-            index = order[i * batch:(i + 1) * batch]
-            xp.take(X, index, axis=0, out=rows)
-            labels = y[index]
+        for rows, labels in minibatches(X, order, batch, batches, be.empty((batch, X.shape[1])), be, labels=y):
             acts, inputs = self._forward(rows, dropout, train=True)
             probs = acts[-1]
             # Summed on the device: no transfer (and no wait for the GPU) until the epoch ends.

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import Estimator
+from .minibatch import chunks, minibatches
 from .state import RBM_KEYS, is_increment, logit
 from ..data.validation import check_features
 
@@ -209,15 +210,12 @@ class RBM(Estimator):
         X = X if checked else self._check(X)
         n = X.shape[0]
         batch = min(self.batch_size, n)
-        n_batches = n // batch
-        batches = range(n_batches) if batches is None else batches
-        order = self.backend.asarray(self._epoch_order(n, epoch), dtype=np.int64)
+        batches = range(n // batch) if batches is None else batches
         momentum = self.momentum if epoch < self.momentum_epoch else self.final_momentum
+        v0 = self._buffers_for(batch)["V"][:batch]
         error = 0.0
-        for i in batches:
-            if not 0 <= i < n_batches:
-                raise IndexError(f"minibatch {i} out of range for {n_batches} minibatches of {batch}")
-            error = error + self._cd_step(X, order[i * batch:(i + 1) * batch], momentum)
+        for _ in minibatches(X, self._epoch_order(n, epoch), batch, batches, v0, self.backend):
+            error = error + self._cd_step(batch, momentum)
         n_seen = len(batches) * batch
         stats = EpochStats(epoch, n_seen, float(error) / max(n_seen, 1))
         self.history_.append(stats)
@@ -253,18 +251,17 @@ class RBM(Estimator):
         self.backend.xp.matmul(v, self.weights_, out=out)
         return self.backend.sigmoid(out, out=out, bias=self.hidden_bias_)
 
-    def _cd_step(self, X, index, momentum: float):
-        """One CD-k minibatch update; returns the batch's summed squared reconstruction error.
+    def _cd_step(self, B: int, momentum: float):
+        """One CD-k update on the minibatch of ``B`` rows in the first half of the ``V`` buffer;
+        returns its summed squared reconstruction error.
 
         Rows are samples, and each buffer half is contiguous, so the sigmoids run as fused
         passes between the four products (hidden, visible, hidden, gradient)."""
         be, xp = self.backend, self.backend.xp
-        buf = self._buffers_for(len(index))
-        B = len(index)
+        buf = self._buffers_for(B)
         V, H = buf["V"], buf["H"]
         v0, vk, h0, hk = V[:B], V[B:], H[:B], H[B:]
 
-        xp.take(X, index, axis=0, out=v0)
         self._hidden(v0, out=h0)  # positive phase
         # Negative phase: k Gibbs steps from sampled hiddens (or the persistent chain).
         h = self._chain if self.persistent and self._chain is not None else h0
@@ -312,14 +309,20 @@ class RBM(Estimator):
         X = self._check(X)
         return self._hidden_probs(X)
 
-    def _hidden_probs(self, X, chunk: int = 8192):
-        be, xp = self.backend, self.backend.xp
-        out = be.empty((X.shape[0], self.n_hidden))
-        for start in range(0, X.shape[0], chunk):
-            part = out[start:start + chunk]
-            xp.matmul(X[start:start + chunk], self.weights_, out=part)
-            be.sigmoid(part, out=part, bias=self.hidden_bias_)
+    def _hidden_probs(self, X):
+        """Hidden probabilities of every row of ``X`` (a device array), in blocks of
+        :data:`~dbn.model.minibatch.CHUNK_ROWS` rows."""
+        out = self.backend.empty((X.shape[0], self.n_hidden))
+        for start, block in chunks(X, self.backend):
+            self._hidden(block, out=out[start:start + block.shape[0]])
         return out
+
+    def _hidden_probs_chunks(self, X):
+        """Hidden probabilities of ``X`` (in memory or streamed) block by block, as host
+        arrays, for writing to disk: the same blocks and bits as :meth:`_hidden_probs`."""
+        be = self.backend
+        for _, block in chunks(X, be):
+            yield be.to_numpy(self._hidden(block, out=be.empty((block.shape[0], self.n_hidden))))
 
     def reconstruct(self, X):
         """Mean-field reconstruction of ``X`` through the hidden layer."""

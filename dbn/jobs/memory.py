@@ -1,0 +1,86 @@
+"""How much memory a DBN worker needs, and whether its data must stream from local disk.
+
+A worker holding its shards in memory keeps, per shard of ``r`` rows and ``d`` features:
+the features as float32 (``4 r d``), the input of the layer being trained and, while
+it is computed, the one below (``4 r (h[l-1] + h[l])`` at most, for hidden layers
+``h``), the labels (``8 r``) and, while the Parquet file is read, its decoded values
+(``s r d`` for stored values of ``s`` bytes). A streaming worker (``[cluster] stream``)
+keeps only the labels of its rows, a few blocks of :data:`~dbn.model.minibatch.CHUNK_ROWS`
+rows in flight, and its copy of the data on local disk. Both need the model (its
+parameters, momentum, gradients and the copy received from the master) and the
+process itself (Python, NumPy, pyarrow, gRPC: :data:`PROCESS_BYTES`, measured).
+
+The launchers (the local mini-cluster and ``dbn submit``) call :func:`plan` before
+starting any worker: it says whether the workers stream and refuses a job whose
+workers cannot fit, naming the setting to change.
+"""
+
+from __future__ import annotations
+
+import math
+
+from ..exceptions import ConfigError
+from ..model.minibatch import CHUNK_ROWS, PREFETCH_DEPTH
+
+#: A worker process before any data: Python, NumPy, pyarrow, gRPC, numba (measured: 220 MB).
+PROCESS_BYTES = 256 * 2**20
+#: Streaming is chosen ("auto") once holding the data would take more than this share of the budget.
+STREAM_ABOVE = 0.8
+STREAM_CHOICES = ("auto", "always", "never")
+MiB = 2**20
+
+
+def model_bytes(features: int, hidden_layers) -> int:
+    """The model's arrays in a worker: weights and biases four times over (parameters,
+    momentum, gradients or steps, and the copy received from the master), in float32."""
+    sizes = [features, *hidden_layers]
+    weights = sum(a * b + a + b for a, b in zip(sizes, sizes[1:]))
+    return 4 * 4 * weights
+
+
+def _widest_pair(hidden_layers) -> int:
+    """The most hidden units two consecutive layer inputs above the data hold at once."""
+    inputs = list(hidden_layers[:-1])  # layer l's input is layer l-1's output
+    pairs = [inputs[0]] if inputs else [0]
+    pairs += [a + b for a, b in zip(inputs, inputs[1:])]
+    return max(pairs)
+
+
+def shard_bytes(rows: int, features: int, hidden_layers, *, stored_bytes: int = 4, stream: bool = False) -> int:
+    """Memory one shard takes in a worker (see the module docstring)."""
+    if stream:
+        block = CHUNK_ROWS * (features + max(hidden_layers)) * 4
+        return 8 * rows + (PREFETCH_DEPTH + 2) * block
+    return rows * (4 * features + 4 * _widest_pair(hidden_layers) + 8 + stored_bytes * features)
+
+
+def worker_bytes(shards: list[dict], workers: int, hidden_layers, *, stream: bool) -> int:
+    """The most memory any of ``workers`` workers needs for ``shards`` (:func:`iterreduce.shards.shard_info`
+    entries, dealt out in turn as the runtime does; a ``stored_bytes`` key, when present, is the
+    bytes per stored feature value)."""
+    per_worker: list[int] = [0] * max(1, min(workers, len(shards)))
+    for i, shard in enumerate(shards):
+        per_worker[i % len(per_worker)] += shard_bytes(shard["rows"], shard["features"], hidden_layers,
+                                                       stored_bytes=shard.get("stored_bytes", 4), stream=stream)
+    return PROCESS_BYTES + model_bytes(shards[0]["features"], hidden_layers) + max(per_worker)
+
+
+def plan(shards: list[dict], workers: int, hidden_layers, *, choice: str, budget_bytes: int,
+         budget_name: str) -> tuple[bool, dict]:
+    """Whether the workers stream their data, by ``choice`` ("auto", "always", "never") and
+    the memory each may use (``budget_bytes``, the setting ``budget_name`` gives it); and the
+    figures, for the log. Raises :class:`ConfigError` naming the settings to change when the
+    workers cannot fit."""
+    memory = worker_bytes(shards, workers, hidden_layers, stream=False)
+    streamed = worker_bytes(shards, workers, hidden_layers, stream=True)
+    stream = choice == "always" or (choice == "auto" and memory > STREAM_ABOVE * budget_bytes)
+    need = streamed if stream else memory
+    figures = {"stream": stream, "worker_bytes": need, "in_memory_bytes": memory, "budget_bytes": budget_bytes}
+    if need > budget_bytes:
+        hint = (f"raise {budget_name}" + (", set [cluster] stream = \"auto\" to stream the data from local disk"
+                                          if not stream else "") + f" or use more than {workers} workers")
+        raise ConfigError(
+            f"each worker needs about {math.ceil(need / MiB)} MiB "
+            f"({'streaming its data' if stream else 'holding its data in memory'}) but {budget_name} gives it "
+            f"{budget_bytes // MiB} MiB: {hint}")
+    return stream, figures
