@@ -89,14 +89,20 @@ def list_shards(uri: str) -> list[str]:
     return [join(uri, name) for name in names]
 
 
-def open_shard(uri: str) -> pq.ParquetFile:
+#: Read buffer of a streamed shard: a few large reads per column chunk, on HDFS too.
+STREAM_BUFFER_BYTES = 8 * 2**20
+
+
+def open_shard(uri: str, *, streaming: bool = False) -> pq.ParquetFile:
     """The Parquet file at ``uri`` with its footer read and its schema checked; a missing,
     truncated or unreadable file, or a schema other than the module docstring's, raises
-    :class:`ShardError` naming it."""
+    :class:`ShardError` naming it. ``streaming``: for reading block by block in bounded
+    memory (pyarrow's pre-buffering keeps every row group read until the file is closed)."""
     fs, path = filesystem(uri)
+    buffering = {"pre_buffer": False, "buffer_size": STREAM_BUFFER_BYTES} if streaming else {}
     try:
         # Pages written with checksums (as write_shards does) are verified as they are read.
-        parquet = pq.ParquetFile(path, filesystem=fs, page_checksum_verification=True)
+        parquet = pq.ParquetFile(path, filesystem=fs, page_checksum_verification=True, **buffering)
     except FileNotFoundError as exc:
         raise ShardError(f"{uri}: shard not found") from exc
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
@@ -164,62 +170,72 @@ def footer_ranges(parquet: pq.ParquetFile, uri: str = "") -> dict:
 
 def read_shard(uri: str, index: int = 0, n_features: int | None = None, need_labels: bool = False) -> ShardData:
     """Read one shard into memory, checking its schema and values; every error names the
-    file (and the row and column where known)."""
-    try:
-        with open_shard(uri) as parquet:
-            table = parquet.read()
-    except ShardError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - a corrupt page or a truncated column
-        raise unreadable(uri, exc) from exc
-    if table.num_rows == 0:
-        raise ShardError(f"{uri}: shard is empty")
-    values = feature_rows(uri, table.column(FEATURES).combine_chunks(), 0, n_features)
-    labels = _labels(uri, table.column(LABEL)) if LABEL in table.column_names else None
-    if labels is None and need_labels:
-        raise ShardError(f"{uri}: no '{LABEL}' column, but this job needs labels")
-    return ShardData(index, uri, as_float32(values), labels)
-
-
-#: Rows a streamed shard reads from its Parquet file at a time (a few MB of features).
-STREAM_ROWS = 8192
+    file (and the row and column where known). It is read a block at a time into its
+    float32 array, so reading needs little more memory than the features themselves."""
+    features, labels = None, None
+    for start, values, block_labels, parquet in _blocks(uri, n_features, need_labels):
+        if features is None:
+            rows = parquet.metadata.num_rows
+            features = np.empty((rows, values.shape[1]), dtype=np.float32)
+            labels = None if block_labels is None else np.empty(rows, dtype=np.int64)
+        features[start:start + len(values)] = as_float32(values)
+        if labels is not None:
+            labels[start:start + len(values)] = block_labels
+    return ShardData(index, uri, features, labels)
 
 
 def spill_shard(uri: str, directory: str, index: int = 0, n_features: int | None = None,
                 need_labels: bool = False) -> ShardData:
-    """Copy one shard to a :class:`~iterreduce.rowfile.RowFile` in local ``directory``, a few
-    thousand rows at a time, with the checks of :func:`read_shard`: the shard's features
-    never sit whole in memory (its labels do, 8 bytes a row). Rows come back from the file
-    with the bits :func:`read_shard` gives them."""
-    rows, labels, start = None, [], 0
+    """Copy one shard to a :class:`~iterreduce.rowfile.RowFile` in local ``directory``, a
+    block at a time, with the checks of :func:`read_shard`: the shard's features never sit
+    whole in memory (its labels do, 8 bytes a row). Rows come back from the file with the
+    bits :func:`read_shard` gives them."""
+    rows, labels = None, []
     try:
-        with open_shard(uri) as parquet:
+        for _, values, block_labels, _ in _blocks(uri, n_features, need_labels):
+            if rows is None:
+                rows = RowFile.new(directory, f"shard-{index:05d}-", values.shape[1], values.dtype,
+                                   divide_by=255.0 if values.dtype == np.uint8 else None)
+            rows.append(values)
+            if block_labels is not None:
+                labels.append(block_labels)
+    except BaseException:
+        if rows is not None:
+            rows.close()
+        raise
+    return ShardData(index, uri, rows, np.concatenate(labels) if labels else None)
+
+
+#: Rows read from a Parquet file at a time (a few MB of features).
+STREAM_ROWS = 8192
+
+
+def _blocks(uri: str, n_features: int | None, need_labels: bool):
+    """``(first row, stored feature values, labels or None, the open file)`` for each block of
+    :data:`STREAM_ROWS` rows of a shard, checked by :func:`feature_rows` and :func:`_labels`.
+    Parquet's own memory goes back to the system at the end (its pool would keep it)."""
+    start, width = 0, None
+    try:
+        with open_shard(uri, streaming=True) as parquet:
             has_labels = LABEL in parquet.schema_arrow.names
             if not has_labels and need_labels:
                 raise ShardError(f"{uri}: no '{LABEL}' column, but this job needs labels")
             for batch in parquet.iter_batches(batch_size=STREAM_ROWS):
                 values = feature_rows(uri, batch.column(FEATURES), start, n_features)
-                if rows is None:
-                    rows = RowFile.new(directory, f"shard-{index:05d}-", values.shape[1], values.dtype,
-                                       divide_by=255.0 if values.dtype == np.uint8 else None)
-                elif values.shape[1] != rows.width:
+                if width is not None and values.shape[1] != width:
                     raise ShardError(f"{uri}: rows have different feature counts: row {start} has "
-                                     f"{values.shape[1]}, row 0 has {rows.width}")
-                rows.append(values)
-                if has_labels:
-                    labels.append(_labels(uri, batch.column(LABEL), start))
+                                     f"{values.shape[1]}, row 0 has {width}")
+                width = values.shape[1]
+                yield start, values, (_labels(uri, batch.column(LABEL), start) if has_labels else None), parquet
                 start += batch.num_rows
     except ShardError:
-        if rows is not None:
-            rows.close()
         raise
     except Exception as exc:  # noqa: BLE001 - a corrupt page or a truncated column
-        if rows is not None:
-            rows.close()
         raise unreadable(uri, exc) from exc
-    if rows is None:
+    finally:
+        pa.default_memory_pool().release_unused()
+    if start == 0:
         raise ShardError(f"{uri}: shard is empty")
-    return ShardData(index, uri, rows, np.concatenate(labels) if has_labels else None)
 
 
 def feature_rows(uri: str, column: pa.Array, first_row: int = 0, n_features: int | None = None) -> np.ndarray:

@@ -90,7 +90,7 @@ class Worker:
                     self.register()
                     continue
                 if header.kind == pb.TaskHeader.DONE:
-                    log.info("job done")
+                    log.info("job done; peak resident memory %.0f MiB", peak_rss_bytes() / 2**20)
                     return 0
                 if header.kind == pb.TaskHeader.WAIT:
                     continue
@@ -147,6 +147,13 @@ class Worker:
         reply = self.stub.PushUpdate(stream(), metadata=self.metadata)
         if not reply.accepted:
             log.warning("update for step %d not accepted: %s", header.step, reply.reason)
+
+
+def peak_rss_bytes() -> int:
+    """The most resident memory this process has held (what YARN's container limit measures)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
 def main(argv=None) -> int:

@@ -157,3 +157,23 @@ def test_workers_packed_into_fewer_processes_train_the_same_model(tmp_path, caps
     assert states[2].keys() == states[4].keys()
     for key in states[2]:
         assert np.array_equal(states[2][key], states[4][key]), key
+
+
+def test_streaming_workers_train_the_same_model_as_in_memory_ones(tmp_path, capsys):
+    """[cluster] stream = "always": every worker copies its shard to local disk and streams it;
+    the model is the in-memory one bit for bit, and the start line says where the data is."""
+    make_dataset(tmp_path / "train.npz", n=240)
+    states = {}
+    for stream in ("never", "always"):
+        out = tmp_path / stream
+        assert main(["train", "--set", f"data.train={tmp_path / 'train.npz'}", "--set", "data.test=none",
+                     "--set", f"cluster.stream={stream}", "--layers", "8,6", "--epochs", "2", "--finetune-epochs", "2",
+                     "--device", "cpu", "--local", "2", "--out", str(out)]) == 0
+        err = capsys.readouterr().err
+        assert ("streaming the data from local disk" in err) == (stream == "always")
+        result = json.loads((out / "result.json").read_text())
+        assert result["memory"]["stream"] == (stream == "always")
+        assert result["memory"]["worker_bytes"] <= result["memory"]["budget_bytes"]
+        states[stream] = DBN.load(out / "model.npz").get_state()
+    for key in states["never"]:
+        assert np.array_equal(states["never"][key], states["always"][key]), key

@@ -106,6 +106,31 @@ def test_a_spilled_shard_has_the_bits_of_a_read_one(tmp_path, small_blocks, dtyp
     assert spilled.features.stored == (np.uint8 if dtype == np.uint8 else np.float32)  # kept compact on disk
 
 
+def test_spilling_holds_a_few_blocks_not_the_file(tmp_path, monkeypatch):
+    """pyarrow's pre-buffering would keep every row group read until the file closes: the
+    memory a spill holds must not grow with the shard."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows_per_group, groups, width = 2000, 30, 1000
+    path = tmp_path / "big.parquet"
+    schema = pa.schema([("features", pa.list_(pa.uint8(), width)), ("label", pa.int64())])
+    rng = np.random.default_rng(6)
+    with pq.ParquetWriter(path, schema) as writer:
+        for _ in range(groups):
+            values = rng.integers(0, 256, rows_per_group * width, dtype=np.uint8)
+            writer.write_table(pa.table({"features": pa.FixedSizeListArray.from_arrays(pa.array(values), width),
+                                         "label": pa.array(np.zeros(rows_per_group, np.int64))}, schema=schema))
+    held = []
+    append = RowFile.append
+    monkeypatch.setattr(RowFile, "append", lambda self, block: (held.append(pa.total_allocated_bytes()),
+                                                                append(self, block)))
+    spilled = spill_shard(str(path), str(tmp_path), 0)
+    assert spilled.rows == rows_per_group * groups and len(held) > 5
+    growth, file_bytes = max(held) - held[0], rows_per_group * groups * width
+    assert growth < file_bytes / 5, (growth, file_bytes)
+
+
 def test_bad_values_in_a_later_block_are_named_by_their_row(tmp_path, small_blocks):
     X = np.random.default_rng(2).random((120, 5)).astype(np.float32)
     X[100, 3] = np.nan
@@ -190,7 +215,7 @@ def test_a_streamed_worker_keeps_only_the_data_and_the_newest_layer_on_disk(tmp_
 # --------------------------------------------------------------- memory plan
 
 
-MNIST_SHARD = {"rows": 6000, "features": 784, "stored_bytes": 1}
+MNIST_SHARD = {"rows": 6000, "features": 784}
 
 
 def test_the_plan_streams_only_data_that_would_not_fit():
@@ -206,7 +231,7 @@ def test_the_plan_streams_only_data_that_would_not_fit():
 
 
 def test_a_worker_that_cannot_fit_is_refused_naming_the_settings():
-    big = [{"rows": 2_000_000, "features": 784, "stored_bytes": 1}] * 2
+    big = [{"rows": 2_000_000, "features": 784}] * 2
     with pytest.raises(ConfigError, match=r"each worker needs about \d+ MiB \(holding its data in memory\) but "
                                           r"\[yarn\] worker_memory gives it 1024 MiB: raise \[yarn\] "
                                           r"worker_memory, set \[cluster\] stream = \"auto\""):
@@ -220,7 +245,7 @@ def test_the_in_memory_formula_grows_with_rows_and_the_streamed_one_barely():
     layers = [500, 500, 2000]
     small = memory.worker_bytes([{**MNIST_SHARD, "rows": 1000}], 1, layers, stream=False)
     large = memory.worker_bytes([{**MNIST_SHARD, "rows": 101_000}], 1, layers, stream=False)
-    # 100,000 more rows: float32 features, two layer inputs of 500, labels and the read's uint8 values.
+    # 100,000 more rows: float32 features, two layer inputs of 500, labels and the check's mask.
     assert large - small == 100_000 * (4 * 784 + 4 * 1000 + 8 + 784)
     s_small = memory.worker_bytes([{**MNIST_SHARD, "rows": 1000}], 1, layers, stream=True)
     s_large = memory.worker_bytes([{**MNIST_SHARD, "rows": 101_000}], 1, layers, stream=True)

@@ -3,8 +3,9 @@
 A worker holding its shards in memory keeps, per shard of ``r`` rows and ``d`` features:
 the features as float32 (``4 r d``), the input of the layer being trained and, while
 it is computed, the one below (``4 r (h[l-1] + h[l])`` at most, for hidden layers
-``h``), the labels (``8 r``) and, while the Parquet file is read, its decoded values
-(``s r d`` for stored values of ``s`` bytes). A streaming worker (``[cluster] stream``)
+``h``), the labels (``8 r``) and, while the data is checked, a mask of one byte a
+value (``r d``); the Parquet file is read into the features a block at a time. A
+streaming worker (``[cluster] stream``)
 keeps only the labels of its rows, a few blocks of :data:`~dbn.model.minibatch.CHUNK_ROWS`
 rows in flight, and its copy of the data on local disk. Both need the model (its
 parameters, momentum, gradients and the copy received from the master) and the
@@ -22,8 +23,8 @@ import math
 from ..exceptions import ConfigError
 from ..model.minibatch import CHUNK_ROWS, PREFETCH_DEPTH
 
-#: A worker process before any data: Python, NumPy, pyarrow, gRPC, numba (measured: 220 MB).
-PROCESS_BYTES = 256 * 2**20
+#: A worker process before any data: Python, NumPy, pyarrow, gRPC, compiled kernels (measured: 300 MiB).
+PROCESS_BYTES = 320 * 2**20
 #: Streaming is chosen ("auto") once holding the data would take more than this share of the budget.
 STREAM_ABOVE = 0.8
 STREAM_CHOICES = ("auto", "always", "never")
@@ -46,22 +47,20 @@ def _widest_pair(hidden_layers) -> int:
     return max(pairs)
 
 
-def shard_bytes(rows: int, features: int, hidden_layers, *, stored_bytes: int = 4, stream: bool = False) -> int:
+def shard_bytes(rows: int, features: int, hidden_layers, *, stream: bool = False) -> int:
     """Memory one shard takes in a worker (see the module docstring)."""
     if stream:
         block = CHUNK_ROWS * (features + max(hidden_layers)) * 4
         return 8 * rows + (PREFETCH_DEPTH + 2) * block
-    return rows * (4 * features + 4 * _widest_pair(hidden_layers) + 8 + stored_bytes * features)
+    return rows * (4 * features + 4 * _widest_pair(hidden_layers) + 8 + features)
 
 
 def worker_bytes(shards: list[dict], workers: int, hidden_layers, *, stream: bool) -> int:
     """The most memory any of ``workers`` workers needs for ``shards`` (:func:`iterreduce.shards.shard_info`
-    entries, dealt out in turn as the runtime does; a ``stored_bytes`` key, when present, is the
-    bytes per stored feature value)."""
+    entries, dealt out in turn as the runtime does)."""
     per_worker: list[int] = [0] * max(1, min(workers, len(shards)))
     for i, shard in enumerate(shards):
-        per_worker[i % len(per_worker)] += shard_bytes(shard["rows"], shard["features"], hidden_layers,
-                                                       stored_bytes=shard.get("stored_bytes", 4), stream=stream)
+        per_worker[i % len(per_worker)] += shard_bytes(shard["rows"], shard["features"], hidden_layers, stream=stream)
     return PROCESS_BYTES + model_bytes(shards[0]["features"], hidden_layers) + max(per_worker)
 
 
