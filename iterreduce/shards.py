@@ -258,7 +258,12 @@ def feature_rows(uri: str, column: pa.Array, first_row: int = 0, n_features: int
         raise ShardError(f"{uri}: '{FEATURES}' lists are empty: no feature to train on")
     if n_features is not None and width != n_features:
         raise ShardError(f"{uri}: {width} features per row, expected {n_features}")
-    values = column.flatten().to_numpy(zero_copy_only=False).reshape(len(column), width)
+    flat = column.flatten()
+    if flat.null_count and value_type == pa.uint8():  # NaN in float columns is refused below, nulls included
+        first = int(np.argmax(flat.is_null().to_numpy(zero_copy_only=False)))
+        raise ShardError(f"{uri}: '{FEATURES}' has {flat.null_count} null values, the first at row "
+                         f"{first_row + first // width}, column {first % width}")
+    values = flat.to_numpy(zero_copy_only=False).reshape(len(column), width)
     if value_type == pa.uint8():
         return values
     values = values.astype(np.float32)

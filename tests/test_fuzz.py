@@ -150,8 +150,10 @@ class Isolated:
         self.proc = None
 
     def _start(self):
+        here = Path(__file__).resolve().parent  # so that the child can import this module's helpers
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(here), os.environ.get("PYTHONPATH")])))
         self.proc = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     cwd=Path(__file__).resolve().parents[1])
+                                     cwd=here.parent, env=env)
 
     def close(self):
         if self.proc is not None:
@@ -496,14 +498,29 @@ def shard_path(tmp_path_factory):
     return str(tmp_path_factory.mktemp("fuzz-shards") / "part-00000.parquet")
 
 
+def spill_and_read(path, index, n_features, need_labels):
+    """:func:`spill_shard` to a scratch directory, its rows read back into memory."""
+    import tempfile
+
+    from iterreduce.shards import ShardData, spill_shard
+
+    with tempfile.TemporaryDirectory() as scratch:
+        spilled = spill_shard(path, scratch, index, n_features, need_labels)
+        features = spilled.features[:]
+        spilled.features.close()
+    return ShardData(spilled.index, spilled.uri, features, spilled.labels)
+
+
 @fuzz(2)
+@pytest.mark.parametrize("reader", [read_shard, spill_and_read], ids=["in-memory", "spilled"])
 @given(shard=shard_files(), n_features=st.sampled_from([None, None, 1, 3]), need_labels=st.booleans())
-def test_read_shard_gives_data_or_a_shard_error(isolated, shard_path, shard, n_features, need_labels):
+def test_read_shard_gives_data_or_a_shard_error(isolated, shard_path, reader, shard, n_features, need_labels):
+    """Read whole or spilled to disk (streamed), a shard gives its data or a ShardError naming it."""
     table, expected = shard.table, shard.expected
     with open(shard_path, "wb") as f:
         f.write(shard.data)
     try:
-        result = isolated.call(read_shard, shard_path, 3, n_features, need_labels)
+        result = isolated.call(reader, shard_path, 3, n_features, need_labels)
     except ShardError as exc:
         check_error_names(exc, shard_path)
         outcome(exc, shard_path)
