@@ -246,8 +246,8 @@ def feature_rows(uri: str, column: pa.Array, first_row: int = 0, n_features: int
         column = column.combine_chunks()
     value_type = column.type.value_type
     if column.null_count:
-        raise ShardError(f"{uri}: '{FEATURES}' has {column.null_count} null rows"
-                         + (f" (the first block of nulls starts at row {first_row})" if first_row else ""))
+        first = first_row + int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
+        raise ShardError(f"{uri}: '{FEATURES}' has {column.null_count} null rows, the first at row {first}")
     lengths = column.value_lengths().to_numpy() if pa.types.is_list(column.type) else None
     width = column.type.list_size if lengths is None else int(lengths[0])
     if lengths is not None and (lengths != width).any():
