@@ -113,7 +113,13 @@ class Master(pb_grpc.MasterServicer):
         self.fingerprint = hashlib.sha256(json.dumps(
             [config.program, config.program_config, config.seed, [(s["rows"], s["features"]) for s in self.shards],
              [step_to_json(st) for st in self.steps]], sort_keys=True, default=str).encode()).hexdigest()
-        self.lock = threading.Condition()
+        mutex = threading.RLock()
+        # One lock, two conditions: ``lock`` wakes the step's driver (and the start, waiting for
+        # workers); ``_work`` wakes the FetchTask long-polls, and only when there may be new work
+        # for them (a step starts, shards move, the job ends). A push wakes the driver alone: with
+        # one condition, each of N pushes woke all N waiting fetches, N^2 wake-ups a step.
+        self.lock = threading.Condition(mutex)
+        self._work = threading.Condition(mutex)
         self.workers: dict[str, WorkerInfo] = {}
         self.names: list[str] = []  # registration order of worker names: decides home shards
         self.owner: dict[int, str | None] = {i: None for i in range(len(self.shards))}
@@ -126,6 +132,10 @@ class Master(pb_grpc.MasterServicer):
         self.parameters: dict[str, np.ndarray] = {}
         self.versions: dict[str, int] = {}
         self._incarnation = 0
+        # name -> (version, array, its TaskChunk messages serialized): the broadcast is encoded once
+        # per new parameter value and the same bytes are sent to every worker (see _encoded).
+        self._wire_cache: dict[str, tuple[int, np.ndarray, list[bytes]]] = {}
+        self._wire_lock = threading.Lock()
         self.failure: DataError | None = None  # a worker's report of unusable data: ends the job
         self._log = runlog.RunLog(runlog.log_path(self.out))
         # Before any worker starts: refuse data the program cannot use, and log what it found.
@@ -159,6 +169,7 @@ class Master(pb_grpc.MasterServicer):
                 target.shards.add(shard)
                 self.owner[shard] = target.worker_id
                 log.info("shard %d -> %s", shard, target.worker_id)
+                self._work.notify_all()  # its new owner may have work now
 
     # --------------------------------------------------------------- RPCs
 
@@ -186,7 +197,7 @@ class Master(pb_grpc.MasterServicer):
             log.info("registered %s from %s (pid %d) with shards %s", worker.worker_id, request.host,
                      request.pid, sorted(worker.shards))
             self._event("worker_registered", worker=worker.worker_id, host=request.host, shards=sorted(worker.shards))
-            self.lock.notify_all()
+            self._notify_all()
         return pb.RegisterReply(
             worker_id=worker.worker_id, program=self.config.program,
             program_config_json=json.dumps(self.config.program_config),
@@ -221,7 +232,7 @@ class Master(pb_grpc.MasterServicer):
                 if time.monotonic() > deadline or not context.is_active():
                     yield pb.TaskChunk(header=pb.TaskHeader(kind=pb.TaskHeader.WAIT))
                     return
-                self.lock.wait(timeout=0.5)
+                self._work.wait(timeout=0.5)
             for s in todo:
                 self.in_flight[s] = worker.worker_id
             step_index, step = self.current, self.steps[self.current]
@@ -234,8 +245,23 @@ class Master(pb_grpc.MasterServicer):
             seed=self.config.seed, versions=versions,
         )
         yield pb.TaskChunk(header=header)
-        for chunk in wire.encode(send, float16=self.config.float16_wire):
-            yield pb.TaskChunk(tensor=chunk)
+        for name, array in send.items():
+            yield from self._encoded(name, array, versions[name])
+
+    def _encoded(self, name: str, array: np.ndarray, version: int) -> list[bytes]:
+        """Parameter ``name`` at ``version`` as serialized :class:`TaskChunk` messages (what
+        :func:`wire.encode` makes of it), encoded by the first fetch that needs it and shared by
+        every other: N workers cost one encoding, not N. An entry holds for the very array
+        object it was made from: a new value (a reduce, ``before_step``, a resume) is encoded
+        again even at the same version. Parameters are replaced, never changed in place."""
+        with self._wire_lock:
+            cached = self._wire_cache.get(name)
+            if cached is not None and cached[0] == version and cached[1] is array:
+                return cached[2]
+            chunks = [pb.TaskChunk(tensor=c).SerializeToString()
+                      for c in wire.encode({name: array}, float16=self.config.float16_wire)]
+            self._wire_cache[name] = (version, array, chunks)  # the one entry of this name: older ones go
+            return chunks
 
     def PushUpdate(self, request_iterator, context):
         try:
@@ -287,7 +313,7 @@ class Master(pb_grpc.MasterServicer):
                     self.results[shard] = update
             self.compute_s[worker.worker_id] = self.compute_s.get(worker.worker_id, 0.0) + header.compute_s
             worker.last_seen = time.monotonic()
-            self.lock.notify_all()
+            self.lock.notify_all()  # the step's driver: no fetcher has new work after a push
         return pb.PushReply(accepted=True)
 
     def ReportDataError(self, request, context):
@@ -297,8 +323,13 @@ class Master(pb_grpc.MasterServicer):
                 self._event("data_error", worker=request.worker_id, step=request.step, shard=request.shard,
                             message=request.message)
                 self.failure = DataError(request.message)
-            self.lock.notify_all()
+            self._notify_all()
         return pb.DataErrorReply()
+
+    def _notify_all(self) -> None:
+        """Wake every waiter: the driver and the fetches (call with the lock held)."""
+        self.lock.notify_all()
+        self._work.notify_all()
 
     def _reject(self, context, reason: str, abort: bool = True):
         log.warning("rejected update: %s", reason)
@@ -322,7 +353,7 @@ class Master(pb_grpc.MasterServicer):
         log.warning("lost %s (%s); step %d continues without shards %s", worker.worker_id, why, self.current, sorted(lost))
         self._event("worker_lost", worker=worker.worker_id, reason=why, shards_skipped=sorted(lost))
         self._assign_orphans()
-        self.lock.notify_all()
+        self._notify_all()
 
     def _monitor(self) -> None:
         period = self.config.heartbeat_interval / 2
@@ -408,7 +439,7 @@ class Master(pb_grpc.MasterServicer):
         self.program.finalize(self.parameters, str(self.out))
         with self.lock:
             self.done = True
-            self.lock.notify_all()
+            self._notify_all()
         self._event("done", steps=len(self.steps), seconds=time.perf_counter() - job_start)
 
     def _run_step(self, index: int) -> None:
@@ -421,7 +452,7 @@ class Master(pb_grpc.MasterServicer):
             self.current, self.results, self.in_flight, self.compute_s = index, {}, {}, {}
             self._assign_orphans()
             self.expected = {s for s, w in self.owner.items() if w is not None and self.workers[w].alive}
-            self.lock.notify_all()
+            self._notify_all()
             while not self.results or self.expected - set(self.results):
                 self._raise_failure()
                 if not self.expected - set(self.results):
@@ -463,9 +494,10 @@ class Master(pb_grpc.MasterServicer):
                    ("grpc.max_send_message_length", wire.MAX_MESSAGE_BYTES)]
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=4 * self.config.workers + 8),
                              interceptors=[TokenInterceptor(self.config.token)], options=options)
-        pb_grpc.add_MasterServicer_to_server(self, server)
+        add_servicer(self, server)
         bind = f"{self.config.host}:{self.config.port}"
         port = server.add_insecure_port(bind) if tls is None else server.add_secure_port(bind, server_credentials(tls))
+        keep_freed_memory()
         server.start()
         threading.Thread(target=self._monitor, daemon=True).start()
         return server, f"{self.config.advertise_host or self.config.host}:{port}"
@@ -487,6 +519,52 @@ class Master(pb_grpc.MasterServicer):
             if self.done or self.failure:  # the job ended: let workers fetch DONE and exit 0
                 time.sleep(2 * self.config.heartbeat_interval)
             server.stop(grace=1.0)
+
+
+def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 << 30) -> bool:
+    """Have glibc's malloc keep the memory this process frees, for its next allocations.
+
+    A sync moves each tensor through a few megabyte-sized buffers per worker (gRPC's message
+    bytes, the decoded arrays); with glibc's defaults many of these come from fresh
+    ``mmap`` pages or from heaps that were just trimmed, so every sync pays a page fault
+    and a zeroing for each 4 KiB it receives: a fifth of the master's CPU time in a sync
+    of 10 workers. Raising the mmap and trim thresholds makes the buffers reuse the same
+    pages. Returns False where there is no glibc (the defaults stay)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    return bool(mallopt(M_MMAP_THRESHOLD, mmap_threshold)) and bool(mallopt(M_TRIM_THRESHOLD, trim_threshold))
+
+
+def _task_chunk_bytes(message) -> bytes:
+    """FetchTask's response serializer: a :class:`TaskChunk`, or one already serialized
+    (the shared broadcast of :meth:`Master._encoded`), sent as it is."""
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
+def add_servicer(servicer: Master, server: grpc.Server) -> None:
+    """``pb_grpc.add_MasterServicer_to_server``, built from the same service descriptor, except
+    that FetchTask may yield serialized chunks (the same messages on the wire, for the same
+    clients)."""
+    kinds = {(False, False): grpc.unary_unary_rpc_method_handler, (False, True): grpc.unary_stream_rpc_method_handler,
+             (True, False): grpc.stream_unary_rpc_method_handler, (True, True): grpc.stream_stream_rpc_method_handler}
+    service = pb.DESCRIPTOR.services_by_name["Master"]
+    handlers = {}
+    for method in service.methods:
+        request, response = getattr(pb, method.input_type.name), getattr(pb, method.output_type.name)
+        handlers[method.name] = kinds[method.client_streaming, method.server_streaming](
+            getattr(servicer, method.name),
+            request_deserializer=request.FromString,
+            response_serializer=_task_chunk_bytes if method.name == "FetchTask" else response.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service.full_name, handlers),))
+    if hasattr(server, "add_registered_method_handlers"):  # grpcio >= 1.63, as the generated code does
+        server.add_registered_method_handlers(service.full_name, handlers)
 
 
 def main(argv=None) -> int:

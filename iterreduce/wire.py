@@ -25,16 +25,17 @@ MAX_DIMS = 32
 
 
 def encode(arrays: dict[str, np.ndarray], float16: bool = False) -> Iterator[pb.TensorChunk]:
-    """Cut ``arrays`` into :class:`TensorChunk` messages."""
+    """Cut ``arrays`` into :class:`TensorChunk` messages (the bytes of each chunk are copied
+    once, from the array straight into its message)."""
     for name, array in arrays.items():
         array = np.asarray(array, order="C")
         narrowed = float16 and array.dtype == np.float32
         if narrowed:
             array = array.astype(np.float16)
-        data = array.tobytes()
-        offsets = range(0, max(len(data), 1), CHUNK_BYTES)
+        flat = array.reshape(-1).view(np.uint8)  # C order: the bytes ``array.tobytes()`` gives
+        offsets = range(0, max(flat.size, 1), CHUNK_BYTES)
         for i, offset in enumerate(offsets):
-            chunk = pb.TensorChunk(name=name, offset=offset, data=data[offset:offset + CHUNK_BYTES],
+            chunk = pb.TensorChunk(name=name, offset=offset, data=flat[offset:offset + CHUNK_BYTES].tobytes(),
                                    last=i == len(offsets) - 1)
             if offset == 0:
                 chunk.dtype = array.dtype.name
@@ -43,12 +44,28 @@ def encode(arrays: dict[str, np.ndarray], float16: bool = False) -> Iterator[pb.
             yield chunk
 
 
+class _Open:
+    """A tensor whose chunks are arriving: their bytes are kept as they came (no copy) and
+    copied once, into the array, when the last one is in."""
+
+    __slots__ = ("dtype", "shape", "narrowed", "expected", "received", "pieces")
+
+    def __init__(self, dtype: np.dtype, shape: tuple, narrowed: bool):
+        self.dtype, self.shape, self.narrowed = dtype, shape, narrowed
+        self.expected = math.prod(shape) * dtype.itemsize
+        self.received = 0
+        self.pieces: list[bytes] = []
+
+
 class Decoder:
-    """Reassembles :class:`TensorChunk` messages into arrays, checking every header."""
+    """Reassembles :class:`TensorChunk` messages into arrays, checking every header.
+
+    Nothing is allocated for a tensor before its bytes arrive (a header alone cannot make
+    the receiver reserve memory), and each byte is copied once, into the finished array."""
 
     def __init__(self):
         self.arrays: dict[str, np.ndarray] = {}
-        self._open: dict[str, tuple[np.dtype, tuple, bytearray, bool]] = {}
+        self._open: dict[str, _Open] = {}
 
     def add(self, chunk: pb.TensorChunk) -> None:
         if chunk.offset == 0:
@@ -66,22 +83,29 @@ class Decoder:
                 raise WireError(f"tensor {chunk.name!r} sent twice")
             if chunk.narrowed and chunk.dtype != "float16":
                 raise WireError(f"tensor {chunk.name!r}: marked narrowed but sent as {chunk.dtype}")
-            self._open[chunk.name] = (np.dtype(chunk.dtype), shape, bytearray(), chunk.narrowed)
-        if chunk.name not in self._open:
+            self._open[chunk.name] = _Open(np.dtype(chunk.dtype), shape, chunk.narrowed)
+        tensor = self._open.get(chunk.name)
+        if tensor is None:
             raise WireError(f"tensor {chunk.name!r}: chunk at offset {chunk.offset} without a header")
-        dtype, shape, buf, narrowed = self._open[chunk.name]
-        if chunk.offset != len(buf):
-            raise WireError(f"tensor {chunk.name!r}: chunk at offset {chunk.offset}, expected {len(buf)}")
-        expected = math.prod(shape) * dtype.itemsize
-        if len(buf) + len(chunk.data) > expected:
-            raise WireError(f"tensor {chunk.name!r}: chunk at offset {chunk.offset} brings {len(chunk.data)} bytes, "
-                            f"more than the {expected} bytes its shape needs")
-        buf += chunk.data
+        if chunk.offset != tensor.received:
+            raise WireError(f"tensor {chunk.name!r}: chunk at offset {chunk.offset}, expected {tensor.received}")
+        data = chunk.data
+        if tensor.received + len(data) > tensor.expected:
+            raise WireError(f"tensor {chunk.name!r}: chunk at offset {chunk.offset} brings {len(data)} bytes, "
+                            f"more than the {tensor.expected} bytes its shape needs")
+        if data:
+            tensor.pieces.append(data)
+            tensor.received += len(data)
         if chunk.last:
-            if len(buf) != expected:
-                raise WireError(f"tensor {chunk.name!r}: {len(buf)} bytes, expected {expected}")
-            array = np.frombuffer(buf, dtype=dtype).reshape(shape)  # writable: backed by the bytearray
-            if narrowed:
+            if tensor.received != tensor.expected:
+                raise WireError(f"tensor {chunk.name!r}: {tensor.received} bytes, expected {tensor.expected}")
+            array = np.empty(tensor.shape, dtype=tensor.dtype)  # writable, owns its memory
+            flat = array.reshape(-1).view(np.uint8)
+            position = 0
+            for piece in tensor.pieces:
+                flat[position:position + len(piece)] = np.frombuffer(piece, dtype=np.uint8)
+                position += len(piece)
+            if tensor.narrowed:
                 array = array.astype(np.float32)
             self.arrays[chunk.name] = array
             del self._open[chunk.name]

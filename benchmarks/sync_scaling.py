@@ -1,0 +1,426 @@
+"""Synchronisation cost as the worker count grows (issue 13): one master, N lightweight workers.
+
+    python benchmarks/sync_scaling.py                       # 10, 50 and 100 workers, layer 500x2000
+    python benchmarks/sync_scaling.py --workers 100 --layer 0 --float16 --json
+
+The master runs in its own process, as in a real job, serving a small program
+(:class:`SyncProgram`) whose parameters are the MNIST network's RBM state (``rbm.{l}.*``
+of 784-500-500-2000, as :mod:`dbn.model.state` names it): in each pre-training superstep
+of layer ``l`` every worker fetches the six arrays of that RBM (weights, biases, and their
+momentum increments) and pushes six of the same shapes back. The workers are
+lightweight: gRPC clients, many threads in a few processes, each with its own TCP
+connection, that register, fetch the task and push a real-size update at once, without
+computing (the bytes of the update are encoded once). So a superstep's wall time is the
+synchronisation alone: the broadcast of the parameters, the N pushes, and the reduce.
+
+Figures, per superstep after a warm-up step (medians over ``--steps`` steps):
+
+- ``sync s``: wall time of the superstep in the master (from its start to the updates
+  reduced; it contains the fetches, so the broadcast of the new parameters).
+- ``master CPU s``: the master process's CPU time (all its threads) over the superstep.
+- ``MB/s``: the payload bytes the master received plus sent, over the sync time.
+- ``compute s``: one real single-threaded CD-1 epoch of :class:`dbn.model.rbm.RBM` of this
+  layer's shape on a ``--rows``-row shard (6,000: MNIST's shard with 10 workers), measured
+  in the same run before the master starts (random [0, 1] data, batch 100).
+- ``share``: sync / (compute + sync): the sync share of a pre-training epoch in weak
+  scaling, each worker holding its own shard of ``--rows`` rows and syncing once an epoch,
+  each with its own core (the cluster's view).
+- ``share here``: the same epoch run by all N workers on this machine's cores: compute
+  = N * compute / cores. This is what a job of N loopback workers on this machine would see.
+
+On a machine with few cores the clients share them with the master, so the loopback
+figures are pessimistic for the workers' side; the master's CPU per byte is what
+projects to a cluster (see ``--project``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+#: where the master and the clients import ``iterreduce`` from (``--root``: e.g. a copy of an older commit)
+ROOT = os.environ.get("SYNC_SCALING_ROOT") or str(REPO)
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+import numpy as np  # noqa: E402
+
+from iterreduce.program import Program, Step  # noqa: E402
+
+LAYERS = (784, 500, 500, 2000)  # the MNIST network's RBMs (the softmax layer is not pre-trained)
+RBM_KEYS = ("weights", "visible_bias", "hidden_bias", "weights_inc", "visible_bias_inc", "hidden_bias_inc")
+PROGRAM = "sync_scaling:SyncProgram"
+
+
+def rbm_arrays(layer: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """The state of RBM ``layer`` of the MNIST network, named as :mod:`dbn.model.state` names it."""
+    v, h = LAYERS[layer], LAYERS[layer + 1]
+    rng = np.random.default_rng([seed, layer])
+    shapes = {"weights": (v, h), "visible_bias": (v,), "hidden_bias": (h,)}
+    out = {}
+    for key in RBM_KEYS:
+        shape = shapes[key.removesuffix("_inc")]
+        out[f"rbm.{layer}.{key}"] = (0.01 * rng.standard_normal(shape)).astype(np.float32)
+    return out
+
+
+class SyncProgram(Program):
+    """The runtime's view of DBN pre-training of one layer: every RBM's state is a parameter,
+    and each superstep trains (fetches, pushes and reduces) the arrays of ``config["layer"]``."""
+
+    worker_class = ""  # the lightweight clients compute nothing
+
+    def initial_parameters(self, seed, shards):
+        params = {}
+        for layer in range(len(LAYERS) - 1):
+            params.update(rbm_arrays(layer, seed))
+        return params
+
+    def schedule(self, shards):
+        layer = int(self.config["layer"])
+        names = tuple(f"rbm.{layer}.{key}" for key in RBM_KEYS)
+        for epoch in range(int(self.config["steps"])):
+            yield Step("pretrain", {"layer": layer, "epoch": epoch}, names)
+
+    def finalize(self, parameters, output_dir):
+        pass
+
+
+# ------------------------------------------------------------------------ master
+
+
+def serve_master(args) -> None:
+    """The master process: serve one job, report per-step timings as JSON on stdout."""
+    from iterreduce.master import Master, MasterConfig
+    from iterreduce.shards import write_shards
+
+    out = Path(args.out)
+    X = np.random.default_rng(0).random((max(args.n, 1) * 2, 4), dtype=np.float32)
+    uris = write_shards(X, None, str(out / "shards"), args.n)
+    config = MasterConfig(program=PROGRAM, program_config={"layer": args.layer, "steps": args.steps + 1},
+                          shards=uris, workers=args.n, token=args.token, output=str(out / "job"),
+                          heartbeat_interval=60.0, heartbeat_timeout=3600.0, start_timeout=300.0,
+                          float16_wire=args.float16)
+    stats: list[dict] = []
+
+    class Measured(Master):
+        """Counts payload bytes in and out, and times each superstep's wall and CPU."""
+
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            self._bytes_lock = threading.Lock()
+            self.bytes_in = self.bytes_out = 0
+
+        def FetchTask(self, request, context):
+            sent = 0
+            for message in super().FetchTask(request, context):
+                sent += len(message) if isinstance(message, (bytes, bytearray, memoryview)) else message.ByteSize()
+                yield message
+            with self._bytes_lock:
+                self.bytes_out += sent
+
+        def PushUpdate(self, request_iterator, context):
+            got = [0]
+
+            def counted():
+                for message in request_iterator:
+                    got[0] += message.ByteSize()
+                    yield message
+
+            try:
+                return super().PushUpdate(counted(), context)
+            finally:
+                with self._bytes_lock:
+                    self.bytes_in += got[0]
+
+        def _run_step(self, index):
+            with self._bytes_lock:
+                in0, out0 = self.bytes_in, self.bytes_out
+            wall, cpu = time.perf_counter(), time.process_time()
+            super()._run_step(index)
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            with self._bytes_lock:
+                received, sent = self.bytes_in - in0, self.bytes_out - out0
+            stats.append({"step": index, "wall_s": wall, "cpu_s": cpu, "bytes_in": received, "bytes_out": sent})
+
+    master = Measured(config)
+    server, address = master.serve()
+    import iterreduce
+
+    print(json.dumps({"address": address, "iterreduce": iterreduce.__file__}), flush=True)
+    try:
+        master.run()
+        with master.lock:
+            master.done = True
+            master.lock.notify_all()
+        time.sleep(1.0)  # let the clients fetch DONE
+    finally:
+        server.stop(grace=1.0)
+    reduce_s = [r.get("reduce_seconds") for r in _records(out / "job")]
+    for s, r in zip(stats, reduce_s):
+        s["reduce_s"] = r
+    print(json.dumps({"steps": stats}), flush=True)
+
+
+def _records(output: Path) -> list[dict]:
+    path = output / "log.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [r for r in map(json.loads, lines) if "step" in r and "event" not in r]
+
+
+# ----------------------------------------------------------------------- clients
+
+
+def run_clients(args) -> None:
+    """One process of lightweight workers: a thread (and a TCP connection) per worker."""
+    import grpc
+
+    from iterreduce import wire
+    from iterreduce.proto import iterreduce_pb2 as pb
+    from iterreduce.proto import iterreduce_pb2_grpc as pb_grpc
+    from iterreduce.security import metadata
+
+    md = metadata(args.token)
+    try:  # as the master does (not in a --root copy that lacks it)
+        from iterreduce.master import keep_freed_memory
+    except ImportError:
+        pass
+    else:
+        keep_freed_memory()
+    options = [("grpc.max_receive_message_length", wire.MAX_MESSAGE_BYTES),
+               ("grpc.max_send_message_length", wire.MAX_MESSAGE_BYTES),
+               ("grpc.use_local_subchannel_pool", 1)]  # one connection per worker, as separate hosts have
+    update = rbm_arrays(args.layer, seed=1)
+    errors: list[str] = []
+
+    def worker(k: int) -> None:
+        channel = grpc.insecure_channel(args.address, options=options)
+        stub = pb_grpc.MasterStub(channel)
+        # The tensors travel as raw bytes on the clients' side (no parsing of what they fetch,
+        # an update serialized once): the clients load the master, not themselves.
+        fetch = channel.unary_stream("/iterreduce.Master/FetchTask", request_serializer=pb.TaskRequest.SerializeToString,
+                                     response_deserializer=None, _registered_method=True)
+        push_raw = channel.stream_unary("/iterreduce.Master/PushUpdate", request_serializer=None,
+                                        response_deserializer=pb.PushReply.FromString, _registered_method=True)
+        reply = stub.Register(pb.RegisterRequest(worker_name=f"bench-{k}", host="loopback", pid=os.getpid()),
+                              metadata=md, wait_for_ready=True, timeout=120)
+        worker_id, float16 = reply.worker_id, reply.float16_wire
+        versions: dict[str, int] = {}
+        encoded: dict[tuple, list] = {}  # shard indices -> the update's tensor chunks, encoded once
+        while True:
+            header = None
+            for raw in fetch(pb.TaskRequest(worker_id=worker_id, versions=versions), metadata=md):
+                if header is None:  # the first message is the header; the rest are tensor chunks
+                    header = pb.TaskChunk.FromString(raw).header
+            if header.kind == pb.TaskHeader.DONE:
+                channel.close()
+                return
+            if header.kind == pb.TaskHeader.WAIT:
+                continue
+            versions.update(header.versions)
+            shards = tuple(s.index for s in header.shards)
+            if shards not in encoded:
+                arrays = {f"{s}/{name}": a for s in shards for name, a in update.items()}
+                encoded[shards] = [pb.UpdateChunk(tensor=c).SerializeToString()
+                                   for c in wire.encode(arrays, float16=float16)]
+            results = [pb.ShardResult(index=s, samples=args.rows) for s in shards]
+            first = pb.UpdateChunk(header=pb.UpdateHeader(worker_id=worker_id, step=header.step, results=results))
+            push = push_raw(iter([first.SerializeToString(), *encoded[shards]]), metadata=md, timeout=600)
+            if not push.accepted:
+                errors.append(push.reason)
+
+    def guarded(k):
+        try:
+            worker(k)
+        except Exception as exc:  # noqa: BLE001 - reported by the parent
+            errors.append(f"bench-{k}: {exc!r}")
+
+    threads = [threading.Thread(target=guarded, args=(k,), daemon=True) for k in args.ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(json.dumps({"cpu_s": time.process_time(), "errors": errors[:5]}), flush=True)
+
+
+# ----------------------------------------------------------------------- compute
+
+
+def measure_compute(layer: int, rows: int, repeats: int = 3) -> float:
+    """Seconds of one single-threaded CD-1 epoch of this layer's RBM on ``rows`` rows (median),
+    in a child process whose BLAS has one thread."""
+    from iterreduce import THREAD_VARS
+
+    code = (
+        "import statistics, sys, time, numpy as np\n"
+        "from dbn.model.rbm import RBM\n"
+        f"v, h, rows, repeats = {LAYERS[layer]}, {LAYERS[layer + 1]}, {rows}, {repeats}\n"
+        "X = np.random.default_rng(0).random((rows, v), dtype=np.float32)\n"
+        "rbm = RBM(h, device='cpu', batch_size=100, cd_k=1, seed=0)\n"
+        "rbm.initialize(n_visible=v)\n"
+        "rbm.train_epoch(X, 0)\n"  # warm-up: buffers and compiled kernels
+        "times = []\n"
+        "for e in range(repeats):\n"
+        "    t = time.perf_counter(); rbm.train_epoch(X, e + 1); times.append(time.perf_counter() - t)\n"
+        "print(statistics.median(times))\n"
+    )
+    env = {**os.environ, **{var: "1" for var in THREAD_VARS}, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+# ------------------------------------------------------------------------- driver
+
+
+def run_one(n: int, args, compute_s: float) -> dict:
+    """One job of ``n`` lightweight workers; returns the row of the table."""
+    from iterreduce.security import new_token
+
+    token = new_token()
+    with tempfile.TemporaryDirectory(prefix="sync-scaling-") as tmp:
+        cmd = [sys.executable, __file__, "--role", "master", "--n", str(n), "--layer", str(args.layer),
+               "--steps", str(args.steps), "--token", token, "--out", tmp]
+        if args.float16:
+            cmd.append("--float16")
+        env = {**os.environ, "SYNC_SCALING_ROOT": args.root} if args.root else None
+        master = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+        try:
+            hello = json.loads(master.stdout.readline())
+            address = hello["address"]
+            procs = max(1, min(args.client_processes, n))
+            clients = []
+            for p in range(procs):
+                ids = [k for k in range(n) if k % procs == p]
+                clients.append(subprocess.Popen(
+                    [sys.executable, __file__, "--role", "clients", "--address", address, "--token", token,
+                     "--layer", str(args.layer), "--rows", str(args.rows), "--ids", *map(str, ids)],
+                    stdout=subprocess.PIPE, text=True))
+            client_reports = [json.loads(c.communicate(timeout=1800)[0].strip().splitlines()[-1]) for c in clients]
+            report = json.loads(master.communicate(timeout=120)[0].strip().splitlines()[-1])
+        finally:
+            if master.poll() is None:
+                master.kill()
+    errors = [e for r in client_reports for e in r["errors"]]
+    if errors:
+        raise SystemExit(f"{n} workers: client errors: {errors[:3]}")
+    steps = report["steps"][1:]  # step 0 sends every layer's initial state: the warm-up
+    med = lambda key: statistics.median(s[key] for s in steps)  # noqa: E731
+    sync, cpu = med("wall_s"), med("cpu_s")
+    moved = med("bytes_in") + med("bytes_out")
+    cores = os.cpu_count() or 1
+    return {
+        "workers": n, "layer": f"{LAYERS[args.layer]}x{LAYERS[args.layer + 1]}", "float16": args.float16,
+        "bytes_per_sync": moved, "bytes_in": med("bytes_in"), "bytes_out": med("bytes_out"),
+        "sync_s": sync, "sync_s_all": [round(s["wall_s"], 4) for s in steps],
+        "reduce_s": med("reduce_s"), "master_cpu_s": cpu, "master_cpu_per_gb": cpu / (moved / 1e9),
+        "master_mb_s": moved / sync / 1e6, "compute_s": compute_s,
+        "share": sync / (compute_s + sync),
+        "share_here": sync / (n * compute_s / cores + sync),
+        "client_cpu_s_total": sum(r["cpu_s"] for r in client_reports),
+        "cores": cores, "master_iterreduce": hello["iterreduce"],
+    }
+
+
+def project(rows: list[dict], link_bytes_s: float = 1.25e9) -> list[dict]:
+    """Sync time and share of a star (the master receives N updates and sends N copies) on a
+    cluster whose master has one full-duplex link of ``link_bytes_s`` each way: the larger of the
+    link time of the busier direction and the master's CPU at its measured CPU seconds per byte."""
+    if not rows:
+        return []
+    ref = max(rows, key=lambda r: r["workers"])
+    cpu_per_byte = ref["master_cpu_s"] / ref["bytes_per_sync"]
+    per_worker_in, per_worker_out = ref["bytes_in"] / ref["workers"], ref["bytes_out"] / ref["workers"]
+    out = []
+    for n in (100, 1000):
+        link = n * max(per_worker_in, per_worker_out) / link_bytes_s
+        cpu = n * (per_worker_in + per_worker_out) * cpu_per_byte
+        sync = max(link, cpu)
+        out.append({"workers": n, "link_s": link, "master_cpu_s": cpu, "sync_s": sync,
+                    "share": sync / (ref["compute_s"] + sync), "bound": "link" if link >= cpu else "master CPU"})
+    return out
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = ["| workers | layer | wire | bytes per sync | sync s | reduce s | master CPU s | master MB/s "
+             "| compute s per epoch | share | share here |",
+             "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        lines.append(f"| {r['workers']} | {r['layer']} | {'float16' if r['float16'] else 'float32'} "
+                     f"| {r['bytes_per_sync'] / 1e6:,.0f} MB | {r['sync_s']:.3f} | {r['reduce_s']:.3f} "
+                     f"| {r['master_cpu_s']:.3f} | {r['master_mb_s']:,.0f} | {r['compute_s']:.3f} "
+                     f"| {100 * r['share']:.1f} % | {100 * r['share_here']:.1f} % |")
+    return "\n".join(lines)
+
+
+def format_projection(proj: list[dict]) -> str:
+    lines = ["| workers (10 GbE star) | link s | master CPU s | sync s | share | bound |",
+             "| ---: | ---: | ---: | ---: | ---: | --- |"]
+    for p in proj:
+        lines.append(f"| {p['workers']} | {p['link_s']:.3f} | {p['master_cpu_s']:.3f} | {p['sync_s']:.3f} "
+                     f"| {100 * p['share']:.1f} % | {p['bound']} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workers", type=int, nargs="+", default=[10, 50, 100])
+    ap.add_argument("--layer", type=int, default=2, choices=range(len(LAYERS) - 1),
+                    help="RBM whose state is synchronised: 0 = 784x500, 1 = 500x500, 2 = 500x2000 (default)")
+    ap.add_argument("--steps", type=int, default=4, help="measured supersteps per worker count (after a warm-up)")
+    ap.add_argument("--rows", type=int, default=6000, help="rows of each worker's shard (MNIST with 10 workers: 6,000)")
+    ap.add_argument("--float16", action="store_true", help="float16 on the wire")
+    ap.add_argument("--client-processes", type=int, default=4, help="processes the lightweight workers run in")
+    ap.add_argument("--compute-s", type=float, help="skip the RBM epoch measurement and use this many seconds")
+    ap.add_argument("--root", help="run the master on the iterreduce package under this directory (a copy "
+                                   "of another commit, to compare); the clients always use this checkout's")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON too")
+    # internal roles
+    ap.add_argument("--role", choices=("driver", "master", "clients"), default="driver", help=argparse.SUPPRESS)
+    ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--token", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
+    ap.add_argument("--address", help=argparse.SUPPRESS)
+    ap.add_argument("--ids", type=int, nargs="*", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.role == "master":
+        serve_master(args)
+        return 0
+    if args.role == "clients":
+        run_clients(args)
+        return 0
+
+    compute_s = args.compute_s if args.compute_s is not None else measure_compute(args.layer, args.rows)
+    print(f"compute: one CD-1 epoch of {LAYERS[args.layer]}x{LAYERS[args.layer + 1]} on {args.rows} rows, "
+          f"single-threaded: {compute_s:.3f} s", flush=True)
+    rows = []
+    for n in args.workers:
+        rows.append(run_one(n, args, compute_s))
+        r = rows[-1]
+        print(f"{n} workers (master's iterreduce: {r['master_iterreduce']}): sync {r['sync_s']:.3f} s (steps {r['sync_s_all']}), master CPU {r['master_cpu_s']:.3f} s, "
+              f"clients' CPU {r['client_cpu_s_total']:.1f} s in all", flush=True)
+    print()
+    print(format_table(rows))
+    print()
+    proj = project(rows)
+    print(f"Projection to a 10 GbE star (1.25 GB/s each way), at the master CPU per byte measured "
+          f"with {max(r['workers'] for r in rows)} workers:")
+    print(format_projection(proj))
+    if args.json:
+        print(json.dumps({"rows": rows, "projection": proj}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,90 @@
+"""The master's synchronisation path (issue 13): the reduce's bits whatever the arrival order,
+and the broadcast encoded once per parameter value."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest_runtime import InProcessJob, blobs, load_npz, simulate
+from iterreduce import wire
+from iterreduce.program import Update, weighted_average
+from iterreduce.proto import iterreduce_pb2 as pb
+from iterreduce.shards import write_shards
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
+@pytest.mark.parametrize("shape", [(), (7,), (300, 250), (3, 1 << 15, 1)])
+def test_weighted_average_keeps_its_bits_in_any_arrival_order(dtype, shape):
+    """Updates arrive in whatever order the workers finish: the average is summed in shard order."""
+    rng = np.random.default_rng([len(shape), np.dtype(dtype).num])
+    updates = [Update(i, int(rng.integers(1, 7000)), {"w": (100 * rng.standard_normal(shape)).astype(dtype)})
+               for i in range(9)]
+    updates[4].samples = 0  # left out
+    expected = weighted_average(updates, ["w"])["w"]
+    total = sum(u.samples for u in updates)
+    exact = sum(u.samples / total * u.arrays["w"].astype(np.float64) for u in updates)
+    assert np.allclose(expected, exact, rtol=1e-5, atol=1 if dtype == np.int32 else 1e-3)  # the weighted mean
+    for order in (updates[::-1], [updates[i] for i in rng.permutation(len(updates))]):
+        got = weighted_average(order, ["w"])["w"]
+        assert got.dtype == expected.dtype and got.shape == expected.shape
+        assert got.tobytes() == expected.tobytes()
+
+
+# ------------------------------------------------------------------- the broadcast
+
+
+@pytest.fixture
+def job(tmp_path):
+    X, y = blobs(300, d=6, k=3)
+    uris = write_shards(X, y, str(tmp_path / "shards"), 3)
+    made = InProcessJob(tmp_path / "out", uris, workers=2)
+    yield made
+    made.close()
+
+
+def test_the_broadcast_is_encoded_once_per_value(job):
+    master = job.master
+    w = np.arange(12, dtype=np.float32).reshape(3, 4)
+    first = master._encoded("w", w, 1)
+    assert master._encoded("w", w, 1) is first  # the next worker gets the same bytes
+    chunks = [pb.TaskChunk.FromString(raw).tensor for raw in first]
+    assert np.array_equal(wire.decode(chunks)["w"], w)
+    # A new value is encoded again, at a new version or at the same one (a resume, before_step).
+    again = master._encoded("w", w.copy(), 1)
+    assert again is not first and again == first
+    changed = w + 1
+    newer = master._encoded("w", changed, 2)
+    assert np.array_equal(wire.decode(pb.TaskChunk.FromString(raw).tensor for raw in newer)["w"], changed)
+    assert master._encoded("w", changed, 2) is newer
+    assert len(master._wire_cache) == 1  # older values are not kept
+
+
+def test_float16_broadcast_is_narrowed_once(tmp_path):
+    X, y = blobs(120, d=4, k=3)
+    uris = write_shards(X, y, str(tmp_path / "shards"), 2)
+    job = InProcessJob(tmp_path / "out", uris, workers=1, float16_wire=True)
+    try:
+        w = np.linspace(-1, 1, 10, dtype=np.float32)
+        chunks = [pb.TaskChunk.FromString(raw).tensor for raw in job.master._encoded("w", w, 0)]
+        assert chunks[0].narrowed and chunks[0].dtype == "float16"
+        assert np.array_equal(wire.decode(chunks)["w"], w.astype(np.float16).astype(np.float32))
+    finally:
+        job.close()
+
+
+def test_a_job_through_the_new_sync_path_is_the_sequential_run(job):
+    """Fetches share the encoded broadcast and pushes wake only the step's driver: the model
+    is still the one a sequential run computes, bit for bit."""
+    for name in ("worker-0", "worker-1"):
+        job.add_worker(name)
+    job.start().wait(timeout=60)
+    final = load_npz(job.output / "parameters.npz")
+    expected = simulate(job.config.program, job.config.program_config, job.config.shards)
+    assert sorted(final) == sorted(expected)
+    for name in expected:
+        assert final[name].tobytes() == expected[name].tobytes(), name
+    # The cache holds the last broadcast value of each parameter, no more.
+    assert set(job.master._wire_cache) <= set(job.master.parameters)
+    for name, (version, array, _) in job.master._wire_cache.items():
+        assert version <= job.master.versions[name]
