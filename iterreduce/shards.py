@@ -310,8 +310,8 @@ def _labels(uri: str, column, first_row: int = 0) -> np.ndarray:
 
 def shard_info(uris: list[str]) -> list[dict]:
     """What the footers say of each shard, without reading its data: ``uri``, ``rows``,
-    ``features`` (per row), ``labels`` (whether it has them), ``ranges`` (see
-    :func:`footer_ranges`) and ``stored_bytes`` (bytes per stored feature value). Refuses a shard the footer already shows to be unusable:
+    ``features`` (per row), ``labels`` (whether it has them) and ``ranges`` (see
+    :func:`footer_ranges`). Refuses a shard the footer already shows to be unusable:
     unreadable, of another schema, empty, with infinite features or negative labels.
 
     The footers are read in a helper process: on some corrupt footers pyarrow ends the
@@ -352,7 +352,6 @@ def describe_shard(uri: str) -> dict:
                 raise ShardError(f"{uri}: '{FEATURES}' lists are empty: no feature to train on")
         ranges = footer_ranges(parquet, uri)
         has_labels = LABEL in parquet.schema_arrow.names
-        stored_bytes = parquet.schema_arrow.field(FEATURES).type.value_type.byte_width
     features, labels = ranges[FEATURES], ranges[LABEL]
     if features and not np.isfinite(features).all():
         raise ShardError(f"{uri}: '{FEATURES}' holds infinite values (the footer's statistics: "
@@ -360,8 +359,7 @@ def describe_shard(uri: str) -> dict:
     if labels and labels[0] < 0:
         raise ShardError(f"{uri}: '{LABEL}' holds negative values (the footer's statistics: min {labels[0]}): "
                          f"classes are 0, 1, 2, ...")
-    return {"uri": uri, "rows": rows, "features": width, "labels": has_labels, "ranges": ranges,
-            "stored_bytes": stored_bytes}
+    return {"uri": uri, "rows": rows, "features": width, "labels": has_labels, "ranges": ranges}
 
 
 def write_shards(X: np.ndarray, y: np.ndarray | None, uri: str, n_shards: int, *, prefix: str = "part") -> list[str]:
