@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -24,40 +24,37 @@ import numpy as np
 class RowFile:
     """Fixed-width rows of ``dtype`` in the file ``path`` (created, or truncated, here).
 
-    ``divide_by`` (optional) turns stored values into float32 on the way out, as
-    ``values.astype(float32) / divide_by``: the conversion :func:`iterreduce.shards.read_shard`
-    applies to uint8 intensities, so a row read from disk has the bits of the same row
-    read into memory, while the file keeps the compact stored type.
+    ``convert`` (optional) turns stored rows into the rows callers see on the way out (a
+    shard passes :func:`iterreduce.shards.as_float32`, the conversion of the in-memory read,
+    so a row read from disk has the bits of the same row read into memory while the file
+    keeps the compact stored type).
     """
 
-    def __init__(self, path: str | os.PathLike, width: int, dtype, *, divide_by: float | None = None):
+    def __init__(self, path: str | os.PathLike, width: int, dtype, *, convert: Callable | None = None):
         self.path = os.fspath(path)
         self.width = int(width)
         self.stored = np.dtype(dtype)
-        self.divide_by = divide_by
+        self.convert = convert
+        #: the dtype rows come out as
+        self.dtype = self._converted(np.empty((0, self.width), self.stored)).dtype
         self.row_bytes = self.width * self.stored.itemsize
         self.rows = 0
         self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
 
     @classmethod
-    def new(cls, directory: str, prefix: str, width: int, dtype, *, divide_by: float | None = None) -> "RowFile":
+    def new(cls, directory: str, prefix: str, width: int, dtype, *, convert: Callable | None = None) -> "RowFile":
         """A row file under a fresh, unique name in ``directory`` (never another file's)."""
         import tempfile
 
         fd, path = tempfile.mkstemp(prefix=prefix, suffix=".rows", dir=directory)
         os.close(fd)
-        return cls(path, width, dtype, divide_by=divide_by)
+        return cls(path, width, dtype, convert=convert)
 
     # ------------------------------------------------------------ array-like
 
     @property
     def shape(self) -> tuple[int, int]:
         return (self.rows, self.width)
-
-    @property
-    def dtype(self) -> np.dtype:
-        """The dtype rows come out as (float32 when stored values are divided)."""
-        return np.dtype(np.float32) if self.divide_by else self.stored
 
     @property
     def nbytes(self) -> int:
@@ -125,7 +122,7 @@ class RowFile:
             view, offset = view[got:], offset + got
 
     def _converted(self, values: np.ndarray) -> np.ndarray:
-        return values.astype(np.float32) / self.divide_by if self.divide_by else values
+        return self.convert(values) if self.convert else values
 
     # --------------------------------------------------------------- cleanup
 

@@ -195,7 +195,7 @@ def spill_shard(uri: str, directory: str, index: int = 0, n_features: int | None
         for _, values, block_labels, _ in _blocks(uri, n_features, need_labels):
             if rows is None:
                 rows = RowFile.new(directory, f"shard-{index:05d}-", values.shape[1], values.dtype,
-                                   divide_by=255.0 if values.dtype == np.uint8 else None)
+                                   convert=as_float32)
             rows.append(values)
             if block_labels is not None:
                 labels.append(block_labels)
@@ -277,7 +277,7 @@ def feature_rows(uri: str, column: pa.Array, first_row: int = 0, n_features: int
 
 def as_float32(values: np.ndarray) -> np.ndarray:
     """Stored feature values as the float32 features programs see: uint8 intensities scaled
-    to [0, 1] (the same formula as :class:`~iterreduce.rowfile.RowFile`'s ``divide_by``)."""
+    to [0, 1]; a spilled shard's :class:`~iterreduce.rowfile.RowFile` converts with it too."""
     return values.astype(np.float32) / 255.0 if values.dtype == np.uint8 else values
 
 

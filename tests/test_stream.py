@@ -37,7 +37,7 @@ def small_blocks(monkeypatch):
 def test_row_file_reads_back_what_was_written(tmp_path, dtype):
     rng = np.random.default_rng(0)
     values = (rng.random((301, 7)) * 255).astype(dtype)
-    rows = RowFile.new(str(tmp_path), "t-", 7, dtype, divide_by=255.0 if dtype == np.uint8 else None)
+    rows = RowFile.new(str(tmp_path), "t-", 7, dtype, convert=as_float32)
     for start in range(0, 301, 50):
         rows.append(values[start:start + 50])
     expected = as_float32(values)
