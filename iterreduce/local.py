@@ -176,8 +176,9 @@ class LocalCluster:
     def _start_worker(self, index: int) -> None:
         name = f"worker-{index}"
         device = "gpu" if self.gpus else ("cpu" if self.device == "auto" else self.device)
+        peer = ["--peer-host", "127.0.0.1"] if self.config.reduce == "workers" else []
         self.workers[name] = self._spawn(
-            ["iterreduce.worker", "--master", self.address, "--name", name, "--device", device], name, index)
+            ["iterreduce.worker", "--master", self.address, "--name", name, "--device", device, *peer], name, index)
 
     def _master_failed(self, code: int, when: str = "") -> LocalJobError:
         """The error for a master that ended with exit status ``code`` (negative: a signal)."""

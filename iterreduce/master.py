@@ -6,6 +6,13 @@ shard order), logs a progress line and checkpoints. A worker that misses its
 heartbeats is dropped: the step completes without its shards (the average is
 renormalised over the shards that reported) and its shards move to live workers
 until a worker of the same name registers again.
+
+With ``reduce = "workers"`` (and a program whose reduce is elementwise) the workers
+reduce the updates among themselves, each its own rows (:mod:`iterreduce.exchange`),
+and the master receives the result once instead of every update. A lost worker or a
+failed delivery in that exchange makes the master run the step again as a star: every
+worker pushes its update (kept, not computed again) to the master, which reduces it
+itself; the lost worker's shards sit that step out, as they do in a star step.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from . import checkpoint, runlog, wire
+from . import checkpoint, exchange, runlog, wire
 from .lifeline import follow_launcher
 from .program import MASTER_ONLY, Program, Update, load_class, step_to_json
 from .proto import iterreduce_pb2 as pb
@@ -40,6 +47,9 @@ EXIT_DATA_ERROR = 2
 
 #: Errors that fail the job with their message (bad input or a program's refusal), not as a crash.
 JOB_ERRORS = (IterReduceError, ValueError, TypeError, KeyError)
+
+#: where a step's updates are reduced: by the master, or by the workers among themselves
+REDUCE_CHOICES = ("master", "workers")
 
 
 @dataclass
@@ -64,6 +74,11 @@ class MasterConfig:
     heartbeat_timeout: float = 10.0
     start_timeout: float = 300.0
     float16_wire: bool = False
+    reduce: str = "master"  # where the updates are reduced: "master", or "workers" (see iterreduce.exchange)
+
+    def __post_init__(self):
+        if self.reduce not in REDUCE_CHOICES:
+            raise ValueError(f"reduce = {self.reduce!r}: expected one of {', '.join(map(repr, REDUCE_CHOICES))}")
 
     def to_dict(self) -> dict:
         """The fields as a JSON-friendly dict (what :meth:`from_dict` reads back)."""
@@ -96,6 +111,7 @@ class WorkerInfo:
     last_seen: float = field(default_factory=time.monotonic)
     alive: bool = True
     status: dict = field(default_factory=dict)
+    peer_address: str = ""  # its Peer service ("": it cannot reduce rows)
 
 
 class Master(pb_grpc.MasterServicer):
@@ -137,6 +153,15 @@ class Master(pb_grpc.MasterServicer):
         self._wire_cache: dict[str, tuple[int, np.ndarray, list[bytes]]] = {}
         self._wire_lock = threading.Lock()
         self.failure: DataError | None = None  # a worker's report of unusable data: ends the job
+        # The reduce on the workers (iterreduce.exchange). A round is one attempt at a step.
+        self.round = 0
+        self.reducers: list[str] = []            # worker ids of this round's reducers; empty: a star round
+        self.reduce_orders: dict[str, int] = {}  # reducer -> its part, until it fetches the order
+        self.reduced: dict[int, tuple[dict, list[str]]] = {}  # part -> (rows, reducers not delivered to)
+        self.reporter: dict[int, str] = {}       # shard -> the worker whose result is in
+        self.exchange_error: str | None = None   # why this round's exchange failed
+        self.gathered: dict[str, dict[str, int]] = {}  # worker -> arrays its peers delivered: version
+        self._gathered_round = (0, 0)            # (round, parts) of those deliveries
         self._log = runlog.RunLog(runlog.log_path(self.out))
         # Before any worker starts: refuse data the program cannot use, and log what it found.
         facts = self.program.check_shards(self.shards)
@@ -182,7 +207,7 @@ class Master(pb_grpc.MasterServicer):
             if name not in self.names:
                 self.names.append(name)
             self._incarnation += 1
-            worker = WorkerInfo(f"{name}#{self._incarnation}", name, request.host)
+            worker = WorkerInfo(f"{name}#{self._incarnation}", name, request.host, peer_address=request.peer_address)
             self.workers[worker.worker_id] = worker
             # Take back this name's home shards unless another worker is computing them right now.
             for shard in self._home(name):
@@ -225,6 +250,9 @@ class Master(pb_grpc.MasterServicer):
                 if self.done or self.failure:
                     yield pb.TaskChunk(header=pb.TaskHeader(kind=pb.TaskHeader.DONE))
                     return
+                part = self.reduce_orders.pop(worker.worker_id, None)
+                if part is not None:
+                    break
                 todo = sorted(s for s in worker.shards
                               if s in self.expected and s not in self.results and s not in self.in_flight)
                 if todo:
@@ -233,20 +261,49 @@ class Master(pb_grpc.MasterServicer):
                     yield pb.TaskChunk(header=pb.TaskHeader(kind=pb.TaskHeader.WAIT))
                     return
                 self._work.wait(timeout=0.5)
-            for s in todo:
-                self.in_flight[s] = worker.worker_id
             step_index, step = self.current, self.steps[self.current]
-            send = {k: v for k, v in self.parameters.items()
-                    if not k.startswith(MASTER_ONLY) and request.versions.get(k, -1) < self.versions[k]}
-            versions = {k: self.versions[k] for k in send}
+            if part is not None:
+                order, rows = self._reduce_order(part, step_index, step)
+            else:
+                for s in todo:
+                    self.in_flight[s] = worker.worker_id
+                stale = [k for k in self.parameters
+                         if not k.startswith(MASTER_ONLY) and request.versions.get(k, -1) < self.versions[k]]
+                # Arrays this worker's peers delivered in the last exchange are in its inbox: not sent again.
+                held = self.gathered.get(worker.worker_id, {})
+                gathered = {k: self.versions[k] for k in stale if held.get(k) == self.versions[k]}
+                send = {k: self.parameters[k] for k in stale if k not in gathered}
+                versions = {k: self.versions[k] for k in send}
+                round_, reducers = self.round, self._reducer_list()
+                gathered_round, gathered_parts = self._gathered_round if gathered else (0, 0)
+        if part is not None:  # streamed without the lock: the driver waits for this reducer anyway
+            yield pb.TaskChunk(header=order)
+            for chunk in wire.encode(rows):
+                yield pb.TaskChunk(tensor=chunk)
+            return
         header = pb.TaskHeader(
             kind=pb.TaskHeader.RUN, step=step_index, phase=step.phase, info_json=step_to_json(step),
             shards=[pb.Shard(index=s, uri=self.shards[s]["uri"]) for s in todo],
-            seed=self.config.seed, versions=versions,
+            seed=self.config.seed, versions=versions, round=round_, reducers=reducers,
+            gathered=gathered, gathered_round=gathered_round, gathered_parts=gathered_parts,
         )
         yield pb.TaskChunk(header=header)
         for name, array in send.items():
             yield from self._encoded(name, array, versions[name])
+
+    def _reducer_list(self) -> list[pb.Reducer]:
+        return [pb.Reducer(worker_id=w, address=self.workers[w].peer_address) for w in self.reducers]
+
+    def _reduce_order(self, part: int, step_index: int, step) -> tuple[pb.TaskHeader, dict]:
+        """A REDUCE task's header and tensors (call with the lock held): the shards whose rows
+        ``part`` the reducer reduces, and rows ``part`` of every parameter at full precision (the
+        master's own values, which its reduce would read: the master-only ones too)."""
+        results = [pb.ShardResult(index=u.shard, samples=u.samples, metrics_json=json.dumps(u.metrics))
+                   for u in sorted(self.results.values(), key=lambda u: u.shard)]
+        header = pb.TaskHeader(kind=pb.TaskHeader.REDUCE, step=step_index, phase=step.phase,
+                               info_json=step_to_json(step), seed=self.config.seed, round=self.round,
+                               reducers=self._reducer_list(), part=part, reduce_shards=results)
+        return header, exchange.rows_of(self.parameters, len(self.reducers), part)
 
     def _encoded(self, name: str, array: np.ndarray, version: int) -> list[bytes]:
         """Parameter ``name`` at ``version`` as serialized :class:`TaskChunk` messages (what
@@ -296,9 +353,21 @@ class Master(pb_grpc.MasterServicer):
                 return self._reject(context, f"update from unknown or dropped worker {header.worker_id}", abort=False)
             if header.step != self.current:
                 return self._reject(context, f"{header.worker_id}: update for step {header.step}, current is {self.current}", abort=False)
+            if (header.scattered or header.reduced) and header.round != self.round:  # of an exchange that failed
+                return self._reject(context, f"{header.worker_id}: rows of round {header.round}, the current round "
+                                             f"is {self.round}", abort=False)
+            if header.reduced:
+                return self._take_reduced(context, worker, header, arrays)
+            if header.scattered != bool(self.reducers):
+                return self._reject(context, f"{header.worker_id}: {'rows sent to reducers' if header.scattered else 'whole updates'}"
+                                             f" in round {self.round}, which {'has' if self.reducers else 'has no'} reducers", abort=False)
+            if header.exchange_error:
+                self._exchange_failed(f"{header.worker_id} could not send its rows: {header.exchange_error}")
             for shard, update in updates.items():
                 if self.in_flight.get(shard) != worker.worker_id:
                     return self._reject(context, f"{header.worker_id}: shard {shard} was not given to it", abort=False)
+                if header.scattered:  # its tensors are with the reducers, which check their shapes
+                    continue
                 missing = set(self.steps[self.current].arrays) - set(update.arrays)
                 if missing:
                     return self._reject(context, f"{header.worker_id}: shard {shard} update lacks {sorted(missing)}")
@@ -311,10 +380,31 @@ class Master(pb_grpc.MasterServicer):
                 del self.in_flight[shard]
                 if shard in self.expected:
                     self.results[shard] = update
+                    self.reporter[shard] = worker.worker_id
             self.compute_s[worker.worker_id] = self.compute_s.get(worker.worker_id, 0.0) + header.compute_s
             worker.last_seen = time.monotonic()
             self.lock.notify_all()  # the step's driver: no fetcher has new work after a push
         return pb.PushReply(accepted=True)
+
+    def _take_reduced(self, context, worker: WorkerInfo, header, arrays: dict):
+        """A reducer's rows of the new parameters (call with the lock held)."""
+        part = header.part
+        if not 0 <= part < len(self.reducers) or self.reducers[part] != worker.worker_id or part in self.reduced:
+            return self._reject(context, f"{worker.worker_id}: reduced rows of part {part}, not its part in round "
+                                         f"{self.round}", abort=False)
+        if header.exchange_error:
+            self._exchange_failed(f"reducer {worker.worker_id}: {header.exchange_error}")
+        else:
+            self.reduced[part] = (arrays, list(header.undelivered))
+        worker.last_seen = time.monotonic()
+        self.lock.notify_all()
+        return pb.PushReply(accepted=True)
+
+    def _exchange_failed(self, why: str) -> None:
+        """The round's exchange cannot finish: the step's driver runs it again as a star."""
+        if self.reducers and self.exchange_error is None:
+            self.exchange_error = why
+            self.lock.notify_all()
 
     def ReportDataError(self, request, context):
         with self.lock:
@@ -345,6 +435,11 @@ class Master(pb_grpc.MasterServicer):
         lost = {s for s, w in self.in_flight.items() if w == worker.worker_id}
         for s in lost:
             self.in_flight.pop(s)
+        exchanging = worker.worker_id in self.reducers
+        if exchanging:  # its rows, and the parts sent to it, are gone: the step runs again as a star
+            self._exchange_failed(f"{worker.worker_id} was lost ({why})")
+            # Its reported results go too: their tensors were only in the exchange.
+            lost |= {s for s, w in self.reporter.items() if w == worker.worker_id and s in self.expected}
         if self._live():  # others go on without its shards; if none is left, wait for a restart
             lost |= {s for s in worker.shards if s in self.expected and s not in self.results}
             self.expected -= lost
@@ -449,26 +544,27 @@ class Master(pb_grpc.MasterServicer):
         for name in self.parameters:
             self.versions.setdefault(name, index)
         with self.lock:
-            self.current, self.results, self.in_flight, self.compute_s = index, {}, {}, {}
-            self._assign_orphans()
-            self.expected = {s for s, w in self.owner.items() if w is not None and self.workers[w].alive}
-            self._notify_all()
-            while not self.results or self.expected - set(self.results):
-                self._raise_failure()
-                if not self.expected - set(self.results):
-                    # Every shard was dropped before any reported: redo the step in full
-                    # with the workers that are (or come) back.
-                    self.expected = set(self.owner)
-                self.lock.wait(timeout=0.5)
-                if self._live():
-                    self._assign_orphans()
+            self.current = index
+            self._start_round(peers=self._peer_reduce(step))
+            while True:
+                self._collect_results()
+                reduce_start = time.perf_counter()
+                reduced = self._reduce_on_workers(index, step) if self.reducers else None
+                if reduced is not None or not self.reducers:
+                    break
+                log.warning("step %d round %d: the exchange failed (%s); running the step again with the "
+                            "master reducing", index, self.round, self.exchange_error)
+                self._event("exchange_failed", step=index, round=self.round, reason=self.exchange_error)
+                self._start_round(peers=False, same_shards=True)
+            self.reducers = []
             updates = sorted(self.results.values(), key=lambda u: u.shard)
             compute = max(self.compute_s.values(), default=0.0)
         if not updates:
             raise JobFailed(f"step {index} ({step.phase}): no shard reported")
-        reduce_start = time.perf_counter()
         if step.arrays:
-            for name, value in self.program.reduce(step, self.parameters, updates).items():
+            if reduced is None:
+                reduced = self.program.reduce(step, self.parameters, updates)
+            for name, value in reduced.items():
                 self.parameters[name] = value
                 self.versions[name] = index + 1
         elapsed = time.perf_counter() - started
@@ -480,6 +576,65 @@ class Master(pb_grpc.MasterServicer):
             seconds=elapsed, compute_seconds=compute, reduce_seconds=evaluated - reduce_start))
         for listener in self.listeners:
             listener(record)
+
+    def _peer_reduce(self, step) -> bool:
+        """Whether the workers may reduce this step's updates (see :mod:`iterreduce.exchange`)."""
+        return (self.config.reduce == "workers" and bool(step.arrays) and self.program.reduces_elementwise()
+                and exchange.can_cut(self.parameters))
+
+    def _start_round(self, peers: bool, same_shards: bool = False) -> None:
+        """Start an attempt at the current step (call with the lock held). ``same_shards``: the
+        shards expected stay those of the failed attempt (less the lost ones)."""
+        self.round += 1
+        self.results, self.in_flight, self.compute_s, self.reporter = {}, {}, {}, {}
+        self.reduce_orders, self.reduced, self.exchange_error = {}, {}, None
+        self._assign_orphans()
+        if not same_shards:
+            self.expected = {s for s, w in self.owner.items() if w is not None and self.workers[w].alive}
+        owners = sorted({self.owner[s] for s in self.expected if self.owner[s]}, key=lambda w: self.workers[w].name)
+        peers = peers and len(owners) > 1 and all(self.workers[w].peer_address for w in owners)
+        self.reducers = owners if peers else []
+        self._notify_all()
+
+    def _collect_results(self) -> None:
+        """Wait until every expected shard has reported (call with the lock held)."""
+        while not self.results or self.expected - set(self.results):
+            self._raise_failure()
+            if self.exchange_error:
+                return
+            if not self.expected - set(self.results):
+                # Every shard was dropped before any reported: redo the step in full
+                # with the workers that are (or come) back.
+                self.expected = set(self.owner)
+            self.lock.wait(timeout=0.5)
+            if self._live():
+                self._assign_orphans()
+
+    def _reduce_on_workers(self, index: int, step) -> dict | None:
+        """Have each reducer reduce its rows, and join them (call with the lock held); None when
+        the exchange failed (``exchange_error`` says why)."""
+        parts = len(self.reducers)
+        self.reduce_orders = {w: j for j, w in enumerate(self.reducers) if not self.exchange_error}
+        self._work.notify_all()
+        while len(self.reduced) < parts and not self.exchange_error:
+            self._raise_failure()
+            self.lock.wait(timeout=0.5)
+        if self.exchange_error:
+            return None
+        try:
+            result = exchange.join_rows([self.reduced[j][0] for j in range(parts)])
+            for name in {*step.arrays, *result}:
+                want, got = self.parameters.get(name), result.get(name)
+                if got is None or (want is not None and (got.shape != want.shape or got.dtype != want.dtype)):
+                    raise ValueError(f"{name} came back as {'nothing' if got is None else f'{got.dtype}{list(got.shape)}'}")
+        except ValueError as exc:
+            self._exchange_failed(f"the reducers' rows do not make the parameters: {exc}")
+            return None
+        undelivered = {w for _, missed in self.reduced.values() for w in missed}
+        shared = {name: index + 1 for name in result if not name.startswith(MASTER_ONLY)}
+        self.gathered = {w: shared for w in self.reducers if w not in undelivered}
+        self._gathered_round = (self.round, parts)
+        return result
 
     # --------------------------------------------------------------- serve
 

@@ -57,6 +57,14 @@ class Program(ABC):
     #: import path of the :class:`WorkerProgram` subclass that pairs with this program
     worker_class: str = ""
 
+    #: Set True when :meth:`reduce` is elementwise: each row (index on axis 0) of each array it
+    #: returns depends only on the same row of the parameters and of the updates, so that run on
+    #: rows ``a:b`` of every array it returns rows ``a:b`` of every result, with the same bits
+    #: (sums in shard order, elementwise NumPy). The workers may then reduce among themselves,
+    #: each its own rows (``MasterConfig.reduce = "workers"``, :mod:`iterreduce.exchange`). The
+    #: default reduce is; an overriding one is taken not to be unless it says so.
+    elementwise_reduce: bool = False
+
     def __init__(self, config: Mapping[str, Any]):
         self.config = dict(config)
 
@@ -94,6 +102,10 @@ class Program(ABC):
         depend on timing.
         """
         return weighted_average(updates, step.arrays)
+
+    def reduces_elementwise(self) -> bool:
+        """Whether :meth:`reduce` may run on rows of the arrays (see :attr:`elementwise_reduce`)."""
+        return type(self).reduce is Program.reduce or self.elementwise_reduce
 
     def evaluate(self, step: Step, parameters: Arrays) -> dict:
         """Metrics the master measures itself after a superstep (e.g. a validation error),

@@ -74,6 +74,16 @@ def channel_credentials(tls: TlsCredentials) -> grpc.ChannelCredentials:
                                         certificate_chain=tls.cert)
 
 
+def open_channel(address: str, tls: TlsCredentials | None = None, max_message_bytes: int = 4 << 20) -> grpc.Channel:
+    """A channel to ``address``: mutual TLS with ``tls``, plaintext without (the loopback cluster);
+    messages up to ``max_message_bytes`` either way."""
+    options = [("grpc.max_receive_message_length", max_message_bytes),
+               ("grpc.max_send_message_length", max_message_bytes)]
+    if tls is None:
+        return grpc.insecure_channel(address, options=options)
+    return grpc.secure_channel(address, channel_credentials(tls), options=options + channel_options(tls))
+
+
 def channel_options(tls: TlsCredentials) -> list[tuple[str, str]]:
     """Channel options that check the server's certificate against its own name, not the host's
     (skein's certificate names ``skein-internal``, whatever host the master runs on)."""

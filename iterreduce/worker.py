@@ -12,13 +12,13 @@ import time
 import grpc
 import numpy as np
 
-from . import wire
+from . import exchange, wire
 from .lifeline import follow_launcher
-from .program import Update, WorkerProgram, load_class, shard_seed, step_from_json
+from .program import MASTER_ONLY, Update, WorkerProgram, load_class, shard_seed, step_from_json
 from .proto import iterreduce_pb2 as pb
 from .proto import iterreduce_pb2_grpc as pb_grpc
 from .exceptions import DataError
-from .security import TlsCredentials, channel_credentials, channel_options, metadata
+from .security import TlsCredentials, metadata, open_channel
 from .shards import ShardData
 
 log = logging.getLogger("iterreduce.worker")
@@ -29,16 +29,16 @@ EXIT_MASTER_GONE = 3
 
 class Worker:
     """One worker process's loop. ``name`` is its stable identity across restarts; with ``tls``
-    it connects over mutual TLS (on YARN), without it in plaintext (the local loopback cluster)."""
+    it connects over mutual TLS (on YARN), without it in plaintext (the local loopback cluster).
+
+    With ``peer_host`` it also serves the Peer service (on ``peer_bind``, default
+    ``peer_host``), so the master can have it reduce its rows of each update
+    (:mod:`iterreduce.exchange`); without, the master reduces this worker's updates itself."""
 
     def __init__(self, address: str, token: str, name: str, device: str = "cpu", resources: dict | None = None,
-                 tls: TlsCredentials | None = None):
-        options = [("grpc.max_receive_message_length", wire.MAX_MESSAGE_BYTES),
-                   ("grpc.max_send_message_length", wire.MAX_MESSAGE_BYTES)]
-        if tls is None:
-            self.channel = grpc.insecure_channel(address, options=options)
-        else:  # mutual TLS: the master must present ``tls.cert``, and so does this worker
-            self.channel = grpc.secure_channel(address, channel_credentials(tls), options=options + channel_options(tls))
+                 tls: TlsCredentials | None = None, peer_host: str | None = None, peer_bind: str | None = None):
+        # Mutual TLS with ``tls``: the master must present ``tls.cert``, and so does this worker.
+        self.channel = open_channel(address, tls, wire.MAX_MESSAGE_BYTES)
         self.stub = pb_grpc.MasterStub(self.channel)
         self.metadata = metadata(token)
         self.name = name
@@ -49,17 +49,32 @@ class Worker:
         self.shards: dict[int, ShardData] = {}
         self.status: dict = {"state": "starting"}
         self._stop = threading.Event()
+        self.token, self.tls = token, tls
+        self.peer_address = ""
+        self.inbox = exchange.Inbox()
+        if peer_host:
+            self._peer_server, self.peer_address = exchange.serve(self.inbox, token, peer_bind or peer_host,
+                                                                  peer_host, tls)
+        self.peers: exchange.Peers | None = None
+        self.reducer = None  # the master-side program, for the rows this worker reduces
+        self._kept: dict[tuple[int, int], Update] = {}  # (step, shard) -> update, while a step may be redone
 
     def register(self) -> None:
         reply = self.stub.Register(pb.RegisterRequest(
             worker_name=self.name, host=socket.gethostname(), pid=os.getpid(),
-            resources_json=json.dumps(self.resources)), metadata=self.metadata, wait_for_ready=True, timeout=120)
+            resources_json=json.dumps(self.resources), peer_address=self.peer_address),
+            metadata=self.metadata, wait_for_ready=True, timeout=120)
         self.worker_id = reply.worker_id
+        if self.peers is not None:
+            self.peers.close()
+        self.peers = exchange.Peers(self.worker_id, self.token, self.tls)
         self.heartbeat_interval = reply.heartbeat_interval_s
         self.float16 = reply.float16_wire
         program_cls = load_class(reply.program)
         worker_cls = load_class(program_cls.worker_class)
-        self.program: WorkerProgram = worker_cls(json.loads(reply.program_config_json), device=self.device)
+        config = json.loads(reply.program_config_json)
+        self.program: WorkerProgram = worker_cls(config, device=self.device)
+        self.reducer = program_cls(config)
         log.info("registered as %s", self.worker_id)
 
     def _heartbeat(self) -> None:
@@ -94,6 +109,10 @@ class Worker:
                     return 0
                 if header.kind == pb.TaskHeader.WAIT:
                     continue
+                if header.kind == pb.TaskHeader.REDUCE:
+                    self._reduce(header, arrays)
+                    continue
+                self._take_gathered(header)
                 self.parameters.update(arrays)
                 self.versions.update(header.versions)
                 try:
@@ -106,9 +125,16 @@ class Worker:
                         worker_id=self.worker_id, step=header.step, shard=self.status.get("shard", -1),
                         message=str(exc)), metadata=self.metadata, timeout=30)
                     continue
-                self._push(header, updates)
+                if header.reducers:
+                    self._scatter(header, updates)
+                else:
+                    self._push(header, updates)
         finally:
             self._stop.set()
+            if self.peers is not None:
+                self.peers.close()
+            if self.peer_address:
+                self._peer_server.stop(grace=1.0)
 
     def _fetch(self):
         header, decoder = None, wire.Decoder()
@@ -128,25 +154,110 @@ class Worker:
             self.status = {"state": "computing", "step": header.step, "phase": step.phase, "shard": shard.index}
             if shard.index not in self.shards:
                 self.shards[shard.index] = self.program.load_shard(shard.uri, shard.index)
-            seed = shard_seed(header.seed, header.step, shard.index)
-            updates.append(self.program.run(step, self.parameters, self.shards[shard.index], seed))
+            kept = self._kept.get((header.step, shard.index))
+            if kept is None:  # else the step is run again after a failed exchange: same parameters, same update
+                seed = shard_seed(header.seed, header.step, shard.index)
+                kept = self.program.run(step, self.parameters, self.shards[shard.index], seed)
+            updates.append(kept)
+        # Kept until the step ends, in case it has to be run again; a star step is never run again.
+        self._kept = {(header.step, u.shard): u for u in updates} if header.reducers else {}
         self.status = {"state": "pushing", "step": header.step}
         self.compute_s = time.perf_counter() - started
         return updates
 
-    def _push(self, header, updates: list[Update]) -> None:
+    def _push(self, header, updates: list[Update], arrays: dict | None = None, float16: bool | None = None,
+              **fields) -> None:
+        """Push to the master: the updates' results, and ``arrays`` (default: the updates' tensors,
+        named ``<shard>/<array>``); ``fields`` go into the :class:`UpdateHeader`."""
         results = [pb.ShardResult(index=u.shard, samples=u.samples, metrics_json=json.dumps(u.metrics)) for u in updates]
-        arrays = {f"{u.shard}/{k}": v for u in updates for k, v in u.arrays.items()}
+        if arrays is None:
+            arrays = {f"{u.shard}/{k}": v for u in updates for k, v in u.arrays.items()}
 
         def stream():
-            yield pb.UpdateChunk(header=pb.UpdateHeader(worker_id=self.worker_id, step=header.step,
-                                                        results=results, compute_s=self.compute_s))
-            for chunk in wire.encode(arrays, float16=self.float16):
+            yield pb.UpdateChunk(header=pb.UpdateHeader(worker_id=self.worker_id, step=header.step, round=header.round,
+                                                        results=results, compute_s=self.compute_s, **fields))
+            for chunk in wire.encode(arrays, float16=self.float16 if float16 is None else float16):
                 yield pb.UpdateChunk(tensor=chunk)
 
         reply = self.stub.PushUpdate(stream(), metadata=self.metadata)
         if not reply.accepted:
             log.warning("update for step %d not accepted: %s", header.step, reply.reason)
+
+    # ------------------------------------------------------------ the reduce on the workers
+
+    def _scatter(self, header, updates: list[Update]) -> None:
+        """Send reducer j rows j of each update, then tell the master (results only, no tensors)."""
+        self.status = {"state": "scattering", "step": header.step}
+        named = {f"{u.shard}/{k}": v for u in updates for k, v in u.arrays.items()}
+        error = ""
+        if not exchange.can_cut(named):
+            error = "an update holds an array without rows (0-d)"
+        else:
+            error = self._send_parts(header, exchange.UPDATE, named)
+        self._push(header, updates, arrays={}, scattered=True, exchange_error=error)
+
+    def _send_parts(self, header, kind: int, arrays: dict) -> str:
+        """Send part j of ``arrays`` to reducer j (this worker's own part straight to its inbox);
+        returns why some could not be delivered, or ""."""
+        parts = len(header.reducers)
+        targets = []
+        for j, reducer in enumerate(header.reducers):
+            if reducer.worker_id == self.worker_id:
+                own = exchange.as_received(exchange.rows_of(arrays, parts, j), self.float16)
+                self.inbox.put(header.round, kind, j, own)
+            else:
+                targets.append((j, reducer.worker_id, reducer.address))
+        failed = self.peers.send_each(targets, lambda j: exchange.rows_of(arrays, parts, j), kind, header.round,
+                                      self.float16)
+        if failed:
+            log.warning("round %d: could not send to %s", header.round, "; ".join(failed.values()))
+        return "; ".join(failed.values())
+
+    def _reduce(self, header, parameters: dict) -> None:
+        """Reduce this worker's rows (part ``header.part``) of the round's updates, share them
+        with the other reducers, and push them to the master."""
+        step = step_from_json(header.info_json)
+        self.status = {"state": "reducing", "step": header.step}
+        started = time.perf_counter()
+        names = [f"{r.index}/{name}" for r in header.reduce_shards for name in step.arrays]
+        # Every sender's parts went out before it reported to the master, so they are here.
+        rows = self.inbox.wait(header.round, exchange.UPDATE, header.part, names, timeout=exchange.SEND_TIMEOUT_S)
+        if rows is None:
+            self._push(header, [], arrays={}, reduced=True, part=header.part,
+                       exchange_error=f"rows of shards {[r.index for r in header.reduce_shards]} never arrived")
+            return
+        updates = [Update(r.index, r.samples, {name: rows[f"{r.index}/{name}"] for name in step.arrays})
+                   for r in header.reduce_shards]
+        result = self.reducer.reduce(step, parameters, updates)
+        shared = {k: v for k, v in result.items() if not k.startswith(MASTER_ONLY)}
+        failed = self._send_parts_to_all(header, shared)
+        self.compute_s = time.perf_counter() - started
+        # To the master at full precision: it keeps the exact model, as after its own reduce.
+        self._push(header, [], arrays=result, float16=False, reduced=True, part=header.part, undelivered=failed)
+
+    def _send_parts_to_all(self, header, rows: dict) -> list[str]:
+        """All-gather: this reducer's rows to every reducer; returns the reducers that did not get them."""
+        self.inbox.put(header.round, exchange.REDUCED, header.part, exchange.as_received(rows, self.float16))
+        others = [(header.part, r.worker_id, r.address) for r in header.reducers if r.worker_id != self.worker_id]
+        failed = self.peers.send_each(others, lambda j: rows, exchange.REDUCED, header.round, self.float16)
+        if failed:
+            log.warning("round %d: reduced rows not delivered to %s", header.round, "; ".join(failed.values()))
+        return sorted(failed)
+
+    def _take_gathered(self, header) -> None:
+        """The arrays the master says the reducers delivered (``header.gathered``): join their parts."""
+        if header.gathered:
+            pieces = []
+            for j in range(header.gathered_parts):
+                part = self.inbox.wait(header.gathered_round, exchange.REDUCED, j, header.gathered, timeout=0)
+                if part is None:  # the master counted a delivery that did not happen: a bug, never guess
+                    raise RuntimeError(f"round {header.gathered_round}: part {j} of {sorted(header.gathered)} "
+                                       f"is not in the inbox")
+                pieces.append(part)
+            self.parameters.update(exchange.join_rows(pieces))
+            self.versions.update(header.gathered)
+        self.inbox.drop_before(header.round)
+        self._kept = {key: u for key, u in self._kept.items() if key[0] == header.step}
 
 
 def peak_rss_bytes() -> int:
@@ -164,12 +275,14 @@ def main(argv=None) -> int:
     ap.add_argument("--master", required=True, help="host:port of the master")
     ap.add_argument("--name", required=True, help="stable worker name (kept across restarts)")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--peer-host", help="serve the Peer service on this host (the master may then have this "
+                                        "worker reduce its rows of each update); default: serve none")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.name} %(levelname)s %(message)s")
     follow_launcher()
     token = os.environ.get("ITERREDUCE_TOKEN", "")
     try:
-        return Worker(args.master, token, args.name, args.device).run()
+        return Worker(args.master, token, args.name, args.device, peer_host=args.peer_host).run()
     except grpc.RpcError as exc:
         if exc.code() == grpc.StatusCode.UNAVAILABLE:
             log.error("master at %s is gone: %s", args.master, exc.details())

@@ -277,7 +277,8 @@ class InProcessJob:
     def add_worker(self, name: str) -> None:
         from iterreduce.worker import Worker
 
-        worker = Worker(self.address, self.token, name)
+        peer_host = "127.0.0.1" if self.config.reduce == "workers" else None
+        worker = Worker(self.address, self.token, name, peer_host=peer_host)
         self.worker_objects.append(worker)
         self._spawn(name, worker.run)
 

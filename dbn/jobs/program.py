@@ -150,6 +150,9 @@ class DBNProgram(Program):
             return {**parameters, **state.finetune_start(parameters, len(self.layers))}
         return parameters
 
+    # The average, block momentum and the logit are all elementwise: the workers may reduce.
+    elementwise_reduce = True
+
     def reduce(self, step, parameters, updates):
         if step.phase == "transform":
             # Workers report their input's mean; Bernoulli visible biases start at its logit.

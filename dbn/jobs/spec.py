@@ -45,7 +45,7 @@ from typing import Any
 
 import tomli_w
 
-from iterreduce.master import MasterConfig
+from iterreduce.master import REDUCE_CHOICES, MasterConfig
 
 from ..exceptions import ConfigError
 from .memory import STREAM_CHOICES
@@ -115,6 +115,7 @@ class ClusterSection:
     pretrain_block_momentum: float = 0.0  # the same for RBM pre-training (0: plain averaging)
     validation: str | None = None  # a labelled Parquet shard the master scores after each fine-tuning epoch
     stream: str = "auto"  # workers' data: "auto" streams it from local disk when it would not fit in memory; "always"; "never"
+    reduce: str = "auto"  # who averages the updates: "master"; "workers" (each its rows); "auto": workers on YARN from 8 workers
 
 
 @dataclass(frozen=True)
@@ -144,7 +145,12 @@ class JobSection:
 
 SECTIONS = {"data": DataSection, "model": ModelSection, "output": OutputSection, "job": JobSection,
             "cluster": ClusterSection, "yarn": YarnSection}
-CHOICES = {("model", "visible"): VISIBLE_UNITS, ("job", "device"): DEVICES, ("cluster", "stream"): STREAM_CHOICES}
+CHOICES = {("model", "visible"): VISIBLE_UNITS, ("job", "device"): DEVICES, ("cluster", "stream"): STREAM_CHOICES,
+           ("cluster", "reduce"): ("auto", *REDUCE_CHOICES)}
+#: ``[cluster] reduce = "auto"`` has the workers reduce on YARN from this many workers: a star's
+#: master moves every worker's update, the workers a fixed share each (benchmarks/RESULTS.md).
+#: On the local mini-cluster all processes share one machine's cores, so the master reduces.
+REDUCE_ON_WORKERS_FROM = 8
 _AT_LEAST_ONE = {"cd_k", "pretrain_batch_size", "finetune_batch_size"}
 _PATH_KEYS = {("data", "train"), ("data", "test"), ("data", "mnist_dir"), ("yarn", "keytab")}
 
@@ -236,15 +242,24 @@ class JobSpec:
             params["pretrain_learning_rate"] = list(params["pretrain_learning_rate"])
         return {**params, "device": self.job.device, "seed": self.job.seed}
 
-    def master_config(self, *, shards, output: str, token: str = "", stream: bool = False) -> MasterConfig:
+    def master_config(self, *, shards, output: str, token: str = "", stream: bool = False,
+                      on_yarn: bool = False) -> MasterConfig:
         """The runtime's part of this job: the master's configuration for ``shards`` (a
         directory URI or a list of shard URIs) writing to ``output``, its workers streaming
-        their data from local disk or not (:func:`dbn.jobs.memory.plan` decides). The token
-        is the launcher's to set (it never goes into a file)."""
+        their data from local disk or not (:func:`dbn.jobs.memory.plan` decides), on YARN or
+        on the local mini-cluster. The token is the launcher's to set (it never goes into a file)."""
         c = self.cluster
         return MasterConfig(program=PROGRAM, program_config=self.program_config(stream), shards=shards,
                             workers=c.workers, token=token, output=output, seed=self.job.seed,
-                            heartbeat_timeout=c.heartbeat_timeout, float16_wire=c.float16_wire)
+                            heartbeat_timeout=c.heartbeat_timeout, float16_wire=c.float16_wire,
+                            reduce=self.reduce_on(on_yarn))
+
+    def reduce_on(self, on_yarn: bool) -> str:
+        """Who reduces the updates (``MasterConfig.reduce``): ``[cluster] reduce``, with "auto"
+        resolved for YARN or the local mini-cluster (see :data:`REDUCE_ON_WORKERS_FROM`)."""
+        if self.cluster.reduce != "auto":
+            return self.cluster.reduce
+        return "workers" if on_yarn and self.cluster.workers >= REDUCE_ON_WORKERS_FROM else "master"
 
     def program_config(self, stream: bool = False) -> dict:
         """The DBN program's configuration for the runtime (``[model] n_classes`` unset: the

@@ -8,16 +8,18 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("worker_name", "host", "pid", "resources_json")
+    __slots__ = ("worker_name", "host", "pid", "resources_json", "peer_address")
     WORKER_NAME_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_JSON_FIELD_NUMBER: _ClassVar[int]
+    PEER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     worker_name: str
     host: str
     pid: int
     resources_json: str
-    def __init__(self, worker_name: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., resources_json: _Optional[str] = ...) -> None: ...
+    peer_address: str
+    def __init__(self, worker_name: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., resources_json: _Optional[str] = ..., peer_address: _Optional[str] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
     __slots__ = ("worker_id", "program", "program_config_json", "heartbeat_interval_s", "float16_wire")
@@ -71,16 +73,25 @@ class Shard(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uri: _Optional[str] = ...) -> None: ...
 
 class TaskHeader(_message.Message):
-    __slots__ = ("kind", "step", "phase", "info_json", "shards", "seed", "versions")
+    __slots__ = ("kind", "step", "phase", "info_json", "shards", "seed", "versions", "round", "reducers", "part", "reduce_shards", "gathered", "gathered_round", "gathered_parts")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         RUN: _ClassVar[TaskHeader.Kind]
         DONE: _ClassVar[TaskHeader.Kind]
         WAIT: _ClassVar[TaskHeader.Kind]
+        REDUCE: _ClassVar[TaskHeader.Kind]
     RUN: TaskHeader.Kind
     DONE: TaskHeader.Kind
     WAIT: TaskHeader.Kind
+    REDUCE: TaskHeader.Kind
     class VersionsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class GatheredEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
         VALUE_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +105,13 @@ class TaskHeader(_message.Message):
     SHARDS_FIELD_NUMBER: _ClassVar[int]
     SEED_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    REDUCERS_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
+    REDUCE_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    GATHERED_FIELD_NUMBER: _ClassVar[int]
+    GATHERED_ROUND_FIELD_NUMBER: _ClassVar[int]
+    GATHERED_PARTS_FIELD_NUMBER: _ClassVar[int]
     kind: TaskHeader.Kind
     step: int
     phase: str
@@ -101,7 +119,22 @@ class TaskHeader(_message.Message):
     shards: _containers.RepeatedCompositeFieldContainer[Shard]
     seed: int
     versions: _containers.ScalarMap[str, int]
-    def __init__(self, kind: _Optional[_Union[TaskHeader.Kind, str]] = ..., step: _Optional[int] = ..., phase: _Optional[str] = ..., info_json: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., seed: _Optional[int] = ..., versions: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    round: int
+    reducers: _containers.RepeatedCompositeFieldContainer[Reducer]
+    part: int
+    reduce_shards: _containers.RepeatedCompositeFieldContainer[ShardResult]
+    gathered: _containers.ScalarMap[str, int]
+    gathered_round: int
+    gathered_parts: int
+    def __init__(self, kind: _Optional[_Union[TaskHeader.Kind, str]] = ..., step: _Optional[int] = ..., phase: _Optional[str] = ..., info_json: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., seed: _Optional[int] = ..., versions: _Optional[_Mapping[str, int]] = ..., round: _Optional[int] = ..., reducers: _Optional[_Iterable[_Union[Reducer, _Mapping]]] = ..., part: _Optional[int] = ..., reduce_shards: _Optional[_Iterable[_Union[ShardResult, _Mapping]]] = ..., gathered: _Optional[_Mapping[str, int]] = ..., gathered_round: _Optional[int] = ..., gathered_parts: _Optional[int] = ...) -> None: ...
+
+class Reducer(_message.Message):
+    __slots__ = ("worker_id", "address")
+    WORKER_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    worker_id: str
+    address: str
+    def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
 
 class TensorChunk(_message.Message):
     __slots__ = ("name", "dtype", "shape", "offset", "data", "last", "narrowed")
@@ -140,16 +173,28 @@ class ShardResult(_message.Message):
     def __init__(self, index: _Optional[int] = ..., samples: _Optional[int] = ..., metrics_json: _Optional[str] = ...) -> None: ...
 
 class UpdateHeader(_message.Message):
-    __slots__ = ("worker_id", "step", "results", "compute_s")
+    __slots__ = ("worker_id", "step", "results", "compute_s", "round", "scattered", "reduced", "part", "undelivered", "exchange_error")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
     COMPUTE_S_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    SCATTERED_FIELD_NUMBER: _ClassVar[int]
+    REDUCED_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
+    UNDELIVERED_FIELD_NUMBER: _ClassVar[int]
+    EXCHANGE_ERROR_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     step: int
     results: _containers.RepeatedCompositeFieldContainer[ShardResult]
     compute_s: float
-    def __init__(self, worker_id: _Optional[str] = ..., step: _Optional[int] = ..., results: _Optional[_Iterable[_Union[ShardResult, _Mapping]]] = ..., compute_s: _Optional[float] = ...) -> None: ...
+    round: int
+    scattered: bool
+    reduced: bool
+    part: int
+    undelivered: _containers.RepeatedScalarFieldContainer[str]
+    exchange_error: str
+    def __init__(self, worker_id: _Optional[str] = ..., step: _Optional[int] = ..., results: _Optional[_Iterable[_Union[ShardResult, _Mapping]]] = ..., compute_s: _Optional[float] = ..., round: _Optional[int] = ..., scattered: _Optional[bool] = ..., reduced: _Optional[bool] = ..., part: _Optional[int] = ..., undelivered: _Optional[_Iterable[str]] = ..., exchange_error: _Optional[str] = ...) -> None: ...
 
 class UpdateChunk(_message.Message):
     __slots__ = ("header", "tensor")
@@ -180,5 +225,35 @@ class DataErrorReport(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., step: _Optional[int] = ..., shard: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
 
 class DataErrorReply(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SliceHeader(_message.Message):
+    __slots__ = ("kind", "round", "part", "sender")
+    class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        UPDATE: _ClassVar[SliceHeader.Kind]
+        REDUCED: _ClassVar[SliceHeader.Kind]
+    UPDATE: SliceHeader.Kind
+    REDUCED: SliceHeader.Kind
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    PART_FIELD_NUMBER: _ClassVar[int]
+    SENDER_FIELD_NUMBER: _ClassVar[int]
+    kind: SliceHeader.Kind
+    round: int
+    part: int
+    sender: str
+    def __init__(self, kind: _Optional[_Union[SliceHeader.Kind, str]] = ..., round: _Optional[int] = ..., part: _Optional[int] = ..., sender: _Optional[str] = ...) -> None: ...
+
+class SliceChunk(_message.Message):
+    __slots__ = ("header", "tensor")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    header: SliceHeader
+    tensor: TensorChunk
+    def __init__(self, header: _Optional[_Union[SliceHeader, _Mapping]] = ..., tensor: _Optional[_Union[TensorChunk, _Mapping]] = ...) -> None: ...
+
+class SliceReply(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

@@ -273,3 +273,84 @@ class Master:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class PeerStub:
+    """Served by each worker when the reduce runs on the workers (MasterConfig.reduce = "workers"):
+    a worker sends every reducer its rows of its updates (scatter), and a reducer sends every
+    other its reduced rows (all-gather). Same token and TLS as the master's service.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.PushSlices = channel.stream_unary(
+                '/iterreduce.Peer/PushSlices',
+                request_serializer=iterreduce_dot_proto_dot_iterreduce__pb2.SliceChunk.SerializeToString,
+                response_deserializer=iterreduce_dot_proto_dot_iterreduce__pb2.SliceReply.FromString,
+                _registered_method=True)
+
+
+class PeerServicer:
+    """Served by each worker when the reduce runs on the workers (MasterConfig.reduce = "workers"):
+    a worker sends every reducer its rows of its updates (scatter), and a reducer sends every
+    other its reduced rows (all-gather). Same token and TLS as the master's service.
+    """
+
+    def PushSlices(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_PeerServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'PushSlices': grpc.stream_unary_rpc_method_handler(
+                    servicer.PushSlices,
+                    request_deserializer=iterreduce_dot_proto_dot_iterreduce__pb2.SliceChunk.FromString,
+                    response_serializer=iterreduce_dot_proto_dot_iterreduce__pb2.SliceReply.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'iterreduce.Peer', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('iterreduce.Peer', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Peer:
+    """Served by each worker when the reduce runs on the workers (MasterConfig.reduce = "workers"):
+    a worker sends every reducer its rows of its updates (scatter), and a reducer sends every
+    other its reduced rows (all-gather). Same token and TLS as the master's service.
+    """
+
+    @staticmethod
+    def PushSlices(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/iterreduce.Peer/PushSlices',
+            iterreduce_dot_proto_dot_iterreduce__pb2.SliceChunk.SerializeToString,
+            iterreduce_dot_proto_dot_iterreduce__pb2.SliceReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

@@ -190,8 +190,10 @@ def run_worker(job_file: str, app: skein.ApplicationClient) -> int:
     name = f"worker-{slot}"
     logging.getLogger().handlers[0].setFormatter(logging.Formatter(f"%(asctime)s {name} %(levelname)s %(message)s"))
     log.info("working as %s for the master at %s", name, address)
+    # Reducing on the workers: a Peer service on every interface, dialled by this host's name.
+    peer = {"peer_host": host, "peer_bind": "0.0.0.0"} if job["master"].get("reduce") == "workers" else {}
     return Worker(address, token, name, os.environ.get("ITERREDUCE_DEVICE", "cpu"),
-                  resources={"container": os.environ.get("CONTAINER_ID"), "host": host}, tls=tls).run()
+                  resources={"container": os.environ.get("CONTAINER_ID"), "host": host}, tls=tls, **peer).run()
 
 
 def main(argv=None) -> int:

@@ -1,0 +1,264 @@
+"""The reduce on the workers (``MasterConfig.reduce = "workers"``, iterreduce.exchange): each
+worker reduces its own rows, and the model is the master's reduce's, bit for bit; a failed
+exchange runs the step again with the master reducing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest_runtime import (DBN_PROGRAM, SLOW_SOFTMAX, SOFTMAX, InProcessJob, blobs, events,
+                              kill_worker, load_npz, records, run_job, simulate, subprocess_env)
+from iterreduce import exchange
+from iterreduce.master import MasterConfig
+from iterreduce.program import Update, block_momentum_average, weighted_average
+from iterreduce.programs.softmax import SoftmaxRegression
+from iterreduce.shards import list_shards, write_shards
+from iterreduce.worker import Worker
+
+PARTS = [1, 2, 3, 7, 64]
+
+
+# ------------------------------------------------------------------ cutting rows
+
+
+@pytest.mark.parametrize("rows", [0, 1, 5, 500])
+@pytest.mark.parametrize("parts", PARTS)
+def test_parts_cover_every_row_once_and_join_back(rows, parts):
+    array = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3)
+    bias = np.arange(rows, dtype=np.float64)
+    pieces = [exchange.rows_of({"w": array, "b": bias}, parts, j) for j in range(parts)]
+    sizes = [p["w"].shape[0] for p in pieces]
+    assert sum(sizes) == rows and max(sizes) - min(sizes) <= 1
+    joined = exchange.join_rows(pieces)
+    assert joined["w"].tobytes() == array.tobytes() and joined["w"].shape == array.shape
+    assert joined["b"].tobytes() == bias.tobytes()
+
+
+def test_join_refuses_parts_of_other_arrays():
+    with pytest.raises(ValueError, match=r"part 1 holds \['v'\], part 0 holds \['w'\]"):
+        exchange.join_rows([{"w": np.zeros(2)}, {"v": np.zeros(2)}])
+
+
+def test_an_array_without_rows_cannot_be_cut():
+    assert exchange.can_cut({"w": np.zeros((2, 3)), "b": np.zeros(3)})
+    assert not exchange.can_cut({"w": np.zeros((2, 3)), "lr": np.float32(0.1) * np.ones(())})
+
+
+def test_a_workers_own_part_takes_the_wires_path():
+    a = {"w": np.linspace(-1, 1, 11, dtype=np.float32), "i": np.arange(4, dtype=np.int64)}
+    same = exchange.as_received(a, float16=False)
+    assert same["w"].tobytes() == a["w"].tobytes() and same["w"] is not a["w"]
+    narrowed = exchange.as_received(a, float16=True)
+    assert narrowed["w"].dtype == np.float32
+    assert narrowed["w"].tobytes() == a["w"].astype(np.float16).astype(np.float32).tobytes()
+    assert narrowed["i"].tobytes() == a["i"].tobytes()
+
+
+# ------------------------------------------------- reducing rows gives the same bits
+
+
+def _on_rows(reduce, parameters, updates, parts):
+    """``reduce`` run part by part on rows, as the reducers run it, then joined."""
+    pieces = []
+    for j in range(parts):
+        rows = [Update(u.shard, u.samples, exchange.rows_of(u.arrays, parts, j)) for u in updates]
+        pieces.append(reduce(exchange.rows_of(parameters, parts, j), rows))
+    return exchange.join_rows(pieces)
+
+
+def _updates(rng, shapes, n=5, dtype=np.float32):
+    return [Update(s, int(rng.integers(0, 900)) if s != 2 else 0,
+                   {k: rng.standard_normal(shape).astype(dtype) for k, shape in shapes.items()}) for s in range(n)]
+
+
+def _assert_same_bits(got, expected):
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        assert got[name].dtype == expected[name].dtype and got[name].shape == expected[name].shape, name
+        assert got[name].tobytes() == expected[name].tobytes(), name
+
+
+@pytest.mark.parametrize("parts", PARTS)
+def test_weighted_average_on_rows_is_the_whole_average(parts):
+    rng = np.random.default_rng(parts)
+    shapes = {"w": (37, 11), "b": (11,), "v": (37,)}
+    updates = _updates(rng, shapes)
+    expected = weighted_average(updates, shapes)
+    _assert_same_bits(_on_rows(lambda p, u: weighted_average(u, shapes), {}, updates, parts), expected)
+
+
+@pytest.mark.parametrize("parts", PARTS)
+def test_block_momentum_on_rows_is_the_whole_one(parts):
+    rng = np.random.default_rng([parts, 1])
+    shapes = {"w": (40, 9), "b": (9,), "w_inc": (40, 9)}
+    parameters = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
+    reduce = lambda p, u: block_momentum_average(p, u, shapes, 0.9, plain=("w_inc",))  # noqa: E731
+    first = reduce(parameters, _updates(rng, shapes))  # no delta yet: the master-only deltas appear
+    parameters = {**parameters, **first}
+    updates = _updates(rng, shapes)
+    _assert_same_bits(_on_rows(reduce, parameters, updates, parts), reduce(parameters, updates))
+
+
+@pytest.mark.parametrize("visible", ["bernoulli", "gaussian"])
+@pytest.mark.parametrize("parts", [1, 3, 64])
+def test_the_dbn_reduce_on_rows_is_the_whole_one(visible, parts):
+    from dbn.jobs.program import DBNProgram
+    from iterreduce.program import Step
+
+    program = DBNProgram(dict(hidden_layers=[30, 20], visible=visible, pretrain_block_momentum=0.5,
+                              block_momentum=0.8, n_classes=4))
+    assert program.reduces_elementwise()
+    rng = np.random.default_rng(parts)
+    steps = [
+        (Step("transform", {"layer": 0}, ("rbm.0.visible_bias",)), {"rbm.0.visible_bias": (50,)}),
+        (Step("transform", {"layer": 1}, ("rbm.1.visible_bias",)), {"rbm.1.visible_bias": (30,)}),
+        (Step("pretrain", {"layer": 0}, ("rbm.0.weights", "rbm.0.hidden_bias")),
+         {"rbm.0.weights": (50, 30), "rbm.0.hidden_bias": (30,)}),
+        (Step("finetune", {}, ("net.0.weights", "net.0.bias")), {"net.0.weights": (50, 30), "net.0.bias": (30,)}),
+    ]
+    for step, shapes in steps:
+        parameters = {k: rng.uniform(0.01, 0.99, s).astype(np.float32) for k, s in shapes.items()}
+        updates = [Update(s, int(rng.integers(1, 900)),
+                          {k: rng.uniform(0, 1, shape).astype(np.float32) for k, shape in shapes.items()})
+                   for s in range(4)]
+        reduce = lambda p, u: program.reduce(step, p, u)  # noqa: E731
+        whole = reduce(parameters, updates)
+        _assert_same_bits(_on_rows(reduce, parameters, updates, parts), whole)
+
+
+def test_a_program_overriding_reduce_is_not_taken_as_elementwise():
+    assert SoftmaxRegression({}).reduces_elementwise()  # the default reduce
+    assert not NormalizedSoftmax({}).reduces_elementwise()
+
+
+class NormalizedSoftmax(SoftmaxRegression):
+    """Its reduce scales by a norm over all rows: rows of it are not rows of the result."""
+
+    def reduce(self, step, parameters, updates):
+        mean = weighted_average(updates, step.arrays)
+        return {k: (v / max(1.0, float(np.abs(v).max()))).astype(v.dtype) for k, v in mean.items()}
+
+
+# ------------------------------------------------------------- jobs on the workers
+
+
+@pytest.fixture
+def uris(tmp_path):
+    X, y = blobs(500, d=6, k=3, seed=4)
+    return write_shards(X, y, str(tmp_path / "shards"), 5)
+
+
+def _run(tmp_path, uris, name, *, workers=3, program=SOFTMAX, program_config=None, worker_class=Worker, **config):
+    job = InProcessJob(tmp_path / name, uris, workers=workers, program=program,
+                       program_config=program_config or {"n_classes": 3, "epochs": 4, "batch_size": 20}, **config)
+    encoded = []
+    original = job.master._encoded
+    job.master._encoded = lambda n, a, v: encoded.append((n, v)) or original(n, a, v)
+    peer_host = "127.0.0.1" if job.config.reduce == "workers" else None
+    try:
+        for i in range(workers):
+            worker = worker_class(job.address, job.token, f"worker-{i}", peer_host=peer_host)
+            job.worker_objects.append(worker)
+            job._spawn(worker.name, worker.run)
+        job.start().wait(timeout=90)
+    finally:
+        job.close()
+    return job, encoded
+
+
+def test_a_job_reduced_on_the_workers_is_the_sequential_run(tmp_path, uris):
+    job, encoded = _run(tmp_path, uris, "workers", reduce="workers")
+    expected = simulate(SOFTMAX, job.config.program_config, uris)
+    _assert_same_bits(load_npz(job.output / "parameters.npz"), expected)
+    assert not events(job.output, "exchange_failed")
+    assert job.master.round == 4  # one round a step: no step was run again
+    # The master sent the parameters once, at the start: after that the reducers shared them.
+    assert sorted(encoded) == [("bias", 0)] * 3 + [("weights", 0)] * 3
+    assert [r["samples"] for r in records(job.output)] == [500] * 4
+
+
+def test_float16_on_the_wire_gives_the_same_bits_either_way(tmp_path, uris):
+    star, _ = _run(tmp_path, uris, "master", float16_wire=True)
+    peers, _ = _run(tmp_path, uris, "workers", float16_wire=True, reduce="workers")
+    assert peers.master.round == 4 and not events(peers.output, "exchange_failed")
+    _assert_same_bits(load_npz(peers.output / "parameters.npz"), load_npz(star.output / "parameters.npz"))
+
+
+def test_a_dbn_reduced_on_the_workers_is_the_sequential_run(tmp_path, mnist_small):
+    x_train, y_train, _, _ = mnist_small
+    uris = write_shards(x_train[:300], y_train[:300], str(tmp_path / "shards"), 3)
+    config = dict(hidden_layers=[24, 12], pretrain_epochs=2, finetune_epochs=2, top_layer_epochs=1, n_classes=10,
+                  seed=0, pretrain_batch_size=10, finetune_batch_size=10, sync_every=4, block_momentum=0.5,
+                  pretrain_block_momentum=0.3)
+    job, _ = _run(tmp_path, uris, "workers", program=DBN_PROGRAM, program_config=config, reduce="workers")
+    steps = len(records(job.output))
+    assert steps > 10 and job.master.round == steps and not events(job.output, "exchange_failed")
+    expected = simulate(DBN_PROGRAM, config, uris)
+    final = job.master.parameters
+    assert any(k.startswith("master.block_delta.") for k in final)  # block momentum ran on the reducers
+    _assert_same_bits(final, expected)
+
+
+def test_a_non_elementwise_reduce_stays_on_the_master(tmp_path, uris):
+    program = f"{__name__}:NormalizedSoftmax"
+    job, _ = _run(tmp_path, uris, "workers", program=program, reduce="workers")
+    assert job.master.round == 4 and not job.master.gathered  # star rounds only
+    _assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(program, job.config.program_config, uris))
+
+
+class UnreachableWorker(Worker):
+    """Serves its Peer service but advertises an address where nobody listens."""
+
+    def register(self):
+        self.peer_address = "127.0.0.1:1"
+        super().register()
+
+
+def test_an_unreachable_peer_makes_every_step_run_again_on_the_master(tmp_path, uris):
+    def worker_class(address, token, name, peer_host):
+        cls = UnreachableWorker if name == "worker-1" else Worker
+        return cls(address, token, name, peer_host=peer_host)
+
+    job, _ = _run(tmp_path, uris, "workers", worker_class=worker_class, reduce="workers")
+    failed = events(job.output, "exchange_failed")
+    assert [e["step"] for e in failed] == [0, 1, 2, 3]
+    assert all("worker-1#" in e["reason"] and "127.0.0.1:1" in e["reason"] for e in failed)
+    assert job.master.round == 8  # each step: the failed exchange, then the star
+    # Nobody was lost, so every shard is in every step: the sequential run's bits.
+    assert [r["shards"] for r in records(job.output)] == [5] * 4
+    _assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(SOFTMAX, job.config.program_config, uris))
+
+
+def test_reduce_must_be_master_or_workers(tmp_path):
+    with pytest.raises(ValueError, match=r"reduce = 'peers': expected one of 'master', 'workers'"):
+        MasterConfig(program=SOFTMAX, program_config={}, shards=[], workers=1, token="", output=str(tmp_path),
+                     reduce="peers")
+
+
+def test_a_worker_killed_mid_exchange_the_step_runs_again_and_the_job_completes(tmp_path, monkeypatch):
+    """Real processes: worker-1 is SIGKILLed while the others exchange rows with it (the slow
+    program's 0.1 s a shard lets the kill land mid-step)."""
+    subprocess_env(monkeypatch, delay=0.1)
+    X, y = blobs(900, d=8, k=3, seed=2)
+    write_shards(X, y, str(tmp_path / "shards"), 3)
+    config = {"n_classes": 3, "epochs": 20, "batch_size": 0, "local_steps": 1, "learning_rate": 0.5}
+    out = tmp_path / "out"
+    killed = []
+
+    def on_record(rec):
+        if rec.get("step") == 4 and "event" not in rec and not killed:
+            killed.append(kill_worker(out, "worker-1"))
+
+    run_job(program=SLOW_SOFTMAX, program_config=config, shards=str(tmp_path / "shards"), workers=3,
+            output=str(out), on_record=on_record, timeout=120, reduce="workers")
+    assert killed
+    (lost,) = events(out, "worker_lost")
+    failed = events(out, "exchange_failed")
+    assert failed and all(lost["worker"] in e["reason"] for e in failed)
+    recs = records(out)
+    assert [r["step"] for r in recs] == list(range(20))  # every step once
+    assert sum(r["shards"] < 3 for r in recs) <= 2 and recs[-1]["shards"] == 3  # the restarted worker is back
+    result, expected = load_npz(out / "parameters.npz"), simulate(SOFTMAX, config, list_shards(str(tmp_path / "shards")))
+    for k in expected:
+        np.testing.assert_allclose(result[k], expected[k], rtol=0.05, atol=0.02 * np.abs(expected[k]).max())
