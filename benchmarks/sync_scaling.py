@@ -2,6 +2,7 @@
 
     python benchmarks/sync_scaling.py                       # 10, 50 and 100 workers, layer 500x2000
     python benchmarks/sync_scaling.py --workers 100 --layer 0 --float16 --json
+    python benchmarks/sync_scaling.py --reduce workers      # the workers reduce, each its rows
 
 The master runs in its own process, as in a real job, serving a small program
 (:class:`SyncProgram`) whose parameters are the MNIST network's RBM state (``rbm.{l}.*``
@@ -31,6 +32,14 @@ Figures, per superstep after a warm-up step (medians over ``--steps`` steps):
 On a machine with few cores the clients share them with the master, so the loopback
 figures are pessimistic for the workers' side; the master's CPU per byte is what
 projects to a cluster (see ``--project``).
+
+With ``--reduce workers`` the master has the workers reduce among themselves
+(:mod:`iterreduce.exchange`), so the workers can no longer be bare clients: each is a real
+:class:`iterreduce.worker.Worker` (its Peer service, the scatter, its part of the reduce, the
+all-gather), threads in a few processes, whose program returns a fixed real-size update
+without computing. Added figures: ``worker CPU s`` (a worker's CPU per sync: its processes'
+CPU over the measured steps, divided by the workers) and ``worker MB`` (the bytes a worker
+sends its peers per sync); the projection then adds a worker's time to the master's.
 """
 
 from __future__ import annotations
@@ -57,7 +66,7 @@ if str(HERE) not in sys.path:
 
 import numpy as np  # noqa: E402
 
-from iterreduce.program import Program, Step  # noqa: E402
+from iterreduce.program import Program, Step, Update, WorkerProgram  # noqa: E402
 
 LAYERS = (784, 500, 500, 2000)  # the MNIST network's RBMs (the softmax layer is not pre-trained)
 RBM_KEYS = ("weights", "visible_bias", "hidden_bias", "weights_inc", "visible_bias_inc", "hidden_bias_inc")
@@ -80,7 +89,7 @@ class SyncProgram(Program):
     """The runtime's view of DBN pre-training of one layer: every RBM's state is a parameter,
     and each superstep trains (fetches, pushes and reduces) the arrays of ``config["layer"]``."""
 
-    worker_class = ""  # the lightweight clients compute nothing
+    worker_class = "sync_scaling:FixedUpdateWorker"  # for --reduce workers; the bare clients need none
 
     def initial_parameters(self, seed, shards):
         params = {}
@@ -98,6 +107,22 @@ class SyncProgram(Program):
         pass
 
 
+class FixedUpdateWorker(WorkerProgram):
+    """A real worker's side of a sync without the compute: reads no data, and its update for
+    any shard is the same real-size one."""
+
+    _update: dict = {}
+
+    def load_shard(self, uri, index):
+        return index
+
+    def run(self, step, parameters, shard, seed):
+        layer = int(self.config["layer"])
+        if layer not in self._update:
+            self._update[layer] = rbm_arrays(layer, seed=1)
+        return Update(shard, int(self.config["rows"]), dict(self._update[layer]))
+
+
 # ------------------------------------------------------------------------ master
 
 
@@ -109,10 +134,12 @@ def serve_master(args) -> None:
     out = Path(args.out)
     X = np.random.default_rng(0).random((max(args.n, 1) * 2, 4), dtype=np.float32)
     uris = write_shards(X, None, str(out / "shards"), args.n)
-    config = MasterConfig(program=PROGRAM, program_config={"layer": args.layer, "steps": args.steps + 1},
+    reduce = {"reduce": args.reduce} if args.reduce != "master" else {}  # (a --root master may predate it)
+    config = MasterConfig(program=PROGRAM, program_config={"layer": args.layer, "steps": args.steps + 1,
+                                                           "rows": args.rows},
                           shards=uris, workers=args.n, token=args.token, output=str(out / "job"),
                           heartbeat_interval=60.0, heartbeat_timeout=3600.0, start_timeout=300.0,
-                          float16_wire=args.float16)
+                          float16_wire=args.float16, **reduce)
     stats: list[dict] = []
 
     class Measured(Master):
@@ -183,8 +210,56 @@ def _records(output: Path) -> list[dict]:
 # ----------------------------------------------------------------------- clients
 
 
+def run_peer_workers(args) -> None:
+    """One process of real workers (``--reduce workers``): a :class:`Worker` per thread, with its
+    Peer service. Reports the process's CPU and the bytes sent to peers over the measured steps
+    (from the first task of step 1 on)."""
+    from iterreduce import exchange
+    from iterreduce.worker import Worker
+
+    lock = threading.Lock()
+    mark: dict = {}
+    sent = [0]
+    original_send = exchange.Peers.send
+
+    def counted_send(self, address, message):
+        if mark:
+            with lock:
+                sent[0] += len(message)
+        return original_send(self, address, message)
+
+    exchange.Peers.send = counted_send
+
+    class Measured(Worker):
+        def _compute(self, header):
+            if header.step >= 1 and not mark:
+                with lock:
+                    mark.setdefault("cpu", time.process_time())
+            return super()._compute(header)
+
+    errors: list[str] = []
+    workers = [Measured(args.address, args.token, f"bench-{k}", peer_host="127.0.0.1") for k in args.ids]
+
+    def guarded(worker):
+        try:
+            if worker.run() != 0:
+                errors.append(f"{worker.name} ended with an error")
+        except Exception as exc:  # noqa: BLE001 - reported by the parent
+            errors.append(f"{worker.name}: {exc!r}")
+
+    threads = [threading.Thread(target=guarded, args=(w,), daemon=True) for w in workers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(json.dumps({"cpu_s": time.process_time(), "measured_cpu_s": time.process_time() - mark.get("cpu", 0.0),
+                      "peer_bytes": sent[0], "errors": errors[:5]}), flush=True)
+
+
 def run_clients(args) -> None:
     """One process of lightweight workers: a thread (and a TCP connection) per worker."""
+    if args.reduce == "workers":
+        return run_peer_workers(args)
     import grpc
 
     from iterreduce import wire
@@ -294,6 +369,7 @@ def run_one(n: int, args, compute_s: float) -> dict:
                "--steps", str(args.steps), "--token", token, "--out", tmp]
         if args.float16:
             cmd.append("--float16")
+        cmd += ["--reduce", args.reduce, "--rows", str(args.rows)]
         env = {**os.environ, "SYNC_SCALING_ROOT": args.root} if args.root else None
         master = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
         try:
@@ -305,7 +381,8 @@ def run_one(n: int, args, compute_s: float) -> dict:
                 ids = [k for k in range(n) if k % procs == p]
                 clients.append(subprocess.Popen(
                     [sys.executable, __file__, "--role", "clients", "--address", address, "--token", token,
-                     "--layer", str(args.layer), "--rows", str(args.rows), "--ids", *map(str, ids)],
+                     "--layer", str(args.layer), "--rows", str(args.rows), "--reduce", args.reduce,
+                     "--ids", *map(str, ids)],
                     stdout=subprocess.PIPE, text=True))
             client_reports = [json.loads(c.communicate(timeout=1800)[0].strip().splitlines()[-1]) for c in clients]
             report = json.loads(master.communicate(timeout=120)[0].strip().splitlines()[-1])
@@ -329,7 +406,10 @@ def run_one(n: int, args, compute_s: float) -> dict:
         "share": sync / (compute_s + sync),
         "share_here": sync / (n * compute_s / cores + sync),
         "client_cpu_s_total": sum(r["cpu_s"] for r in client_reports),
-        "cores": cores, "master_iterreduce": hello["iterreduce"],
+        "cores": cores, "master_iterreduce": hello["iterreduce"], "reduce": args.reduce,
+        # --reduce workers: one worker's CPU and bytes sent to peers per sync, over the measured steps
+        "worker_cpu_s": sum(r.get("measured_cpu_s", 0.0) for r in client_reports) / (n * args.steps),
+        "worker_peer_bytes": sum(r.get("peer_bytes", 0) for r in client_reports) / (n * args.steps),
     }
 
 
@@ -339,6 +419,8 @@ def project(rows: list[dict], link_bytes_s: float = 1.25e9) -> list[dict]:
     link time of the busier direction and the master's CPU at its measured CPU seconds per byte."""
     if not rows:
         return []
+    if rows[0]["reduce"] == "workers":
+        return project_workers(rows, link_bytes_s)
     ref = max(rows, key=lambda r: r["workers"])
     cpu_per_byte = ref["master_cpu_s"] / ref["bytes_per_sync"]
     per_worker_in, per_worker_out = ref["bytes_in"] / ref["workers"], ref["bytes_out"] / ref["workers"]
@@ -349,6 +431,30 @@ def project(rows: list[dict], link_bytes_s: float = 1.25e9) -> list[dict]:
         sync = max(link, cpu)
         out.append({"workers": n, "link_s": link, "master_cpu_s": cpu, "sync_s": sync,
                     "share": sync / (ref["compute_s"] + sync), "bound": "link" if link >= cpu else "master CPU"})
+    return out
+
+
+def project_workers(rows: list[dict], link_bytes_s: float = 1.25e9) -> list[dict]:
+    """The same for the reduce on the workers: a worker's link (the bytes it sends its peers,
+    received in like measure) or its CPU, whichever is longer, plus the master's link or CPU,
+    one after the other (they overlap in part: this is the pessimistic sum). The CPU figures,
+    per sync, are fitted as a + b N over the measured worker counts (the per-message costs grow
+    with N) and extrapolated."""
+    ns = [r["workers"] for r in rows]
+    fit = lambda key: np.polyfit(ns, [r[key] for r in rows], 1) if len(rows) > 1 else (0.0, rows[0][key])  # noqa: E731
+    worker_b, worker_a = fit("worker_cpu_s")
+    master_b, master_a = fit("master_cpu_s")
+    ref = max(rows, key=lambda r: r["workers"])
+    out = []
+    for n in (100, 1000):
+        worker_link = ref["worker_peer_bytes"] / link_bytes_s
+        master_link = max(ref["bytes_in"], ref["bytes_out"]) / link_bytes_s
+        worker_cpu, master_cpu = worker_a + worker_b * n, master_a + master_b * n
+        sync = max(worker_link, worker_cpu) + max(master_link, master_cpu)
+        out.append({"workers": n, "link_s": worker_link + master_link, "master_cpu_s": master_cpu,
+                    "worker_cpu_s": worker_cpu, "sync_s": sync, "share": sync / (ref["compute_s"] + sync),
+                    "bound": "worker CPU" if worker_cpu >= max(worker_link, master_cpu) else "master CPU"
+                    if master_cpu >= worker_link else "link"})
     return out
 
 
@@ -365,10 +471,11 @@ def format_table(rows: list[dict]) -> str:
 
 
 def format_projection(proj: list[dict]) -> str:
-    lines = ["| workers (10 GbE star) | link s | master CPU s | sync s | share | bound |",
-             "| ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines = ["| workers (10 GbE) | link s | master CPU s | worker CPU s | sync s | share | bound |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for p in proj:
-        lines.append(f"| {p['workers']} | {p['link_s']:.3f} | {p['master_cpu_s']:.3f} | {p['sync_s']:.3f} "
+        worker = f"{p['worker_cpu_s']:.3f}" if "worker_cpu_s" in p else "-"
+        lines.append(f"| {p['workers']} | {p['link_s']:.3f} | {p['master_cpu_s']:.3f} | {worker} | {p['sync_s']:.3f} "
                      f"| {100 * p['share']:.1f} % | {p['bound']} |")
     return "\n".join(lines)
 
@@ -385,6 +492,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compute-s", type=float, help="skip the RBM epoch measurement and use this many seconds")
     ap.add_argument("--root", help="run the master on the iterreduce package under this directory (a copy "
                                    "of another commit, to compare); the clients always use this checkout's")
+    ap.add_argument("--reduce", choices=("master", "workers"), default="master",
+                    help="who reduces: the master (bare clients), or the workers, each its rows (real workers)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON too")
     # internal roles
     ap.add_argument("--role", choices=("driver", "master", "clients"), default="driver", help=argparse.SUPPRESS)
@@ -410,12 +519,15 @@ def main(argv=None) -> int:
         r = rows[-1]
         print(f"{n} workers (master's iterreduce: {r['master_iterreduce']}): sync {r['sync_s']:.3f} s (steps {r['sync_s_all']}), master CPU {r['master_cpu_s']:.3f} s, "
               f"clients' CPU {r['client_cpu_s_total']:.1f} s in all", flush=True)
+        if args.reduce == "workers":
+            print(f"  a worker per sync: CPU {r['worker_cpu_s']:.3f} s, sends its peers "
+                  f"{r['worker_peer_bytes'] / 1e6:.1f} MB", flush=True)
     print()
     print(format_table(rows))
     print()
     proj = project(rows)
-    print(f"Projection to a 10 GbE star (1.25 GB/s each way), at the master CPU per byte measured "
-          f"with {max(r['workers'] for r in rows)} workers:")
+    print(f"Projection to a 10 GbE {'star' if args.reduce == 'master' else 'cluster, the workers reducing'} "
+          f"(1.25 GB/s each way), from the figures measured with {max(r['workers'] for r in rows)} workers:")
     print(format_projection(proj))
     if args.json:
         print(json.dumps({"rows": rows, "projection": proj}, indent=1))

@@ -32,7 +32,6 @@ import numpy as np
 
 from . import wire
 from .proto import iterreduce_pb2 as pb
-from .proto import iterreduce_pb2_grpc as pb_grpc
 from .security import TlsCredentials, TokenInterceptor, metadata, open_channel, server_credentials
 
 log = logging.getLogger("iterreduce.exchange")
@@ -41,8 +40,12 @@ Arrays = dict[str, np.ndarray]
 UPDATE, REDUCED = pb.SliceHeader.UPDATE, pb.SliceHeader.REDUCED
 #: seconds one peer call may take (a part of a 100 MB model is a few MB)
 SEND_TIMEOUT_S = 120.0
-#: concurrent sends of one worker: enough to keep a 10 GbE link busy with small parts
-SEND_THREADS = 16
+#: threads of a worker's Peer service (each receives one part at a time)
+SERVE_THREADS = 16
+#: a part travels as one message: up to gRPC's largest (a part is 1/K of the model, K >= 2)
+PEER_MESSAGE_BYTES = (1 << 31) - 1
+#: the Peer service's one method (its request is a framed part: see :func:`pack`)
+SERVICE, METHOD = "iterreduce.Peer", "PushSlices"
 
 
 def bounds(rows: int, parts: int, part: int) -> tuple[int, int]:
@@ -80,7 +83,7 @@ def as_received(arrays: Mapping[str, np.ndarray], float16: bool) -> Arrays:
     float32 narrowed as on the wire. A worker's own part takes this path, so it holds the
     same bits as the parts that travelled."""
     if float16:
-        return wire.decode(wire.encode(arrays, float16=True))
+        return unpack(pack(pb.SliceHeader(), arrays, float16=True))[1]
     return {name: np.array(array) for name, array in arrays.items()}
 
 
@@ -112,40 +115,70 @@ class Inbox:
                 del self._boxes[key]
 
 
-class PeerService(pb_grpc.PeerServicer):
-    """A worker's Peer service: puts the parts it is sent into its :class:`Inbox`."""
+def pack(header: pb.SliceHeader, arrays: Mapping[str, np.ndarray], float16: bool = False) -> bytes:
+    """One part as the Peer service's request: the :class:`SliceBatch`'s length (4 bytes,
+    little-endian), the SliceBatch, then every tensor's bytes in its order (each byte copied
+    once). With ``float16``, float32 travels as float16."""
+    batch = pb.SliceBatch(header=header)
+    data = []
+    for name, array in arrays.items():
+        narrowed = float16 and array.dtype == np.float32
+        array = np.ascontiguousarray(array.astype(np.float16) if narrowed else array)
+        batch.tensors.append(pb.TensorMeta(name=name, dtype=array.dtype.name, shape=array.shape, narrowed=narrowed))
+        data.append(array.reshape(-1).view(np.uint8))
+    head = batch.SerializeToString()
+    return b"".join([len(head).to_bytes(4, "little"), head, *data])
 
-    def __init__(self, inbox: Inbox):
-        self.inbox = inbox
 
-    def PushSlices(self, request_iterator, context):
-        first = next(request_iterator, None)
-        if first is None or first.WhichOneof("part") != "header":
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "a slice stream must start with a header")
-        header = first.header
-        decoder = wire.Decoder()
-        try:
-            for chunk in request_iterator:
-                if chunk.WhichOneof("part") != "tensor" or len(chunk.tensor.data) > 2 * wire.CHUNK_BYTES:
-                    raise wire.WireError("a second header or an oversized chunk")
-                decoder.add(chunk.tensor)
-            arrays = decoder.finish()
-        except (wire.WireError, ValueError) as exc:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed slices from {header.sender}: {exc}")
-        self.inbox.put(header.round, header.kind, header.part, arrays)
-        return pb.SliceReply()
+def unpack(message: bytes) -> tuple[pb.SliceHeader, Arrays]:
+    """The header and arrays of a part that :func:`pack` made. The arrays are read-only views of
+    ``message`` (narrowed ones are widened copies); raises :class:`~iterreduce.wire.WireError`
+    for a malformed part."""
+    if len(message) < 4:
+        raise wire.WireError(f"a part of {len(message)} bytes")
+    length = int.from_bytes(message[:4], "little")
+    try:
+        batch = pb.SliceBatch.FromString(message[4:4 + length])
+    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError, or a short message
+        raise wire.WireError(f"unreadable part header: {exc}") from exc
+    arrays, offset = {}, 4 + length
+    for meta in batch.tensors:
+        dtype, shape = wire.check_tensor(meta.name, meta.dtype, meta.shape, meta.narrowed)
+        if meta.name in arrays:
+            raise wire.WireError(f"tensor {meta.name!r} sent twice")
+        count = int(np.prod(shape, dtype=np.int64))
+        if offset + count * dtype.itemsize > len(message):
+            raise wire.WireError(f"tensor {meta.name!r}: {count * dtype.itemsize} bytes announced, "
+                                 f"{len(message) - offset} left in the part")
+        array = np.frombuffer(message, dtype, count, offset).reshape(shape)
+        arrays[meta.name] = array.astype(np.float32) if meta.narrowed else array
+        offset += count * dtype.itemsize
+    if offset != len(message):
+        raise wire.WireError(f"{len(message) - offset} bytes after the last tensor of the part")
+    return batch.header, arrays
 
 
 def serve(inbox: Inbox, token: str, bind_host: str, advertise_host: str,
           tls: TlsCredentials | None = None) -> tuple[grpc.Server, str]:
-    """Start a worker's Peer service on ``bind_host`` (any free port); returns the server and
-    the ``host:port`` its peers dial. Peers need the job token, and with ``tls`` the job's
-    certificate, as the master does."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=SEND_THREADS),
+    """Start a worker's Peer service on ``bind_host`` (any free port): every part it is sent
+    goes into ``inbox``. Returns the server and the ``host:port`` its peers dial. Peers need the
+    job token, and with ``tls`` the job's certificate, as the master does."""
+
+    def push_slices(message: bytes, context):
+        try:
+            header, arrays = unpack(message)
+        except wire.WireError as exc:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed part: {exc}")
+        inbox.put(header.round, header.kind, header.part, arrays)
+        return pb.SliceReply()
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=SERVE_THREADS),
                          interceptors=[TokenInterceptor(token)],
-                         options=[("grpc.max_receive_message_length", wire.MAX_MESSAGE_BYTES),
-                                  ("grpc.max_send_message_length", wire.MAX_MESSAGE_BYTES)])
-    pb_grpc.add_PeerServicer_to_server(PeerService(inbox), server)
+                         options=[("grpc.max_receive_message_length", PEER_MESSAGE_BYTES),
+                                  ("grpc.max_send_message_length", PEER_MESSAGE_BYTES)])
+    handler = grpc.unary_unary_rpc_method_handler(push_slices, request_deserializer=None,  # the bytes as they came
+                                                  response_serializer=pb.SliceReply.SerializeToString)
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {METHOD: handler}),))
     bind = f"{bind_host}:0"
     port = server.add_insecure_port(bind) if tls is None else server.add_secure_port(bind, server_credentials(tls))
     server.start()
@@ -153,42 +186,52 @@ def serve(inbox: Inbox, token: str, bind_host: str, advertise_host: str,
 
 
 class Peers:
-    """Sends parts to other workers' Peer services (one channel per peer, kept)."""
+    """Sends parts to other workers' Peer services (one channel per peer, kept). Messages are
+    serialized here, once: the all-gather sends the same bytes to every peer."""
 
     def __init__(self, sender: str, token: str, tls: TlsCredentials | None = None):
         self.sender = sender
         self.metadata = metadata(token)
         self.tls = tls
-        self._stubs: dict[str, pb_grpc.PeerStub] = {}
+        self._calls: dict[str, Callable] = {}
         self._channels: list[grpc.Channel] = []
-        self._pool = futures.ThreadPoolExecutor(max_workers=SEND_THREADS, thread_name_prefix="peer-send")
 
-    def _stub(self, address: str) -> pb_grpc.PeerStub:
-        if address not in self._stubs:
-            channel = open_channel(address, self.tls, wire.MAX_MESSAGE_BYTES)
+    def encode(self, kind: int, round_: int, part: int, arrays: Mapping[str, np.ndarray], float16: bool) -> bytes:
+        """Part ``part`` of ``round_``, framed as the Peer service takes it (:func:`pack`)."""
+        return pack(pb.SliceHeader(kind=kind, round=round_, part=part, sender=self.sender), arrays, float16)
+
+    def _call(self, address: str):
+        if address not in self._calls:
+            channel = open_channel(address, self.tls, PEER_MESSAGE_BYTES)
             self._channels.append(channel)
-            self._stubs[address] = pb_grpc.PeerStub(channel)
-        return self._stubs[address]
+            self._calls[address] = channel.unary_unary(
+                f"/{SERVICE}/{METHOD}", request_serializer=None,  # the framed part as it is
+                response_deserializer=pb.SliceReply.FromString, _registered_method=True)
+        return self._calls[address]
 
-    def send(self, address: str, kind: int, round_: int, part: int, arrays: Mapping[str, np.ndarray],
-             float16: bool) -> None:
-        """Send ``arrays`` to the peer at ``address`` as part ``part`` of ``round_``."""
-        def stream():
-            yield pb.SliceChunk(header=pb.SliceHeader(kind=kind, round=round_, part=part, sender=self.sender))
-            for chunk in wire.encode(arrays, float16=float16):
-                yield pb.SliceChunk(tensor=chunk)
+    def send(self, address: str, message: bytes) -> grpc.Future:
+        """Start sending a serialized part (:meth:`encode`) to the peer at ``address``."""
+        return self._call(address).future(message, metadata=self.metadata, timeout=SEND_TIMEOUT_S)
 
-        self._stub(address).PushSlices(stream(), metadata=self.metadata, timeout=SEND_TIMEOUT_S)
+    def send_parts(self, targets: list[tuple[int, str, str]], make: Callable[[int], Mapping[str, np.ndarray]],
+                   kind: int, round_: int, float16: bool) -> dict[str, str]:
+        """Send each ``(j, worker_id, address)`` of ``targets`` its own part, ``make(j)`` (the
+        scatter; each is on its way while the next is encoded); returns the peers that failed,
+        each with why."""
+        return self._wait({self.send(address, self.encode(kind, round_, j, make(j), float16)): (w, address)
+                           for j, w, address in targets})
 
-    def send_each(self, targets: list[tuple[int, str, str]], make: Callable[[int], Mapping[str, np.ndarray]],
-                  kind: int, round_: int, float16: bool) -> dict[str, str]:
-        """Send ``make(j)`` to each ``(j, worker_id, address)`` of ``targets`` at once, as part
-        ``j`` of ``round_``; returns the peers that failed, each with why."""
-        pending = {self._pool.submit(self.send, address, kind, round_, j, make(j), float16): (worker_id, address)
-                   for j, worker_id, address in targets}
+    def send_to_all(self, targets: list[tuple[str, str]], kind: int, round_: int, part: int,
+                    arrays: Mapping[str, np.ndarray], float16: bool) -> dict[str, str]:
+        """Send the same part to each ``(worker_id, address)`` of ``targets`` (the all-gather),
+        encoded once; returns the peers that failed, each with why."""
+        message = self.encode(kind, round_, part, arrays, float16)
+        return self._wait({self.send(address, message): (w, address) for w, address in targets})
+
+    @staticmethod
+    def _wait(pending: dict) -> dict[str, str]:
         failed = {}
-        for future in futures.as_completed(pending):
-            worker_id, address = pending[future]
+        for future, (worker_id, address) in pending.items():
             try:
                 future.result()
             except grpc.RpcError as exc:
@@ -196,6 +239,5 @@ class Peers:
         return failed
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
         for channel in self._channels:
             channel.close()

@@ -296,14 +296,16 @@ class Master(pb_grpc.MasterServicer):
 
     def _reduce_order(self, part: int, step_index: int, step) -> tuple[pb.TaskHeader, dict]:
         """A REDUCE task's header and tensors (call with the lock held): the shards whose rows
-        ``part`` the reducer reduces, and rows ``part`` of every parameter at full precision (the
-        master's own values, which its reduce would read: the master-only ones too)."""
+        ``part`` the reducer reduces, and rows ``part`` of the parameters an elementwise reduce
+        reads (the step's arrays and the master-only ones) at full precision, as the master's own
+        reduce would read them."""
         results = [pb.ShardResult(index=u.shard, samples=u.samples, metrics_json=json.dumps(u.metrics))
                    for u in sorted(self.results.values(), key=lambda u: u.shard)]
         header = pb.TaskHeader(kind=pb.TaskHeader.REDUCE, step=step_index, phase=step.phase,
                                info_json=step_to_json(step), seed=self.config.seed, round=self.round,
                                reducers=self._reducer_list(), part=part, reduce_shards=results)
-        return header, exchange.rows_of(self.parameters, len(self.reducers), part)
+        read = {k: v for k, v in self.parameters.items() if k in step.arrays or k.startswith(MASTER_ONLY)}
+        return header, exchange.rows_of(read, len(self.reducers), part)
 
     def _encoded(self, name: str, array: np.ndarray, version: int) -> list[bytes]:
         """Parameter ``name`` at ``version`` as serialized :class:`TaskChunk` messages (what

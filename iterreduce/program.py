@@ -58,9 +58,10 @@ class Program(ABC):
     worker_class: str = ""
 
     #: Set True when :meth:`reduce` is elementwise: each row (index on axis 0) of each array it
-    #: returns depends only on the same row of the parameters and of the updates, so that run on
-    #: rows ``a:b`` of every array it returns rows ``a:b`` of every result, with the same bits
-    #: (sums in shard order, elementwise NumPy). The workers may then reduce among themselves,
+    #: returns depends only on the same row of the updates and of the parameters it reads (the
+    #: step's arrays and the master-only ones; no others), so that run on rows ``a:b`` of every
+    #: array it returns rows ``a:b`` of every result, with the same bits (sums in shard order,
+    #: elementwise NumPy). The workers may then reduce among themselves,
     #: each its own rows (``MasterConfig.reduce = "workers"``, :mod:`iterreduce.exchange`). The
     #: default reduce is; an overriding one is taken not to be unless it says so.
     elementwise_reduce: bool = False

@@ -44,6 +44,24 @@ def encode(arrays: dict[str, np.ndarray], float16: bool = False) -> Iterator[pb.
             yield chunk
 
 
+def check_tensor(name: str, dtype: str, shape, narrowed: bool) -> tuple[np.dtype, tuple[int, ...]]:
+    """The dtype and shape a tensor's header announces, checked before anything is allocated
+    for it; raises :class:`WireError` naming the tensor."""
+    if dtype not in ALLOWED_DTYPES:
+        raise WireError(f"tensor {name!r}: dtype {dtype!r} not allowed")
+    shape = tuple(int(n) for n in shape)
+    if len(shape) > MAX_DIMS:
+        raise WireError(f"tensor {name!r}: bad shape of {len(shape)} dimensions (at most {MAX_DIMS})")
+    # math.prod on Python ints: numpy's int64 product wraps around for absurd shapes. Zero
+    # dimensions count as 1: NumPy refuses (0, 2**62) as too big although it holds nothing.
+    if any(n < 0 for n in shape) or math.prod(max(n, 1) for n in shape) > MAX_ELEMENTS:
+        raise WireError(f"tensor {name!r}: bad shape {shape} (at most {MAX_ELEMENTS} elements, "
+                        f"zero dimensions counted as one)")
+    if narrowed and dtype != "float16":
+        raise WireError(f"tensor {name!r}: marked narrowed but sent as {dtype}")
+    return np.dtype(dtype), shape
+
+
 class _Open:
     """A tensor whose chunks are arriving: their bytes are kept as they came (no copy) and
     copied once, into the array, when the last one is in."""
@@ -69,21 +87,10 @@ class Decoder:
 
     def add(self, chunk: pb.TensorChunk) -> None:
         if chunk.offset == 0:
-            if chunk.dtype not in ALLOWED_DTYPES:
-                raise WireError(f"tensor {chunk.name!r}: dtype {chunk.dtype!r} not allowed")
-            shape = tuple(int(n) for n in chunk.shape)
-            if len(shape) > MAX_DIMS:
-                raise WireError(f"tensor {chunk.name!r}: bad shape of {len(shape)} dimensions (at most {MAX_DIMS})")
-            # math.prod on Python ints: numpy's int64 product wraps around for absurd shapes. Zero
-            # dimensions count as 1: NumPy refuses (0, 2**62) as too big although it holds nothing.
-            if any(n < 0 for n in shape) or math.prod(max(n, 1) for n in shape) > MAX_ELEMENTS:
-                raise WireError(f"tensor {chunk.name!r}: bad shape {shape} (at most {MAX_ELEMENTS} elements, "
-                                f"zero dimensions counted as one)")
+            dtype, shape = check_tensor(chunk.name, chunk.dtype, chunk.shape, chunk.narrowed)
             if chunk.name in self._open or chunk.name in self.arrays:
                 raise WireError(f"tensor {chunk.name!r} sent twice")
-            if chunk.narrowed and chunk.dtype != "float16":
-                raise WireError(f"tensor {chunk.name!r}: marked narrowed but sent as {chunk.dtype}")
-            self._open[chunk.name] = _Open(np.dtype(chunk.dtype), shape, chunk.narrowed)
+            self._open[chunk.name] = _Open(dtype, shape, chunk.narrowed)
         tensor = self._open.get(chunk.name)
         if tensor is None:
             raise WireError(f"tensor {chunk.name!r}: chunk at offset {chunk.offset} without a header")

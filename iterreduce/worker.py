@@ -14,6 +14,7 @@ import numpy as np
 
 from . import exchange, wire
 from .lifeline import follow_launcher
+from .master import keep_freed_memory
 from .program import MASTER_ONLY, Update, WorkerProgram, load_class, shard_seed, step_from_json
 from .proto import iterreduce_pb2 as pb
 from .proto import iterreduce_pb2_grpc as pb_grpc
@@ -53,6 +54,7 @@ class Worker:
         self.peer_address = ""
         self.inbox = exchange.Inbox()
         if peer_host:
+            keep_freed_memory()  # parts arrive in fresh buffers every sync, as updates do at the master
             self._peer_server, self.peer_address = exchange.serve(self.inbox, token, peer_bind or peer_host,
                                                                   peer_host, tls)
         self.peers: exchange.Peers | None = None
@@ -207,8 +209,8 @@ class Worker:
                 self.inbox.put(header.round, kind, j, own)
             else:
                 targets.append((j, reducer.worker_id, reducer.address))
-        failed = self.peers.send_each(targets, lambda j: exchange.rows_of(arrays, parts, j), kind, header.round,
-                                      self.float16)
+        failed = self.peers.send_parts(targets, lambda j: exchange.rows_of(arrays, parts, j), kind, header.round,
+                                       self.float16)
         if failed:
             log.warning("round %d: could not send to %s", header.round, "; ".join(failed.values()))
         return "; ".join(failed.values())
@@ -238,8 +240,8 @@ class Worker:
     def _send_parts_to_all(self, header, rows: dict) -> list[str]:
         """All-gather: this reducer's rows to every reducer; returns the reducers that did not get them."""
         self.inbox.put(header.round, exchange.REDUCED, header.part, exchange.as_received(rows, self.float16))
-        others = [(header.part, r.worker_id, r.address) for r in header.reducers if r.worker_id != self.worker_id]
-        failed = self.peers.send_each(others, lambda j: rows, exchange.REDUCED, header.round, self.float16)
+        others = [(r.worker_id, r.address) for r in header.reducers if r.worker_id != self.worker_id]
+        failed = self.peers.send_to_all(others, exchange.REDUCED, header.round, header.part, rows, self.float16)
         if failed:
             log.warning("round %d: reduced rows not delivered to %s", header.round, "; ".join(failed.values()))
         return sorted(failed)

@@ -246,13 +246,25 @@ class SliceHeader(_message.Message):
     sender: str
     def __init__(self, kind: _Optional[_Union[SliceHeader.Kind, str]] = ..., round: _Optional[int] = ..., part: _Optional[int] = ..., sender: _Optional[str] = ...) -> None: ...
 
-class SliceChunk(_message.Message):
-    __slots__ = ("header", "tensor")
+class TensorMeta(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "narrowed")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    NARROWED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: str
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    narrowed: bool
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., narrowed: _Optional[bool] = ...) -> None: ...
+
+class SliceBatch(_message.Message):
+    __slots__ = ("header", "tensors")
     HEADER_FIELD_NUMBER: _ClassVar[int]
-    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
     header: SliceHeader
-    tensor: TensorChunk
-    def __init__(self, header: _Optional[_Union[SliceHeader, _Mapping]] = ..., tensor: _Optional[_Union[TensorChunk, _Mapping]] = ...) -> None: ...
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorMeta]
+    def __init__(self, header: _Optional[_Union[SliceHeader, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorMeta, _Mapping]]] = ...) -> None: ...
 
 class SliceReply(_message.Message):
     __slots__ = ()
