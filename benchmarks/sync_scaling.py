@@ -257,14 +257,19 @@ def run_peer_workers(args) -> None:
 
 
 def run_clients(args) -> None:
-    """One process of lightweight workers: a thread (and a TCP connection) per worker."""
-    if args.reduce == "workers":
+    """One process of lightweight workers: a thread (and a TCP connection) per worker. With
+    ``--reduce workers`` they play the master's side of the exchange only: a scattered result
+    (no tensors) for each task, and for each reduce order a pre-encoded part of the right rows;
+    they exchange nothing with each other (``--real-workers`` runs real ones)."""
+    if args.reduce == "workers" and args.real_workers:
         return run_peer_workers(args)
     import grpc
 
     from iterreduce import wire
     from iterreduce.proto import iterreduce_pb2 as pb
     from iterreduce.proto import iterreduce_pb2_grpc as pb_grpc
+    if args.reduce == "workers":
+        from iterreduce import exchange
     from iterreduce.security import metadata
 
     md = metadata(args.token)
@@ -289,7 +294,8 @@ def run_clients(args) -> None:
                                      response_deserializer=None, _registered_method=True)
         push_raw = channel.stream_unary("/iterreduce.Master/PushUpdate", request_serializer=None,
                                         response_deserializer=pb.PushReply.FromString, _registered_method=True)
-        reply = stub.Register(pb.RegisterRequest(worker_name=f"bench-{k}", host="loopback", pid=os.getpid()),
+        reply = stub.Register(pb.RegisterRequest(worker_name=f"bench-{k}", host="loopback", pid=os.getpid(),
+                                                 peer_address="127.0.0.1:1" if args.reduce == "workers" else ""),
                               metadata=md, wait_for_ready=True, timeout=120)
         worker_id, float16 = reply.worker_id, reply.float16_wire
         versions: dict[str, int] = {}
@@ -305,7 +311,27 @@ def run_clients(args) -> None:
             if header.kind == pb.TaskHeader.WAIT:
                 continue
             versions.update(header.versions)
+            versions.update(header.gathered)
+            if header.kind == pb.TaskHeader.REDUCE:  # a reducer's rows of the new parameters
+                key = (len(header.reducers), header.part)
+                if key not in encoded:
+                    encoded[key] = [pb.UpdateChunk(tensor=c).SerializeToString()
+                                    for c in wire.encode(exchange.rows_of(update, *key))]
+                first = pb.UpdateChunk(header=pb.UpdateHeader(worker_id=worker_id, step=header.step, round=header.round,
+                                                              reduced=True, part=header.part))
+                push = push_raw(iter([first.SerializeToString(), *encoded[key]]), metadata=md, timeout=600)
+                if not push.accepted:
+                    errors.append(push.reason)
+                continue
             shards = tuple(s.index for s in header.shards)
+            if header.reducers:  # the rows went to the reducers: only the results go to the master
+                results = [pb.ShardResult(index=s, samples=args.rows) for s in shards]
+                first = pb.UpdateChunk(header=pb.UpdateHeader(worker_id=worker_id, step=header.step, round=header.round,
+                                                              results=results, scattered=True))
+                push = push_raw(iter([first.SerializeToString()]), metadata=md, timeout=600)
+                if not push.accepted:
+                    errors.append(push.reason)
+                continue
             if shards not in encoded:
                 arrays = {f"{s}/{name}": a for s in shards for name, a in update.items()}
                 encoded[shards] = [pb.UpdateChunk(tensor=c).SerializeToString()
@@ -328,6 +354,78 @@ def run_clients(args) -> None:
     for t in threads:
         t.join()
     print(json.dumps({"cpu_s": time.process_time(), "errors": errors[:5]}), flush=True)
+
+
+# --------------------------------------------------------------- peer messages
+
+
+def peer_receiver() -> None:
+    """A Peer service alone (the receiving half of :func:`measure_peer_costs`): prints its
+    address, then its CPU time at each line read from stdin."""
+    from iterreduce import exchange
+    from iterreduce.master import keep_freed_memory
+
+    keep_freed_memory()
+    inbox = exchange.Inbox()
+    server, address = exchange.serve(inbox, "bench", "127.0.0.1", "127.0.0.1")
+    print(address, flush=True)
+    for _ in sys.stdin:
+        inbox.drop_before(1 << 62)
+        print(time.process_time(), flush=True)
+    server.stop(0)
+
+
+def measure_peer_costs(batch: int = 10) -> dict:
+    """CPU seconds a worker spends per message and per byte to send a part to a peer, and the
+    peer to receive it (two processes on loopback, nothing else running: what one worker of a
+    cluster pays), from parts of 8 KB and 8 MB sent ``batch`` at a time."""
+    from iterreduce import exchange
+    from iterreduce.master import keep_freed_memory
+
+    keep_freed_memory()
+    receiver = subprocess.Popen([sys.executable, __file__, "--role", "peer-receiver"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, text=True)
+    address = receiver.stdout.readline().strip()
+    peers = exchange.Peers("bench", "bench")
+
+    def receiver_cpu() -> float:
+        receiver.stdin.write("\n")
+        receiver.stdin.flush()
+        return float(receiver.stdout.readline())
+
+    measured = {}
+    try:
+        for size, count in ((8_000, 2000), (8_000_000, 40)):
+            part = {"w": np.ones(size // 4, np.float32)}
+            peers._wait({peers.send(address, peers.encode(0, 0, 0, part, False)): ("peer", address)})  # connect
+            received, sent = receiver_cpu(), time.process_time()
+            for _ in range(count // batch):
+                peers._wait({peers.send(address, peers.encode(0, 0, j, part, False)): ("peer", address)
+                             for j in range(batch)})
+            measured[size] = ((time.process_time() - sent) / count, (receiver_cpu() - received) / count)
+    finally:
+        peers.close()
+        receiver.kill()
+    (s_small, r_small), (s_big, r_big) = measured[8_000], measured[8_000_000]
+    per_byte = lambda small, big: (big - small) / (8_000_000 - 8_000)  # noqa: E731
+    return {"send_s_per_message": s_small - 8_000 * per_byte(s_small, s_big), "send_s_per_byte": per_byte(s_small, s_big),
+            "receive_s_per_message": r_small - 8_000 * per_byte(r_small, r_big),
+            "receive_s_per_byte": per_byte(r_small, r_big), "raw": {str(k): v for k, v in measured.items()}}
+
+
+def measure_reduce_costs(layer: int, parts: int, shards: int) -> float:
+    """CPU seconds of a reducer's local work per sync: its rows of ``shards`` updates averaged
+    (in shard order, float64), and the parts of the new parameters joined back."""
+    from iterreduce import exchange
+    from iterreduce.program import weighted_average
+
+    update = rbm_arrays(layer, seed=1)
+    rows = exchange.rows_of(update, parts, 0)
+    updates = [Update(s, 6000, rows) for s in range(shards)]
+    started = time.process_time()
+    reduced = weighted_average(updates, list(rows))
+    exchange.join_rows([reduced] * parts)
+    return time.process_time() - started
 
 
 # ----------------------------------------------------------------------- compute
@@ -366,7 +464,7 @@ def run_one(n: int, args, compute_s: float) -> dict:
     token = new_token()
     with tempfile.TemporaryDirectory(prefix="sync-scaling-") as tmp:
         cmd = [sys.executable, __file__, "--role", "master", "--n", str(n), "--layer", str(args.layer),
-               "--steps", str(args.steps), "--token", token, "--out", tmp]
+               "--steps", str(args.steps), f"--token={token}", "--out", tmp]
         if args.float16:
             cmd.append("--float16")
         cmd += ["--reduce", args.reduce, "--rows", str(args.rows)]
@@ -380,9 +478,9 @@ def run_one(n: int, args, compute_s: float) -> dict:
             for p in range(procs):
                 ids = [k for k in range(n) if k % procs == p]
                 clients.append(subprocess.Popen(
-                    [sys.executable, __file__, "--role", "clients", "--address", address, "--token", token,
+                    [sys.executable, __file__, "--role", "clients", "--address", address, f"--token={token}",
                      "--layer", str(args.layer), "--rows", str(args.rows), "--reduce", args.reduce,
-                     "--ids", *map(str, ids)],
+                     *(["--real-workers"] if args.real_workers else []), "--ids", *map(str, ids)],
                     stdout=subprocess.PIPE, text=True))
             client_reports = [json.loads(c.communicate(timeout=1800)[0].strip().splitlines()[-1]) for c in clients]
             report = json.loads(master.communicate(timeout=120)[0].strip().splitlines()[-1])
@@ -404,23 +502,26 @@ def run_one(n: int, args, compute_s: float) -> dict:
         "reduce_s": med("reduce_s"), "master_cpu_s": cpu, "master_cpu_per_gb": cpu / (moved / 1e9),
         "master_mb_s": moved / sync / 1e6, "compute_s": compute_s,
         "share": sync / (compute_s + sync),
-        "share_here": sync / (n * compute_s / cores + sync),
+        # (bare clients with --reduce workers leave the workers' exchange out: no figure for this machine)
+        "share_here": None if args.reduce == "workers" and not args.real_workers else sync / (n * compute_s / cores + sync),
         "client_cpu_s_total": sum(r["cpu_s"] for r in client_reports),
         "cores": cores, "master_iterreduce": hello["iterreduce"], "reduce": args.reduce,
         # --reduce workers: one worker's CPU and bytes sent to peers per sync, over the measured steps
         "worker_cpu_s": sum(r.get("measured_cpu_s", 0.0) for r in client_reports) / (n * args.steps),
         "worker_peer_bytes": sum(r.get("peer_bytes", 0) for r in client_reports) / (n * args.steps),
+        "model_bytes": sum(a.nbytes for a in rbm_arrays(args.layer).values()),
+        "reduce_local_s": measure_reduce_costs(args.layer, n, 1) if args.reduce == "workers" else 0.0,
     }
 
 
-def project(rows: list[dict], link_bytes_s: float = 1.25e9) -> list[dict]:
+def project(rows: list[dict], costs: dict | None = None, link_bytes_s: float = 1.25e9) -> list[dict]:
     """Sync time and share of a star (the master receives N updates and sends N copies) on a
     cluster whose master has one full-duplex link of ``link_bytes_s`` each way: the larger of the
     link time of the busier direction and the master's CPU at its measured CPU seconds per byte."""
     if not rows:
         return []
     if rows[0]["reduce"] == "workers":
-        return project_workers(rows, link_bytes_s)
+        return project_workers(rows, costs, link_bytes_s)
     ref = max(rows, key=lambda r: r["workers"])
     cpu_per_byte = ref["master_cpu_s"] / ref["bytes_per_sync"]
     per_worker_in, per_worker_out = ref["bytes_in"] / ref["workers"], ref["bytes_out"] / ref["workers"]
@@ -434,27 +535,35 @@ def project(rows: list[dict], link_bytes_s: float = 1.25e9) -> list[dict]:
     return out
 
 
-def project_workers(rows: list[dict], link_bytes_s: float = 1.25e9) -> list[dict]:
-    """The same for the reduce on the workers: a worker's link (the bytes it sends its peers,
-    received in like measure) or its CPU, whichever is longer, plus the master's link or CPU,
-    one after the other (they overlap in part: this is the pessimistic sum). The CPU figures,
-    per sync, are fitted as a + b N over the measured worker counts (the per-message costs grow
-    with N) and extrapolated."""
+def project_workers(rows: list[dict], costs: dict, link_bytes_s: float = 1.25e9) -> list[dict]:
+    """The same for the reduce on the workers, one after the other (they overlap in part: the
+    pessimistic sum): a worker's exchange, the larger of its link time and its CPU, and the
+    master's, the larger of its link time and its CPU.
+
+    A worker's CPU, all-to-all among N reducers, from the measured costs of one message
+    (``costs``, :func:`measure_peer_costs`): it sends N-1 parts of its update and receives N-1
+    parts of the others' (scatter), then sends its reduced part to N-1 peers and receives theirs
+    (all-gather): 2 (N-1) sends and receives of (N-1)/N of a model each way, plus its local reduce.
+    The master's CPU per sync is what the bare clients measured (it grows with N: a few RPCs per
+    worker), fitted as a + b N and extrapolated."""
     ns = [r["workers"] for r in rows]
-    fit = lambda key: np.polyfit(ns, [r[key] for r in rows], 1) if len(rows) > 1 else (0.0, rows[0][key])  # noqa: E731
-    worker_b, worker_a = fit("worker_cpu_s")
-    master_b, master_a = fit("master_cpu_s")
+    master_b, master_a = np.polyfit(ns, [r["master_cpu_s"] for r in rows], 1) if len(rows) > 1 else (0.0, rows[0]["master_cpu_s"])
     ref = max(rows, key=lambda r: r["workers"])
+    model = ref["model_bytes"]
     out = []
     for n in (100, 1000):
-        worker_link = ref["worker_peer_bytes"] / link_bytes_s
+        messages = 2 * (n - 1)
+        moved = 2 * model * (n - 1) / n  # each way
+        worker_cpu = (messages * (costs["send_s_per_message"] + costs["receive_s_per_message"])
+                      + moved * (costs["send_s_per_byte"] + costs["receive_s_per_byte"]) + ref["reduce_local_s"])
+        worker_link = moved / link_bytes_s
+        master_cpu = master_a + master_b * n
         master_link = max(ref["bytes_in"], ref["bytes_out"]) / link_bytes_s
-        worker_cpu, master_cpu = worker_a + worker_b * n, master_a + master_b * n
         sync = max(worker_link, worker_cpu) + max(master_link, master_cpu)
         out.append({"workers": n, "link_s": worker_link + master_link, "master_cpu_s": master_cpu,
-                    "worker_cpu_s": worker_cpu, "sync_s": sync, "share": sync / (ref["compute_s"] + sync),
-                    "bound": "worker CPU" if worker_cpu >= max(worker_link, master_cpu) else "master CPU"
-                    if master_cpu >= worker_link else "link"})
+                    "worker_cpu_s": worker_cpu, "worker_messages": messages, "sync_s": sync,
+                    "share": sync / (ref["compute_s"] + sync),
+                    "bound": "worker CPU" if worker_cpu >= master_cpu else "master CPU"})
     return out
 
 
@@ -463,10 +572,11 @@ def format_table(rows: list[dict]) -> str:
              "| compute s per epoch | share | share here |",
              "| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
+        here = "-" if r["share_here"] is None else f"{100 * r['share_here']:.1f} %"
         lines.append(f"| {r['workers']} | {r['layer']} | {'float16' if r['float16'] else 'float32'} "
                      f"| {r['bytes_per_sync'] / 1e6:,.0f} MB | {r['sync_s']:.3f} | {r['reduce_s']:.3f} "
                      f"| {r['master_cpu_s']:.3f} | {r['master_mb_s']:,.0f} | {r['compute_s']:.3f} "
-                     f"| {100 * r['share']:.1f} % | {100 * r['share_here']:.1f} % |")
+                     f"| {100 * r['share']:.1f} % | {here} |")
     return "\n".join(lines)
 
 
@@ -493,10 +603,14 @@ def main(argv=None) -> int:
     ap.add_argument("--root", help="run the master on the iterreduce package under this directory (a copy "
                                    "of another commit, to compare); the clients always use this checkout's")
     ap.add_argument("--reduce", choices=("master", "workers"), default="master",
-                    help="who reduces: the master (bare clients), or the workers, each its rows (real workers)")
+                    help="who reduces: the master, or the workers, each its rows")
+    ap.add_argument("--real-workers", action="store_true",
+                    help="with --reduce workers: real workers that exchange their rows (on this machine's cores), "
+                         "instead of bare clients that play only the master's side")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON too")
     # internal roles
-    ap.add_argument("--role", choices=("driver", "master", "clients"), default="driver", help=argparse.SUPPRESS)
+    ap.add_argument("--role", choices=("driver", "master", "clients", "peer-receiver"), default="driver",
+                    help=argparse.SUPPRESS)
     ap.add_argument("--n", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--token", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
@@ -509,6 +623,9 @@ def main(argv=None) -> int:
     if args.role == "clients":
         run_clients(args)
         return 0
+    if args.role == "peer-receiver":
+        peer_receiver()
+        return 0
 
     compute_s = args.compute_s if args.compute_s is not None else measure_compute(args.layer, args.rows)
     print(f"compute: one CD-1 epoch of {LAYERS[args.layer]}x{LAYERS[args.layer + 1]} on {args.rows} rows, "
@@ -519,18 +636,26 @@ def main(argv=None) -> int:
         r = rows[-1]
         print(f"{n} workers (master's iterreduce: {r['master_iterreduce']}): sync {r['sync_s']:.3f} s (steps {r['sync_s_all']}), master CPU {r['master_cpu_s']:.3f} s, "
               f"clients' CPU {r['client_cpu_s_total']:.1f} s in all", flush=True)
-        if args.reduce == "workers":
+        if args.real_workers:
             print(f"  a worker per sync: CPU {r['worker_cpu_s']:.3f} s, sends its peers "
                   f"{r['worker_peer_bytes'] / 1e6:.1f} MB", flush=True)
     print()
     print(format_table(rows))
     print()
-    proj = project(rows)
+    costs = None
+    if args.reduce == "workers":
+        costs = measure_peer_costs()
+        print(f"A part sent to a peer, CPU (two processes on loopback): send {1e3 * costs['send_s_per_message']:.3f} ms "
+              f"+ {1e3 * 1e6 * costs['send_s_per_byte']:.2f} ms/MB, receive {1e3 * costs['receive_s_per_message']:.3f} ms "
+              f"+ {1e3 * 1e6 * costs['receive_s_per_byte']:.2f} ms/MB; a reducer's local work "
+              f"{1e3 * rows[-1]['reduce_local_s']:.1f} ms")
+        print()
+    proj = project(rows, costs)
     print(f"Projection to a 10 GbE {'star' if args.reduce == 'master' else 'cluster, the workers reducing'} "
           f"(1.25 GB/s each way), from the figures measured with {max(r['workers'] for r in rows)} workers:")
     print(format_projection(proj))
     if args.json:
-        print(json.dumps({"rows": rows, "projection": proj}, indent=1))
+        print(json.dumps({"rows": rows, "projection": proj, "peer_costs": costs}, indent=1))
     return 0
 
 

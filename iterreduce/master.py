@@ -156,7 +156,10 @@ class Master(pb_grpc.MasterServicer):
         # The reduce on the workers (iterreduce.exchange). A round is one attempt at a step.
         self.round = 0
         self.reducers: list[str] = []            # worker ids of this round's reducers; empty: a star round
-        self.reduce_orders: dict[str, int] = {}  # reducer -> its part, until it fetches the order
+        self._reducer_messages: list[pb.Reducer] = []  # the same, as the tasks name them
+        self._order = pb.TaskHeader()            # this round's REDUCE order, but for the part
+        self._order_reads: dict = {}             # the parameters the reducers read
+        self.reduce_orders: dict[str, int] = {}  # reducer -> its part, once every shard has reported
         self.reduced: dict[int, tuple[dict, list[str]]] = {}  # part -> (rows, reducers not delivered to)
         self.reporter: dict[int, str] = {}       # shard -> the worker whose result is in
         self.exchange_error: str | None = None   # why this round's exchange failed
@@ -250,9 +253,11 @@ class Master(pb_grpc.MasterServicer):
                 if self.done or self.failure:
                     yield pb.TaskChunk(header=pb.TaskHeader(kind=pb.TaskHeader.DONE))
                     return
-                part = self.reduce_orders.pop(worker.worker_id, None)
-                if part is not None:
+                # An order stands until its rows come back: a fetch that broke on the way is answered again.
+                part = self.reduce_orders.get(worker.worker_id)
+                if part is not None and part not in self.reduced:
                     break
+                part = None
                 todo = sorted(s for s in worker.shards
                               if s in self.expected and s not in self.results and s not in self.in_flight)
                 if todo:
@@ -260,10 +265,12 @@ class Master(pb_grpc.MasterServicer):
                 if time.monotonic() > deadline or not context.is_active():
                     yield pb.TaskChunk(header=pb.TaskHeader(kind=pb.TaskHeader.WAIT))
                     return
-                self._work.wait(timeout=0.5)
+                # Woken when there may be work (see ``_work``), else at the deadline: a thousand idle
+                # workers' fetches must not wake the master thousands of times a second.
+                self._work.wait(timeout=max(0.01, deadline - time.monotonic()))
             step_index, step = self.current, self.steps[self.current]
             if part is not None:
-                order, rows = self._reduce_order(part, step_index, step)
+                order, rows = self._reduce_order(part)
             else:
                 for s in todo:
                     self.in_flight[s] = worker.worker_id
@@ -274,7 +281,7 @@ class Master(pb_grpc.MasterServicer):
                 gathered = {k: self.versions[k] for k in stale if held.get(k) == self.versions[k]}
                 send = {k: self.parameters[k] for k in stale if k not in gathered}
                 versions = {k: self.versions[k] for k in send}
-                round_, reducers = self.round, self._reducer_list()
+                round_, reducers = self.round, self._reducer_messages
                 gathered_round, gathered_parts = self._gathered_round if gathered else (0, 0)
         if part is not None:  # streamed without the lock: the driver waits for this reducer anyway
             yield pb.TaskChunk(header=order)
@@ -291,21 +298,13 @@ class Master(pb_grpc.MasterServicer):
         for name, array in send.items():
             yield from self._encoded(name, array, versions[name])
 
-    def _reducer_list(self) -> list[pb.Reducer]:
-        return [pb.Reducer(worker_id=w, address=self.workers[w].peer_address) for w in self.reducers]
-
-    def _reduce_order(self, part: int, step_index: int, step) -> tuple[pb.TaskHeader, dict]:
-        """A REDUCE task's header and tensors (call with the lock held): the shards whose rows
-        ``part`` the reducer reduces, and rows ``part`` of the parameters an elementwise reduce
-        reads (the step's arrays and the master-only ones) at full precision, as the master's own
-        reduce would read them."""
-        results = [pb.ShardResult(index=u.shard, samples=u.samples, metrics_json=json.dumps(u.metrics))
-                   for u in sorted(self.results.values(), key=lambda u: u.shard)]
-        header = pb.TaskHeader(kind=pb.TaskHeader.REDUCE, step=step_index, phase=step.phase,
-                               info_json=step_to_json(step), seed=self.config.seed, round=self.round,
-                               reducers=self._reducer_list(), part=part, reduce_shards=results)
-        read = {k: v for k, v in self.parameters.items() if k in step.arrays or k.startswith(MASTER_ONLY)}
-        return header, exchange.rows_of(read, len(self.reducers), part)
+    def _reduce_order(self, part: int) -> tuple[pb.TaskHeader, dict]:
+        """A REDUCE task's header and tensors (call with the lock held): the round's order
+        (:meth:`_reduce_on_workers`) for rows ``part``."""
+        order = pb.TaskHeader()
+        order.CopyFrom(self._order)  # one copy in C, not a header of N reducers and N shards built N times
+        order.part = part
+        return order, exchange.rows_of(self._order_reads, len(self.reducers), part)
 
     def _encoded(self, name: str, array: np.ndarray, version: int) -> list[bytes]:
         """Parameter ``name`` at ``version`` as serialized :class:`TaskChunk` messages (what
@@ -558,7 +557,7 @@ class Master(pb_grpc.MasterServicer):
                             "master reducing", index, self.round, self.exchange_error)
                 self._event("exchange_failed", step=index, round=self.round, reason=self.exchange_error)
                 self._start_round(peers=False, same_shards=True)
-            self.reducers = []
+            reducers, self.reducers = len(self.reducers), []
             updates = sorted(self.results.values(), key=lambda u: u.shard)
             compute = max(self.compute_s.values(), default=0.0)
         if not updates:
@@ -575,7 +574,7 @@ class Master(pb_grpc.MasterServicer):
         record = self._log.write(runlog.step_record(
             index, len(self.steps), step.phase, {**dict(step.info), **self.program.summarize(step, updates), **metrics},
             shards=len(updates), shards_total=len(self.shards),
-            seconds=elapsed, compute_seconds=compute, reduce_seconds=evaluated - reduce_start))
+            seconds=elapsed, compute_seconds=compute, reduce_seconds=evaluated - reduce_start, reducers=reducers))
         for listener in self.listeners:
             listener(record)
 
@@ -596,6 +595,7 @@ class Master(pb_grpc.MasterServicer):
         owners = sorted({self.owner[s] for s in self.expected if self.owner[s]}, key=lambda w: self.workers[w].name)
         peers = peers and len(owners) > 1 and all(self.workers[w].peer_address for w in owners)
         self.reducers = owners if peers else []
+        self._reducer_messages = [pb.Reducer(worker_id=w, address=self.workers[w].peer_address) for w in self.reducers]
         self._notify_all()
 
     def _collect_results(self) -> None:
@@ -616,6 +616,15 @@ class Master(pb_grpc.MasterServicer):
         """Have each reducer reduce its rows, and join them (call with the lock held); None when
         the exchange failed (``exchange_error`` says why)."""
         parts = len(self.reducers)
+        step_json = step_to_json(step)
+        # Each reducer's order: the shards in shard order, and the rows of the full-precision
+        # parameters an elementwise reduce reads (the step's arrays and the master-only ones).
+        self._order = pb.TaskHeader(
+            kind=pb.TaskHeader.REDUCE, step=index, phase=step.phase, info_json=step_json, seed=self.config.seed,
+            round=self.round, reducers=self._reducer_messages,
+            reduce_shards=[pb.ShardResult(index=u.shard, samples=u.samples)
+                           for u in sorted(self.results.values(), key=lambda u: u.shard)])
+        self._order_reads = {k: v for k, v in self.parameters.items() if k in step.arrays or k.startswith(MASTER_ONLY)}
         self.reduce_orders = {w: j for j, w in enumerate(self.reducers) if not self.exchange_error}
         self._work.notify_all()
         while len(self.reduced) < parts and not self.exchange_error:

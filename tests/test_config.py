@@ -244,6 +244,18 @@ def test_master_config_is_the_runtime_part_of_the_spec():
     assert config.token == ""  # the launcher's to set; never in a file
 
 
+def test_reduce_auto_has_the_workers_reduce_on_yarn_from_eight_workers():
+    def reduce(workers, setting="auto", on_yarn=False):
+        spec = load_spec(None, {"cluster.workers": workers, "cluster.reduce": setting})
+        return spec.master_config(shards=["a.parquet"], output="out", on_yarn=on_yarn).reduce
+
+    assert [reduce(n, on_yarn=True) for n in (2, 7, 8, 100)] == ["master", "master", "workers", "workers"]
+    assert reduce(100) == "master"  # the local mini-cluster: one machine's cores serve every worker
+    assert reduce(2, "workers") == "workers" and reduce(100, "master", on_yarn=True) == "master"
+    with pytest.raises(ConfigError, match=r"\[cluster\] reduce: must be one of 'auto', 'master', 'workers', got 'peers'"):
+        load_spec(None, {"cluster.reduce": "peers"})
+
+
 def test_none_on_the_command_line_unsets_optional_string_settings_too():
     assert load_spec(None).data.test == "mnist"
     assert load_spec(None, {"data.test": "none", "cluster.shards": "null"}).data.test is None

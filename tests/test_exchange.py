@@ -175,7 +175,7 @@ def test_a_job_reduced_on_the_workers_is_the_sequential_run(tmp_path, uris):
     assert job.master.round == 4  # one round a step: no step was run again
     # The master sent the parameters once, at the start: after that the reducers shared them.
     assert sorted(encoded) == [("bias", 0)] * 3 + [("weights", 0)] * 3
-    assert [r["samples"] for r in records(job.output)] == [500] * 4
+    assert [(r["samples"], r["reducers"]) for r in records(job.output)] == [(500, 3)] * 4
 
 
 def test_float16_on_the_wire_gives_the_same_bits_either_way(tmp_path, uris):
@@ -226,7 +226,7 @@ def test_an_unreachable_peer_makes_every_step_run_again_on_the_master(tmp_path, 
     assert all("worker-1#" in e["reason"] and "127.0.0.1:1" in e["reason"] for e in failed)
     assert job.master.round == 8  # each step: the failed exchange, then the star
     # Nobody was lost, so every shard is in every step: the sequential run's bits.
-    assert [r["shards"] for r in records(job.output)] == [5] * 4
+    assert [(r["shards"], r["reducers"]) for r in records(job.output)] == [(5, 0)] * 4  # the master reduced
     _assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(SOFTMAX, job.config.program_config, uris))
 
 

@@ -22,7 +22,7 @@ def step(index, phase, seconds=1.0, compute=0.75, **fields):
 def test_step_and_event_records_have_the_documented_keys():
     rec = step(1, "train", seconds=2.0, compute=1.5, epoch=0, loss=0.5)
     assert list(rec) == ["step", "of", "phase", "epoch", "loss", "shards", "shards_total", "seconds",
-                         "compute_seconds", "sync_seconds", "reduce_seconds", "time"]
+                         "compute_seconds", "sync_seconds", "reduce_seconds", "reducers", "time"]
     assert rec["sync_seconds"] == 0.5
     assert step(0, "train", seconds=1.0, compute=2.0)["sync_seconds"] == 0.0  # never negative
     event = runlog.event_record("worker_lost", worker="w#1")

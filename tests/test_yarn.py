@@ -151,7 +151,7 @@ def env_archive(yarn, venv, tmp_path_factory):
 
 
 def job_file(tmp_path, output: str, *, env: str | None = None, workers=2, epochs=6, finetune=4,
-             gpus=0, extra="") -> str:
+             gpus=0, extra="", cluster_extra="") -> str:
     """A small labelled data set and a job config that trains a 16-12-8-3 DBN on it."""
     rng = np.random.default_rng(0)
     y = rng.integers(0, 3, 600)
@@ -174,6 +174,7 @@ dir = "{output}"
 workers = {workers}
 heartbeat_timeout = 6.0
 max_restarts = 2
+{cluster_extra}
 [yarn]
 {f'env = "{env}"' if env else ''}
 worker_memory = "512 MiB"
@@ -242,12 +243,13 @@ def test_submit_from_a_packed_virtualenv_trains_with_data_and_model_on_hdfs(yarn
 
 def test_the_run_path_on_yarn_tests_the_model_and_writes_the_report_locally(yarn, env_archive, tmp_path):
     """run(spec, Yarn(...)), as `dbn mnist --yarn` uses it: the job trains in containers, the
-    model and the log come back from HDFS, and result.json is the same object as elsewhere."""
+    model and the log come back from HDFS, and result.json is the same object as elsewhere.
+    The workers reduce among themselves (container to container, with the application's TLS)."""
     from dbn.jobs.run import Yarn, run
     from dbn.jobs.spec import load_spec
 
     output = yarn.hadoop.uri("/user/test/runpath")
-    spec = load_spec(job_file(tmp_path, output, env=env_archive),
+    spec = load_spec(job_file(tmp_path, output, env=env_archive, cluster_extra='reduce = "workers"'),
                      {"data.test": str(tmp_path / "train.npz")})
     seen: list[dict] = []
     report = tmp_path / "report"
@@ -259,6 +261,9 @@ def test_the_run_path_on_yarn_tests_the_model_and_writes_the_report_locally(yarn
     assert json.loads((report / "result.json").read_text())["test_error"] == result["test_error"]
     assert DBN.load(report / "model.npz").n_classes_ == 3
     assert any("step" in r for r in seen)  # the master's progress, followed while it ran
+    steps = [r for r in seen if "step" in r and "event" not in r]
+    assert steps and all(r["reducers"] == 2 for r in steps), steps[:2]  # every step, by both workers
+    assert not [r for r in seen if r.get("event") == "exchange_failed"]
 
 
 def test_a_worker_killed_with_sigkill_is_restarted_and_rejoins_with_its_shards(yarn, env_archive, tmp_path, capsys):
