@@ -258,9 +258,9 @@ def run_peer_workers(args) -> None:
 
 def run_clients(args) -> None:
     """One process of lightweight workers: a thread (and a TCP connection) per worker. With
-    ``--reduce workers`` they play the master's side of the exchange only: a scattered result
-    (no tensors) for each task, and for each reduce order a pre-encoded part of the right rows;
-    they exchange nothing with each other (``--real-workers`` runs real ones)."""
+    ``--reduce workers`` they play the master's side of the exchange only: for each task a push
+    of the results (no update tensors) with, from a reducer, a pre-encoded block of the right
+    rows; they exchange nothing with each other (``--real-workers`` runs real ones)."""
     if args.reduce == "workers" and args.real_workers:
         return run_peer_workers(args)
     import grpc
@@ -312,23 +312,20 @@ def run_clients(args) -> None:
                 continue
             versions.update(header.versions)
             versions.update(header.gathered)
-            if header.kind == pb.TaskHeader.REDUCE:  # a reducer's rows of the new parameters
-                key = (len(header.reducers), header.part)
-                if key not in encoded:
-                    encoded[key] = [pb.UpdateChunk(tensor=c).SerializeToString()
-                                    for c in wire.encode(exchange.rows_of(update, *key))]
-                first = pb.UpdateChunk(header=pb.UpdateHeader(worker_id=worker_id, step=header.step, round=header.round,
-                                                              reduced=True, part=header.part))
-                push = push_raw(iter([first.SerializeToString(), *encoded[key]]), metadata=md, timeout=600)
-                if not push.accepted:
-                    errors.append(push.reason)
-                continue
             shards = tuple(s.index for s in header.shards)
-            if header.reducers:  # the rows went to the reducers: only the results go to the master
+            if header.reducers:  # the rows went to the reducers: the results go to the master, and a block
                 results = [pb.ShardResult(index=s, samples=args.rows) for s in shards]
-                first = pb.UpdateChunk(header=pb.UpdateHeader(worker_id=worker_id, step=header.step, round=header.round,
-                                                              results=results, scattered=True))
-                push = push_raw(iter([first.SerializeToString()]), metadata=md, timeout=600)
+                block = []
+                if header.part >= 0:  # a reducer's block of the new parameters, pre-encoded
+                    key = (len(header.reducers), header.part)
+                    if key not in encoded:
+                        encoded[key] = [pb.UpdateChunk(tensor=c).SerializeToString()
+                                        for c in wire.encode(exchange.rows_of(update, *key))]
+                    block = encoded[key]
+                first = pb.UpdateChunk(header=pb.UpdateHeader(
+                    worker_id=worker_id, step=header.step, round=header.round, results=results, scattered=True,
+                    reduced=header.part >= 0, part=header.part))
+                push = push_raw(iter([first.SerializeToString(), *block]), metadata=md, timeout=600)
                 if not push.accepted:
                     errors.append(push.reason)
                 continue

@@ -46,6 +46,8 @@ SERVE_THREADS = 16
 PEER_MESSAGE_BYTES = (1 << 31) - 1
 #: the Peer service's one method (its request is a framed part: see :func:`pack`)
 SERVICE, METHOD = "iterreduce.Peer", "PushSlices"
+#: a reducer's rows of the parameters its reduce reads come in its task under this prefix
+ROWS_PREFIX = "rows:"
 
 
 def bounds(rows: int, parts: int, part: int) -> tuple[int, int]:
@@ -88,31 +90,50 @@ def as_received(arrays: Mapping[str, np.ndarray], float16: bool) -> Arrays:
 
 
 class Inbox:
-    """The parts peers sent this worker, by (round, kind, part), merged by tensor name."""
+    """The blocks peers sent this worker, by (round, kind, part), merged by tensor name, with
+    the sample counts of the shards they come from."""
 
     def __init__(self):
         self._changed = threading.Condition()
         self._boxes: dict[tuple[int, int, int], Arrays] = {}
+        self._samples: dict[tuple[int, int, int], dict[int, int]] = {}
+        self._abandoned = 0  # rounds before this one will not complete: nobody waits for them
 
-    def put(self, round_: int, kind: int, part: int, arrays: Mapping[str, np.ndarray]) -> None:
+    def put(self, round_: int, kind: int, part: int, arrays: Mapping[str, np.ndarray],
+            samples: Mapping[int, int] | None = None) -> None:
         with self._changed:
             self._boxes.setdefault((round_, kind, part), {}).update(arrays)
+            self._samples.setdefault((round_, kind, part), {}).update(samples or {})
             self._changed.notify_all()
 
-    def wait(self, round_: int, kind: int, part: int, names, timeout: float) -> Arrays | None:
-        """The arrays ``names`` of one box once they are all in; None after ``timeout`` seconds."""
+    def wait(self, round_: int, kind: int, part: int, names, timeout: float | None) -> Arrays | None:
+        """The arrays ``names`` of one box once they are all in; None after ``timeout`` seconds
+        (None: no limit), or once the round is abandoned (:meth:`abandon_before`) without them."""
         names = list(names)
         with self._changed:
             box = self._boxes.setdefault((round_, kind, part), {})
-            if not self._changed.wait_for(lambda: all(n in box for n in names), timeout):
-                return None
-            return {n: box[n] for n in names}
+            complete = lambda: all(n in box for n in names)  # noqa: E731
+            self._changed.wait_for(lambda: complete() or round_ < self._abandoned, timeout)
+            return {n: box[n] for n in names} if complete() else None
+
+    def samples(self, round_: int, kind: int, part: int) -> dict[int, int]:
+        """Shard -> sample count, as the senders of one box declared them."""
+        with self._changed:
+            return dict(self._samples.get((round_, kind, part), {}))
+
+    def abandon_before(self, round_: int) -> None:
+        """Rounds before ``round_`` failed or ended: wake whoever waits for one of them."""
+        with self._changed:
+            if round_ > self._abandoned:
+                self._abandoned = round_
+                self._changed.notify_all()
 
     def drop_before(self, round_: int) -> None:
-        """Forget every round before ``round_`` (a finished or failed round's parts)."""
+        """Forget every round before ``round_`` (a finished or failed round's blocks)."""
         with self._changed:
             for key in [k for k in self._boxes if k[0] < round_]:
                 del self._boxes[key]
+                self._samples.pop(key, None)
 
 
 def pack(header: pb.SliceHeader, arrays: Mapping[str, np.ndarray], float16: bool = False) -> bytes:
@@ -169,7 +190,7 @@ def serve(inbox: Inbox, token: str, bind_host: str, advertise_host: str,
             header, arrays = unpack(message)
         except wire.WireError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed part: {exc}")
-        inbox.put(header.round, header.kind, header.part, arrays)
+        inbox.put(header.round, header.kind, header.part, arrays, {r.index: r.samples for r in header.results})
         return pb.SliceReply()
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=SERVE_THREADS),
@@ -196,9 +217,13 @@ class Peers:
         self._calls: dict[str, Callable] = {}
         self._channels: list[grpc.Channel] = []
 
-    def encode(self, kind: int, round_: int, part: int, arrays: Mapping[str, np.ndarray], float16: bool) -> bytes:
-        """Part ``part`` of ``round_``, framed as the Peer service takes it (:func:`pack`)."""
-        return pack(pb.SliceHeader(kind=kind, round=round_, part=part, sender=self.sender), arrays, float16)
+    def encode(self, kind: int, round_: int, part: int, arrays: Mapping[str, np.ndarray], float16: bool,
+               samples: Mapping[int, int] | None = None) -> bytes:
+        """Block ``part`` of ``round_``, framed as the Peer service takes it (:func:`pack`), with
+        the sample counts of the shards it comes from."""
+        results = [pb.ShardResult(index=shard, samples=n) for shard, n in (samples or {}).items()]
+        return pack(pb.SliceHeader(kind=kind, round=round_, part=part, sender=self.sender, results=results),
+                    arrays, float16)
 
     def _call(self, address: str):
         if address not in self._calls:
@@ -214,11 +239,11 @@ class Peers:
         return self._call(address).future(message, metadata=self.metadata, timeout=SEND_TIMEOUT_S)
 
     def send_parts(self, targets: list[tuple[int, str, str]], make: Callable[[int], Mapping[str, np.ndarray]],
-                   kind: int, round_: int, float16: bool) -> dict[str, str]:
-        """Send each ``(j, worker_id, address)`` of ``targets`` its own part, ``make(j)`` (the
+                   kind: int, round_: int, float16: bool, samples: Mapping[int, int] | None = None) -> dict[str, str]:
+        """Send each ``(j, worker_id, address)`` of ``targets`` its own block, ``make(j)`` (the
         scatter; each is on its way while the next is encoded); returns the peers that failed,
         each with why."""
-        return self._wait({self.send(address, self.encode(kind, round_, j, make(j), float16)): (w, address)
+        return self._wait({self.send(address, self.encode(kind, round_, j, make(j), float16, samples)): (w, address)
                            for j, w, address in targets})
 
     def send_to_all(self, targets: list[tuple[str, str]], kind: int, round_: int, part: int,

@@ -157,9 +157,8 @@ class Master(pb_grpc.MasterServicer):
         self.round = 0
         self.reducers: list[str] = []            # worker ids of this round's reducers; empty: a star round
         self._reducer_messages: list[pb.Reducer] = []  # the same, as the tasks name them
-        self._order = pb.TaskHeader()            # this round's REDUCE order, but for the part
-        self._order_reads: dict = {}             # the parameters the reducers read
-        self.reduce_orders: dict[str, int] = {}  # reducer -> its part, once every shard has reported
+        self._reduce_shards: list[int] = []      # the shards the reducers reduce: the round's expected ones
+        self._reads: dict = {}                   # the parameters the reducers read (rows of them each)
         self.reduced: dict[int, tuple[dict, list[str]]] = {}  # part -> (rows, reducers not delivered to)
         self.reporter: dict[int, str] = {}       # shard -> the worker whose result is in
         self.exchange_error: str | None = None   # why this round's exchange failed
@@ -240,7 +239,7 @@ class Master(pb_grpc.MasterServicer):
             worker.last_seen = time.monotonic()
             if request.status_json:
                 worker.status = json.loads(request.status_json)
-        return pb.HeartbeatReply(known=True)
+            return pb.HeartbeatReply(known=True, round=self.round)
 
     def FetchTask(self, request, context):
         deadline = time.monotonic() + 5.0
@@ -253,11 +252,6 @@ class Master(pb_grpc.MasterServicer):
                 if self.done or self.failure:
                     yield pb.TaskChunk(header=pb.TaskHeader(kind=pb.TaskHeader.DONE))
                     return
-                # An order stands until its rows come back: a fetch that broke on the way is answered again.
-                part = self.reduce_orders.get(worker.worker_id)
-                if part is not None and part not in self.reduced:
-                    break
-                part = None
                 todo = sorted(s for s in worker.shards
                               if s in self.expected and s not in self.results and s not in self.in_flight)
                 if todo:
@@ -269,42 +263,37 @@ class Master(pb_grpc.MasterServicer):
                 # workers' fetches must not wake the master thousands of times a second.
                 self._work.wait(timeout=max(0.01, deadline - time.monotonic()))
             step_index, step = self.current, self.steps[self.current]
-            if part is not None:
-                order, rows = self._reduce_order(part)
-            else:
-                for s in todo:
-                    self.in_flight[s] = worker.worker_id
-                stale = [k for k in self.parameters
-                         if not k.startswith(MASTER_ONLY) and request.versions.get(k, -1) < self.versions[k]]
-                # Arrays this worker's peers delivered in the last exchange are in its inbox: not sent again.
-                held = self.gathered.get(worker.worker_id, {})
-                gathered = {k: self.versions[k] for k in stale if held.get(k) == self.versions[k]}
-                send = {k: self.parameters[k] for k in stale if k not in gathered}
-                versions = {k: self.versions[k] for k in send}
-                round_, reducers = self.round, self._reducer_messages
-                gathered_round, gathered_parts = self._gathered_round if gathered else (0, 0)
-        if part is not None:  # streamed without the lock: the driver waits for this reducer anyway
-            yield pb.TaskChunk(header=order)
-            for chunk in wire.encode(rows):
-                yield pb.TaskChunk(tensor=chunk)
-            return
+            for s in todo:
+                self.in_flight[s] = worker.worker_id
+            stale = [k for k in self.parameters
+                     if not k.startswith(MASTER_ONLY) and request.versions.get(k, -1) < self.versions[k]]
+            # Arrays this worker's peers delivered in the last exchange are in its inbox: not sent again.
+            held = self.gathered.get(worker.worker_id, {})
+            gathered = {k: self.versions[k] for k in stale if held.get(k) == self.versions[k]}
+            send = {k: self.parameters[k] for k in stale if k not in gathered}
+            versions = {k: self.versions[k] for k in send}
+            round_, reducers = self.round, self._reducer_messages
+            gathered_round, gathered_parts = self._gathered_round if gathered else (0, 0)
+            part = self.reducers.index(worker.worker_id) if worker.worker_id in self.reducers else -1
+            if part in self.reduced:  # its block is in: a later task of the round carries no order
+                part = -1
+            if part >= 0:  # its order: its rows of what the reduce reads, at full precision
+                send.update({exchange.ROWS_PREFIX + k: v
+                             for k, v in exchange.rows_of(self._reads, len(self.reducers), part).items()})
         header = pb.TaskHeader(
             kind=pb.TaskHeader.RUN, step=step_index, phase=step.phase, info_json=step_to_json(step),
             shards=[pb.Shard(index=s, uri=self.shards[s]["uri"]) for s in todo],
             seed=self.config.seed, versions=versions, round=round_, reducers=reducers,
             gathered=gathered, gathered_round=gathered_round, gathered_parts=gathered_parts,
+            part=part, reduce_shards=self._reduce_shards if part >= 0 else (),
         )
         yield pb.TaskChunk(header=header)
         for name, array in send.items():
-            yield from self._encoded(name, array, versions[name])
-
-    def _reduce_order(self, part: int) -> tuple[pb.TaskHeader, dict]:
-        """A REDUCE task's header and tensors (call with the lock held): the round's order
-        (:meth:`_reduce_on_workers`) for rows ``part``."""
-        order = pb.TaskHeader()
-        order.CopyFrom(self._order)  # one copy in C, not a header of N reducers and N shards built N times
-        order.part = part
-        return order, exchange.rows_of(self._order_reads, len(self.reducers), part)
+            if name in versions:
+                yield from self._encoded(name, array, versions[name])
+            else:  # a reducer's rows: its own, never shared
+                for chunk in wire.encode({name: array}):
+                    yield pb.TaskChunk(tensor=chunk).SerializeToString()
 
     def _encoded(self, name: str, array: np.ndarray, version: int) -> list[bytes]:
         """Parameter ``name`` at ``version`` as serialized :class:`TaskChunk` messages (what
@@ -357,13 +346,13 @@ class Master(pb_grpc.MasterServicer):
             if (header.scattered or header.reduced) and header.round != self.round:  # of an exchange that failed
                 return self._reject(context, f"{header.worker_id}: rows of round {header.round}, the current round "
                                              f"is {self.round}", abort=False)
-            if header.reduced:
-                return self._take_reduced(context, worker, header, arrays)
             if header.scattered != bool(self.reducers):
                 return self._reject(context, f"{header.worker_id}: {'rows sent to reducers' if header.scattered else 'whole updates'}"
                                              f" in round {self.round}, which {'has' if self.reducers else 'has no'} reducers", abort=False)
-            if header.exchange_error:
-                self._exchange_failed(f"{header.worker_id} could not send its rows: {header.exchange_error}")
+            if header.reduced and (not 0 <= header.part < len(self.reducers) or header.part in self.reduced
+                                   or self.reducers[header.part] != worker.worker_id):
+                return self._reject(context, f"{worker.worker_id}: a reduced block {header.part}, not its own in "
+                                             f"round {self.round}", abort=False)
             for shard, update in updates.items():
                 if self.in_flight.get(shard) != worker.worker_id:
                     return self._reject(context, f"{header.worker_id}: shard {shard} was not given to it", abort=False)
@@ -383,22 +372,12 @@ class Master(pb_grpc.MasterServicer):
                     self.results[shard] = update
                     self.reporter[shard] = worker.worker_id
             self.compute_s[worker.worker_id] = self.compute_s.get(worker.worker_id, 0.0) + header.compute_s
+            if header.exchange_error:
+                self._exchange_failed(f"{header.worker_id}: {header.exchange_error}")
+            elif header.reduced:  # in a round of the workers' reduce, a push's tensors are its block
+                self.reduced[header.part] = (arrays, list(header.undelivered))
             worker.last_seen = time.monotonic()
             self.lock.notify_all()  # the step's driver: no fetcher has new work after a push
-        return pb.PushReply(accepted=True)
-
-    def _take_reduced(self, context, worker: WorkerInfo, header, arrays: dict):
-        """A reducer's rows of the new parameters (call with the lock held)."""
-        part = header.part
-        if not 0 <= part < len(self.reducers) or self.reducers[part] != worker.worker_id or part in self.reduced:
-            return self._reject(context, f"{worker.worker_id}: reduced rows of part {part}, not its part in round "
-                                         f"{self.round}", abort=False)
-        if header.exchange_error:
-            self._exchange_failed(f"reducer {worker.worker_id}: {header.exchange_error}")
-        else:
-            self.reduced[part] = (arrays, list(header.undelivered))
-        worker.last_seen = time.monotonic()
-        self.lock.notify_all()
         return pb.PushReply(accepted=True)
 
     def _exchange_failed(self, why: str) -> None:
@@ -546,7 +525,7 @@ class Master(pb_grpc.MasterServicer):
             self.versions.setdefault(name, index)
         with self.lock:
             self.current = index
-            self._start_round(peers=self._peer_reduce(step))
+            self._start_round(step, peers=self._peer_reduce(step))
             while True:
                 self._collect_results()
                 reduce_start = time.perf_counter()
@@ -556,7 +535,7 @@ class Master(pb_grpc.MasterServicer):
                 log.warning("step %d round %d: the exchange failed (%s); running the step again with the "
                             "master reducing", index, self.round, self.exchange_error)
                 self._event("exchange_failed", step=index, round=self.round, reason=self.exchange_error)
-                self._start_round(peers=False, same_shards=True)
+                self._start_round(step, peers=False, same_shards=True)
             reducers, self.reducers = len(self.reducers), []
             updates = sorted(self.results.values(), key=lambda u: u.shard)
             compute = max(self.compute_s.values(), default=0.0)
@@ -583,12 +562,14 @@ class Master(pb_grpc.MasterServicer):
         return (self.config.reduce == "workers" and bool(step.arrays) and self.program.reduces_elementwise()
                 and exchange.can_cut(self.parameters))
 
-    def _start_round(self, peers: bool, same_shards: bool = False) -> None:
+    def _start_round(self, step, peers: bool, same_shards: bool = False) -> None:
         """Start an attempt at the current step (call with the lock held). ``same_shards``: the
-        shards expected stay those of the failed attempt (less the lost ones)."""
+        shards expected stay those of the failed attempt (less the lost ones). With ``peers``
+        (and more than one owner of the expected shards, each serving a Peer service) the
+        owners reduce: each reducer's task tells it its rows and the shards to reduce."""
         self.round += 1
         self.results, self.in_flight, self.compute_s, self.reporter = {}, {}, {}, {}
-        self.reduce_orders, self.reduced, self.exchange_error = {}, {}, None
+        self.reduced, self.exchange_error = {}, None
         self._assign_orphans()
         if not same_shards:
             self.expected = {s for s, w in self.owner.items() if w is not None and self.workers[w].alive}
@@ -596,6 +577,9 @@ class Master(pb_grpc.MasterServicer):
         peers = peers and len(owners) > 1 and all(self.workers[w].peer_address for w in owners)
         self.reducers = owners if peers else []
         self._reducer_messages = [pb.Reducer(worker_id=w, address=self.workers[w].peer_address) for w in self.reducers]
+        self._reduce_shards = sorted(self.expected)
+        # What an elementwise reduce reads: the step's arrays and the master-only ones.
+        self._reads = {k: v for k, v in self.parameters.items() if k in step.arrays or k.startswith(MASTER_ONLY)}
         self._notify_all()
 
     def _collect_results(self) -> None:
@@ -613,20 +597,9 @@ class Master(pb_grpc.MasterServicer):
                 self._assign_orphans()
 
     def _reduce_on_workers(self, index: int, step) -> dict | None:
-        """Have each reducer reduce its rows, and join them (call with the lock held); None when
+        """Wait for every reducer's block, and join them (call with the lock held); None when
         the exchange failed (``exchange_error`` says why)."""
         parts = len(self.reducers)
-        step_json = step_to_json(step)
-        # Each reducer's order: the shards in shard order, and the rows of the full-precision
-        # parameters an elementwise reduce reads (the step's arrays and the master-only ones).
-        self._order = pb.TaskHeader(
-            kind=pb.TaskHeader.REDUCE, step=index, phase=step.phase, info_json=step_json, seed=self.config.seed,
-            round=self.round, reducers=self._reducer_messages,
-            reduce_shards=[pb.ShardResult(index=u.shard, samples=u.samples)
-                           for u in sorted(self.results.values(), key=lambda u: u.shard)])
-        self._order_reads = {k: v for k, v in self.parameters.items() if k in step.arrays or k.startswith(MASTER_ONLY)}
-        self.reduce_orders = {w: j for j, w in enumerate(self.reducers) if not self.exchange_error}
-        self._work.notify_all()
         while len(self.reduced) < parts and not self.exchange_error:
             self._raise_failure()
             self.lock.wait(timeout=0.5)

@@ -28,6 +28,7 @@ log = logging.getLogger("iterreduce.worker")
 EXIT_MASTER_GONE = 3
 
 
+
 class Worker:
     """One worker process's loop. ``name`` is its stable identity across restarts; with ``tls``
     it connects over mutual TLS (on YARN), without it in plaintext (the local loopback cluster).
@@ -86,6 +87,8 @@ class Worker:
                     worker_id=self.worker_id, status_json=json.dumps(self.status)), metadata=self.metadata, timeout=10)
                 if not reply.known:
                     log.warning("master no longer knows %s", self.worker_id)
+                # A round the master has left (its exchange failed) will not complete: stop waiting for it.
+                self.inbox.abandon_before(reply.round)
             except grpc.RpcError as exc:
                 log.warning("heartbeat failed: %s", exc.code())
 
@@ -111,10 +114,9 @@ class Worker:
                     return 0
                 if header.kind == pb.TaskHeader.WAIT:
                     continue
-                if header.kind == pb.TaskHeader.REDUCE:
-                    self._reduce(header, arrays)
-                    continue
                 self._take_gathered(header)
+                rows = {k[len(exchange.ROWS_PREFIX):]: arrays.pop(k) for k in list(arrays)
+                        if k.startswith(exchange.ROWS_PREFIX)}  # a reducer's order
                 self.parameters.update(arrays)
                 self.versions.update(header.versions)
                 try:
@@ -128,7 +130,7 @@ class Worker:
                         message=str(exc)), metadata=self.metadata, timeout=30)
                     continue
                 if header.reducers:
-                    self._scatter(header, updates)
+                    self._exchange(header, updates, rows)
                 else:
                     self._push(header, updates)
         finally:
@@ -187,55 +189,63 @@ class Worker:
 
     # ------------------------------------------------------------ the reduce on the workers
 
-    def _scatter(self, header, updates: list[Update]) -> None:
-        """Send reducer j rows j of each update, then tell the master (results only, no tensors)."""
+    def _exchange(self, header, updates: list[Update], parameters: dict) -> None:
+        """Send reducer j rows j of each update; a reducer (``header.part`` >= 0) then reduces its
+        rows of the round's shards and shares them. One push to the master: this worker's
+        results (no update tensors: they went to the reducers), with its block of the result."""
         self.status = {"state": "scattering", "step": header.step}
         named = {f"{u.shard}/{k}": v for u in updates for k, v in u.arrays.items()}
-        error = ""
         if not exchange.can_cut(named):
             error = "an update holds an array without rows (0-d)"
         else:
-            error = self._send_parts(header, exchange.UPDATE, named)
-        self._push(header, updates, arrays={}, scattered=True, exchange_error=error)
+            error = self._send_parts(header, exchange.UPDATE, named, {u.shard: u.samples for u in updates})
+        if error or header.part < 0:
+            self._push(header, updates, arrays={}, scattered=True, exchange_error=error)
+            return
+        result, undelivered, error = self._reduce(header, parameters)
+        self._push(header, updates, arrays=result, float16=False, scattered=True, reduced=not error,
+                   part=header.part, undelivered=undelivered, exchange_error=error)
 
-    def _send_parts(self, header, kind: int, arrays: dict) -> str:
-        """Send part j of ``arrays`` to reducer j (this worker's own part straight to its inbox);
+    def _send_parts(self, header, kind: int, arrays: dict, samples: dict[int, int]) -> str:
+        """Send block j of ``arrays`` to reducer j (this worker's own block straight to its inbox);
         returns why some could not be delivered, or ""."""
         parts = len(header.reducers)
         targets = []
         for j, reducer in enumerate(header.reducers):
             if reducer.worker_id == self.worker_id:
                 own = exchange.as_received(exchange.rows_of(arrays, parts, j), self.float16)
-                self.inbox.put(header.round, kind, j, own)
+                self.inbox.put(header.round, kind, j, own, samples)
             else:
                 targets.append((j, reducer.worker_id, reducer.address))
         failed = self.peers.send_parts(targets, lambda j: exchange.rows_of(arrays, parts, j), kind, header.round,
-                                       self.float16)
+                                       self.float16, samples)
         if failed:
             log.warning("round %d: could not send to %s", header.round, "; ".join(failed.values()))
         return "; ".join(failed.values())
 
-    def _reduce(self, header, parameters: dict) -> None:
-        """Reduce this worker's rows (part ``header.part``) of the round's updates, share them
-        with the other reducers, and push them to the master."""
+    def _reduce(self, header, parameters: dict) -> tuple[dict, list[str], str]:
+        """Reduce this worker's rows (block ``header.part``) of the round's shards' updates from
+        ``parameters`` (its rows of them, at full precision) and share the result with the
+        other reducers; returns the result, the reducers it did not reach, and an error or ""."""
         step = step_from_json(header.info_json)
         self.status = {"state": "reducing", "step": header.step}
         started = time.perf_counter()
-        names = [f"{r.index}/{name}" for r in header.reduce_shards for name in step.arrays]
-        # Every sender's parts went out before it reported to the master, so they are here.
-        rows = self.inbox.wait(header.round, exchange.UPDATE, header.part, names, timeout=exchange.SEND_TIMEOUT_S)
+        shards = list(header.reduce_shards)
+        names = [f"{shard}/{name}" for shard in shards for name in step.arrays]
+        # Waits for the slowest sender, however long its compute; gives up when the master abandons
+        # the round (its exchange failed: the next heartbeat says so).
+        rows = self.inbox.wait(header.round, exchange.UPDATE, header.part, names, timeout=None)
         if rows is None:
-            self._push(header, [], arrays={}, reduced=True, part=header.part,
-                       exchange_error=f"rows of shards {[r.index for r in header.reduce_shards]} never arrived")
-            return
-        updates = [Update(r.index, r.samples, {name: rows[f"{r.index}/{name}"] for name in step.arrays})
-                   for r in header.reduce_shards]
+            return {}, [], f"rows of shards {shards} did not all arrive"
+        samples = self.inbox.samples(header.round, exchange.UPDATE, header.part)
+        updates = [Update(shard, samples[shard], {name: rows[f"{shard}/{name}"] for name in step.arrays})
+                   for shard in shards]
         result = self.reducer.reduce(step, parameters, updates)
         shared = {k: v for k, v in result.items() if not k.startswith(MASTER_ONLY)}
-        failed = self._send_parts_to_all(header, shared)
-        self.compute_s = time.perf_counter() - started
-        # To the master at full precision: it keeps the exact model, as after its own reduce.
-        self._push(header, [], arrays=result, float16=False, reduced=True, part=header.part, undelivered=failed)
+        undelivered = self._send_parts_to_all(header, shared)
+        log.debug("round %d: block %d reduced and shared in %.3f s", header.round, header.part,
+                  time.perf_counter() - started)
+        return result, undelivered, ""
 
     def _send_parts_to_all(self, header, rows: dict) -> list[str]:
         """All-gather: this reducer's rows to every reducer; returns the reducers that did not get them."""

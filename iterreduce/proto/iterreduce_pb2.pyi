@@ -44,10 +44,12 @@ class HeartbeatRequest(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., status_json: _Optional[str] = ...) -> None: ...
 
 class HeartbeatReply(_message.Message):
-    __slots__ = ("known",)
+    __slots__ = ("known", "round")
     KNOWN_FIELD_NUMBER: _ClassVar[int]
+    ROUND_FIELD_NUMBER: _ClassVar[int]
     known: bool
-    def __init__(self, known: _Optional[bool] = ...) -> None: ...
+    round: int
+    def __init__(self, known: _Optional[bool] = ..., round: _Optional[int] = ...) -> None: ...
 
 class TaskRequest(_message.Message):
     __slots__ = ("worker_id", "versions")
@@ -79,11 +81,9 @@ class TaskHeader(_message.Message):
         RUN: _ClassVar[TaskHeader.Kind]
         DONE: _ClassVar[TaskHeader.Kind]
         WAIT: _ClassVar[TaskHeader.Kind]
-        REDUCE: _ClassVar[TaskHeader.Kind]
     RUN: TaskHeader.Kind
     DONE: TaskHeader.Kind
     WAIT: TaskHeader.Kind
-    REDUCE: TaskHeader.Kind
     class VersionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -122,11 +122,11 @@ class TaskHeader(_message.Message):
     round: int
     reducers: _containers.RepeatedCompositeFieldContainer[Reducer]
     part: int
-    reduce_shards: _containers.RepeatedCompositeFieldContainer[ShardResult]
+    reduce_shards: _containers.RepeatedScalarFieldContainer[int]
     gathered: _containers.ScalarMap[str, int]
     gathered_round: int
     gathered_parts: int
-    def __init__(self, kind: _Optional[_Union[TaskHeader.Kind, str]] = ..., step: _Optional[int] = ..., phase: _Optional[str] = ..., info_json: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., seed: _Optional[int] = ..., versions: _Optional[_Mapping[str, int]] = ..., round: _Optional[int] = ..., reducers: _Optional[_Iterable[_Union[Reducer, _Mapping]]] = ..., part: _Optional[int] = ..., reduce_shards: _Optional[_Iterable[_Union[ShardResult, _Mapping]]] = ..., gathered: _Optional[_Mapping[str, int]] = ..., gathered_round: _Optional[int] = ..., gathered_parts: _Optional[int] = ...) -> None: ...
+    def __init__(self, kind: _Optional[_Union[TaskHeader.Kind, str]] = ..., step: _Optional[int] = ..., phase: _Optional[str] = ..., info_json: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., seed: _Optional[int] = ..., versions: _Optional[_Mapping[str, int]] = ..., round: _Optional[int] = ..., reducers: _Optional[_Iterable[_Union[Reducer, _Mapping]]] = ..., part: _Optional[int] = ..., reduce_shards: _Optional[_Iterable[int]] = ..., gathered: _Optional[_Mapping[str, int]] = ..., gathered_round: _Optional[int] = ..., gathered_parts: _Optional[int] = ...) -> None: ...
 
 class Reducer(_message.Message):
     __slots__ = ("worker_id", "address")
@@ -229,7 +229,7 @@ class DataErrorReply(_message.Message):
     def __init__(self) -> None: ...
 
 class SliceHeader(_message.Message):
-    __slots__ = ("kind", "round", "part", "sender")
+    __slots__ = ("kind", "round", "part", "sender", "results")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         UPDATE: _ClassVar[SliceHeader.Kind]
@@ -240,11 +240,13 @@ class SliceHeader(_message.Message):
     ROUND_FIELD_NUMBER: _ClassVar[int]
     PART_FIELD_NUMBER: _ClassVar[int]
     SENDER_FIELD_NUMBER: _ClassVar[int]
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
     kind: SliceHeader.Kind
     round: int
     part: int
     sender: str
-    def __init__(self, kind: _Optional[_Union[SliceHeader.Kind, str]] = ..., round: _Optional[int] = ..., part: _Optional[int] = ..., sender: _Optional[str] = ...) -> None: ...
+    results: _containers.RepeatedCompositeFieldContainer[ShardResult]
+    def __init__(self, kind: _Optional[_Union[SliceHeader.Kind, str]] = ..., round: _Optional[int] = ..., part: _Optional[int] = ..., sender: _Optional[str] = ..., results: _Optional[_Iterable[_Union[ShardResult, _Mapping]]] = ...) -> None: ...
 
 class TensorMeta(_message.Message):
     __slots__ = ("name", "dtype", "shape", "narrowed")
