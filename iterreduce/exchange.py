@@ -3,21 +3,24 @@
 A star sync moves N whole updates into the master and N copies of the new parameters
 out of it, so the master's link and CPU grow with N (``benchmarks/RESULTS.md``,
 "synchronisation cost as workers grow"). With ``MasterConfig.reduce = "workers"`` the
-K workers of a round (the *reducers*) split every array by rows (axis 0) into K parts:
+K workers of a round (the *reducers*) split every array by rows (axis 0) into K blocks:
 
-1. scatter: each worker sends part j of its shards' updates to reducer j;
-2. reduce: when every shard has reported, the master sends reducer j part j of the
-   parameters (its own full-precision copy) and the list of shards; reducer j runs the
-   program's reduce on part j of each shard's update, in shard order. A reduce that is
+1. scatter: each worker sends block j of its shards' updates, with their sample counts,
+   to reducer j;
+2. reduce: reducer j's task named the round's shards and brought block j of the
+   parameters the reduce reads (the master's full-precision copy); once every shard's
+   rows are in, it runs the program's reduce on them, in shard order. A reduce that is
    elementwise (:attr:`iterreduce.program.Program.elementwise_reduce`) gives exactly
    rows j of what the master's own reduce gives: the same floats, summed in the same order;
-3. all-gather: reducer j sends its rows of the new parameters to every reducer, and to
-   the master, which keeps the whole model (checkpoints, evaluation, late joiners).
+3. all-gather: reducer j sends its block of the new parameters to every other reducer, and
+   to the master with its shards' results (one push), which keeps the whole model
+   (checkpoints, evaluation, late joiners).
 
-A worker then moves about four model-sized messages a sync whatever N, and the master
-two. Messages are tagged with the *round* (one attempt at one step): a failed exchange
-makes the master run the step again as a star (see :class:`iterreduce.master.Master`),
-and slices of the failed round are ignored.
+A worker then moves about four model-sized messages a sync whatever K, the master two, and
+each worker calls the master twice (its task, its push), as in a star. Messages carry the
+*round* (one attempt at one step): a failed exchange makes the master run the step again as
+a star (see :class:`iterreduce.master.Master`); blocks of the failed round are ignored, and
+a reducer still waiting for them gives up at its next heartbeat.
 """
 
 from __future__ import annotations
