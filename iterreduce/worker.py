@@ -238,9 +238,17 @@ class Worker:
         if rows is None:
             return {}, [], f"rows of shards {shards} did not all arrive"
         samples = self.inbox.samples(header.round, exchange.UPDATE, header.part)
+        for name, array in rows.items():  # as the master checks whole updates in a star round
+            want = parameters.get(name.split("/", 1)[1])
+            if want is not None and (array.shape != want.shape or array.dtype != want.dtype):
+                return {}, [], (f"shard {name.split('/', 1)[0]} sent rows of {name.split('/', 1)[1]} as "
+                                f"{array.dtype}{list(array.shape)}, expected {want.dtype}{list(want.shape)}")
         updates = [Update(shard, samples[shard], {name: rows[f"{shard}/{name}"] for name in step.arrays})
                    for shard in shards]
-        result = self.reducer.reduce(step, parameters, updates)
+        try:
+            result = self.reducer.reduce(step, parameters, updates)
+        except (ValueError, TypeError, KeyError) as exc:  # the master's own reduce will say it in the rerun
+            return {}, [], f"the reduce failed on block {header.part}: {exc}"
         shared = {k: v for k, v in result.items() if not k.startswith(MASTER_ONLY)}
         undelivered = self._send_parts_to_all(header, shared)
         log.debug("round %d: block %d reduced and shared in %.3f s", header.round, header.part,

@@ -262,3 +262,43 @@ def test_a_worker_killed_mid_exchange_the_step_runs_again_and_the_job_completes(
     result, expected = load_npz(out / "parameters.npz"), simulate(SOFTMAX, config, list_shards(str(tmp_path / "shards")))
     for k in expected:
         np.testing.assert_allclose(result[k], expected[k], rtol=0.05, atol=0.02 * np.abs(expected[k]).max())
+
+
+# ------------------------------------------------------------------ a reducer's checks
+
+
+def test_a_wait_ends_when_its_round_is_abandoned_but_a_complete_box_is_kept():
+    import threading
+
+    inbox = exchange.Inbox()
+    inbox.put(2, exchange.REDUCED, 0, {"w": np.ones(3)})
+    got = {}
+    waiter = threading.Thread(target=lambda: got.update(r=inbox.wait(3, exchange.UPDATE, 0, ["0/w"], timeout=None)))
+    waiter.start()
+    inbox.abandon_before(4)  # round 3 failed: its reducer must not wait for ever
+    waiter.join(5)
+    assert not waiter.is_alive() and got["r"] is None
+    # Round 2's blocks all came: they are still taken (the arrays the master counts as delivered).
+    assert inbox.wait(2, exchange.REDUCED, 0, ["w"], timeout=0)["w"].tolist() == [1, 1, 1]
+    inbox.put(5, exchange.UPDATE, 1, {"0/w": np.zeros(2)}, {0: 7})
+    assert inbox.samples(5, exchange.UPDATE, 1) == {0: 7}
+    inbox.drop_before(5)
+    assert inbox.wait(2, exchange.REDUCED, 0, ["w"], timeout=0) is None
+
+
+def test_a_reducer_refuses_rows_of_the_wrong_shape_and_says_whose():
+    from iterreduce.program import Step, step_to_json
+    from iterreduce.proto import iterreduce_pb2 as pb
+
+    worker = Worker("127.0.0.1:1", "token", "worker-0")  # never connects: only its reduce runs
+    worker.reducer = SoftmaxRegression({})
+    try:
+        header = pb.TaskHeader(round=3, part=0, reduce_shards=[0, 1],
+                               info_json=step_to_json(Step("train", {}, ("weights",))))
+        worker.inbox.put(3, exchange.UPDATE, 0, {"0/weights": np.zeros((4, 3), np.float32),
+                                                 "1/weights": np.zeros((4, 2), np.float32)}, {0: 5, 1: 5})
+        result, undelivered, error = worker._reduce(header, {"weights": np.zeros((4, 3), np.float32)})
+        assert result == {} and undelivered == []
+        assert error == "shard 1 sent rows of weights as float32[4, 2], expected float32[4, 3]"
+    finally:
+        worker.channel.close()
