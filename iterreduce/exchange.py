@@ -41,8 +41,9 @@ log = logging.getLogger("iterreduce.exchange")
 
 Arrays = dict[str, np.ndarray]
 UPDATE, REDUCED = pb.SliceHeader.UPDATE, pb.SliceHeader.REDUCED
-#: seconds one peer call may take (a part of a 100 MB model is a few MB)
-SEND_TIMEOUT_S = 120.0
+#: seconds one peer call may take, connecting included (a block of a 100 MB model is a few MB;
+#: a peer behind a firewall that drops packets fails only at this deadline)
+SEND_TIMEOUT_S = 30.0
 #: threads of a worker's Peer service (each receives one part at a time)
 SERVE_THREADS = 16
 #: a part travels as one message: up to gRPC's largest (a part is 1/K of the model, K >= 2)

@@ -50,6 +50,9 @@ JOB_ERRORS = (IterReduceError, ValueError, TypeError, KeyError)
 
 #: where a step's updates are reduced: by the master, or by the workers among themselves
 REDUCE_CHOICES = ("master", "workers")
+#: after this many failed exchanges in a row the master reduces for the rest of the job (the
+#: workers cannot reach each other, e.g. a firewall between the nodes: each try costs time)
+EXCHANGE_TRIES = 2
 
 
 @dataclass
@@ -164,6 +167,7 @@ class Master(pb_grpc.MasterServicer):
         self.exchange_error: str | None = None   # why this round's exchange failed
         self.gathered: dict[str, dict[str, int]] = {}  # worker -> arrays its peers delivered: version
         self._gathered_round = (0, 0)            # (round, parts) of those deliveries
+        self._failed_exchanges = 0               # in a row; at EXCHANGE_TRIES the master reduces from then on
         self._log = runlog.RunLog(runlog.log_path(self.out))
         # Before any worker starts: refuse data the program cannot use, and log what it found.
         facts = self.program.check_shards(self.shards)
@@ -535,7 +539,14 @@ class Master(pb_grpc.MasterServicer):
                 log.warning("step %d round %d: the exchange failed (%s); running the step again with the "
                             "master reducing", index, self.round, self.exchange_error)
                 self._event("exchange_failed", step=index, round=self.round, reason=self.exchange_error)
+                self._failed_exchanges += 1
+                if self._failed_exchanges == EXCHANGE_TRIES:
+                    log.warning("%d exchanges failed in a row: the master reduces for the rest of the job",
+                                EXCHANGE_TRIES)
+                    self._event("exchange_off", step=index, failed=EXCHANGE_TRIES)
                 self._start_round(step, peers=False, same_shards=True)
+            if self.reducers:
+                self._failed_exchanges = 0
             reducers, self.reducers = len(self.reducers), []
             updates = sorted(self.results.values(), key=lambda u: u.shard)
             compute = max(self.compute_s.values(), default=0.0)
@@ -559,8 +570,8 @@ class Master(pb_grpc.MasterServicer):
 
     def _peer_reduce(self, step) -> bool:
         """Whether the workers may reduce this step's updates (see :mod:`iterreduce.exchange`)."""
-        return (self.config.reduce == "workers" and bool(step.arrays) and self.program.reduces_elementwise()
-                and exchange.can_cut(self.parameters))
+        return (self.config.reduce == "workers" and self._failed_exchanges < EXCHANGE_TRIES and bool(step.arrays)
+                and self.program.reduces_elementwise() and exchange.can_cut(self.parameters))
 
     def _start_round(self, step, peers: bool, same_shards: bool = False) -> None:
         """Start an attempt at the current step (call with the lock held). ``same_shards``: the
