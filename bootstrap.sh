@@ -10,6 +10,15 @@ python="${PYTHON:-python3}"
 if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
+# The live page's browser tests drive Debian's Chromium (tests/browser.py): install it where we may.
+if [[ ",$extras," == *",test,"* ]] && ! command -v chromedriver >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) >/dev/null \
+      || echo "bootstrap: could not install chromium and chromium-driver: the browser tests will be skipped" >&2
+  else
+    echo "bootstrap: chromium and chromium-driver are not installed: the browser tests will be skipped" >&2
+  fi
+fi
 # Reinstall only when the package metadata or the extras changed.
 stamp=".venv/.installed-$(cat pyproject.toml | sha256sum | cut -c1-16)-${extras//,/_}"
 if [ ! -f "$stamp" ]; then

@@ -42,7 +42,7 @@ def last_step(log: Path) -> tuple[int, str]:
     if log.exists():
         for line in log.read_text().splitlines():
             record = json.loads(line)
-            if "step" in record:
+            if "step" in record and "phase" in record:  # a step record, not an event
                 step, phase = record["step"], record["phase"]
     return step, phase
 

@@ -139,7 +139,7 @@ def serve_master(args) -> None:
                                                            "rows": args.rows},
                           shards=uris, workers=args.n, token=args.token, output=str(out / "job"),
                           heartbeat_interval=60.0, heartbeat_timeout=3600.0, start_timeout=300.0,
-                          float16_wire=args.float16, **reduce)
+                          float16_wire=args.float16, ui=False, **reduce)  # no page: the master alone
     stats: list[dict] = []
 
     class Measured(Master):

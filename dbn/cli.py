@@ -69,6 +69,8 @@ def _say(args, command: str):
 def _overrides(args, *flag_tables, extra: dict | None = None) -> dict:
     """Spec keys set on the command line: ``extra``, the flags of ``flag_tables``, then --set."""
     given = {**(extra or {}), **{key: getattr(args, key) for table in flag_tables for _, key, *_ in table}}
+    if getattr(args, "no_ui", False):
+        given["cluster.ui"] = False
     return {**{k: v for k, v in given.items() if v is not None}, **dict(map(parse_override, args.set))}
 
 
@@ -131,6 +133,20 @@ def cmd_mnist(args) -> int:
     print(result if args.sweep else to_json(result) if args.json else mnist_eval.report_line(out, result),
           end="" if args.sweep else "\n")
     return 0
+
+
+def cmd_view(args) -> int:
+    import time
+
+    from .jobs.view import serve_run
+
+    server = serve_run(args.out, host=args.host, port=args.port)
+    print(f"the page of {args.out}: {server.url}  (Ctrl-C to stop)", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    finally:
+        server.stop()
 
 
 def cmd_shard(args) -> int:
@@ -218,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     job.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                      help="override a setting, e.g. --set model.dropout=0.3 (repeatable)")
     job.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    job.add_argument("--no-ui", action="store_true", help="no live page while a distributed job runs (cluster.ui)")
     parser = argparse.ArgumentParser(prog="dbn", parents=[common], description="Deep Belief Networks on YARN: "
                                      "train, submit, evaluate and benchmark.")
     parser.add_argument("--version", action="version", version=f"dbn {__version__}")
@@ -259,6 +276,11 @@ def build_parser() -> argparse.ArgumentParser:
                  ("--sweep", {**flag, "help": "three network sizes on 1 and 10 workers: OUT/sweep.md"}), overwrite,
                  json_)
     _flags(p, JOB_FLAGS)
+    _command(sub, "view", [common], "serve the page of a run (its curves, filters and events) from its output "
+             "directory, e.g. after the job", cmd_view,
+             ("out", {"type": Path, "help": "the run's output directory (log.jsonl)"}),
+             ("--port", {"type": int, "default": 0, "help": "port (default: any free one)"}),
+             ("--host", {"default": "127.0.0.1", "help": "address to bind (default 127.0.0.1: this machine only)"}))
     _command(sub, "shard", [common], "cut 'mnist', a .npz (X [, y]) or a .csv ([label]) into Parquet shards",
              cmd_shard, ("source", {"help": "'mnist', FILE.npz or FILE.csv"}),
              ("out", {"help": "output directory or URI (file://, hdfs://, s3://)"}),

@@ -38,6 +38,7 @@ from .proto import iterreduce_pb2 as pb
 from .proto import iterreduce_pb2_grpc as pb_grpc
 from .security import TlsCredentials, TokenInterceptor, server_credentials
 from .shards import shard_info
+from .webui import ViewServer
 from .exceptions import DataError, IterReduceError, JobFailed
 
 log = logging.getLogger("iterreduce.master")
@@ -78,6 +79,10 @@ class MasterConfig:
     start_timeout: float = 300.0
     float16_wire: bool = False
     reduce: str = "master"  # where the updates are reduced: "master", or "workers" (see iterreduce.exchange)
+    name: str = ""          # the job's name, shown on its page
+    ui: bool = True         # serve the job's live page (iterreduce.webui) while it runs
+    ui_host: str = "127.0.0.1"  # the page's bind address: this machine only unless told ("0.0.0.0" on YARN)
+    ui_port: int = 0
 
     def __post_init__(self):
         if self.reduce not in REDUCE_CHOICES:
@@ -115,6 +120,7 @@ class WorkerInfo:
     alive: bool = True
     status: dict = field(default_factory=dict)
     peer_address: str = ""  # its Peer service ("": it cannot reduce rows)
+    samples_per_s: float | None = None  # its shards' samples over its compute time, in its last push
 
 
 class Master(pb_grpc.MasterServicer):
@@ -174,6 +180,8 @@ class Master(pb_grpc.MasterServicer):
         self._event("data", shards=len(self.shards), rows=sum(s["rows"] for s in self.shards), **facts)
         # Called with each superstep's progress record (e.g. to report progress to YARN).
         self.listeners: list = []
+        self.registrations: dict[str, int] = {}  # worker name -> processes registered under it
+        self.view: ViewServer | None = None      # the live page, while serving
 
     # ------------------------------------------------------------ shards
 
@@ -212,6 +220,7 @@ class Master(pb_grpc.MasterServicer):
                     self._drop(w, "replaced by a new process of the same name")
             if name not in self.names:
                 self.names.append(name)
+            self.registrations[name] = self.registrations.get(name, 0) + 1
             self._incarnation += 1
             worker = WorkerInfo(f"{name}#{self._incarnation}", name, request.host, peer_address=request.peer_address)
             self.workers[worker.worker_id] = worker
@@ -376,6 +385,8 @@ class Master(pb_grpc.MasterServicer):
                     self.results[shard] = update
                     self.reporter[shard] = worker.worker_id
             self.compute_s[worker.worker_id] = self.compute_s.get(worker.worker_id, 0.0) + header.compute_s
+            if header.compute_s > 0:
+                worker.samples_per_s = sum(r.samples for r in header.results) / header.compute_s
             if header.exchange_error:
                 self._exchange_failed(f"{header.worker_id}: {header.exchange_error}")
             elif header.reduced:  # in a round of the workers' reduce, a push's tensors are its block
@@ -511,10 +522,11 @@ class Master(pb_grpc.MasterServicer):
         for index in range(start, len(self.steps)):
             self._run_step(index)
             if self.config.checkpoint_dir and ((index + 1) % self.config.checkpoint_every == 0 or index + 1 == len(self.steps)):
-                checkpoint.save(self.config.checkpoint_dir, index + 1,
-                                {"n_steps": len(self.steps), "seed": self.config.seed, "program": self.config.program,
-                                 "fingerprint": self.fingerprint},
-                                self.parameters, keep=self.config.checkpoint_keep)
+                path = checkpoint.save(self.config.checkpoint_dir, index + 1,
+                                       {"n_steps": len(self.steps), "seed": self.config.seed,
+                                        "program": self.config.program, "fingerprint": self.fingerprint},
+                                       self.parameters, keep=self.config.checkpoint_keep)
+                self._event("checkpoint", step=index + 1, path=path)
         self.program.finalize(self.parameters, str(self.out))
         with self.lock:
             self.done = True
@@ -631,6 +643,47 @@ class Master(pb_grpc.MasterServicer):
         self._gathered_round = (self.round, parts)
         return result
 
+    # --------------------------------------------------------------- the page
+
+    def view_job(self) -> dict:
+        """What the live page says of the job: name, workers asked for, program and its
+        config, the schedule as runs of one phase (for the time left)."""
+        runs: list[list] = []
+        for step in self.steps:
+            if runs and runs[-1][0] == step.phase:
+                runs[-1][1] += 1
+            else:
+                runs.append([step.phase, 1])
+        return {"name": self.config.name or self.out.name, "workers": self.config.workers,
+                "program": self.config.program, "seed": self.config.seed, "shards": len(self.shards),
+                "steps": len(self.steps), "schedule": runs, "config": self.config.program_config}
+
+    def view_workers(self) -> list[dict]:
+        """The live workers table: each worker name's newest process."""
+        now = time.monotonic()
+        with self.lock:
+            newest = {}
+            for w in self.workers.values():
+                newest[w.name] = w  # registration order: the last one of a name is the newest
+            rows = [{"name": w.name, "state": (w.status.get("state", "idle") if w.alive else "lost")
+                     if not self.done else "finished",
+                     "host": w.host, "shards": sorted(w.shards), "restarts": self.registrations.get(w.name, 1) - 1,
+                     "samples_per_s": w.samples_per_s, "heartbeat_age_s": now - w.last_seen}
+                    for w in newest.values()]
+        return sorted(rows, key=lambda row: (len(row["name"]), row["name"]))
+
+    def view_images(self) -> dict:
+        """The program's images of the current parameters (a copy of the dict: steps replace values)."""
+        return self.program.images(dict(self.parameters))
+
+    def start_view(self) -> str:
+        """Serve the live page (``config.ui_host``/``ui_port``); logs a ``ui`` event with its URL."""
+        self.view = ViewServer(runlog.log_path(self.out), job=self.view_job(), spec=self.program.view(),
+                               workers=self.view_workers, images=self.view_images)
+        url = self.view.start(self.config.ui_host, self.config.ui_port, advertise_host=self.config.advertise_host)
+        self._event("ui", url=url)
+        return url
+
     # --------------------------------------------------------------- serve
 
     def serve(self, tls: TlsCredentials | None = None) -> tuple[grpc.Server, str]:
@@ -650,6 +703,11 @@ class Master(pb_grpc.MasterServicer):
         keep_freed_memory()
         server.start()
         threading.Thread(target=self._monitor, daemon=True).start()
+        if self.config.ui and self.view is None:
+            try:
+                log.info("live view on %s", self.start_view())
+            except OSError as exc:  # e.g. the port is taken: the job runs on without its page
+                log.warning("no live view: %s", exc)
         return server, f"{self.config.advertise_host or self.config.host}:{port}"
 
     def serve_and_run(self, tls: TlsCredentials | None = None,
@@ -669,6 +727,17 @@ class Master(pb_grpc.MasterServicer):
             if self.done or self.failure:  # the job ended: let workers fetch DONE and exit 0
                 time.sleep(2 * self.config.heartbeat_interval)
             server.stop(grace=1.0)
+            if self.view is not None:
+                self.view.stop()
+
+
+def log_failure(output: str, exc: BaseException) -> None:
+    """A ``failed`` event in the job's log (its page then says why the job stopped)."""
+    try:
+        with runlog.RunLog(runlog.log_path(output)) as run_log:
+            run_log.event("failed", reason=str(exc))
+    except OSError as err:
+        log.warning("could not log the failure: %s", err)
 
 
 def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 << 30) -> bool:
@@ -748,6 +817,7 @@ def main(argv=None) -> int:
     except JOB_ERRORS as exc:
         log.error("job failed: %s", exc)
         (Path(config.output) / "error.txt").write_text(str(exc) + "\n")
+        log_failure(config.output, exc)
         return EXIT_DATA_ERROR if isinstance(exc, DataError) else 1
 
 

@@ -113,6 +113,19 @@ class Program(ABC):
         merged into its progress record; by default none."""
         return {}
 
+    def view(self) -> dict | None:
+        """What the job's live page draws: a view spec (see :mod:`iterreduce.webui.snapshot`:
+        its title, charts of the step records' metrics, image names and titles). Default
+        None: one chart per numeric metric of the step records."""
+        return None
+
+    def images(self, parameters: Arrays) -> dict[str, np.ndarray]:
+        """Images for the live page drawn from the current parameters: ``{name: 2-D array}``
+        (uint8 grey levels, or any numbers, scaled from their min..max); names as in
+        :meth:`view`. Called from the page's server thread: read ``parameters``, never change
+        them. Default: none."""
+        return {}
+
     def summarize(self, step: Step, updates: list[Update]) -> dict:
         """Progress record for one superstep: by default sample-weighted metric means."""
         total = sum(u.samples for u in updates)

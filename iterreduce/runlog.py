@@ -193,10 +193,11 @@ class Follower:
         path = Path(path)
         return cls(path, path.stat().st_size if path.exists() else 0)
 
-    def poll(self) -> list[dict]:
+    def poll(self, errors: list | None = None) -> list[dict]:
         """The records of the complete lines written since the last call.
 
-        Raises ``ValueError`` naming the file and byte offset for a line that is not a JSON object.
+        Raises ``ValueError`` naming the file and byte offset for a line that is not a JSON
+        object; with an ``errors`` list, that message goes there instead and the line is skipped.
         """
         try:
             with open(self.path, "rb") as f:
@@ -209,7 +210,12 @@ class Follower:
         end = data.rfind(b"\n") + 1
         for line in data[:end].splitlines(keepends=True):
             if line.strip():
-                records.append(_parse(line, f"{self.path}, byte {self.offset + start}"))
+                try:
+                    records.append(_parse(line, f"{self.path}, byte {self.offset + start}"))
+                except ValueError as exc:
+                    if errors is None:
+                        raise
+                    errors.append(str(exc))
             start += len(line)
         self.offset += end
         return records

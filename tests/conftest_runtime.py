@@ -324,6 +324,8 @@ class InProcessJob:
             self.master.done = True
             self.master.lock.notify_all()
         self.server.stop(0)
+        if self.master.view is not None:
+            self.master.view.stop()
         for thread in self.threads:
             thread.join(5)
         for worker in self.worker_objects:

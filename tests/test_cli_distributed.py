@@ -81,6 +81,7 @@ def test_train_local_two_workers_end_to_end(tmp_path, capsys):
     assert "local mini-cluster of 2 workers" in captured.err
     assert "pretrain layer 1/2 epoch 1/4" in captured.err and "sync" in captured.err
     assert "test error" in captured.out
+    assert "live view: http://127.0.0.1:" in captured.err  # the page, on this machine only
 
     result = json.loads((out / "result.json").read_text())
     assert result["workers"] == 2 and result["shards"] == 2 and result["sync_every"] == 0
@@ -91,17 +92,20 @@ def test_train_local_two_workers_end_to_end(tmp_path, capsys):
     assert 1 - model.score(*_load(tmp_path / "test.npz")) == pytest.approx(result["test_error"])
 
     log = read_jsonl(out / "log.jsonl")
-    steps = [r for r in log if "step" in r]
+    steps = [r for r in log if "step" in r and "event" not in r]
     assert [r["step"] for r in steps] == list(range(len(steps)))
     assert {r["phase"] for r in steps} == {"transform", "pretrain", "finetune"}
     assert log[-1]["event"] == "done"
     assert len(list_shards(str(out / "shards"))) == 2
+    assert [r["url"] for r in log if r.get("event") == "ui"][0].startswith("http://127.0.0.1:")
 
-    # --json: machine-readable lines, the last one the summary.
-    assert main(["train", str(config), "--local", "2", "--out", str(tmp_path / "out2"), "--json", "--quiet"]) == 0
+    # --json: machine-readable lines, the last one the summary; --no-ui: no page.
+    assert main(["train", str(config), "--local", "2", "--out", str(tmp_path / "out2"), "--json", "--quiet",
+                 "--no-ui"]) == 0
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert lines[-1]["event"] == "summary" and lines[-1]["workers"] == 2
-    assert any("step" in line for line in lines)
+    assert any("step" in line for line in lines) and not any(line.get("event") == "ui" for line in lines)
+    assert not any(r.get("event") == "ui" for r in read_jsonl(tmp_path / "out2" / "log.jsonl"))
 
 
 def test_resume_needs_a_cluster(tmp_path, capsys):

@@ -28,6 +28,7 @@ from iterreduce.shards import read_labels, read_shard, shard_info, spill_shard
 from ..data.validation import UNIT_INTERVAL_HINT, check_features, check_labels, class_warnings
 from ..exceptions import DataError
 from ..model import state
+from . import view
 from ..model.estimator import DBN
 from ..model.minibatch import chunks, column_mean
 from ..model.network import Network
@@ -183,6 +184,15 @@ class DBNProgram(Program):
 
     def finalize(self, parameters, output_dir):
         self.to_model(parameters).save(f"{output_dir}/model.npz")
+
+    def view(self):
+        """The live page's curves (reconstruction error, fine-tuning loss and errors) and filters."""
+        return view.view_spec(self.layers)
+
+    def images(self, parameters):
+        """The first layer's filters, as they are now."""
+        image = view.filters_of(parameters)
+        return {} if image is None else {view.FILTERS: image}
 
     def to_model(self, parameters) -> DBN:
         """The trained :class:`DBN` from the final parameters."""

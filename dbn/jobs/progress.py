@@ -28,7 +28,10 @@ EVENT_LINES = {
     "data_error": "bad data reported by {worker}: {message}",
     "resumed": "resumed from {checkpoint} at step {step}",
     "done": "done: {steps} steps in {seconds:.1f} s",
+    "ui": "live view: {url}",
 }
+#: Events that print nothing: a checkpoint a step, and a failure the command reports as its error.
+SILENT_EVENTS = frozenset({"checkpoint", "failed"})
 
 
 def _rate(x: float) -> str:
@@ -57,6 +60,8 @@ class ProgressPrinter:
             line = data_lines(rec)
         elif "step" in rec and "phase" in rec:
             line = self._step(rec)
+        elif rec.get("event") in SILENT_EVENTS:
+            return
         elif rec.get("event") in EVENT_LINES:
             line = EVENT_LINES[rec["event"]].format_map(rec)
         else:

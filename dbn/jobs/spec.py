@@ -116,6 +116,7 @@ class ClusterSection:
     validation: str | None = None  # a labelled Parquet shard the master scores after each fine-tuning epoch
     stream: str = "auto"  # workers' data: "auto" streams it from local disk when it would not fit in memory; "always"; "never"
     reduce: str = "auto"  # who averages the updates: "master"; "workers" (each its rows); "auto": workers on YARN from 8 workers
+    ui: bool = True  # the live page while the job runs (locally on 127.0.0.1; on YARN behind the tracking URL)
 
 
 @dataclass(frozen=True)
@@ -252,7 +253,7 @@ class JobSpec:
         return MasterConfig(program=PROGRAM, program_config=self.program_config(stream), shards=shards,
                             workers=c.workers, token=token, output=output, seed=self.job.seed,
                             heartbeat_timeout=c.heartbeat_timeout, float16_wire=c.float16_wire,
-                            reduce=self.reduce_on(on_yarn))
+                            reduce=self.reduce_on(on_yarn), name=self.job.name or "", ui=c.ui)
 
     def reduce_on(self, on_yarn: bool) -> str:
         """Who reduces the updates (``MasterConfig.reduce``): ``[cluster] reduce``, with "auto"

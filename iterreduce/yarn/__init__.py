@@ -18,5 +18,6 @@ from ..exceptions import YarnError  # noqa: F401 - re-exported
 KV_ADDRESS = "iterreduce/master"      # host:port of the master's gRPC server
 KV_TOKEN = "iterreduce/token"         # the job token workers present
 KV_PROGRESS = "iterreduce/progress"   # the newest superstep record (JSON), for `status`
+KV_UI = "iterreduce/ui"               # the live page's address through YARN's proxy
 KV_SLOT = "iterreduce/worker/"        # + K: held (owned) by the container working as worker-K
 

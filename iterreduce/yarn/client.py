@@ -24,7 +24,7 @@ from pathlib import Path
 import skein
 
 from ..exceptions import STOPPED_ON_BAD_DATA
-from . import KV_PROGRESS, YarnError
+from . import KV_PROGRESS, KV_UI, YarnError
 
 
 def _config_dir() -> str:
@@ -163,6 +163,7 @@ class Status:
     diagnostics: str
     tracking_url: str
     record: dict | None = None
+    live_view: str = ""  # the job's live page through YARN's proxy, while it runs
 
     def describe(self) -> str:
         """A few human lines."""
@@ -173,6 +174,8 @@ class Status:
             lines.append(f"  superstep {r['step'] + 1} of {r['of']}: {r['phase']} {where}".rstrip())
         if self.tracking_url:
             lines.append(f"  tracking URL: {self.tracking_url}")
+        if self.live_view:
+            lines.append(f"  live view: {self.live_view}")
         if self.diagnostics:
             lines.append(f"  diagnostics: {self.diagnostics}")
         return "\n".join(lines)
@@ -188,8 +191,10 @@ def status(client: skein.Client, app_id: str) -> Status:
                     report.diagnostics or "", report.tracking_url or "")
     if str(report.state) == "RUNNING":
         try:
-            value = client.connect(app_id, wait=False).kv.get(KV_PROGRESS)
+            kv = client.connect(app_id, wait=False).kv
+            value = kv.get(KV_PROGRESS)
             result.record = json.loads(value) if value else None
+            result.live_view = (kv.get(KV_UI) or b"").decode()
         except Exception:  # noqa: BLE001 - the report alone is still an answer
             pass
     return result

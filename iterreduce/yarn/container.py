@@ -36,7 +36,7 @@ from ..exceptions import STOPPED_ON_BAD_DATA, DataError
 from ..master import JOB_ERRORS, JobFailed, Master, MasterConfig
 from ..security import TlsCredentials, from_skein, new_token
 from ..shards import filesystem, join, list_shards
-from . import KV_ADDRESS, KV_PROGRESS, KV_SLOT, KV_TOKEN
+from . import KV_ADDRESS, KV_PROGRESS, KV_SLOT, KV_TOKEN, KV_UI
 
 log = logging.getLogger("iterreduce.yarn")
 
@@ -69,6 +69,7 @@ def master_config(job: dict, local_out: Path, token: str, resume: bool) -> Maste
     shards = fields["shards"]
     fields.update(shards=list_shards(shards) if isinstance(shards, str) else list(shards), output=str(local_out),
                   token=token, host="0.0.0.0", advertise_host=os.environ.get("NM_HOST") or socket.getfqdn(),
+                  ui_host="0.0.0.0",  # YARN's web proxy, on the ResourceManager's host, must reach the page
                   checkpoint_dir=fields.get("checkpoint_dir") or join(fields["output"], "checkpoints"),
                   resume=resume or bool(fields.get("resume")))
     return MasterConfig.from_dict(fields, source="job file")
@@ -113,6 +114,8 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
             app.kv[KV_ADDRESS] = address.encode()  # last: a worker that sees the address finds the token too
             log.info("attempt %d serving %d shards on %s; workers connect with mutual TLS (the application's "
                      "certificate)", attempt, len(master.shards), address)
+            if master.view is not None:
+                register_page(app, master.view.url)
 
         master.serve_and_run(tls=tls, on_serving=publish)
         log.info("outputs written: %s", ", ".join(upload_outputs(local_out, output)))
@@ -135,6 +138,28 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
         log.warning("could not copy the outputs to %s: %s", output, exc)
     app.shutdown("FAILED", diagnostics=reason[:4000])
     return 1
+
+
+#: The live page's route in skein's web UI: ``<tracking URL>/pages/training/``.
+UI_ROUTE = "training"
+
+
+def register_page(app, url: str) -> str:
+    """Put the live page behind skein's web UI (so behind YARN's proxy and the tracking URL),
+    and its address in the key-value store for ``status``; returns that address ("" if it
+    could not be registered: the job runs on without it)."""
+    try:
+        try:
+            page = app.ui.add_page(UI_ROUTE, url, link_name="Training progress")
+        except Exception:  # noqa: BLE001 - a new attempt of the application master: the route is taken
+            app.ui.remove_page(UI_ROUTE)
+            page = app.ui.add_page(UI_ROUTE, url, link_name="Training progress")
+        app.kv[KV_UI] = page.address.encode()
+        log.info("live view: %s (served on %s)", page.address, url)
+        return page.address
+    except Exception as exc:  # noqa: BLE001 - the page is informative; never fail the job for it
+        log.warning("could not register the live view with YARN's web proxy: %s", exc)
+        return ""
 
 
 def _max_attempts(app) -> int:

@@ -1,0 +1,356 @@
+"""The live page (iterreduce.webui, dbn.jobs.view): what it shows, how it is served, and the page
+itself in headless Chromium against a real local run."""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+import threading
+import time
+import urllib.error
+import urllib.request
+import zlib
+
+import numpy as np
+import pytest
+
+from browser import console_errors, needs_browser, start_browser, wait_for
+from conftest_runtime import SLOW_DBN, SOFTMAX, InProcessJob, blobs, kill_worker, read_log, run_job, subprocess_env
+from iterreduce import runlog
+from iterreduce.shards import write_shards
+from iterreduce.webui import ViewServer, png, snapshot
+from iterreduce.webui.server import to_json_bytes
+
+# ------------------------------------------------------------------ helpers
+
+
+def step(i, of, phase, seconds=1.0, sync=0.1, **fields):
+    return {"step": i, "of": of, "phase": phase, "seconds": seconds, "sync_seconds": sync, "compute_seconds": 0.9,
+            "shards": 2, "shards_total": 2, "time": 1000.0 + i, **fields}
+
+
+def get(url: str) -> tuple[int, str, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status, r.headers.get("Content-Type", ""), r.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers.get("Content-Type", ""), exc.read()
+
+
+def decode_gray_png(data: bytes) -> np.ndarray:
+    """The pixels of an 8-bit grey, filter-0 PNG (what png.encode_gray writes), read independently."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, width = 8, b"", 0
+    while pos < len(data):
+        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        body = data[pos + 8:pos + 8 + length]
+        assert struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])[0] == zlib.crc32(kind + body)
+        if kind == b"IHDR":
+            width, height, depth, color = struct.unpack(">IIBB", body[:10])
+            assert (depth, color) == (8, 0)
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    rows = np.frombuffer(zlib.decompress(idat), np.uint8).reshape(height, width + 1)
+    assert (rows[:, 0] == 0).all()
+    return rows[:, 1:]
+
+
+# ------------------------------------------------------------------ snapshot
+
+
+def test_a_chart_merges_the_parts_of_an_epoch_by_samples_and_splits_series_by_layer():
+    records = [
+        step(0, 9, "pretrain", layer=0, epoch=0, part=0, samples=300, reconstruction_error=10.0),
+        step(1, 9, "pretrain", layer=0, epoch=0, part=1, samples=100, reconstruction_error=20.0),
+        step(2, 9, "pretrain", layer=0, epoch=1, part=0, samples=100, reconstruction_error=float("nan")),
+        step(3, 9, "pretrain", layer=1, epoch=0, part=0, samples=50, reconstruction_error=4.0),
+        step(4, 9, "finetune", epoch=0, samples=10, loss=1.0, train_error=0.5),
+        step(5, 9, "finetune", epoch=0, samples=30, loss=3.0, train_error=0.1, valid_error=0.2),
+    ]
+    chart = {"phase": "pretrain", "x": "epoch1", "y": ["reconstruction_error"], "by": "layer", "label": "layer {layer1}"}
+    layer1, layer2 = snapshot.chart_series(records, chart)
+    assert layer1["label"] == "layer 1" and layer1["x"] == [1, 2]
+    assert layer1["y"]["reconstruction_error"] == [pytest.approx(12.5), None]  # (300*10 + 100*20) / 400; NaN left out
+    assert layer2 == {"label": "layer 2", "x": [1], "y": {"reconstruction_error": [4.0]}}
+    (fine,) = snapshot.chart_series(records, {"phase": "finetune", "x": "epoch", "y": ["loss", "train_error", "valid_error"]})
+    assert fine["x"] == [0] and fine["y"]["loss"] == [2.5] and fine["y"]["train_error"] == [pytest.approx(0.2)]
+    assert fine["y"]["valid_error"] == [0.2]  # only the record that has it
+
+
+def test_the_default_spec_charts_every_numeric_metric_but_the_runtimes_own_keys():
+    records = [step(0, 2, "train", samples=5, accuracy=0.5, loss=1.0, note="text", flag=True),
+               {"event": "worker_lost", "worker": "w", "value": 3}]
+    spec = snapshot.default_spec(records, "job")
+    assert [c["y"] for c in spec["charts"]] == [["accuracy"], ["loss"]]
+    state = snapshot.build(records, job={"name": "job"})
+    assert [c["title"] for c in state["charts"]] == ["accuracy", "loss"]
+    assert state["charts"][0]["series"] == [{"label": "train", "x": [0], "y": {"accuracy": [0.5]}}]
+
+
+def test_progress_states_fraction_and_time_left_by_phase():
+    job = {"schedule": [["a", 2], ["b", 2]], "steps": 4}
+    assert snapshot.progress_of([], job, {})["state"] == "starting"
+    records = [{"event": "start", "time": 990.0}, step(0, 4, "a", seconds=1.0, layer=0, epoch=3),
+               step(1, 4, "a", seconds=3.0, layer=0, epoch=4)]
+    p = snapshot.progress_of(records, job, {"position": ["layer", "epoch"]}, now=1010.0)
+    assert p["state"] == "running" and p["steps_done"] == 2 and p["of"] == 4 and p["fraction"] == 0.5
+    assert p["where"] == "a layer 1 epoch 5" and p["elapsed_s"] == 20.0
+    assert p["remaining_s"] == pytest.approx(4.0)  # phase b not begun: the mean step so far, 2 s, twice
+    records.append(step(2, 4, "b", seconds=10.0))
+    assert snapshot.progress_of(records, job, {})["remaining_s"] == pytest.approx(10.0)  # b's own mean
+    done = records + [step(3, 4, "b"), {"event": "done", "steps": 4, "seconds": 15.0, "time": 1005.0}]
+    p = snapshot.progress_of(done, job, {}, now=2000.0)
+    assert (p["state"], p["fraction"], p["remaining_s"], p["elapsed_s"]) == ("done", 1.0, 0.0, 15.0)
+    failed = records + [{"event": "failed", "reason": "bad", "time": 1004.0}]
+    assert snapshot.progress_of(failed, job, {})["state"] == "failed"
+    again = failed + [{"event": "resumed", "step": 2, "time": 1006.0}]  # a resumed run runs again
+    assert snapshot.progress_of(again, job, {})["state"] == "running"
+
+
+def test_a_resumed_step_counts_once_and_sync_share_is_over_the_last_runs():
+    records = [step(0, 3, "a", seconds=2.0, sync=1.0), step(1, 3, "a", seconds=2.0, sync=1.0),
+               {"event": "resumed", "step": 1, "time": 1.0}, step(1, 3, "a", seconds=4.0, sync=1.0)]
+    sync = snapshot.sync_of(records)
+    assert sync == {"seconds": 2.0, "step_seconds": 6.0, "share": pytest.approx(1 / 3)}
+    assert snapshot.progress_of(records, {}, {})["steps_done"] == 2
+
+
+def test_every_runtime_event_reads_as_a_sentence_and_an_unknown_one_as_its_fields():
+    events = [
+        {"event": "worker_registered", "worker": "worker-0#1", "host": "h", "shards": [0]},
+        {"event": "worker_lost", "worker": "worker-0#1", "reason": "no heartbeat", "shards_skipped": []},
+        {"event": "worker_restarted", "worker": "worker-0", "exit": -9, "restart": 1, "error": "killed by SIGKILL"},
+        {"event": "worker_gave_up", "worker": "worker-0", "exit": 1, "restarts": 3, "error": "boom"},
+        {"event": "checkpoint", "step": 4, "path": "c"}, {"event": "resumed", "step": 4, "checkpoint": "c"},
+        {"event": "exchange_failed", "step": 2, "round": 3, "reason": "peer gone"},
+        {"event": "exchange_off", "step": 2, "failed": 2},
+        {"event": "data_error", "worker": "w", "message": "NaN"}, {"event": "done", "steps": 4, "seconds": 2.0},
+        {"event": "failed", "reason": "bad shard"}, {"event": "custom", "a": 1},
+    ]
+    assert set(snapshot.EVENT_TEXT) <= {e["event"] for e in events}  # every known event is tried
+    texts = [e["text"] for e in snapshot.events_of([{**e, "time": 1.0} for e in events])]
+    assert texts[0] == "worker-0#1 joined from h with shards [0]" and texts[-1] == "custom: a 1"
+    assert not any("{" in t for t in texts)
+    assert snapshot.events_of([{"event": "epoch", "phase": "x"}, {"event": "ui", "url": "u"}]) == []
+    many = [{"event": "checkpoint", "step": i, "time": i} for i in range(250)]
+    assert [e["text"] for e in snapshot.events_of(many)][-1] == "checkpoint after step 249"
+    assert len(snapshot.events_of(many)) == snapshot.MAX_EVENTS
+
+
+def test_the_workers_table_of_a_finished_job_comes_from_its_events():
+    records = [{"event": "worker_registered", "worker": "worker-10#1", "host": "a", "shards": [10]},
+               {"event": "worker_registered", "worker": "worker-2#2", "host": "b", "shards": [2]},
+               {"event": "worker_lost", "worker": "worker-2#2", "reason": "x"},
+               {"event": "worker_restarted", "worker": "worker-2", "restart": 1, "error": "x", "exit": 1},
+               {"event": "worker_registered", "worker": "worker-2#3", "host": "c", "shards": [2]},
+               {"event": "done", "steps": 1, "seconds": 1.0}]
+    table = snapshot.workers_from_log(records)
+    assert [(w["name"], w["state"], w["host"], w["restarts"]) for w in table] == [
+        ("worker-2", "finished", "c", 1), ("worker-10", "finished", "a", 0)]
+
+
+# ------------------------------------------------------------------ images
+
+
+@pytest.mark.parametrize("image", [np.arange(12, dtype=np.uint8).reshape(3, 4),
+                                   np.linspace(-1, 1, 35).reshape(5, 7), np.full((2, 2), 7.0)])
+def test_png_round_trips_the_grey_levels(image):
+    pixels = decode_gray_png(png.encode_gray(image))
+    np.testing.assert_array_equal(pixels, png.to_gray8(image))
+    if image.dtype != np.uint8:
+        assert pixels.min() == 0 and pixels.max() == (255 if np.ptp(image) else 0)
+
+
+def test_png_refuses_what_is_not_an_image():
+    with pytest.raises(ValueError, match="2-D"):
+        png.encode_gray(np.zeros(4))
+    with pytest.raises(ValueError, match="one pixel"):
+        png.encode_gray(np.zeros((0, 3)))
+
+
+def test_filter_tiles_scale_each_filter_and_need_a_square_visible_layer():
+    from dbn.jobs import view
+
+    rng = np.random.default_rng(0)
+    weights = rng.standard_normal((16, 5))
+    tiles = view.filter_tiles(weights)
+    assert tiles.shape == (2 * 5 + 1, 3 * 5 + 1)  # 5 filters of 4x4: 2 rows of 3, 1-pixel borders
+    first = tiles[1:5, 1:5]
+    assert first.min() == 0 and first.max() == 1
+    np.testing.assert_allclose(first.ravel(), (weights[:, 0] - weights[:, 0].min()) / np.ptp(weights[:, 0]))
+    assert view.filter_tiles(rng.standard_normal((15, 3))) is None
+    assert view.filters_of({"rbm.0.weights": weights}).shape == tiles.shape
+    assert view.filters_of({}) is None
+
+
+# ------------------------------------------------------------------ the server
+
+
+def test_the_server_serves_the_page_its_state_and_images_and_nothing_else(tmp_path):
+    log = tmp_path / "log.jsonl"
+    with runlog.RunLog(log) as run:
+        run.write(step(0, 2, "train", samples=4, loss=float("nan"), accuracy=0.5))
+    server = ViewServer(log, job={"name": "j"}, images=lambda: {"pic": np.eye(3)},
+                        spec={"title": "T", "charts": [{"x": "step", "y": ["loss"]}], "images": {"pic": "A picture"}})
+    url = server.start()
+    try:
+        assert url.startswith("http://127.0.0.1:")
+        status, kind, body = get(url)
+        assert status == 200 and kind.startswith("text/html") and b"static/view.js" in body
+        for name in ("view.js", "view.css", "uPlot.iife.min.js", "uPlot.min.css"):
+            assert get(url + "static/" + name)[0] == 200, name
+        status, kind, body = get(url + "api/state")
+        state = json.loads(body)  # strict JSON: the NaN loss is null
+        assert kind == "application/json" and state["title"] == "T"
+        assert state["charts"][0]["series"][0]["y"]["loss"] == [None]
+        assert state["images"] == [{"name": "pic", "title": "A picture"}]
+        with runlog.RunLog(log) as run:  # appended records appear on the next poll
+            run.write(step(1, 2, "train", samples=4, loss=1.0))
+        assert json.loads(get(url + "api/state")[2])["progress"]["steps_done"] == 2
+        status, kind, body = get(url + "images/pic.png")
+        assert status == 200 and kind == "image/png"
+        np.testing.assert_array_equal(decode_gray_png(body), png.to_gray8(np.eye(3)))
+        for bad in ("images/none.png", "static/../server.py", "static/%2e%2e/server.py", "nothing", "api/other"):
+            assert get(url + bad)[0] == 404, bad
+    finally:
+        server.stop()
+
+
+def test_a_torn_line_in_the_log_does_not_break_the_page(tmp_path):
+    log = tmp_path / "log.jsonl"
+    log.write_text(json.dumps(step(0, 2, "a")) + "\n" + "{not json\n")
+    server = ViewServer(log, job={})
+    assert server.state()["progress"]["steps_done"] == 1
+    with open(log, "a") as f:
+        f.write(json.dumps(step(1, 2, "a")) + "\n")
+    assert server.state()["progress"]["steps_done"] == 2
+
+
+def test_to_json_bytes_has_no_nan_and_takes_numpy_scalars():
+    data = json.loads(to_json_bytes({"a": float("inf"), "b": [np.float32(1.5), np.int64(2)], "c": (1, float("nan"))}))
+    assert data == {"a": None, "b": [1.5, 2], "c": [1, None]}
+
+
+# ------------------------------------------------------------------ the master serves it
+
+
+def test_a_running_master_serves_its_page_with_the_live_workers_table(tmp_path):
+    X, y = blobs(400)
+    uris = write_shards(X, y, str(tmp_path / "shards"), 2)
+    job = InProcessJob(tmp_path / "out", uris, workers=2, program=SOFTMAX,
+                       program_config={"n_classes": 3, "epochs": 40}, name="softmax job")
+    try:
+        (ui,) = [r["url"] for r in read_log(tmp_path / "out") if r.get("event") == "ui"]
+        assert ui == job.master.view.url and ui.startswith("http://127.0.0.1:")
+        job.add_worker("worker-0")
+        job.add_worker("worker-1")
+        job.start()
+        job.wait_for(lambda: job.master.current >= 3, what="a few steps")
+        state = json.loads(get(ui + "api/state")[2])
+        assert state["live"] and state["job"]["name"] == "softmax job" and state["job"]["workers"] == 2
+        assert state["job"]["schedule"] == [["train", 40]] and "token" not in json.dumps(state)
+        assert state["progress"]["state"] == "running" and state["progress"]["of"] == 40
+        assert {w["name"] for w in state["workers"]} == {"worker-0", "worker-1"}
+        assert all(w["heartbeat_age_s"] < 5 and w["restarts"] == 0 for w in state["workers"])
+        assert any(w["samples_per_s"] for w in state["workers"])
+        assert state["charts"] and state["charts"][0]["series"]  # the default spec: the program has none
+        job.wait()
+        assert json.loads(get(ui + "api/state")[2])["progress"]["state"] == "done"
+    finally:
+        job.close()
+    with pytest.raises(OSError):
+        urllib.request.urlopen(ui + "api/state", timeout=5)  # closed with the job
+
+
+def test_a_master_without_ui_serves_no_page(tmp_path):
+    X, y = blobs(60)
+    uris = write_shards(X, y, str(tmp_path / "shards"), 1)
+    job = InProcessJob(tmp_path / "out", uris, workers=1, program=SOFTMAX, ui=False)
+    job.run_to_end("worker-0")
+    assert job.master.view is None
+    assert not [r for r in read_log(tmp_path / "out") if r.get("event") == "ui"]
+
+
+def test_dbn_view_serves_a_finished_run_from_its_output_directory(tmp_path, capsys):
+    from dbn.cli import main
+    from dbn.jobs.view import serve_run
+
+    rng = np.random.default_rng(0)
+    X = (rng.random((300, 16)) < 0.3).astype(np.float32)
+    np.savez(tmp_path / "d.npz", X=X, y=rng.integers(0, 2, 300))
+    out = tmp_path / "out"
+    assert main(["train", "--set", f"data.train={tmp_path / 'd.npz'}", "--set", f"data.test={tmp_path / 'd.npz'}",
+                 "--layers", "8", "--epochs", "3", "--finetune-epochs", "2", "--device", "cpu", "--local", "2",
+                 "--out", str(out), "--quiet"]) == 0
+    server = serve_run(out)
+    try:
+        state = json.loads(get(server.url + "api/state")[2])
+        assert not state["live"] and state["progress"]["state"] == "done" and state["progress"]["fraction"] == 1.0
+        recon, loss, errors = state["charts"]
+        assert recon["series"][0]["label"] == "layer 1" and recon["series"][0]["x"] == [1, 2, 3]
+        assert loss["series"][0]["x"] == [1, 2] and len(errors["series"][0]["y"]["train_error"]) == 2
+        assert {w["name"] for w in state["workers"]} == {"worker-0", "worker-1"}
+        assert state["images"][0]["name"] == "filters"
+        assert "checkpoint after step 1" in [e["text"] for e in state["events"]]
+        status, _, body = get(server.url + "images/filters.png")
+        assert status == 200 and decode_gray_png(body).shape == (3 * 5 + 1, 3 * 5 + 1)  # 8 filters of 4x4
+    finally:
+        server.stop()
+    with pytest.raises(FileNotFoundError, match="no log.jsonl"):
+        serve_run(tmp_path)
+    assert main(["view", str(tmp_path / "nowhere")]) == 2
+    assert "no log.jsonl" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ in a real browser
+
+
+@needs_browser
+@pytest.mark.browser
+def test_the_page_in_chromium_follows_a_real_local_run(tmp_path, monkeypatch):
+    """A real local run (master and 2 worker processes), its page in headless Chromium: it loads
+    with no console error, its progress and a curve advance as the job trains, a killed worker
+    shows in its events and table, and its filters load."""
+    side = 12
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 1200)
+    X = (rng.random((1200, side * side)) < np.where(np.arange(side * side) % 3 == y[:, None], 0.7, 0.1))
+    uris = write_shards(X.astype(np.float32), y, str(tmp_path / "shards"), 2)
+    subprocess_env(monkeypatch, delay=0.15)  # about 0.2 s a step: a run of some 25 s
+    config = {"hidden_layers": [32, 16], "pretrain_epochs": 30, "finetune_epochs": 40, "top_layer_epochs": 1,
+              "pretrain_batch_size": 50, "finetune_batch_size": 50, "seed": 0}
+    out = tmp_path / "out"
+    box = {}
+    runner = threading.Thread(target=lambda: box.setdefault("out", run_job(
+        program=SLOW_DBN, program_config=config, shards=uris, workers=2, output=str(out), timeout=240)), daemon=True)
+    runner.start()
+    deadline = time.monotonic() + 60
+    while not (urls := [r["url"] for r in read_log(out) if r.get("event") == "ui"]):
+        assert time.monotonic() < deadline and runner.is_alive(), "the job logged no page address"
+        time.sleep(0.1)
+    driver = start_browser()
+    try:
+        driver.get(urls[0])
+        first = wait_for(driver, "const s = window.liveView.state; return s && s.progress.steps_done >= 3 "
+                                 "&& window.liveView.charts.length && [s.progress.steps_done, "
+                                 "window.liveView.charts[0].points];")
+        assert driver.title.startswith("DBN, hidden layers 32-16")
+        kill_worker(out, "worker-1")
+        wait_for(driver, f"const s = window.liveView.state; return s.progress.steps_done > {first[0]} && "
+                         f"window.liveView.charts[0].points > {first[1]};")
+        wait_for(driver, "return window.liveView.state.events.some(e => e.event === 'worker_restarted') && "
+                         "window.liveView.state.workers.some(w => w.name === 'worker-1' && w.restarts >= 1);")
+        assert driver.execute_script("return document.querySelector('#workers tbody').rows.length") == 2
+        assert wait_for(driver, "const img = document.querySelector('.image img'); "
+                                "return img && img.complete && img.naturalWidth;") == 6 * (side + 1) + 1  # 32 in 6 x 6
+        assert driver.execute_script("return document.getElementById('bar-fill').style.width") != "0%"
+        assert console_errors(driver) == []
+        state = driver.execute_script("return window.liveView.state")
+        assert state["progress"]["state"] == "running" and state["progress"]["remaining_s"] > 0
+        driver.save_screenshot(str(tmp_path / "live-view.png"))
+    finally:
+        driver.quit()
+        runner.join(240)
+    assert box.get("out") == out.resolve()
