@@ -57,5 +57,7 @@ def wait_for(driver, script: str, timeout: float = 60.0, poll: float = 0.25):
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"the page did not satisfy {script!r} within {timeout:.0f} s")
+            text = driver.execute_script("return document.body ? document.body.innerText : ''") or ""
+            raise AssertionError(f"the page at {driver.current_url} did not satisfy {script!r} within "
+                                 f"{timeout:.0f} s; it shows:\n{text[:1500]}")
         time.sleep(poll)

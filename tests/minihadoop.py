@@ -130,6 +130,14 @@ def ensure_jars() -> Path:
 # ---------------------------------------------------------------- the cluster
 
 
+#: Starts with fresh ports when one was taken before the JVM bound it (the picks are only free "now").
+PORT_TRIES = 3
+
+
+class _PortTaken(Exception):
+    """A port picked for the cluster was taken before the JVM bound it."""
+
+
 def _free_ports(n: int) -> list[int]:
     """``n`` distinct TCP ports free on 127.0.0.1 now (held together while picking)."""
     with contextlib.ExitStack() as stack:
@@ -250,12 +258,18 @@ class MiniHadoop:
             raise HadoopError("MiniHadoop already started")
         self._java_home = java_home()
         jars = ensure_jars()
-        self.dir = Path(tempfile.mkdtemp(prefix="minihadoop-", dir=self.base_dir))
-        try:
-            self._start(jars)
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in range(1, PORT_TRIES + 1):
+            self.dir = Path(tempfile.mkdtemp(prefix="minihadoop-", dir=self.base_dir))
+            try:
+                self._start(jars)
+                return self
+            except _PortTaken:  # another process took a port between our pick and the JVM's bind
+                self.stop()
+                if attempt == PORT_TRIES:
+                    raise HadoopError(f"MiniHadoop could not bind its ports in {PORT_TRIES} tries") from None
+            except BaseException:
+                self.stop()
+                raise
         return self
 
     def stop(self) -> None:
@@ -347,6 +361,8 @@ class MiniHadoop:
         deadline = time.monotonic() + self.startup_timeout
         ready = conf / "ready"
         while not ready.is_file():
+            if b"java.net.BindException" in self.log_file.read_bytes():  # the JVM does not exit on it
+                raise _PortTaken()
             if self._proc.poll() is not None:
                 raise HadoopError(f"the MiniHadoop JVM exited with {self._proc.returncode}:\n{self._tail()}")
             if time.monotonic() > deadline:

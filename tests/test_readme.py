@@ -55,3 +55,11 @@ def test_the_dry_run_in_the_readme_runs(capsys, monkeypatch):
     assert ["submit", "examples/yarn.toml", "--dry-run"] in dbn_commands()
     assert main(["submit", "examples/yarn.toml", "--dry-run"]) == 0
     assert "iterreduce.yarn.container master job.json" in capsys.readouterr().out
+
+
+def test_every_image_and_local_link_in_the_readme_exists():
+    targets = re.findall(r"\]\(([^)#\s]+)\)", README)
+    local = [t for t in targets if "://" not in t]
+    assert "docs/live-view.png" in local
+    for target in local:
+        assert (ROOT / target).exists(), target

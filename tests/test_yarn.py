@@ -22,6 +22,7 @@ import pyarrow.fs as pafs
 import pytest
 import skein
 
+from browser import console_errors, needs_browser, start_browser, wait_for
 from dbn import DBN
 from dbn.cli import main
 from iterreduce.yarn import KV_ADDRESS, KV_PROGRESS
@@ -335,6 +336,8 @@ def test_status_follows_the_resourcemanager_and_kill_ends_the_job_killed(yarn, e
     assert 0 < status["progress"] <= 1 and status["record"]["phase"] == "pretrain"
     code, out, _ = dbn(capsys, "status", app_id)
     assert f"{app_id}: RUNNING" in out and "pretrain layer 0" in out
+    live_view = status["live_view"]
+    assert f"  live view: {live_view}" in out and f"/{app_id}/" in live_view and live_view.endswith("/training/")
 
     code, out, _ = dbn(capsys, "logs", app_id)  # a running application: the NodeManager serves its logs
     assert code == 0 and "serving 2 shards" in out, out[-2000:]
@@ -345,6 +348,43 @@ def test_status_follows_the_resourcemanager_and_kill_ends_the_job_killed(yarn, e
     assert "KILLED" in out
     code, _, err = dbn(capsys, "status", "application_1_9999")
     assert code == 2 and "application_1_9999: no such application" in err
+
+
+@needs_browser
+@pytest.mark.browser
+def test_the_live_page_is_reached_through_the_tracking_url_in_a_real_browser(yarn, env_archive, tmp_path, capsys):
+    """The ResourceManager's tracking URL leads to skein's web UI, whose link leads to the job's
+    page through YARN's web proxy: in headless Chromium it loads with no console error, and its
+    progress and curves advance while the job trains."""
+    app_id = submit(capsys, job_file(tmp_path, yarn.hadoop.uri("/user/test/ui"), env=env_archive, epochs=400))
+    yarn.wait_step(app_id, 2)
+    tracking_url = yarn.report(app_id).tracking_url
+    assert tracking_url and app_id in tracking_url
+    driver = start_browser()
+    try:
+        driver.get(tracking_url)
+        link = wait_for(driver, "return [...document.querySelectorAll('a')].find("
+                                "a => a.textContent.includes('Training progress'));")
+        driver.find_element("id", "servicePages").click()  # skein's "Service Pages" menu, then its link
+        wait_for(driver, "return [...document.querySelectorAll('a')].some(a => a.textContent.includes("
+                         "'Training progress') && a.offsetParent !== null);")
+        link.click()
+        first = wait_for(driver, "const s = window.liveView && window.liveView.state; return s && "
+                                 "s.progress.steps_done >= 3 && window.liveView.charts.length && "
+                                 "[s.progress.steps_done, window.liveView.charts[0].points];")
+        assert f"/{app_id}/" in driver.current_url and driver.current_url.endswith("/training/")
+        wait_for(driver, f"const s = window.liveView.state; return s.progress.steps_done > {first[0]} && "
+                         f"window.liveView.charts[0].points > {first[1]};")
+        state = driver.execute_script("return window.liveView.state")
+        assert state["live"] and state["job"]["name"] == "e2e" and state["progress"]["state"] == "running"
+        assert {w["name"] for w in state["workers"]} == {"worker-0", "worker-1"}
+        assert wait_for(driver, "const img = document.querySelector('.image img'); "
+                                "return img && img.complete && img.naturalWidth;") == 4 * (4 + 1) + 1  # 12 filters of 4x4: 4 columns
+        assert console_errors(driver) == []
+    finally:
+        driver.quit()
+        dbn(capsys, "kill", app_id)
+    assert str(yarn.wait(app_id, timeout=60).state) == "KILLED"
 
 
 def test_logs_of_a_finished_job_hold_the_master_and_every_worker(yarn, env_archive, tmp_path, capsys):

@@ -1,5 +1,6 @@
 """The YARN side that needs no cluster: skein specs, `dbn submit --dry-run`, locality, packing."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -8,6 +9,7 @@ import pytest
 import skein
 
 from dbn.cli import main
+from iterreduce.master import MasterConfig
 from iterreduce.yarn.container import attempt_number
 from iterreduce.yarn.envpack import EnvPackError, environment_kind, pack_environment
 from iterreduce.yarn.locality import parse_fsck, slot_hosts
@@ -140,3 +142,20 @@ def test_pack_refuses_an_editable_install_that_the_archive_would_miss(tmp_path):
         pytest.skip("not running in a virtual environment")
     with pytest.raises(EnvPackError, match=r"module 'dbn' is imported from .*outside the environment.*not -e"):
         pack_environment(str(tmp_path / "x.tar.gz"), require=("dbn",))
+
+
+def test_the_yarn_specs_folder_is_what_the_dry_run_makes():
+    """yarn_specs/ holds what `dbn submit examples/yarn.toml --dry-run` sends (regenerate.py),
+    not a copy that drifts: a job file the containers can read, the AM's JVM options."""
+    import importlib.util
+
+    folder = Path(__file__).resolve().parents[1] / "yarn_specs"
+    loader = importlib.util.spec_from_file_location("regenerate", folder / "regenerate.py")
+    module = importlib.util.module_from_spec(loader)
+    loader.loader.exec_module(module)
+    for name, text in module.generate().items():
+        assert (folder / name).read_text() == text, f"{name} is stale: run python yarn_specs/regenerate.py"
+    job = json.loads((folder / "mnist-job.json").read_text())
+    assert MasterConfig.from_dict({**job["master"], "token": ""}).program == "dbn.jobs.program:DBNProgram"
+    spec = skein.ApplicationSpec.from_file(str(folder / "mnist.yaml"))
+    assert "--add-opens=java.base/java.util" in spec.master.env["JAVA_TOOL_OPTIONS"]

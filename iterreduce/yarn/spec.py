@@ -20,6 +20,11 @@ from .envpack import ENV_DIR
 
 JOB_FILE = "job.json"
 
+#: The application master's JVM options. skein 0.8.2's web UI (the tracking URL's page) renders its
+#: list of service pages with mustache.java, which reflects into java.util's map entries: on Java 17+
+#: that fails with HTTP 500 once a page is registered, unless java.util is opened to it.
+AM_JAVA_OPTIONS = "--add-opens=java.base/java.util=ALL-UNNAMED"
+
 
 @dataclass
 class YarnOptions:
@@ -80,7 +85,7 @@ def build_spec(name: str, job_file: str, opts: YarnOptions, device: str = "cpu")
             nodes=list(opts.worker_nodes), relax_locality=bool(opts.worker_nodes))
         master = skein.Master(
             resources=skein.Resources(memory=opts.master_memory, vcores=opts.master_vcores),
-            script=_script(opts, "master"), files=files)
+            script=_script(opts, "master"), files=files, env={"JAVA_TOOL_OPTIONS": AM_JAVA_OPTIONS})
         spec = skein.ApplicationSpec(
             name=name, queue=opts.queue, node_label=opts.node_label, max_attempts=opts.max_attempts,
             file_systems=list(opts.file_systems), tags=list(opts.tags) or ["iterreduce"],
