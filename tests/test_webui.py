@@ -134,8 +134,13 @@ def test_every_runtime_event_reads_as_a_sentence_and_an_unknown_one_as_its_field
     assert texts[0] == "worker-0#1 joined from h with shards [0]" and texts[-1] == "custom: a 1"
     assert not any("{" in t for t in texts)
     assert snapshot.events_of([{"event": "epoch", "phase": "x"}, {"event": "ui", "url": "u"}]) == []
-    many = [{"event": "checkpoint", "step": i, "time": i} for i in range(250)]
-    assert [e["text"] for e in snapshot.events_of(many)][-1] == "checkpoint after step 249"
+    checkpoints = [{"event": "checkpoint", "step": i, "time": i} for i in range(1, 250)]
+    assert [e["text"] for e in snapshot.events_of(checkpoints)] == ["checkpoint after step 249"]  # the newest
+    lost = {"event": "worker_lost", "worker": "w", "reason": "r", "time": 0}
+    texts = [e["text"] for e in snapshot.events_of([checkpoints[0], lost, *checkpoints[1:], lost])]
+    assert texts == ["checkpoint after step 1", "w lost: r", "checkpoint after step 249", "w lost: r"]
+    many = [{**lost, "worker": f"w{i}"} for i in range(250)]
+    assert [e["text"] for e in snapshot.events_of(many)][-1] == "w249 lost: r"
     assert len(snapshot.events_of(many)) == snapshot.MAX_EVENTS
 
 
@@ -293,7 +298,7 @@ def test_dbn_view_serves_a_finished_run_from_its_output_directory(tmp_path, caps
         assert loss["series"][0]["x"] == [1, 2] and len(errors["series"][0]["y"]["train_error"]) == 2
         assert {w["name"] for w in state["workers"]} == {"worker-0", "worker-1"}
         assert state["images"][0]["name"] == "filters"
-        assert "checkpoint after step 1" in [e["text"] for e in state["events"]]
+        assert "checkpoint after step 6" in [e["text"] for e in state["events"]]  # the last of one a step
         status, _, body = get(server.url + "images/filters.png")
         assert status == 200 and decode_gray_png(body).shape == (3 * 5 + 1, 3 * 5 + 1)  # 8 filters of 4x4
     finally:
@@ -302,6 +307,29 @@ def test_dbn_view_serves_a_finished_run_from_its_output_directory(tmp_path, caps
         serve_run(tmp_path)
     assert main(["view", str(tmp_path / "nowhere")]) == 2
     assert "no log.jsonl" in capsys.readouterr().err
+
+
+def test_dbn_view_serves_a_run_trained_in_one_process(tmp_path):
+    from dbn.cli import main
+    from dbn.jobs.view import serve_run
+
+    rng = np.random.default_rng(1)
+    np.savez(tmp_path / "d.npz", X=(rng.random((120, 9)) < 0.4).astype(np.float32), y=rng.integers(0, 2, 120))
+    out = tmp_path / "one"
+    assert main(["train", "--set", f"data.train={tmp_path / 'd.npz'}", "--set", f"data.test={tmp_path / 'd.npz'}",
+                 "--layers", "4", "--epochs", "2", "--finetune-epochs", "3", "--device", "cpu", "--out", str(out),
+                 "--set", "job.name=solo", "--quiet"]) == 0
+    server = serve_run(out)
+    try:
+        state = json.loads(get(server.url + "api/state")[2])
+        assert state["job"]["name"] == "solo" and state["job"]["config"]["hidden_layers"] == [4]
+        recon, loss, _ = state["charts"]
+        assert recon["series"][0]["x"] == [1, 2] and loss["series"][0]["x"] == [1, 2, 3]
+        assert state["workers"] == [] and state["progress"]["steps_done"] == 5
+        assert state["progress"]["state"] == "done" and state["progress"]["fraction"] == 1.0
+        assert decode_gray_png(get(server.url + "images/filters.png")[2]).shape == (2 * 4 + 1, 2 * 4 + 1)
+    finally:
+        server.stop()
 
 
 # ------------------------------------------------------------------ in a real browser

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -217,6 +218,7 @@ def test_submit_from_a_packed_virtualenv_trains_with_data_and_model_on_hdfs(yarn
     assert "packing this Python environment" in done.stderr
     assert f"{app_id}: FINISHED (SUCCEEDED), progress 100 %" in done.stderr
     assert "superstep" in done.stderr  # progress lines while it ran
+    assert re.search(rf"live view: http://\S*/{app_id}/\S*/training/", done.stderr)  # the page, behind YARN's proxy
     archives = list((tmp_path / "home" / ".cache" / "dbn-yarn" / "environments").glob("*.tar.gz"))
     assert len(archives) == 1 and archives[0].stat().st_size > 10_000_000
 

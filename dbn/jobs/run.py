@@ -335,6 +335,7 @@ class InProcess:
                 write({"event": "interrupted", "after": epochs.where, "elapsed": epochs.elapsed()})
                 raise Interrupted(f"after {epochs.where}; no model written; progress so far is in "
                                   f"{out / runlog.LOG_NAME}") from None
+            log.event("done", steps=epochs.count, seconds=epochs.elapsed())  # as a master's log ends (not printed)
         model.save(out / MODEL_FILE)
         return {"n_train": int(X.shape[0]), "pretrain_seconds": pretrain_seconds,
                 "finetune_seconds": epochs.elapsed() - pretrain_seconds, "sync_fraction": None,
@@ -346,6 +347,7 @@ class _EpochRecords:
 
     def __init__(self, write: OnRecord):
         self.write, self.start, self.last, self.where = write, time.perf_counter(), None, "start-up"
+        self.count = 0  # epoch records written
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
@@ -357,6 +359,7 @@ class _EpochRecords:
         seconds = rec["seconds"] - previous
         self.where = (f"pretrain layer {rec['layer'] + 1} epoch {rec['epoch'] + 1}" if rec["phase"] == "pretrain"
                       else f"finetune epoch {rec['epoch'] + 1}")
+        self.count += 1
         self.write({"event": "epoch", **rec, "epoch_seconds": seconds,
                     "samples_per_s": rec["samples"] / seconds if seconds > 0 else None, "elapsed": self.elapsed()})
 

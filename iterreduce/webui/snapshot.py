@@ -160,7 +160,7 @@ def progress_of(records: list[dict], job: dict, spec: dict, now: float | None = 
     start = next((r["time"] for r in records if isinstance(r.get("time"), (int, float))), None)
     last = steps[-1] if steps else next((r for r in reversed(records) if is_progress(r)), None)
     of = steps[-1]["of"] if steps else job.get("steps")
-    done = len(steps)
+    done = len(steps) if steps else sum(1 for r in records if is_progress(r))  # a run in one process: its epochs
     state = ended if ended in ("done", "failed") else "running" if last is not None else "starting"
     fraction = 1.0 if state == "done" else (done / of if of else None)
     end = records[-1]["time"] if state != "running" and records and "time" in records[-1] else now
@@ -192,9 +192,17 @@ def event_text(record: dict) -> str:
 
 
 def events_of(records: list[dict]) -> list[dict]:
-    """The newest :data:`MAX_EVENTS` events worth listing, oldest first."""
-    listed = [{"time": r.get("time"), "event": r["event"], "text": event_text(r)}
-              for r in records if "event" in r and not is_progress(r) and r["event"] not in QUIET_EVENTS]
+    """The newest :data:`MAX_EVENTS` events worth listing, oldest first. Of checkpoints written
+    one after another (one a step) only the newest is listed: they would bury the rest."""
+    listed: list[dict] = []
+    for r in records:
+        if "event" not in r or is_progress(r) or r["event"] in QUIET_EVENTS:
+            continue
+        entry = {"time": r.get("time"), "event": r["event"], "text": event_text(r)}
+        if entry["event"] == "checkpoint" and listed and listed[-1]["event"] == "checkpoint":
+            listed[-1] = entry
+        else:
+            listed.append(entry)
     return listed[-MAX_EVENTS:]
 
 

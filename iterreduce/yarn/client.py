@@ -218,8 +218,12 @@ def follow(client: skein.Client, app_id: str, show) -> Status:
     """Wait for the application to end, calling ``show(line)`` with each new one-line status
     (state, and the newest superstep while it runs); returns the last status."""
     shown: list[str] = []
+    pages: set[str] = set()
 
     def on_status(st: Status) -> None:
+        if st.live_view and st.live_view not in pages:  # once per application master attempt
+            pages.add(st.live_view)
+            show(f"live view: {st.live_view}")
         lines = st.describe().splitlines()
         line = lines[0] + (f" | {lines[1].strip()}" if st.record else "")
         if line not in shown[-1:]:

@@ -3,10 +3,20 @@
 "use strict";
 
 const POLL_MS = 2000;
+const IMAGE_MS = 10000;     // images change slowly: fetched again at most this often
 const COLORS = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563", "#ca8a04"];
 const charts = [];          // {signature, plot, element}
-let lastImageStep = -1;
+let lastImageStep = -1, lastImageTime = 0;
 let failures = 0;
+const drawn = {};           // section -> what it last drew (JSON): unchanged sections are not redrawn
+
+// Calls draw(state) only when key(state) differs from what the section last drew.
+function once(section, value, draw) {
+  const key = JSON.stringify(value);
+  if (drawn[section] === key) return;
+  drawn[section] = key;
+  draw();
+}
 
 window.liveView = { state: null, updates: 0, charts };  // read by the browser test
 
@@ -97,7 +107,7 @@ function renderCharts(state) {
       const opts = {
         width: Math.max(400, Math.min(640, box.clientWidth / 2 - 20)), height: 240,
         scales: { x: { time: false } },
-        axes: [{ label: chart.x }, {}],
+        axes: [{ label: chart.x, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000] }, {}],  // whole epochs
         series: [{ label: chart.x }, ...labels.map((label, k) => ({
           label, stroke: COLORS[k % COLORS.length], width: 1.5, spanGaps: true, points: { show: false },
         }))],
@@ -112,9 +122,11 @@ function renderCharts(state) {
 
 function renderImages(state) {
   const box = $("images");
-  const step = state.progress.steps_done;
-  if (step === lastImageStep && box.childElementCount === state.images.length) return;
+  const step = state.progress.steps_done, now = Date.now();
+  const due = step !== lastImageStep && (now - lastImageTime > IMAGE_MS || state.progress.state !== "running");
+  if (!due && box.childElementCount === state.images.length) return;
   lastImageStep = step;
+  lastImageTime = now;
   box.replaceChildren(...state.images.map(image => {
     const figure = document.createElement("div");
     figure.className = "image";
@@ -151,12 +163,13 @@ function renderEvents(state) {
 }
 
 function render(state) {
-  renderHeader(state);
+  once("header", [state.title, state.job, state.progress.state], () => renderHeader(state));
   renderProgress(state);
-  renderCharts(state);
+  once("charts", state.charts, () => renderCharts(state));
   renderImages(state);
-  renderWorkers(state);
-  renderEvents(state);
+  once("workers", state.workers.map(w => [w.name, w.state, w.host, w.shards, w.restarts,
+    Math.round(w.samples_per_s || 0), Math.round(w.heartbeat_age_s || 0)]), () => renderWorkers(state));
+  once("events", state.events, () => renderEvents(state));
   window.liveView.state = state;
   window.liveView.updates += 1;
 }
