@@ -98,13 +98,16 @@ def run(out: Path, *, client: str, full: bool, screenshot: Path | None = None, a
                 with contextlib.suppress(ValueError, KeyError):
                     master_pid = json.loads((out / "master.json").read_text())["pid"]
             if master_pid is not None:
-                master_cpu = cpu_seconds(master_pid) or master_cpu
+                now = cpu_seconds(master_pid)
+                if now is None and master_cpu is None:  # an earlier run's master.json: read it again
+                    master_pid = None
+                master_cpu = now or master_cpu
             if not ui:
                 continue
             if driver is None and poller is None:
                 match = URL.search(err_path.read_text())
                 if match and client == "browser":
-                    driver = start_browser(height=1700 if screenshot else 1000)
+                    driver = start_browser(height=1250 if screenshot else 1000)
                     driver.get(match.group(1))
                 elif match:
                     poller = threading.Thread(target=lambda: box.setdefault("polls", poll_page(match.group(1), stop)))

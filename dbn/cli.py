@@ -140,13 +140,17 @@ def cmd_view(args) -> int:
 
     from .jobs.view import serve_run
 
-    server = serve_run(args.out, host=args.host, port=args.port)
-    print(f"the page of {args.out}: {server.url}  (Ctrl-C to stop)", flush=True)
+    servers = []
     try:
+        for i, out in enumerate(args.out):  # several runs: a page each, side by side in the browser
+            servers.append(serve_run(out, host=args.host, port=args.port + i if args.port else 0))
+            print(f"the page of {out}: {servers[-1].url}", flush=True)
+        print("Ctrl-C to stop", flush=True)
         while True:
             time.sleep(3600)
     finally:
-        server.stop()
+        for server in servers:
+            server.stop()
 
 
 def cmd_shard(args) -> int:
@@ -276,10 +280,11 @@ def build_parser() -> argparse.ArgumentParser:
                  ("--sweep", {**flag, "help": "three network sizes on 1 and 10 workers: OUT/sweep.md"}), overwrite,
                  json_)
     _flags(p, JOB_FLAGS)
-    _command(sub, "view", [common], "serve the page of a run (its curves, filters and events) from its output "
-             "directory, e.g. after the job", cmd_view,
-             ("out", {"type": Path, "help": "the run's output directory (log.jsonl)"}),
-             ("--port", {"type": int, "default": 0, "help": "port (default: any free one)"}),
+    _command(sub, "view", [common], "serve the page of a finished run (its curves, filters, workers and events) "
+             "from its output directory", cmd_view,
+             ("out", {"type": Path, "nargs": "+", "help": "the run's output directory (log.jsonl); several: a page "
+                                                        "each, to compare them"}),
+             ("--port", {"type": int, "default": 0, "help": "port (the next ones for further runs; default: any free one)"}),
              ("--host", {"default": "127.0.0.1", "help": "address to bind (default 127.0.0.1: this machine only)"}))
     _command(sub, "shard", [common], "cut 'mnist', a .npz (X [, y]) or a .csv ([label]) into Parquet shards",
              cmd_shard, ("source", {"help": "'mnist', FILE.npz or FILE.csv"}),

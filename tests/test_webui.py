@@ -4,13 +4,16 @@ itself in headless Chromium against a real local run."""
 from __future__ import annotations
 
 import json
-import math
+import os
 import struct
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -303,6 +306,17 @@ def test_dbn_view_serves_a_finished_run_from_its_output_directory(tmp_path, caps
         assert status == 200 and decode_gray_png(body).shape == (3 * 5 + 1, 3 * 5 + 1)  # 8 filters of 4x4
     finally:
         server.stop()
+    # The command: a page per run given (to compare runs), until stopped.
+    view = subprocess.Popen([sys.executable, "-m", "dbn.cli", "view", str(out), str(out)], stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    try:
+        urls = [view.stdout.readline().split(": ", 1)[1].strip() for _ in range(2)]
+        assert len(set(urls)) == 2
+        for url in urls:
+            assert json.loads(get(url + "api/state")[2])["progress"]["state"] == "done"
+    finally:
+        view.terminate()
+        view.wait(10)
     with pytest.raises(FileNotFoundError, match="no log.jsonl"):
         serve_run(tmp_path)
     assert main(["view", str(tmp_path / "nowhere")]) == 2

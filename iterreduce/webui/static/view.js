@@ -105,7 +105,7 @@ function renderCharts(state) {
       const next = charts[i + 1];
       box.insertBefore(element, next ? next.element : null);
       const opts = {
-        width: Math.max(400, Math.min(640, box.clientWidth / 2 - 20)), height: 240,
+        width: Math.max(400, Math.min(640, box.parentElement.clientWidth / 2 - 20)), height: 240,
         scales: { x: { time: false } },
         axes: [{ label: chart.x, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000] }, {}],  // whole epochs
         series: [{ label: chart.x }, ...labels.map((label, k) => ({
