@@ -302,8 +302,10 @@ def test_a_killed_application_master_resumes_from_the_newest_checkpoint(yarn, en
     records = yarn.hdfs_json_lines("/user/test/attempts/log.jsonl")
     resumed = [r for r in records if r.get("event") == "resumed"]
     assert len(resumed) == 1 and resumed[0]["step"] >= 4, resumed
-    steps = [r["step"] for r in records if "step" in r and "phase" in r]
-    assert steps[0] == resumed[0]["step"] and steps[-1] == records[-2]["of"] - 1  # only what was left
+    step_records = [r for r in records if "step" in r and "phase" in r]
+    steps = [r["step"] for r in step_records]
+    assert steps[0] == resumed[0]["step"] and steps[-1] == step_records[-1]["of"] - 1  # only what was left
+    assert records[-1]["event"] == "done" and records[-2]["event"] == "checkpoint"
     assert any(p.name.endswith("_02_000001") for p in yarn.hadoop.dir.glob(f"cluster/**/{app_id}/container_*"))
 
 
