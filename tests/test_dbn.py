@@ -243,3 +243,25 @@ def test_per_layer_pretrain_rates_reach_the_rbms(mnist_small):
     assert model.pretrain_learning_rate == [0.2, 0.05]
     shared = DBN([8, 4], pretrain_learning_rate=0.3, pretrain_epochs=1, device="cpu").pretrain(mnist_small[0][:100])
     assert [rbm.learning_rate for rbm in shared.rbms_] == [0.3, 0.3] and shared.pretrain_learning_rate == 0.3
+
+
+def test_finetune_schedule_decays_the_rate_and_ramps_the_momentum():
+    model = DBN([8], finetune_learning_rate=1.0, finetune_lr_decay=0.5, finetune_momentum=0.5,
+                finetune_final_momentum=0.99, finetune_momentum_epochs=10)
+    assert model.finetune_schedule(0) == (1.0, 0.5)
+    rate, momentum = model.finetune_schedule(5)
+    assert rate == 1 / 32 and momentum == pytest.approx(0.745)
+    assert model.finetune_schedule(10)[1] == model.finetune_schedule(50)[1] == 0.99
+    steady = DBN([8], finetune_momentum=0.8)  # no final momentum: the same momentum every epoch
+    assert {steady.finetune_schedule(e) for e in (0, 3, 99)} == {(0.1, 0.8)}
+
+
+@pytest.mark.parametrize("params, named", [
+    (dict(max_norm=-1.0), "max_norm"),
+    (dict(finetune_final_momentum=1.0), "finetune_final_momentum"),
+    (dict(finetune_momentum=1.2), "finetune_momentum"),
+    (dict(finetune_momentum_epochs=-3), "finetune_momentum_epochs"),
+])
+def test_bad_finetune_recipe_values_are_refused_by_name(params, named):
+    with pytest.raises(ValueError, match=named):
+        DBN([8], **params).validate_params()

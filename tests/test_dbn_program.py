@@ -140,3 +140,24 @@ def test_pretrain_only_job_needs_no_labels(tmp_path):
     for layer in range(2):
         for key in ("weights", "hidden_bias", "visible_bias"):
             assert np.array_equal(saved[f"rbm.{layer}.{key}"], expected[f"rbm.{layer}.{key}"]), (layer, key)
+
+
+def test_the_dropout_recipe_reaches_the_workers(tmp_path, mnist_small):
+    """The fine-tuning schedule (decaying rate, rising momentum) and the max-norm bound are
+    the estimator's, step by step, on the workers too."""
+    x_train, y_train = mnist_small[:2]
+    uris = write_shards(x_train[:200], y_train[:200], str(tmp_path / "shards"), 2)
+    config = dict(hidden_layers=[16], pretrain_epochs=1, pretrain_batch_size=25, finetune_epochs=6,
+                  finetune_batch_size=25, finetune_learning_rate=2.0, finetune_lr_decay=0.9, finetune_momentum=0.5,
+                  finetune_final_momentum=0.95, finetune_momentum_epochs=4, max_norm=0.7, dropout=0.5,
+                  top_layer_epochs=1, n_classes=10, seed=0)
+    program = DBNProgram(config)
+    steps = [s for s in program.schedule(shard_info(uris)) if s.phase == "finetune"]
+    assert [(s.info["learning_rate"], s.info["momentum"]) for s in steps] == \
+        [DBN(**{k: v for k, v in config.items() if k != "seed"}).finetune_schedule(e) for e in range(6)]
+    assert [s.info["momentum"] for s in steps][3:] == pytest.approx([0.8375, 0.95, 0.95])
+    model = program.to_model(simulate(DBN_PROGRAM, config, uris))
+    for i, w in enumerate(model.network_.weights):
+        assert np.linalg.norm(w, axis=0).max() <= 0.7 * (1 + 1e-5), f"layer {i}"
+    unbounded = DBNProgram({**config, "max_norm": 0.0}).to_model(simulate(DBN_PROGRAM, {**config, "max_norm": 0.0}, uris))
+    assert max(np.linalg.norm(w, axis=0).max() for w in unbounded.network_.weights) > 0.7

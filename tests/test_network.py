@@ -208,3 +208,35 @@ def test_state_uses_the_flat_names():
     assert not any(bare.get_state()[f"net.{i}.weights_inc"].any() for i in range(3))
     with pytest.raises(KeyError, match="net.1.biases"):
         make_network().set_state({k: v for k, v in state.items() if k != "net.1.biases"})
+
+
+def test_clip_columns_shortens_only_the_long_columns():
+    from dbn.model.network import clip_columns
+
+    rng = np.random.default_rng(3)
+    w = rng.normal(0, 1, (20, 6)).astype(np.float32)
+    w[:, :3] *= 0.01  # norms about 0.045: inside the bound
+    w[:, 3:] *= 10  # norms about 45: outside
+    before = w.copy()
+    clip_columns(w, 2.0)
+    assert np.array_equal(w[:, :3], before[:, :3])  # untouched, bit for bit
+    np.testing.assert_allclose(np.linalg.norm(w[:, 3:], axis=0), 2.0, rtol=1e-6)
+    cosines = np.sum(w[:, 3:] * before[:, 3:], axis=0) / (np.linalg.norm(w[:, 3:], axis=0)
+                                                        * np.linalg.norm(before[:, 3:], axis=0))
+    np.testing.assert_allclose(cosines, 1.0, rtol=1e-6)  # same directions
+    zero = np.zeros((4, 2), np.float32)
+    clip_columns(zero, 1.0)
+    assert not zero.any() and np.isfinite(zero).all()
+
+
+@pytest.mark.parametrize("max_norm", [0.5, 3.0])
+def test_max_norm_bounds_every_units_incoming_weights_while_training(max_norm):
+    net = make_network(scale=2.0)  # columns start far longer than either bound
+    rng = np.random.default_rng(4)
+    x, y = rng.random((60, SIZES[0])), rng.integers(0, SIZES[-1], 60)
+    net.train_epoch(x, y, 0, learning_rate=0.5, momentum=0.9, max_norm=max_norm, batch_size=10, dropout=(0.2, 0.5, 0.5))
+    for i, w in enumerate(net.weights):
+        assert np.linalg.norm(w, axis=0).max() <= max_norm * (1 + 1e-9), f"layer {i}"
+    free = make_network(scale=2.0)
+    free.train_epoch(x, y, 0, learning_rate=0.5, momentum=0.9, batch_size=10, dropout=(0.2, 0.5, 0.5))
+    assert max(np.linalg.norm(w, axis=0).max() for w in free.weights) > 3.0  # the bound did the work

@@ -63,3 +63,22 @@ def test_every_image_and_local_link_in_the_readme_exists():
     assert "docs/live-view.png" in local
     for target in local:
         assert (ROOT / target).exists(), target
+
+
+def test_every_job_setting_is_in_the_readmes_tables():
+    """A key of the job file (every section, the [model] keys generated from DBN's signature)
+    that the README's settings tables leave out is a setting users cannot find."""
+    import dataclasses
+
+    from dbn.jobs.spec import SECTIONS
+
+    documented = set()
+    for line in README.splitlines():
+        if not line.startswith("| `"):
+            continue
+        names = re.findall(r"`([^`]+)`", line.split("|")[1])
+        section = names[0].partition(".")[0] if "." in names[0] else None
+        # "`model.momentum` / `final_momentum`": the later names share the first one's section
+        documented |= {name if "." in name else f"{section}.{name}" for name in names if section}
+    keys = {f"{name}.{field.name}" for name, section in SECTIONS.items() for field in dataclasses.fields(section)}
+    assert not sorted(keys - documented)

@@ -85,10 +85,11 @@ class DBNProgram(Program):
         n = len(self.layers) + 1
         for epoch in range(m.finetune_epochs):
             top_only = epoch < m.top_layer_epochs
+            learning_rate, momentum = m.finetune_schedule(epoch)
             for part in range(parts):
                 yield Step("finetune", {
                     "epoch": epoch, "part": part, "batches": self._ranges(part, parts),
-                    "learning_rate": m.finetune_learning_rate * m.finetune_lr_decay ** epoch,
+                    "learning_rate": learning_rate, "momentum": momentum,
                     "top_only": top_only,
                 }, state.net_names(n, range(n - 1, n) if top_only else None))
 
@@ -315,7 +316,7 @@ class DBNWorker(WorkerProgram):
         order_seed = int(np.random.SeedSequence([m.seed, 10_000, shard.index]).generate_state(1)[0])
         stats = net.train_epoch(
             data, self._labels[shard.index], step.info["epoch"],
-            learning_rate=step.info["learning_rate"], momentum=m.finetune_momentum,
+            learning_rate=step.info["learning_rate"], momentum=step.info["momentum"], max_norm=m.max_norm,
             weight_cost=m.finetune_weight_cost, batch_size=m.finetune_batch_size,
             dropout=[m.input_dropout] + [m.dropout] * len(self.layers),
             train_layers=slice(-1, None) if step.info["top_only"] else slice(None),

@@ -33,9 +33,14 @@ class DBN(Estimator):
         RBM pre-training, see :class:`dbn.model.rbm.RBM`. ``pretrain_learning_rate``
         may be a list with one rate per layer.
     finetune_epochs, finetune_learning_rate, finetune_lr_decay, finetune_momentum,
-    finetune_weight_cost, finetune_batch_size :
+    finetune_final_momentum, finetune_momentum_epochs, finetune_weight_cost, finetune_batch_size :
         SGD with momentum on the cross-entropy; the learning rate is multiplied by
-        ``finetune_lr_decay`` after every epoch.
+        ``finetune_lr_decay`` after every epoch; the momentum rises linearly from
+        ``finetune_momentum`` to ``finetune_final_momentum`` (None: it stays) over the
+        first ``finetune_momentum_epochs`` epochs (see :meth:`finetune_schedule`).
+    max_norm : float
+        Fine-tuning keeps every unit's vector of incoming weights at most this long
+        (Srivastava et al. 2014, with dropout); 0: no constraint.
     top_layer_epochs : int
         Fine-tuning epochs that train only the softmax layer first (Hinton's backprop.m: 5).
     n_classes : int or None
@@ -84,7 +89,10 @@ class DBN(Estimator):
         finetune_learning_rate: float = 0.1,
         finetune_lr_decay: float = 1.0,
         finetune_momentum: float = 0.9,
+        finetune_final_momentum: float | None = None,
+        finetune_momentum_epochs: int = 0,
         finetune_weight_cost: float = 0.0,
+        max_norm: float = 0.0,
         finetune_batch_size: int = 100,
         top_layer_epochs: int = 5,
         n_classes: int | None = None,
@@ -121,11 +129,29 @@ class DBN(Estimator):
         if self.n_classes is not None and not (isinstance(self.n_classes, numbers.Integral) and self.n_classes >= 2):
             raise ValueError(f"n_classes must be an integer of at least 2 (or None: from the labels), "
                              f"got {self.n_classes!r}")
-        for name in ("dropout", "input_dropout", "validation_fraction"):
+        for name in ("dropout", "input_dropout", "validation_fraction", "finetune_momentum"):
             p = getattr(self, name)
             if not 0 <= p < 1:
                 raise ValueError(f"{name} must be in [0, 1), got {p!r}")
+        final = self.finetune_final_momentum
+        if final is not None and not 0 <= final < 1:
+            raise ValueError(f"finetune_final_momentum must be in [0, 1) or None, got {final!r}")
+        if not isinstance(self.finetune_momentum_epochs, numbers.Integral) or self.finetune_momentum_epochs < 0:
+            raise ValueError(f"finetune_momentum_epochs must be a non-negative integer, "
+                             f"got {self.finetune_momentum_epochs!r}")
+        if not self.max_norm >= 0:
+            raise ValueError(f"max_norm must be >= 0 (0: no constraint), got {self.max_norm!r}")
         return self
+
+    def finetune_schedule(self, epoch: int) -> tuple[float, float]:
+        """(learning rate, momentum) of fine-tuning epoch ``epoch`` (from 0): the rate decays
+        by ``finetune_lr_decay`` an epoch; the momentum rises linearly from ``finetune_momentum``
+        to ``finetune_final_momentum`` over ``finetune_momentum_epochs`` epochs, then stays."""
+        rate = self.finetune_learning_rate * self.finetune_lr_decay ** epoch
+        start, final, ramp = self.finetune_momentum, self.finetune_final_momentum, self.finetune_momentum_epochs
+        if final is None:
+            return rate, start
+        return rate, final if epoch >= ramp else start + (final - start) * epoch / ramp
 
     def _pretrain_rates(self) -> list:
         """One pre-training learning rate per hidden layer."""
@@ -217,10 +243,10 @@ class DBN(Estimator):
         start = time.perf_counter()
         for epoch in range(self.finetune_epochs):
             top_only = epoch < self.top_layer_epochs
+            learning_rate, momentum = self.finetune_schedule(epoch)
             stats = net.train_epoch(
                 X_train, y_train_dev, epoch,
-                learning_rate=self.finetune_learning_rate * self.finetune_lr_decay ** epoch,
-                momentum=self.finetune_momentum,
+                learning_rate=learning_rate, momentum=momentum, max_norm=self.max_norm,
                 weight_cost=self.finetune_weight_cost,
                 batch_size=self.finetune_batch_size,
                 dropout=dropout,

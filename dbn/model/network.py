@@ -27,6 +27,12 @@ class FinetuneStats:
     train_error: float  # fraction misclassified in those minibatches
 
 
+def clip_columns(w, max_norm: float, xp=np) -> None:
+    """In place: scale every column of ``w`` longer than ``max_norm`` (Euclidean) back to it."""
+    norms = xp.sqrt(xp.einsum("ij,ij->j", w, w))
+    w *= xp.minimum(1, max_norm / xp.maximum(norms, xp.finfo(w.dtype).tiny)).astype(w.dtype)
+
+
 class Network:
     """Sigmoid hidden layers and a softmax output layer, trained by SGD with momentum.
 
@@ -166,6 +172,7 @@ class Network:
         learning_rate: float,
         momentum: float,
         weight_cost: float = 0.0,
+        max_norm: float = 0.0,
         batch_size: int = 100,
         dropout=(),
         train_layers: slice = slice(None),
@@ -178,7 +185,9 @@ class Network:
         integer labels ``y`` (n,) are on the device, or on the host for streamed ``X``. Only the
         layers in ``train_layers`` are updated (Hinton trains the softmax layer
         alone for the first epochs). The shuffle depends only on (seed, epoch).
-        Each step is ``inc = momentum * inc - lr * (grad + weight_cost * W)``, ``W += inc``.
+        Each step is ``inc = momentum * inc - lr * (grad + weight_cost * W)``, ``W += inc``;
+        with ``max_norm`` every column of ``W`` (a unit's incoming weights) longer than it is
+        then scaled back to that length.
         """
         be, xp = self.backend, self.backend.xp
         n = X.shape[0]
@@ -203,5 +212,7 @@ class Network:
             for j in layers:
                 be.momentum_step(self.weights[j], self.weights_inc[j], steps_w[j], momentum, learning_rate * weight_cost)
                 be.momentum_step(self.biases[j], self.biases_inc[j], steps_b[j], momentum)
+                if max_norm:
+                    clip_columns(self.weights[j], max_norm, xp)
         n_seen = len(batches) * batch
         return FinetuneStats(epoch, n_seen, float(total_loss) / max(n_seen, 1), int(errors) / max(n_seen, 1))
