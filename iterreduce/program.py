@@ -182,17 +182,20 @@ MASTER_ONLY = "master."  # parameters with this prefix stay on the master (check
 
 
 def block_momentum_average(parameters: Arrays, updates: list[Update], names, momentum: float,
-                           plain=()) -> Arrays:
+                           plain=(), block_learning_rate: float = 1.0) -> Arrays:
     """Average, then move by a momentum over the per-sync deltas (BMUF, Chen & Huo 2016).
 
     Averaging N workers' k local steps makes about k steps of an N-times larger batch
-    per sync: N-fold fewer sequential updates than one process. Block momentum
-    ``m`` (about 1 - 1/N) restores the pace: delta = m * delta_prev + (mean - current).
-    The previous delta is kept as a master-only array. Names in ``plain`` (e.g.
-    optimizer state) are only averaged. ``momentum=0`` is the plain weighted average.
+    per sync: N-fold fewer sequential updates than one process. BMUF restores the pace:
+    ``delta = momentum * delta_prev + block_learning_rate * (mean - current)``, then
+    ``current += delta``. Block momentum ``m`` (about 1 - 1/N) does it in the steady state,
+    after about 1/(1 - m) syncs; a block learning rate above 1 scales every sync's step
+    at once. The previous delta is kept as a master-only array. Names in ``plain`` (e.g.
+    optimizer state) are only averaged. ``momentum=0`` and ``block_learning_rate=1`` is the
+    plain weighted average.
     """
     mean = weighted_average(updates, names)
-    if not momentum:
+    if not momentum and block_learning_rate == 1:
         return mean
     result = {}
     for name in names:
@@ -201,9 +204,12 @@ def block_momentum_average(parameters: Arrays, updates: list[Update], names, mom
             continue
         key = f"{MASTER_ONLY}block_delta.{name}"
         delta = mean[name].astype(np.float64) - parameters[name]
-        if key in parameters:
+        if block_learning_rate != 1:
+            delta *= block_learning_rate
+        if momentum and key in parameters:
             delta += momentum * parameters[key]
-        result[key] = delta.astype(np.float32)
+        if momentum:
+            result[key] = delta.astype(np.float32)
         result[name] = (parameters[name] + delta).astype(parameters[name].dtype)
     return result
 

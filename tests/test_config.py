@@ -191,6 +191,12 @@ def test_cluster_section_defaults_to_one_process_and_validates(tmp_path):
         load_spec(job)
     with pytest.raises(ConfigError, match="unknown key 'worker'"):
         load_spec(None, {"cluster.worker": "3"})
+    for key, bad in (("block_momentum", "1"), ("pretrain_block_momentum", "-0.1"),
+                     ("block_learning_rate", "0"), ("pretrain_block_learning_rate", "-2")):
+        with pytest.raises(ConfigError, match=rf"\[cluster\] {key}: must be"):
+            load_spec(None, {f"cluster.{key}": bad})
+    spec = load_spec(None, {"cluster.block_learning_rate": "3", "cluster.workers": "2"})
+    assert spec.program_config()["block_learning_rate"] == 3.0
 
 
 def test_yarn_section_reads_strings_lists_and_checks_counts(tmp_path):

@@ -447,6 +447,26 @@ def test_block_momentum_average_accelerates_a_steady_direction():
     np.testing.assert_allclose(second[f"{MASTER_ONLY}block_delta.w"], 1.9)
 
 
+def test_block_learning_rate_scales_each_syncs_step_at_once():
+    from iterreduce.program import MASTER_ONLY, block_momentum_average
+
+    params = {"w": np.full(3, 2, np.float32), "w_inc": np.zeros(3, np.float32)}
+    ups = [Update(0, 10, {"w": params["w"] + 1, "w_inc": np.ones(3, np.float32)}),
+           Update(1, 10, {"w": params["w"] + 3, "w_inc": np.ones(3, np.float32)})]
+    # Without momentum: the mean moved +2, the block learning rate 5 moves +10; no state kept.
+    scaled = block_momentum_average(params, ups, ["w", "w_inc"], 0.0, plain=["w_inc"], block_learning_rate=5.0)
+    assert set(scaled) == {"w", "w_inc"}
+    np.testing.assert_allclose(scaled["w"], 2 + 10)
+    np.testing.assert_allclose(scaled["w_inc"], 1.0)  # optimizer state: only averaged, never scaled
+    # With momentum the scaled step is what the momentum remembers.
+    first = block_momentum_average(params, ups, ["w"], 0.5, block_learning_rate=2.0)
+    np.testing.assert_allclose(first["w"], 2 + 4)
+    np.testing.assert_allclose(first[f"{MASTER_ONLY}block_delta.w"], 4)
+    params.update(first)
+    second = block_momentum_average(params, [Update(0, 1, {"w": params["w"] + 1})], ["w"], 0.5, block_learning_rate=2.0)
+    np.testing.assert_allclose(second["w"], 6 + 2 + 0.5 * 4)
+
+
 # ------------------------------------------------------------- master config and entry point
 
 

@@ -165,10 +165,12 @@ class DBNProgram(Program):
             return {name: state.logit(mean).astype(np.float32)}
         # Block momentum speeds up fine-tuning only: in CD pre-training it compounded with the
         # RBMs' own momentum of 0.9 and slowed convergence (MNIST, 10 workers, measured).
-        key = "block_momentum" if step.phase == "finetune" else "pretrain_block_momentum"
-        momentum = float(self.config.get(key) or 0.0)
+        prefix = "" if step.phase == "finetune" else "pretrain_"
+        momentum = float(self.config.get(f"{prefix}block_momentum") or 0.0)
+        rate = float(self.config.get(f"{prefix}block_learning_rate") or 1.0)
         increments = [name for name in step.arrays if state.is_increment(name)]
-        return block_momentum_average(parameters, updates, step.arrays, momentum, plain=increments)
+        return block_momentum_average(parameters, updates, step.arrays, momentum, plain=increments,
+                                      block_learning_rate=rate)
 
     def evaluate(self, step, parameters):
         """Validation error after each fine-tuning epoch, when ``config["validation"]`` names

@@ -113,6 +113,8 @@ class ClusterSection:
     float16_wire: bool = False  # send parameters as float16 (half the bytes, not bit-exact)
     block_momentum: float = 0.0  # fine-tuning: momentum over the averaged per-sync deltas (BMUF); 0: plain averaging
     pretrain_block_momentum: float = 0.0  # the same for RBM pre-training (0: plain averaging)
+    block_learning_rate: float = 1.0  # fine-tuning: each sync moves this many times the averaged delta (BMUF's zeta)
+    pretrain_block_learning_rate: float = 1.0  # the same for RBM pre-training
     validation: str | None = None  # a labelled Parquet shard the master scores after each fine-tuning epoch
     stream: str = "auto"  # workers' data: "auto" streams it from local disk when it would not fit in memory; "always"; "never"
     reduce: str = "auto"  # who averages the updates: "master"; "workers" (each its rows); "auto": workers on YARN from 8 workers
@@ -268,7 +270,8 @@ class JobSpec:
         params = {k: v for k, v in self.dbn_params().items() if k != "device"}
         c = self.cluster
         return {**params, "sync_every": c.sync_every, "block_momentum": c.block_momentum,
-                "pretrain_block_momentum": c.pretrain_block_momentum, "validation": c.validation,
+                "pretrain_block_momentum": c.pretrain_block_momentum, "block_learning_rate": c.block_learning_rate,
+                "pretrain_block_learning_rate": c.pretrain_block_learning_rate, "validation": c.validation,
                 "stream": stream}
 
 
@@ -385,6 +388,8 @@ def _check(origin: str, section: str, key: str, value, parse_strings: bool = Fal
         raise ConfigError(f"{where} {key}: must be >= 1, got {value!r}")
     if key in ("block_momentum", "pretrain_block_momentum") and not 0 <= value < 1:
         raise ConfigError(f"{where} {key}: must be in [0, 1), got {value!r}")
+    if key in ("block_learning_rate", "pretrain_block_learning_rate") and not value > 0:
+        raise ConfigError(f"{where} {key}: must be > 0 (1: the plain average's step), got {value!r}")
     if key == "heartbeat_timeout" and value <= 0:
         raise ConfigError(f"{where} {key}: must be a positive number of seconds, got {value!r}")
     if key == "limit" and value is not None and value < 1:
