@@ -1,0 +1,822 @@
+"""Tables as Spark and Hive write them, read in place: a directory of Parquet or ORC files,
+hive-partitioned (``year=2024/country=NL/part-...``) or not, or one file, at any URI
+:func:`~iterreduce.shards.filesystem` reaches (plain paths, ``file://``, ``hdfs://``, ``s3://``).
+
+The steps, one function each:
+
+- :func:`open_dataset` finds the data files, skipping Spark's and Hadoop's side files;
+- :func:`resolve` checks a :class:`TableSource` against the schema before any data is read;
+- :func:`pieces` cuts the table into work units (a Parquet row group, or an ORC file), plain
+  data a master can send, and :func:`assign` balances them among workers by rows;
+- :func:`read_piece` reads one as float32 features (rows x features) and int64 classes;
+- :func:`label_classes` builds the :class:`LabelMap` from the label column, and
+  :class:`FeatureStats` gathers mergeable per-feature statistics for a :class:`Scaler`.
+
+Errors found in the data (a missing or non-numeric column, a null, a ragged array) are
+:class:`~iterreduce.exceptions.ShardError` naming the file, column and row; errors in the
+source as written (an unknown key, a filter that is not allowed) are :class:`TableError`.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import difflib
+import fnmatch
+import functools
+import heapq
+import operator
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from .exceptions import IterReduceError, ShardError
+from .shards import filesystem
+
+FORMATS = ("parquet", "orc")
+#: Names of Spark's and Hadoop's side files and folders (_SUCCESS, _committed_*, _started_*,
+#: _temporary/, .part-*.crc): never data, and _temporary/ holds unfinished writes.
+SIDE_FILE_PREFIXES = ("_", ".")
+GLOB_CHARS = "*?["
+#: The fields of a Spark ML vector as Spark stores it: type 1 dense (``values`` holds every
+#: entry), type 0 sparse (``size`` entries, the nonzero ``values`` at ``indices``).
+VECTOR_FIELDS = frozenset({"type", "size", "indices", "values"})
+ROW = "__row_in_file"  # the column read_piece adds: each row's index in its file, for errors
+
+
+class TableError(IterReduceError, ValueError):
+    """A table source that cannot be used as written: an unknown key, a bad value, or a
+    filter expression that is not allowed. (What is wrong in the data is a ShardError.)"""
+
+
+# ------------------------------------------------------------------ the source
+
+
+@dataclass(frozen=True)
+class TableSource:
+    """Where a table is and which columns to train on.
+
+    ``features``: a list of column names, or one string: a glob such as ``"pixel_*"`` over the
+    stored (non-partition) columns other than the label, in schema order, or one column name.
+    A column gives one feature (int, float or bool) or several (a list of numbers, or a Spark
+    ML vector). ``label``: the class column (integers or strings), None for unlabelled data.
+    ``filter``: the rows to keep, e.g. ``"year >= 2020 and country == 'NL'"`` (:func:`parse_filter`).
+    """
+
+    uri: str
+    features: str | tuple[str, ...]
+    label: str | None = None
+    format: str = "parquet"
+    filter: str | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.uri, str) or not self.uri:
+            raise TableError(f"table source: 'uri' must be a non-empty string, got {self.uri!r}")
+        if self.format not in FORMATS:
+            raise TableError(f"table source: 'format' = {self.format!r}: expected one of "
+                             f"{', '.join(map(repr, FORMATS))}")
+        features = self.features
+        if isinstance(features, (list, tuple)):
+            if not features or not all(isinstance(f, str) and f for f in features):
+                raise TableError(f"table source: 'features' must be a non-empty list of column names, "
+                                 f"got {list(features)!r}")
+            twice = sorted({f for f in features if features.count(f) > 1})
+            if twice:
+                raise TableError(f"table source: 'features' names {', '.join(map(repr, twice))} twice")
+            object.__setattr__(self, "features", tuple(features))  # frozen, so a tuple
+        elif not isinstance(features, str) or not features:
+            raise TableError(f"table source: 'features' must be a column name, a glob such as 'pixel_*' "
+                             f"or a list of column names, got {features!r}")
+        if self.label is not None and (not isinstance(self.label, str) or not self.label):
+            raise TableError(f"table source: 'label' must be a column name or absent, got {self.label!r}")
+        if self.label is not None and self.label in (self.features if isinstance(self.features, tuple)
+                                                     else (self.features,)):
+            raise TableError(f"table source: column {self.label!r} is both the 'label' and a feature")
+        if self.filter is not None:
+            if not isinstance(self.filter, str):
+                raise TableError(f"table source: 'filter' must be a string expression, got {self.filter!r}")
+            parse_filter(self.filter)
+
+    def to_dict(self) -> dict:
+        """The fields as a JSON-friendly dict (what :meth:`from_dict` reads back)."""
+        d = dataclasses.asdict(self)
+        if isinstance(self.features, tuple):
+            d["features"] = list(self.features)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TableSource:
+        """A source from a dict such as a job file's table; raises :class:`TableError` naming an
+        unknown, missing or bad key (a typo must not be silently ignored)."""
+        if not isinstance(d, dict):
+            raise TableError(f"table source: expected a mapping of keys, got {type(d).__name__}")
+        known = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(d) - set(known))
+        if unknown:
+            raise TableError(f"table source: unknown key{'s' if len(unknown) > 1 else ''} "
+                             f"{', '.join(map(repr, unknown))} (keys: {', '.join(known)})")
+        missing = [key for key in ("uri", "features") if key not in d]
+        if missing:
+            raise TableError(f"table source: missing key{'s' if len(missing) > 1 else ''} "
+                             f"{', '.join(map(repr, missing))}")
+        return cls(**d)
+
+
+# ------------------------------------------------------------------ filters
+
+_COMPARISONS = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt,
+                ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge}
+_FILTER_HELP = ("a filter compares columns with literals (year >= 2020, country != 'NL', "
+                "day in ('2024-01-01', '2024-01-02')), joined by and, or, not")
+
+
+def parse_filter(text: str) -> ds.Expression:
+    """The ``pyarrow.dataset`` expression of a filter such as ``"year >= 2020 and country ==
+    'NL'"``. Only comparisons (``== != < <= > >=``, chained too), ``in`` / ``not in`` a literal
+    tuple or list, ``and``, ``or``, ``not``, column names and literals (strings, numbers,
+    booleans) are allowed; anything else raises :class:`TableError` naming the part. The text
+    is parsed, never evaluated."""
+    return _FilterParser(text).parse()[0]
+
+
+def filter_columns(text: str) -> list[str]:
+    """The column names a filter reads, in order of first use."""
+    return _FilterParser(text).parse()[1]
+
+
+class _FilterParser:
+    def __init__(self, text: str):
+        self.text = text.strip()  # Python refuses leading blanks in an expression
+        self.columns: list[str] = []
+
+    def parse(self) -> tuple[ds.Expression, list[str]]:
+        try:
+            tree = ast.parse(self.text, mode="eval")
+        except SyntaxError as exc:
+            raise TableError(f"filter {self.text!r}: not an expression ({exc.msg}); {_FILTER_HELP}") from None
+        return self.condition(tree.body), list(dict.fromkeys(self.columns))
+
+    def condition(self, node: ast.AST) -> ds.Expression:
+        if isinstance(node, ast.BoolOp):
+            join = operator.and_ if isinstance(node.op, ast.And) else operator.or_
+            return functools.reduce(join, [self.condition(value) for value in node.values])
+        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+            return ~self.condition(node.operand)
+        if isinstance(node, ast.Compare):  # a < b < c is a < b and b < c, as in Python
+            lefts = [node.left, *node.comparators[:-1]]
+            return functools.reduce(operator.and_, [self.comparison(left, op, right) for left, op, right
+                                                    in zip(lefts, node.ops, node.comparators)])
+        raise self.not_allowed(node, "expected a comparison, 'and', 'or' or 'not'")
+
+    def comparison(self, left: ast.AST, op: ast.cmpop, right: ast.AST) -> ds.Expression:
+        if isinstance(op, (ast.In, ast.NotIn)):
+            if not isinstance(left, ast.Name):
+                raise self.not_allowed(left, "expected a column name before 'in'")
+            test = self.operand(left).isin(self.literals(right))
+            return ~test if isinstance(op, ast.NotIn) else test
+        if type(op) not in _COMPARISONS:  # is, is not: operators carry no source position
+            word = {ast.Is: "is", ast.IsNot: "is not"}.get(type(op), type(op).__name__)
+            raise TableError(f"filter {self.text!r}: {word!r} is not allowed (comparisons are == != < <= > >=); "
+                             f"{_FILTER_HELP}")
+        return _COMPARISONS[type(op)](self.operand(left), self.operand(right))
+
+    def operand(self, node: ast.AST) -> ds.Expression:
+        if isinstance(node, ast.Name):
+            self.columns.append(node.id)
+            return pc.field(node.id)
+        return pc.scalar(self.literal(node))
+
+    def literal(self, node: ast.AST):
+        negative = isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub)
+        value_node = node.operand if negative else node
+        if isinstance(value_node, ast.Constant):
+            value = value_node.value
+            if type(value) in ((int, float) if negative else (str, int, float, bool)):
+                return -value if negative else value
+        raise self.not_allowed(node, "expected a column name or a literal string, number or boolean")
+
+    def literals(self, node: ast.AST) -> list:
+        if not isinstance(node, (ast.Tuple, ast.List)) or not node.elts:
+            raise self.not_allowed(node, "expected a non-empty tuple or list of literals after 'in'")
+        values = [self.literal(element) for element in node.elts]
+        if len({str if isinstance(v, str) else bool if isinstance(v, bool) else float for v in values}) > 1:
+            raise self.not_allowed(node, "the values of an 'in' list must be all strings, all numbers or all booleans")
+        return values
+
+    def not_allowed(self, node: ast.AST, hint: str) -> TableError:
+        part = ast.get_source_segment(self.text, node) or type(node).__name__
+        return TableError(f"filter {self.text!r}: {part!r} is not allowed here ({hint}); {_FILTER_HELP}")
+
+
+# ------------------------------------------------------------------ opening and checking
+
+
+def open_dataset(source: TableSource) -> ds.FileSystemDataset:
+    """The table at ``source.uri`` as a ``pyarrow.dataset``: its data files (Spark's and
+    Hadoop's side files skipped) and hive partition folders (``key=value``) as columns."""
+    fs, path = filesystem(source.uri)
+    try:
+        # exclude_invalid_files would open every file while listing (slow on HDFS): side files are
+        # skipped by name instead, and a file that is not Parquet/ORC fails when read, named.
+        dataset = ds.dataset(path, filesystem=fs, format=source.format, partitioning="hive",
+                             ignore_prefixes=list(SIDE_FILE_PREFIXES), exclude_invalid_files=False)
+    except FileNotFoundError:
+        raise ShardError(f"{source.uri}: no such file or directory") from None
+    except (OSError, pa.ArrowException) as exc:
+        raise ShardError(f"{source.uri}: cannot open as a {source.format} table ({type(exc).__name__}: {exc})") from exc
+    if not dataset.files:
+        raise ShardError(f"{source.uri}: no data files (side files, whose names start with "
+                         f"{' or '.join(map(repr, SIDE_FILE_PREFIXES))}, are skipped)")
+    return dataset
+
+
+def resolve(source: TableSource, dataset: ds.FileSystemDataset) -> TableSource:
+    """``source`` with its features as the list of columns they name in ``dataset`` (a glob
+    expanded in schema order), after checking, before any data is read, that every feature is
+    numeric, the label integer or string, and the filter's columns there and comparable.
+    Workers given the resolved source read the same columns from every piece."""
+    stored = [name for name in dataset.schema.names if name not in _partition_names(dataset)]
+
+    def found_in(name: str) -> str:
+        if name not in stored:
+            return "a partition column, from the folder names"
+        return f"in {_file_with_column(dataset, name)}"
+
+    names = _feature_columns(source, dataset.schema, stored, source.uri, found_in)
+    if source.label is not None:
+        _check_label(dataset.schema, source.label, source.uri, found_in)
+    if source.filter is not None:
+        _check_filter(source.filter, dataset.schema, source.uri)
+    return dataclasses.replace(source, features=tuple(names))
+
+
+def _partition_names(dataset: ds.FileSystemDataset) -> list[str]:
+    partitioning = dataset.partitioning
+    return partitioning.schema.names if partitioning is not None else []
+
+
+def _file_with_column(dataset: ds.FileSystemDataset, name: str) -> str:
+    """The first file (by path) whose own schema has column ``name`` of the table's type."""
+    wanted = dataset.schema.field(name).type
+    for fragment in sorted(dataset.get_fragments(), key=lambda f: f.path):
+        schema = fragment.physical_schema
+        if name in schema.names and schema.field(name).type == wanted:
+            return fragment.path
+    return dataset.files[0]
+
+
+def _feature_columns(source: TableSource, schema: pa.Schema, stored: list[str], where: str,
+                     found_in=lambda name: "") -> list[str]:
+    """The feature columns of ``source`` in ``schema``, each checked to be numeric: a glob is
+    matched against ``stored`` (the file's own columns), leaving out the label."""
+    if isinstance(source.features, tuple):
+        names = list(source.features)
+    elif any(char in source.features for char in GLOB_CHARS):
+        names = [name for name in stored if fnmatch.fnmatchcase(name, source.features) and name != source.label]
+        if not names:
+            raise ShardError(f"{where}: no column matches features = {source.features!r} "
+                             f"({_some_columns(stored)})")
+    else:
+        names = [source.features]
+    for name in names:
+        kind = _feature_kind(_column_type(schema, name, where))
+        if kind is None:
+            found = found_in(name)
+            raise ShardError(f"{where}: feature column {name!r} is {schema.field(name).type}"
+                             f"{f' ({found})' if found else ''}: features must be numbers (int, float, bool), "
+                             f"lists of numbers, or Spark ML vectors")
+    return names
+
+
+def _column_type(schema: pa.Schema, name: str, where: str) -> pa.DataType:
+    if name not in schema.names:
+        close = difflib.get_close_matches(name, schema.names, n=3)
+        hint = (f"did you mean {' or '.join(map(repr, close))}?" if close else _some_columns(schema.names))
+        raise ShardError(f"{where}: no column {name!r} ({hint})")
+    return schema.field(name).type
+
+
+def _some_columns(names: list[str], shown: int = 10) -> str:
+    listed = ", ".join(names[:shown]) + (f", ... ({len(names)} in all)" if len(names) > shown else "")
+    return f"columns: {listed}" if names else "no columns"
+
+
+def _is_number(type_: pa.DataType) -> bool:
+    return pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_boolean(type_)
+
+
+def _is_list(type_: pa.DataType) -> bool:
+    return pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_)
+
+
+def _feature_kind(type_: pa.DataType) -> str | None:
+    """"scalar" (one feature), "array" (a list of numbers), "vector" (a Spark ML vector) or
+    None for a type that holds no features."""
+    if _is_number(type_):
+        return "scalar"
+    if _is_list(type_) and _is_number(type_.value_type):
+        return "array"
+    if pa.types.is_struct(type_) and {type_.field(i).name for i in range(type_.num_fields)} == VECTOR_FIELDS:
+        parts = {name: type_.field(name).type for name in VECTOR_FIELDS}
+        if (pa.types.is_integer(parts["type"]) and pa.types.is_integer(parts["size"])
+                and _is_list(parts["indices"]) and pa.types.is_integer(parts["indices"].value_type)
+                and _is_list(parts["values"]) and _is_number(parts["values"].value_type)):
+            return "vector"
+    return None
+
+
+def _is_label_type(type_: pa.DataType) -> bool:
+    if pa.types.is_dictionary(type_):  # categorical: judged by its values
+        type_ = type_.value_type
+    return pa.types.is_integer(type_) or pa.types.is_string(type_) or pa.types.is_large_string(type_)
+
+
+def _check_label(schema: pa.Schema, name: str, where: str, found_in=lambda name: "") -> None:
+    type_ = _column_type(schema, name, where)
+    if not _is_label_type(type_):
+        found = found_in(name)
+        raise ShardError(f"{where}: label column {name!r} is {type_}{f' ({found})' if found else ''}: "
+                         f"labels must be integers or strings (one value per class)")
+
+
+def _check_filter(text: str, schema: pa.Schema, where: str) -> None:
+    """Refuse a filter on a column ``schema`` lacks or comparing values of other types."""
+    expression, columns = _FilterParser(text).parse()
+    for name in columns:
+        _column_type(schema, name, f"{where}: filter {text!r}")
+    try:  # pyarrow checks the types when it evaluates: on no rows, that is all it does
+        schema.empty_table().filter(expression)
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+        types = ", ".join(f"{name} is {schema.field(name).type}" for name in columns)
+        raise ShardError(f"{where}: filter {text!r} compares values of different types ({types}): {exc}") from None
+
+
+# ------------------------------------------------------------------ pieces
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A unit of work: one row group of a Parquet file, or a whole ORC file. Plain data
+    (:meth:`to_dict`) so a master can send it to a worker."""
+
+    path: str                  # the file, as the table's file system names it
+    row_group: int | None      # the Parquet row group; None: the whole file
+    start: int                 # the piece's first row within its file (errors name rows in the file)
+    rows: int                  # its rows as stored (a filter on stored columns may keep fewer)
+    partition: tuple = ()      # ((column, arrow type name, value or None), ...) from the folder names
+
+    def to_dict(self) -> dict:
+        """The piece as JSON-friendly data (what :meth:`from_dict` reads back)."""
+        return {"path": self.path, "row_group": self.row_group, "start": self.start, "rows": self.rows,
+                "partition": [list(p) for p in self.partition]}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Piece:
+        """The piece :meth:`to_dict` wrote."""
+        return cls(d["path"], d["row_group"], d["start"], d["rows"], tuple(tuple(p) for p in d["partition"]))
+
+
+def pieces(dataset: ds.FileSystemDataset, filter: str | None = None) -> list[Piece]:
+    """The pieces of ``dataset``, sorted by path then row group, leaving out files whose
+    partition folders ``filter`` rules out, and pieces with no rows. Reads only the footers."""
+    expression = parse_filter(filter) if filter else None
+    partition_fields = list(dataset.partitioning.schema) if dataset.partitioning is not None else []
+    try:
+        fragments = sorted(dataset.get_fragments(filter=expression), key=lambda f: f.path)
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+        raise ShardError(f"filter {filter!r} cannot be applied to this table: {exc}") from None
+    found = []
+    for fragment in fragments:
+        keys = ds.get_partition_keys(fragment.partition_expression)
+        partition = tuple((f.name, str(f.type), keys.get(f.name)) for f in partition_fields)
+        start = 0
+        for group, rows in enumerate(_row_groups(fragment)):
+            if rows:
+                found.append(Piece(fragment.path, group if isinstance(fragment, ds.ParquetFileFragment) else None,
+                                   start, rows, partition))
+            start += rows
+    return found
+
+
+def _row_groups(fragment: ds.FileFragment) -> list[int]:
+    """The rows of each row group of a Parquet file; of the whole file for other formats."""
+    try:
+        if isinstance(fragment, ds.ParquetFileFragment):
+            meta = fragment.metadata
+            return [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+        return [fragment.count_rows()]
+    except (OSError, pa.ArrowException) as exc:
+        raise ShardError(f"{fragment.path}: not a readable data file ({type(exc).__name__}: {exc})") from exc
+
+
+def assign(pieces: list[Piece], workers: int) -> list[list[Piece]]:
+    """``pieces`` split among ``workers``, balanced by rows: the largest piece first goes to the
+    worker with the fewest rows so far (the lower number on a tie), so no worker has more than
+    the mean plus one piece. Deterministic; each worker's pieces keep their order in ``pieces``
+    (a file's row groups read in turn). A worker may get none when pieces are few."""
+    if not isinstance(workers, int) or workers < 1:
+        raise TableError(f"cannot assign pieces to {workers!r} workers: need 1 or more")
+    loads = [(0, w) for w in range(workers)]  # a heap of (rows, worker)
+    chosen: list[list[int]] = [[] for _ in range(workers)]
+    for i in sorted(range(len(pieces)), key=lambda i: -pieces[i].rows):  # stable: ties keep their order
+        rows, w = heapq.heappop(loads)
+        chosen[w].append(i)
+        heapq.heappush(loads, (rows + pieces[i].rows, w))
+    return [[pieces[i] for i in sorted(mine)] for mine in chosen]
+
+
+# ------------------------------------------------------------------ reading
+
+
+def read_piece(source: TableSource, piece: Piece, *, classes: LabelMap | None = None,
+               n_features: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """One piece's rows that pass the filter: float32 features (rows x features, the columns in
+    the source's order, each giving one value or its list's or vector's width) and int64
+    classes from ``classes`` (None when the source has no label). Refuses nulls, NaN and
+    infinite values, lists of different lengths and a width other than ``n_features``, naming
+    the file, the column and the row within the file. Pass a :func:`resolve`\\ d source, so a
+    glob names the same columns in every piece."""
+    if source.label is not None and classes is None:
+        raise TableError(f"{source.uri}: reading the label {source.label!r} needs its classes "
+                         f"(the LabelMap from label_classes)")
+    fragment, schema = _open_piece(source, piece)
+    stored = fragment.physical_schema.names
+    names = _feature_columns(source, schema, stored, piece.path)
+    if source.label is not None:
+        _check_label(schema, source.label, piece.path)
+    table = _read_rows(source, piece, fragment, schema, names + ([source.label] if source.label else []))
+    rows = table.column(ROW).to_numpy()
+    if table.num_rows:
+        features = np.hstack([_feature_block(table.column(name).combine_chunks(), name, piece.path, rows)
+                              for name in names])
+    else:  # every row filtered out: only the column types tell the width
+        features = np.zeros((0, n_features if n_features is not None else _type_width(schema, names)), np.float32)
+    if n_features is not None and features.shape[1] != n_features:
+        raise ShardError(f"{piece.path}: {features.shape[1]} features per row from row {rows[0]} on, "
+                         f"expected {n_features} (columns: {', '.join(names)})")
+    labels = None
+    if source.label is not None:
+        labels = classes.encode(_non_null(table.column(source.label).combine_chunks(), source.label,
+                                          piece.path, rows), where=piece.path)
+    return features, labels
+
+
+def _open_piece(source: TableSource, piece: Piece) -> tuple[ds.FileFragment, pa.Schema]:
+    """The piece as a fragment and its schema: the file's own columns, then the partition ones."""
+    fs, _ = filesystem(source.uri)
+    conditions = [pc.field(name).is_null() if value is None
+                  else pc.field(name) == pa.scalar(value, pa.type_for_alias(t)) for name, t, value in piece.partition]
+    known = functools.reduce(operator.and_, conditions) if conditions else None
+    try:
+        if source.format == "parquet":
+            fragment = ds.ParquetFileFormat().make_fragment(piece.path, filesystem=fs, partition_expression=known,
+                                                            row_groups=[piece.row_group])
+        else:
+            fragment = ds.OrcFileFormat().make_fragment(piece.path, filesystem=fs, partition_expression=known)
+        physical = fragment.physical_schema
+    except (OSError, pa.ArrowException) as exc:
+        raise ShardError(f"{piece.path}: not a readable {source.format} file ({type(exc).__name__}: {exc})") from exc
+    extra = [pa.field(name, pa.type_for_alias(t)) for name, t, _ in piece.partition if name not in physical.names]
+    return fragment, pa.schema(list(physical) + extra)
+
+
+def _read_rows(source: TableSource, piece: Piece, fragment: ds.FileFragment, schema: pa.Schema,
+               columns: list[str]) -> pa.Table:
+    """``columns`` of the piece's rows that pass the filter, with :data:`ROW`, each row's index
+    in its file (numbered before filtering, so errors name the row as stored)."""
+    wanted = list(dict.fromkeys(columns + (filter_columns(source.filter) if source.filter else [])))
+    for name in wanted:
+        _column_type(schema, name, piece.path)
+    try:
+        table = fragment.to_table(schema=schema, columns=wanted)
+    except (OSError, pa.ArrowException) as exc:
+        raise ShardError(f"{piece.path}: cannot read {', '.join(wanted)} ({type(exc).__name__}: {exc})") from exc
+    table = table.append_column(ROW, pa.array(np.arange(piece.start, piece.start + table.num_rows)))
+    if source.filter:
+        try:
+            table = table.filter(parse_filter(source.filter))
+        except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+            raise ShardError(f"{piece.path}: filter {source.filter!r} cannot be applied: {exc}") from None
+    return table.select(columns + [ROW])
+
+
+def _non_null(column: pa.Array, name: str, path: str, rows: np.ndarray) -> pa.Array:
+    if column.null_count:
+        first = int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
+        raise ShardError(f"{path}: column {name!r} is null at row {rows[first]} "
+                         f"({column.null_count} null{'s' if column.null_count > 1 else ''} in rows "
+                         f"{rows[0]}..{rows[-1]})")
+    return column
+
+
+def _feature_block(column: pa.Array, name: str, path: str, rows: np.ndarray) -> np.ndarray:
+    """One feature column as float32 rows x (1, or its lists' or vectors' width), checked."""
+    _non_null(column, name, path, rows)
+    kind = _feature_kind(column.type)
+    with np.errstate(over="ignore"):  # a float64 float32 cannot hold becomes inf, refused just below
+        if kind == "scalar":
+            block = column.to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, 1)
+        elif kind == "array":
+            block = _array_rows(column, name, path, rows)
+        else:
+            block = _vector_rows(column, name, path, rows)
+    bad = ~np.isfinite(block)
+    if bad.any():
+        row, col = (int(i) for i in np.argwhere(bad)[0])
+        where = f", value {col}" if block.shape[1] > 1 else ""
+        raise ShardError(f"{path}: column {name!r} holds NaN or an infinite value (or a number float32 "
+                         f"cannot hold) at row {rows[row]}{where} ({int(bad.sum())} in this piece)")
+    return block
+
+
+def _same_width(widths: np.ndarray, name: str, path: str, rows: np.ndarray) -> int:
+    width = int(widths[0])
+    ragged = widths != width
+    if ragged.any():
+        i = int(np.argmax(ragged))
+        raise ShardError(f"{path}: column {name!r} has {int(widths[i])} values at row {rows[i]} but {width} at "
+                         f"row {rows[0]}: every row needs the same number")
+    if width == 0:
+        raise ShardError(f"{path}: column {name!r} holds empty lists at row {rows[0]}: no feature to train on")
+    return width
+
+
+def _null_element(values: pa.Array, parents: pa.Array, name: str, path: str, rows: np.ndarray) -> None:
+    if values.null_count:
+        first = int(np.argmax(values.is_null().to_numpy(zero_copy_only=False)))
+        raise ShardError(f"{path}: column {name!r} holds a null value at row {rows[parents[first].as_py()]}")
+
+
+def _array_rows(column: pa.Array, name: str, path: str, rows: np.ndarray) -> np.ndarray:
+    """A column of lists of numbers as rows x width."""
+    width = _same_width(pc.list_value_length(column).to_numpy(zero_copy_only=False), name, path, rows)
+    values = pc.list_flatten(column)
+    _null_element(values, pc.list_parent_indices(column), name, path, rows)
+    return values.to_numpy(zero_copy_only=False).astype(np.float32).reshape(len(column), width)
+
+
+def _vector_rows(column: pa.Array, name: str, path: str, rows: np.ndarray) -> np.ndarray:
+    """A column of Spark ML vectors, dense and sparse, as dense rows x width."""
+    def part(field: str) -> pa.Array:
+        return pc.struct_field(column, field)
+
+    def numbers(array: pa.Array) -> np.ndarray:  # a null (a missing part) as -1, which no valid part is
+        return array.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+
+    kind, size = numbers(part("type")), numbers(part("size"))
+    values, indices = part("values"), part("indices")
+    n_values, n_indices = numbers(pc.list_value_length(values)), numbers(pc.list_value_length(indices))
+    dense = kind == 1
+    malformed = (n_values < 0) | ~(dense | (kind == 0)) | (~dense & ((size < 0) | (n_indices != n_values)))
+    if malformed.any():
+        i = int(np.argmax(malformed))
+        raise ShardError(f"{path}: column {name!r} at row {rows[i]} is not a Spark ML vector ({column[i]}): type 1 "
+                         f"needs values, type 0 needs size and as many indices as values")
+    width = _same_width(np.where(dense, n_values, size), name, path, rows)
+    flat, parents = pc.list_flatten(values), pc.list_parent_indices(values)
+    _null_element(flat, parents, name, path, rows)
+    parents = parents.to_numpy()
+    # Each value's place in its row: its position in the values list (dense), its index (sparse).
+    first = np.cumsum(n_values) - n_values
+    place = np.arange(len(flat)) - first[parents]
+    sparse = ~dense[parents]
+    if sparse.any():
+        flat_indices, index_parents = pc.list_flatten(indices), pc.list_parent_indices(indices)
+        _null_element(flat_indices, index_parents, name, path, rows)
+        # A sparse row has as many indices as values, so they pair up in order.
+        place[sparse] = flat_indices.to_numpy()[~dense[index_parents.to_numpy()]]
+        outside = sparse & ((place < 0) | (place >= width))
+        if outside.any():
+            i = int(np.argmax(outside))
+            raise ShardError(f"{path}: column {name!r} at row {rows[parents[i]]} has index {place[i]}, outside "
+                             f"its size {width}")
+    block = np.zeros((len(column), width), np.float32)
+    block[parents, place] = flat.to_numpy(zero_copy_only=False)
+    return block
+
+
+def _type_width(schema: pa.Schema, names: list[str]) -> int:
+    """The features the column types alone give: 1 per number, a fixed-size list's size (0 for
+    other lists and vectors, whose width only their rows tell)."""
+    width = 0
+    for name in names:
+        type_ = schema.field(name).type
+        width += 1 if _is_number(type_) else getattr(type_, "list_size", 0)
+    return width
+
+
+# ------------------------------------------------------------------ labels
+
+
+@dataclass(frozen=True)
+class LabelMap:
+    """The classes of a label column, sorted; class i is ``classes[i]``. Integer labels
+    0..K-1 are their own classes; other values map to their place in the sorted classes."""
+
+    classes: tuple
+
+    def __post_init__(self):
+        classes = tuple(self.classes)
+        object.__setattr__(self, "classes", classes)
+        if not classes:
+            raise TableError("label classes: none (an empty label column?)")
+        ints = all(isinstance(c, int) and not isinstance(c, bool) for c in classes)
+        if not ints and not all(isinstance(c, str) for c in classes):
+            raise TableError(f"label classes must be all integers or all strings, got {list(classes)[:10]!r}")
+        if any(a >= b for a, b in zip(classes, classes[1:])):
+            raise TableError("label classes must be sorted and distinct")
+
+    def __len__(self) -> int:
+        return len(self.classes)
+
+    @property
+    def _type(self) -> pa.DataType:
+        return pa.string() if isinstance(self.classes[0], str) else pa.int64()
+
+    def encode(self, values, where: str = "labels") -> np.ndarray:
+        """The int64 class of each value (a pyarrow or NumPy array, or a list); a value that is
+        not a class, or a null, raises :class:`ShardError` naming it."""
+        if isinstance(values, pa.ChunkedArray):
+            values = values.combine_chunks()
+        if not isinstance(values, pa.Array):
+            values = pa.array(np.asarray(values).tolist() if isinstance(values, np.ndarray) else values)
+        if pa.types.is_dictionary(values.type):
+            values = values.dictionary_decode()
+        strings = isinstance(self.classes[0], str)
+        if len(values) and not (_is_label_type(values.type) and strings != pa.types.is_integer(values.type)):
+            raise ShardError(f"{where}: labels of type {values.type}, but the classes are "
+                             f"{'strings' if strings else 'integers'}")
+        found = pc.index_in(values.cast(self._type), value_set=pa.array(self.classes, self._type))
+        if found.null_count:
+            first = int(np.argmax(found.is_null().to_numpy(zero_copy_only=False)))
+            raise ShardError(f"{where}: label {values[first].as_py()!r} (at {first}) is not one of the "
+                             f"{len(self)} classes {_some_classes(self.classes)}")
+        return found.to_numpy().astype(np.int64)
+
+    def decode(self, indices) -> np.ndarray:
+        """The label value of each class index (the inverse of :meth:`encode`)."""
+        indices = np.asarray(indices)
+        if indices.size and (indices.dtype.kind not in "iu" or indices.min() < 0 or indices.max() >= len(self)):
+            raise TableError(f"class indices must be integers in 0..{len(self) - 1}")
+        return np.asarray(self.classes)[indices]
+
+    def to_dict(self) -> dict:
+        """JSON-friendly: ``{"classes": [...]}``."""
+        return {"classes": list(self.classes)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> LabelMap:
+        """The map :meth:`to_dict` wrote."""
+        if not isinstance(d, dict) or set(d) != {"classes"} or not isinstance(d["classes"], list):
+            raise TableError(f"label map: expected {{'classes': [...]}}, got {d!r}")
+        return cls(tuple(d["classes"]))
+
+
+def _some_classes(classes: tuple, shown: int = 10) -> str:
+    return repr(list(classes[:shown]))[:-1] + (", ...]" if len(classes) > shown else "]")
+
+
+def label_classes(source: TableSource, dataset: ds.FileSystemDataset | None = None) -> LabelMap:
+    """The :class:`LabelMap` of ``source``'s label column over the rows its filter keeps, read
+    in one pass over that column alone; a null label raises, naming the file and the row."""
+    if source.label is None:
+        raise TableError(f"{source.uri}: the table source names no 'label' column")
+    dataset = open_dataset(source) if dataset is None else dataset
+    _check_label(dataset.schema, source.label, source.uri)
+    classes: set = set()
+    for piece in pieces(dataset, source.filter):
+        fragment, schema = _open_piece(source, piece)
+        _check_label(schema, source.label, piece.path)
+        table = _read_rows(source, piece, fragment, schema, [source.label])
+        column = _non_null(table.column(source.label).combine_chunks(), source.label, piece.path,
+                           table.column(ROW).to_numpy())
+        if pa.types.is_dictionary(column.type):
+            column = column.dictionary_decode()
+        classes.update(pc.unique(column).to_pylist())
+    try:
+        return LabelMap(tuple(sorted(classes)))
+    except TypeError:  # integers in some files, strings in others
+        raise ShardError(f"{source.uri}: label column {source.label!r} holds integers in some files and "
+                         f"strings in others") from None
+
+
+# ------------------------------------------------------------------ statistics and scaling
+
+
+@dataclass(eq=False)
+class FeatureStats:
+    """Per-feature count, min, max, sum and sum of squares (float64), gathered a block of rows
+    at a time (:meth:`update`) and mergeable (:meth:`merge`): per-worker partials add up to
+    the statistics of the whole table."""
+
+    count: int
+    min: np.ndarray
+    max: np.ndarray
+    sum: np.ndarray
+    sum_sq: np.ndarray
+
+    @classmethod
+    def empty(cls, n_features: int) -> FeatureStats:
+        """Statistics of no rows yet."""
+        return cls(0, np.full(n_features, np.inf), np.full(n_features, -np.inf),
+                   np.zeros(n_features), np.zeros(n_features))
+
+    @classmethod
+    def of(cls, X: np.ndarray) -> FeatureStats:
+        """The statistics of the rows of ``X``."""
+        return cls.empty(np.shape(X)[1]).update(X)
+
+    @property
+    def n_features(self) -> int:
+        return len(self.sum)
+
+    def update(self, block: np.ndarray) -> FeatureStats:
+        """Add the rows of ``block`` (rows x features); returns self."""
+        block = np.asarray(block, dtype=np.float64)
+        if block.ndim != 2 or block.shape[1] != self.n_features:
+            raise TableError(f"feature statistics: a block of shape {block.shape}, expected rows x {self.n_features}")
+        if len(block):
+            self.count += len(block)
+            np.minimum(self.min, block.min(axis=0), out=self.min)
+            np.maximum(self.max, block.max(axis=0), out=self.max)
+            self.sum += block.sum(axis=0)
+            self.sum_sq += np.einsum("ij,ij->j", block, block)
+        return self
+
+    def merge(self, other: FeatureStats) -> FeatureStats:
+        """The statistics of the rows of both (new; neither is changed)."""
+        if other.n_features != self.n_features:
+            raise TableError(f"feature statistics: cannot merge {other.n_features} features into {self.n_features}")
+        return FeatureStats(self.count + other.count, np.minimum(self.min, other.min), np.maximum(self.max, other.max),
+                            self.sum + other.sum, self.sum_sq + other.sum_sq)
+
+    @property
+    def mean(self) -> np.ndarray:
+        return self.sum / self._rows()
+
+    @property
+    def std(self) -> np.ndarray:
+        """The population standard deviation. From sums of squares: for features whose mean is
+        far larger than their spread (e.g. 1e8 +- 1), rounding swamps it."""
+        return np.sqrt(np.maximum(self.sum_sq / self._rows() - self.mean ** 2, 0.0))
+
+    def _rows(self) -> int:
+        if self.count == 0:
+            raise TableError("feature statistics of no rows")
+        return self.count
+
+    def min_max_scaler(self) -> Scaler:
+        """Maps each feature's [min, max] to [0, 1]; a constant feature to 0."""
+        self._rows()
+        span = self.max - self.min
+        return Scaler("min_max", self.min.copy(), np.divide(1.0, span, out=np.zeros_like(span), where=span > 0))
+
+    def standardizer(self) -> Scaler:
+        """Maps each feature to mean 0, standard deviation 1; a constant feature to 0."""
+        std = self.std
+        return Scaler("standard", self.mean, np.divide(1.0, std, out=np.zeros_like(std), where=std > 0))
+
+    def to_dict(self) -> dict:
+        """JSON-friendly (min and max are None for no rows, as JSON has no infinity)."""
+        return {"count": self.count, "min": self.min.tolist() if self.count else None,
+                "max": self.max.tolist() if self.count else None,
+                "sum": self.sum.tolist(), "sum_sq": self.sum_sq.tolist()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> FeatureStats:
+        """The statistics :meth:`to_dict` wrote."""
+        stats = cls.empty(len(d["sum"]))
+        if d["count"]:
+            stats.min[:], stats.max[:] = d["min"], d["max"]
+        stats.count = d["count"]
+        stats.sum[:], stats.sum_sq[:] = d["sum"], d["sum_sq"]
+        return stats
+
+
+@dataclass(eq=False)
+class Scaler:
+    """``x -> (x - offset) * scale`` per feature, in float32: saved with a model
+    (:meth:`to_dict`) so new data is scaled as the training data was."""
+
+    kind: str            # "min_max" or "standard": what made it
+    offset: np.ndarray
+    scale: np.ndarray
+
+    def transform(self, X: np.ndarray) -> np.ndarray:
+        """``X`` (rows x features) scaled, as float32."""
+        X = np.asarray(X, dtype=np.float32)
+        if X.ndim != 2 or X.shape[1] != len(self.offset):
+            raise TableError(f"{self.kind} scaler: data of shape {X.shape}, expected rows x {len(self.offset)}")
+        return (X - self.offset.astype(np.float32)) * self.scale.astype(np.float32)
+
+    def to_dict(self) -> dict:
+        """JSON-friendly: kind, offset, scale."""
+        return {"kind": self.kind, "offset": self.offset.tolist(), "scale": self.scale.tolist()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Scaler:
+        """The scaler :meth:`to_dict` wrote."""
+        return cls(d["kind"], np.asarray(d["offset"], np.float64), np.asarray(d["scale"], np.float64))
