@@ -182,7 +182,7 @@ MASTER_ONLY = "master."  # parameters with this prefix stay on the master (check
 
 
 def block_momentum_average(parameters: Arrays, updates: list[Update], names, momentum: float,
-                           plain=(), block_learning_rate: float = 1.0) -> Arrays:
+                           plain=(), block_learning_rate: float = 1.0, nesterov: bool = False) -> Arrays:
     """Average, then move by a momentum over the per-sync deltas (BMUF, Chen & Huo 2016).
 
     Averaging N workers' k local steps makes about k steps of an N-times larger batch
@@ -190,7 +190,9 @@ def block_momentum_average(parameters: Arrays, updates: list[Update], names, mom
     ``delta = momentum * delta_prev + block_learning_rate * (mean - current)``, then
     ``current += delta``. Block momentum ``m`` (about 1 - 1/N) does it in the steady state,
     after about 1/(1 - m) syncs; a block learning rate above 1 scales every sync's step
-    at once. The previous delta is kept as a master-only array. Names in ``plain`` (e.g.
+    at once. With ``nesterov`` the workers start from the look-ahead point, the new
+    parameters plus ``momentum * delta`` (BMUF's Nesterov variant: the extrapolation
+    includes this sync's progress). The previous delta is kept as a master-only array. Names in ``plain`` (e.g.
     optimizer state) are only averaged. ``momentum=0`` and ``block_learning_rate=1`` is the
     plain weighted average.
     """
@@ -210,7 +212,11 @@ def block_momentum_average(parameters: Arrays, updates: list[Update], names, mom
             delta += momentum * parameters[key]
         if momentum:
             result[key] = delta.astype(np.float32)
-        result[name] = (parameters[name] + delta).astype(parameters[name].dtype)
+        moved = parameters[name] + delta
+        if nesterov and momentum:
+            # parameters[name] was the last look-ahead point: current + momentum * old delta
+            moved += momentum * (delta - parameters.get(key, 0))
+        result[name] = moved.astype(parameters[name].dtype)
     return result
 
 

@@ -88,12 +88,14 @@ def test_weighted_average_on_rows_is_the_whole_average(parts):
     _assert_same_bits(_on_rows(lambda p, u: weighted_average(u, shapes), {}, updates, parts), expected)
 
 
+@pytest.mark.parametrize("rate, nesterov", [(1.0, False), (2.0, True)])
 @pytest.mark.parametrize("parts", PARTS)
-def test_block_momentum_on_rows_is_the_whole_one(parts):
+def test_block_momentum_on_rows_is_the_whole_one(parts, rate, nesterov):
     rng = np.random.default_rng([parts, 1])
     shapes = {"w": (40, 9), "b": (9,), "w_inc": (40, 9)}
     parameters = {k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}
-    reduce = lambda p, u: block_momentum_average(p, u, shapes, 0.9, plain=("w_inc",))  # noqa: E731
+    reduce = lambda p, u: block_momentum_average(p, u, shapes, 0.9, plain=("w_inc",),  # noqa: E731
+                                                 block_learning_rate=rate, nesterov=nesterov)
     first = reduce(parameters, _updates(rng, shapes))  # no delta yet: the master-only deltas appear
     parameters = {**parameters, **first}
     updates = _updates(rng, shapes)

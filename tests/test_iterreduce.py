@@ -467,6 +467,25 @@ def test_block_learning_rate_scales_each_syncs_step_at_once():
     np.testing.assert_allclose(second["w"], 6 + 2 + 0.5 * 4)
 
 
+def test_nesterov_block_momentum_sends_the_look_ahead_point():
+    from iterreduce.program import MASTER_ONLY, block_momentum_average
+
+    params = {"w": np.zeros(2, np.float32)}
+    first = block_momentum_average(params, [Update(0, 1, {"w": np.ones(2, np.float32)})], ["w"], 0.5, nesterov=True)
+    np.testing.assert_allclose(first[f"{MASTER_ONLY}block_delta.w"], 1.0)
+    np.testing.assert_allclose(first["w"], 1.0 + 0.5 * 1.0)  # the mean plus momentum x the new delta
+    params.update(first)
+    # The workers move +1 from the look-ahead point 1.5: the mean is 2.5.
+    second = block_momentum_average(params, [Update(0, 1, {"w": np.full(2, 2.5, np.float32)})], ["w"], 0.5,
+                                    nesterov=True)
+    delta = 0.5 * 1.0 + (2.5 - 1.5)
+    np.testing.assert_allclose(second[f"{MASTER_ONLY}block_delta.w"], delta)
+    np.testing.assert_allclose(second["w"], 2.5 + 0.5 * delta)
+    classical = block_momentum_average({"w": np.zeros(2, np.float32)}, [Update(0, 1, {"w": np.ones(2, np.float32)})],
+                                       ["w"], 0.5)
+    np.testing.assert_allclose(classical["w"], 1.0)  # classical block momentum: no look-ahead
+
+
 # ------------------------------------------------------------- master config and entry point
 
 

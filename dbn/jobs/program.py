@@ -170,7 +170,7 @@ class DBNProgram(Program):
         rate = float(self.config.get(f"{prefix}block_learning_rate") or 1.0)
         increments = [name for name in step.arrays if state.is_increment(name)]
         return block_momentum_average(parameters, updates, step.arrays, momentum, plain=increments,
-                                      block_learning_rate=rate)
+                                      block_learning_rate=rate, nesterov=bool(self.config.get("block_nesterov")))
 
     def evaluate(self, step, parameters):
         """Validation error after each fine-tuning epoch, when ``config["validation"]`` names

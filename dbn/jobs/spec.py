@@ -115,6 +115,7 @@ class ClusterSection:
     pretrain_block_momentum: float = 0.0  # the same for RBM pre-training (0: plain averaging)
     block_learning_rate: float = 1.0  # fine-tuning: each sync moves this many times the averaged delta (BMUF's zeta)
     pretrain_block_learning_rate: float = 1.0  # the same for RBM pre-training
+    block_nesterov: bool = False  # both phases: workers start from the block momentum's look-ahead point (BMUF-NBM)
     validation: str | None = None  # a labelled Parquet shard the master scores after each fine-tuning epoch
     stream: str = "auto"  # workers' data: "auto" streams it from local disk when it would not fit in memory; "always"; "never"
     reduce: str = "auto"  # who averages the updates: "master"; "workers" (each its rows); "auto": workers on YARN from 8 workers
@@ -271,7 +272,8 @@ class JobSpec:
         c = self.cluster
         return {**params, "sync_every": c.sync_every, "block_momentum": c.block_momentum,
                 "pretrain_block_momentum": c.pretrain_block_momentum, "block_learning_rate": c.block_learning_rate,
-                "pretrain_block_learning_rate": c.pretrain_block_learning_rate, "validation": c.validation,
+                "pretrain_block_learning_rate": c.pretrain_block_learning_rate, "block_nesterov": c.block_nesterov,
+                "validation": c.validation,
                 "stream": stream}
 
 
