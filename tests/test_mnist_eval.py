@@ -107,6 +107,21 @@ def test_quick_evaluation_learns_mnist(tmp_path):
 def test_full_run_pretrains_longer_on_several_workers(tmp_path):
     assert mnist_config(out=str(tmp_path), workers=1).model.pretrain_epochs == 50
     assert mnist_config(out=str(tmp_path), workers=10).model.pretrain_epochs == 100
-    assert mnist_config(out=str(tmp_path), workers=10, quick=True).model.pretrain_epochs == 20
+    assert mnist_config(out=str(tmp_path), workers=2, quick=True).model.pretrain_epochs == 20
     assert mnist_config(out=str(tmp_path), workers=10,
                         overrides={"model.pretrain_epochs": 7}).model.pretrain_epochs == 7
+
+
+def test_quick_run_on_many_workers_trains_three_times_the_epochs_to_the_same_last_rate(tmp_path):
+    two, ten = (mnist_config(out=str(tmp_path), workers=n, quick=True).model for n in (2, 10))
+    assert (two.pretrain_epochs, two.finetune_epochs, two.finetune_lr_decay) == (20, 30, 0.98)
+    assert (ten.pretrain_epochs, ten.finetune_epochs) == (60, 90)
+    assert ten.finetune_lr_decay ** 90 == pytest.approx(two.finetune_lr_decay ** 30)
+    assert mnist_config(out=str(tmp_path), workers=10, quick=True,
+                        overrides={"model.finetune_epochs": 5}).model.finetune_epochs == 5
+
+
+def test_nesterov_block_momentum_on_several_workers_only(tmp_path):
+    assert not mnist_config(out=str(tmp_path), workers=1).cluster.block_nesterov
+    assert mnist_config(out=str(tmp_path), workers=2, quick=True).cluster.block_nesterov
+    assert mnist_config(out=str(tmp_path), workers=10).cluster.block_nesterov
