@@ -254,8 +254,13 @@ def resolve(source: TableSource, dataset: ds.FileSystemDataset) -> TableSource:
 
 
 def _partition_names(dataset: ds.FileSystemDataset) -> list[str]:
-    partitioning = dataset.partitioning
-    return partitioning.schema.names if partitioning is not None else []
+    """The columns that come from ``key=value`` folder names. (Read from the files' partition
+    expressions: a discovered hive partitioning of a table without such folders reports
+    every column in its schema.)"""
+    keys: dict[str, None] = {}
+    for fragment in dataset.get_fragments():
+        keys.update(dict.fromkeys(ds.get_partition_keys(fragment.partition_expression)))
+    return [name for name in dataset.schema.names if name in keys]
 
 
 def _file_with_column(dataset: ds.FileSystemDataset, name: str) -> str:
@@ -314,8 +319,9 @@ def _is_list(type_: pa.DataType) -> bool:
 
 def _feature_kind(type_: pa.DataType) -> str | None:
     """"scalar" (one feature), "array" (a list of numbers), "vector" (a Spark ML vector) or
-    None for a type that holds no features."""
-    if _is_number(type_):
+    None for a type that holds no features. Spark and Hive write money and measurements
+    as DECIMAL: a scalar too, read through float64."""
+    if _is_number(type_) or pa.types.is_decimal(type_):
         return "scalar"
     if _is_list(type_) and _is_number(type_.value_type):
         return "array"
@@ -383,7 +389,7 @@ def pieces(dataset: ds.FileSystemDataset, filter: str | None = None) -> list[Pie
     """The pieces of ``dataset``, sorted by path then row group, leaving out files whose
     partition folders ``filter`` rules out, and pieces with no rows. Reads only the footers."""
     expression = parse_filter(filter) if filter else None
-    partition_fields = list(dataset.partitioning.schema) if dataset.partitioning is not None else []
+    partition_fields = [dataset.schema.field(name) for name in _partition_names(dataset)]
     try:
         fragments = sorted(dataset.get_fragments(filter=expression), key=lambda f: f.path)
     except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid) as exc:
@@ -518,6 +524,8 @@ def _feature_block(column: pa.Array, name: str, path: str, rows: np.ndarray) -> 
     kind = _feature_kind(column.type)
     with np.errstate(over="ignore"):  # a float64 float32 cannot hold becomes inf, refused just below
         if kind == "scalar":
+            if pa.types.is_decimal(column.type):
+                column = column.cast(pa.float64())
             block = column.to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, 1)
         elif kind == "array":
             block = _array_rows(column, name, path, rows)
@@ -604,7 +612,7 @@ def _type_width(schema: pa.Schema, names: list[str]) -> int:
     width = 0
     for name in names:
         type_ = schema.field(name).type
-        width += 1 if _is_number(type_) else getattr(type_, "list_size", 0)
+        width += 1 if _feature_kind(type_) == "scalar" else getattr(type_, "list_size", 0)
     return width
 
 

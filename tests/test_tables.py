@@ -646,3 +646,37 @@ def test_orc_tables_are_read_a_file_a_piece(tmp_path):
     X, y = read_all(source, workers=2, classes=classes)
     expected, labels = expected_features([f for f in files if f[1] == "NL"], list(source.features))
     np.testing.assert_array_equal(sorted_rows(X, y), sorted_rows(expected, classes.encode(labels)))
+
+
+def test_decimal_columns_as_spark_writes_them_are_features(tmp_path):
+    from decimal import Decimal
+
+    price = pa.array([Decimal("12.50"), Decimal("0.01"), Decimal("99999.99")], pa.decimal128(7, 2))
+    table = pa.table({"price": price, "qty": pa.array([1, 2, 3], pa.int32()), "label": ["a", "b", "a"]})
+    pq.write_table(table, tmp_path / "part-00000.snappy.parquet")
+    source = TableSource(str(tmp_path), "*", label="label")
+    dataset = open_dataset(source)
+    resolved = resolve(source, dataset)
+    assert resolved.features == ("price", "qty")
+    (piece,) = pieces(dataset)
+    X, y = read_piece(resolved, piece, classes=label_classes(resolved, dataset))
+    assert X.dtype == np.float32
+    np.testing.assert_array_equal(X, np.array([[12.5, 1], [0.01, 2], [99999.99, 3]], np.float32))
+    assert y.tolist() == [0, 1, 0]
+
+
+def test_an_unpartitioned_table_has_no_partition_columns(tmp_path):
+    """A table without key=value folders: every column is stored (pyarrow's discovered hive
+    partitioning of such a table reports all of them as partition fields)."""
+    pq.write_table(pa.table({"x1": [0.5, 1.5], "x2": [2, 3], "y": [1, 0]}), tmp_path / "part-00000.parquet")
+    source = TableSource(str(tmp_path), "x*", label="y")
+    dataset = open_dataset(source)
+    (piece,) = pieces(dataset)
+    assert piece.partition == ()
+    X, y = read_piece(resolve(source, dataset), piece, classes=label_classes(source, dataset))
+    np.testing.assert_array_equal(X, [[0.5, 2], [1.5, 3]])
+    assert y.tolist() == [1, 0]
+    with pytest.raises(ShardError, match=r"feature column 'name' is string \(in .*part-00001.parquet\)"):
+        pq.write_table(pa.table({"name": ["a", "b"], "y": [1, 0]}), tmp_path / "part-00001.parquet")
+        resolve(TableSource(str(tmp_path / "part-00001.parquet"), ["name"]),
+                open_dataset(TableSource(str(tmp_path / "part-00001.parquet"), ["name"])))
