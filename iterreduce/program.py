@@ -192,9 +192,9 @@ def block_momentum_average(parameters: Arrays, updates: list[Update], names, mom
     after about 1/(1 - m) syncs; a block learning rate above 1 scales every sync's step
     at once. With ``nesterov`` the workers start from the look-ahead point, the new
     parameters plus ``momentum * delta`` (BMUF's Nesterov variant: the extrapolation
-    includes this sync's progress). The previous delta is kept as a master-only array. Names in ``plain`` (e.g.
-    optimizer state) are only averaged. ``momentum=0`` and ``block_learning_rate=1`` is the
-    plain weighted average.
+    includes this sync's progress). The previous delta is kept as a master-only array.
+    Names in ``plain`` (e.g. optimizer state) are only averaged. ``momentum=0`` and
+    ``block_learning_rate=1`` is the plain weighted average.
     """
     mean = weighted_average(updates, names)
     if not momentum and block_learning_rate == 1:
@@ -205,17 +205,15 @@ def block_momentum_average(parameters: Arrays, updates: list[Update], names, mom
             result[name] = mean[name]
             continue
         key = f"{MASTER_ONLY}block_delta.{name}"
-        delta = mean[name].astype(np.float64) - parameters[name]
-        if block_learning_rate != 1:
-            delta *= block_learning_rate
-        if momentum and key in parameters:
-            delta += momentum * parameters[key]
+        delta = block_learning_rate * (mean[name].astype(np.float64) - parameters[name])
+        previous = parameters.get(key) if momentum else None
+        if previous is not None:
+            delta += momentum * previous
         if momentum:
             result[key] = delta.astype(np.float32)
         moved = parameters[name] + delta
-        if nesterov and momentum:
-            # parameters[name] was the last look-ahead point: current + momentum * old delta
-            moved += momentum * (delta - parameters.get(key, 0))
+        if nesterov and momentum:  # parameters[name] was the last look-ahead point: current + momentum * previous
+            moved += momentum * (delta if previous is None else delta - previous)
         result[name] = moved.astype(parameters[name].dtype)
     return result
 

@@ -44,6 +44,8 @@ GLOB_CHARS = "*?["
 #: The fields of a Spark ML vector as Spark stores it: type 1 dense (``values`` holds every
 #: entry), type 0 sparse (``size`` entries, the nonzero ``values`` at ``indices``).
 VECTOR_FIELDS = frozenset({"type", "size", "indices", "values"})
+#: What pyarrow raises when an expression does not fit the table's types.
+EXPRESSION_ERRORS = (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid)
 ROW = "__row_in_file"  # the column read_piece adds: each row's index in its file, for errors
 
 
@@ -355,7 +357,7 @@ def _check_filter(text: str, schema: pa.Schema, where: str) -> None:
         _column_type(schema, name, f"{where}: filter {text!r}")
     try:  # pyarrow checks the types when it evaluates: on no rows, that is all it does
         schema.empty_table().filter(expression)
-    except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+    except EXPRESSION_ERRORS as exc:
         types = ", ".join(f"{name} is {schema.field(name).type}" for name in columns)
         raise ShardError(f"{where}: filter {text!r} compares values of different types ({types}): {exc}") from None
 
@@ -392,7 +394,7 @@ def pieces(dataset: ds.FileSystemDataset, filter: str | None = None) -> list[Pie
     partition_fields = [dataset.schema.field(name) for name in _partition_names(dataset)]
     try:
         fragments = sorted(dataset.get_fragments(filter=expression), key=lambda f: f.path)
-    except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+    except EXPRESSION_ERRORS as exc:
         raise ShardError(f"filter {filter!r} cannot be applied to this table: {exc}") from None
     found = []
     for fragment in fragments:
@@ -504,7 +506,7 @@ def _read_rows(source: TableSource, piece: Piece, fragment: ds.FileFragment, sch
     if source.filter:
         try:
             table = table.filter(parse_filter(source.filter))
-        except (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid) as exc:
+        except EXPRESSION_ERRORS as exc:
             raise ShardError(f"{piece.path}: filter {source.filter!r} cannot be applied: {exc}") from None
     return table.select(columns + [ROW])
 
