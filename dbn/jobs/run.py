@@ -406,7 +406,8 @@ class LocalCluster:
         try:
             config = dataclasses.replace(spec.master_config(shards=uris, output=str(out), stream=stream),
                                          workers=processes, resume=self.resume)
-            run_local(config, max_restarts=spec.cluster.max_restarts, device=spec.job.device, on_record=on_record)
+            run_local(config, max_restarts=spec.cluster.max_restarts, device=spec.job.device,
+                      threads_per_worker=spec.cluster.threads_per_process or None, on_record=on_record)
         except MasterKilled as killed:
             if killed.checkpoint is None:
                 raise

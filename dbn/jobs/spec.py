@@ -106,6 +106,7 @@ class OutputSection:
 class ClusterSection:
     workers: int = 0  # 0: train in this process; N: N data-parallel workers, one shard each (local or YARN)
     processes: int = 0  # local mini-cluster: OS processes that run the workers; 0: as many as pay on this machine's cores
+    threads_per_process: int = 0  # local mini-cluster: BLAS threads of each worker process; 0: this machine's cores / processes
     shards: str | None = None  # URI of a directory of Parquet shards; None: shard [data].train into OUT/shards
     sync_every: int = 0  # minibatches between parameter averages; 0: once per epoch (the paper's setting)
     max_restarts: int = 3  # restarts allowed per worker before it is given up
@@ -384,7 +385,7 @@ def _check(origin: str, section: str, key: str, value, parse_strings: bool = Fal
     choices = CHOICES.get((section, key))
     if choices is not None and value not in choices:
         raise ConfigError(f"{where} {key}: must be one of {', '.join(map(repr, choices))}, got {value!r}")
-    if key in ("workers", "processes", "sync_every", "max_restarts", "worker_gpus") and value < 0:
+    if key in ("workers", "processes", "threads_per_process", "sync_every", "max_restarts", "worker_gpus") and value < 0:
         raise ConfigError(f"{where} {key}: must be >= 0, got {value!r}")
     if key in ("worker_vcores", "max_attempts") and value < 1:
         raise ConfigError(f"{where} {key}: must be >= 1, got {value!r}")

@@ -71,17 +71,20 @@ class Backend:
             import cupy
 
             self.xp = cupy
-            self._rng = cupy.random.default_rng(seed)
         else:
             self.xp = np
-            self._rng = np.random.default_rng(seed)
+        self.reseed(seed)
 
     def __repr__(self) -> str:
         return f"Backend(device={self.device!r}, dtype={self.dtype.name!r})"
 
-    def reseed(self, seed: int) -> None:
+    def reseed(self, seed: int | None) -> None:
         """Restart the device's random stream from ``seed`` (distributed steps seed each step)."""
-        self._rng = self.xp.random.default_rng(seed)
+        if self.device == "gpu":
+            self._rng = self.xp.random.default_rng(seed)
+            self._uniform = CurandUniform(seed)
+        else:
+            self._rng = np.random.default_rng(seed)
 
     def asarray(self, x, dtype=None):
         """Copy ``x`` to the device (no copy when it is already there in ``dtype``)."""
@@ -107,9 +110,14 @@ class Backend:
     def uniform(self, out):
         """Fill ``out`` with uniform [0, 1) numbers on the device and return it
         (float32 on the CPU: :func:`dbn.model.kernels.uniform_float32_`)."""
-        if self.device == "cpu" and out.dtype == np.float32 and out.flags.c_contiguous:
-            return kernels.uniform_float32_(self._rng.bit_generator, out)
-        self._rng.random(out=out, dtype=out.dtype)
+        if self.device == "gpu":
+            return self._uniform.fill(out)
+        if not out.flags.c_contiguous:  # NumPy's generators write only contiguous arrays
+            out[...] = self.uniform(np.empty(out.shape, out.dtype))
+        elif out.dtype == np.float32:
+            kernels.uniform_float32_(self._rng.bit_generator, out)
+        else:
+            self._rng.random(out=out, dtype=out.dtype)
         return out
 
     def normal(self, shape, scale: float = 1.0):
@@ -142,6 +150,50 @@ class Backend:
         """Wait for queued device work (for honest timings on the GPU)."""
         if self.device == "gpu":
             self.xp.cuda.get_current_stream().synchronize()
+
+
+class CurandUniform:
+    """Uniform numbers from cuRAND's Philox generator, written in place into CuPy arrays.
+
+    Not ``cupy.random.Generator.random(out=...)``: in CuPy 14.2 that wrote one value into
+    every element (seen on an H100 on 2026-11-24), which silently turned Gibbs sampling and
+    dropout masks into one coin per minibatch. cuRAND's numbers lie in (0, 1]: a sample
+    ``u < p`` is 1 with probability p, a dropout ``u >= p`` keeps a unit with 1 - p.
+    """
+
+    def __init__(self, seed: int | None):
+        from cupy.cuda import curand
+
+        self._curand = curand
+        self._generator = curand.createGenerator(curand.CURAND_RNG_PSEUDO_PHILOX4_32_10)
+        # Any seed NumPy accepts (None: fresh entropy), folded into cuRAND's 64-bit seed.
+        state = np.random.SeedSequence(seed).generate_state(1, np.uint64)[0]
+        curand.setPseudoRandomGeneratorSeed(self._generator, int(state))
+
+    def fill(self, out):
+        """Fill the float32 or float64 CuPy array ``out`` and return it."""
+        import cupy
+
+        if not out.flags.c_contiguous:
+            out[...] = self.fill(cupy.empty(out.shape, out.dtype))
+            return out
+        curand = self._curand
+        curand.setStream(self._generator, cupy.cuda.get_current_stream().ptr)
+        if out.dtype == np.float32:
+            curand.generateUniform(self._generator, out.data.ptr, out.size)
+        elif out.dtype == np.float64:
+            curand.generateUniformDouble(self._generator, out.data.ptr, out.size)
+        else:
+            raise BackendError(f"uniform numbers are float32 or float64, not {out.dtype}")
+        return out
+
+    def __del__(self):
+        generator, self._generator = getattr(self, "_generator", None), None
+        if generator is not None:
+            try:
+                self._curand.destroyGenerator(generator)
+            except Exception:  # interpreter shutdown: the CUDA context may be gone already
+                pass
 
 
 def get_backend(device: str = "auto", dtype: str = "float32", seed: int | None = None) -> Backend:
