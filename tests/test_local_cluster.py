@@ -287,3 +287,45 @@ def test_the_launcher_ending_by_any_signal_stops_the_whole_job(tmp_path, signum)
         time.sleep(0.1)
     assert not job_alive()
     assert (tmp_path / "out" / "model.npz").read_bytes() == b"an earlier run's model"
+
+
+@pytest.mark.parametrize("threads, workers, expected", [(None, 2, None), (1, 2, "1"), (3, 1, "3")])
+def test_worker_processes_get_their_share_of_blas_threads(tmp_path, threads, workers, expected):
+    """``[cluster] threads_per_process`` caps each worker's BLAS threads; unset, the cores are shared out."""
+    import os
+
+    from iterreduce.local import LocalCluster
+    from iterreduce.master import MasterConfig
+    from iterreduce import THREAD_VARS
+
+    config = MasterConfig(program=SOFTMAX, program_config={}, shards=[], workers=workers, token="t",
+                          output=str(tmp_path))
+    cluster = LocalCluster(config, threads_per_worker=threads)
+    expected = expected or str(max(1, (os.cpu_count() or 1) // workers))
+    for index in range(workers):
+        env = cluster._env(index)
+        assert all(env[var] == expected for var in THREAD_VARS)
+    master_env = cluster._env(None)
+    assert all(master_env.get(var) == os.environ.get(var) for var in THREAD_VARS)  # the master keeps the launcher's
+
+
+def test_threads_per_process_reaches_the_local_launcher(monkeypatch, tmp_path):
+    """The job file's setting is what the local mini-cluster is started with."""
+    from dbn.jobs import run as run_module
+    from dbn.jobs.spec import JobSpec
+
+    seen = {}
+
+    def fake_run_local(config, **kwargs):
+        seen.update(kwargs)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(run_module, "run_local", fake_run_local)
+    X, y = blobs(40, 6, 3)
+    np.savez(tmp_path / "train.npz", X=X, y=y)
+    spec = JobSpec.from_dict({"data": {"train": str(tmp_path / "train.npz")},
+                              "cluster": {"workers": 2, "threads_per_process": 1}})
+    assert spec.cluster.threads_per_process == 1
+    with pytest.raises(SystemExit):
+        run_module.LocalCluster().train(spec, tmp_path / "out", on_record=lambda record: None)
+    assert seen["threads_per_worker"] == 1

@@ -45,7 +45,7 @@ from ..data.sharding import load_dataset, load_shards, shard_dataset
 from ..data.validation import check_labels, class_warnings
 from ..exceptions import ConfigError, ModelFileError, UsageError
 from ..model import flops
-from ..model.backend import resolve_device
+from ..model.backend import Backend, resolve_device
 from ..model.estimator import DBN
 from ..model.persist import atomic_write
 from .memory import plan as plan_memory
@@ -149,8 +149,8 @@ SGEMM_MEASUREMENTS = 7
 
 def flop_figures(out: Path, model: DBN, spec: JobSpec, train_seconds: float, *, measure: bool = True) -> dict:
     """How close training came to this machine's FLOP limit: ``flops`` (the products of the
-    steps in the run's log), ``sgemm_gflops`` (this machine's rate with all BLAS threads:
-    the median of :data:`SGEMM_MEASUREMENTS` right after training), ``flop_limit_seconds`` (the flops at that rate) and
+    steps in the run's log), ``sgemm_gflops`` (this machine's rate on the job's device, the
+    GPU's for ``device = "gpu"``, else the CPU's with all BLAS threads: the median of :data:`SGEMM_MEASUREMENTS` right after training), ``flop_limit_seconds`` (the flops at that rate) and
     ``ratio_to_limit``: the training's wall time (``train_seconds``: data preparation,
     start-up, every step, the model written) over the limit. Without ``measure``, or
     under :data:`LIMIT_MIN_FLOPS`, only the flops. A resumed run's log also counts the
@@ -160,7 +160,8 @@ def flop_figures(out: Path, model: DBN, spec: JobSpec, train_seconds: float, *, 
                             persistent=spec.model.persistent, top_layer_epochs=spec.model.top_layer_epochs)
     sgemm = None
     if measure and total >= LIMIT_MIN_FLOPS:
-        sgemm = statistics.median(flops.sgemm_gflops() for _ in range(SGEMM_MEASUREMENTS))
+        backend = Backend(resolve_device(spec.job.device), seed=0)  # the limit of what trained
+        sgemm = statistics.median(flops.sgemm_gflops(backend) for _ in range(SGEMM_MEASUREMENTS))
     limit = total / (sgemm * 1e9) if sgemm else None
     return {"flops": total, "sgemm_gflops": sgemm, "flop_limit_seconds": limit, "train_wall_seconds": train_seconds,
             "ratio_to_limit": train_seconds / limit if limit else None}
