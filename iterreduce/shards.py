@@ -30,6 +30,7 @@ from .rowfile import RowFile
 
 FEATURES = "features"
 LABEL = "label"
+TABLE_SHARD_SUFFIX = ".table.json"  # a table's share, read in place (iterreduce.tables.TableShard)
 FEATURE_TYPES = (pa.float32(), pa.uint8(), pa.float64())
 
 
@@ -72,7 +73,8 @@ def join(base: str, name: str) -> str:
 
 
 def list_shards(uri: str) -> list[str]:
-    """URIs of the ``*.parquet`` files in directory ``uri`` (or ``uri`` itself if a file), sorted."""
+    """URIs of the ``*.parquet`` shards (and ``*.table.json`` shares of a table, see
+    :class:`~iterreduce.tables.TableShard`) in directory ``uri`` (or ``uri`` itself if a file), sorted."""
     fs, path = filesystem(uri)
     try:
         info = fs.get_file_info(path)
@@ -83,7 +85,7 @@ def list_shards(uri: str) -> list[str]:
     if info.type == pafs.FileType.File:
         return [uri]
     entries = fs.get_file_info(pafs.FileSelector(path))
-    names = sorted(e.base_name for e in entries if e.is_file and e.base_name.endswith(".parquet"))
+    names = sorted(e.base_name for e in entries if e.is_file and e.base_name.endswith((".parquet", TABLE_SHARD_SUFFIX)))
     if not names:
         raise ShardError(f"{uri}: directory holds no .parquet shards")
     return [join(uri, name) for name in names]
@@ -172,6 +174,8 @@ def read_shard(uri: str, index: int = 0, n_features: int | None = None, need_lab
     """Read one shard into memory, checking its schema and values; every error names the
     file (and the row and column where known). It is read a block at a time into its
     float32 array, so reading needs little more memory than the features themselves."""
+    if is_table_shard(uri):
+        return _read_table_shard(uri, index, n_features, need_labels)
     features, labels = None, None
     for start, values, block_labels, parquet in _blocks(uri, n_features, need_labels):
         if features is None:
@@ -182,6 +186,30 @@ def read_shard(uri: str, index: int = 0, n_features: int | None = None, need_lab
         if labels is not None:
             labels[start:start + len(values)] = block_labels
     return ShardData(index, uri, features, labels)
+
+
+def _read_table_shard(uri: str, index: int, n_features: int | None, need_labels: bool) -> ShardData:
+    """:func:`read_shard` of a table's share: its pieces read in place, scaled, labels mapped."""
+    blocks = list(_table_blocks(uri, n_features, need_labels))
+    features = np.concatenate([values for _, values, _, _ in blocks])
+    labels = None if blocks[0][2] is None else np.concatenate([block_labels for _, _, block_labels, _ in blocks])
+    return ShardData(index, uri, features, labels)
+
+
+def _table_blocks(uri: str, n_features: int | None, need_labels: bool):
+    """:func:`_blocks` for a table's share: one block a piece, the file argument None."""
+    shard = read_table_shard(uri)
+    if need_labels and shard.source.label is None:
+        raise ShardError(f"{uri}: the table source names no label column, but this job needs labels")
+    if n_features is not None and n_features != shard.n_features:
+        raise ShardError(f"{uri}: {shard.n_features} features per row, expected {n_features}")
+    start = 0
+    for values, labels in shard.blocks():
+        if len(values):
+            yield start, values, labels, None
+            start += len(values)
+    if start == 0:
+        raise ShardError(f"{uri}: shard is empty (no row of its pieces passes the filter)")
 
 
 def spill_shard(uri: str, directory: str, index: int = 0, n_features: int | None = None,
@@ -214,6 +242,9 @@ def _blocks(uri: str, n_features: int | None, need_labels: bool):
     """``(first row, stored feature values, labels or None, the open file)`` for each block of
     :data:`STREAM_ROWS` rows of a shard, checked by :func:`feature_rows` and :func:`_labels`.
     Parquet's own memory goes back to the system at the end (its pool would keep it)."""
+    if is_table_shard(uri):
+        yield from _table_blocks(uri, n_features, need_labels)
+        return
     start, width = 0, None
     try:
         with open_shard(uri, streaming=True) as parquet:
@@ -283,6 +314,8 @@ def as_float32(values: np.ndarray) -> np.ndarray:
 
 def read_labels(uri: str) -> np.ndarray:
     """The labels of one shard, reading only that column (e.g. to count the classes)."""
+    if is_table_shard(uri):
+        return read_table_shard(uri).labels()
     try:
         with open_shard(uri) as parquet:
             if LABEL not in parquet.schema_arrow.names:
@@ -337,7 +370,17 @@ _footer_reader: ProcessPoolExecutor | None = None  # shard_info's helper process
 
 
 def describe_shard(uri: str) -> dict:
-    """One shard's entry of :func:`shard_info`, read in this process."""
+    """One shard's entry of :func:`shard_info`, read in this process. A table's share also
+    gives its label ``classes`` and feature ``scaler`` (as dicts), which the model keeps."""
+    if is_table_shard(uri):
+        shard = read_table_shard(uri)
+        if shard.rows == 0:
+            raise ShardError(f"{uri}: shard is empty")
+        return {"uri": uri, "rows": shard.rows, "features": shard.n_features, "labels": shard.source.label is not None,
+                "ranges": {FEATURES: shard.feature_range,
+                           LABEL: None if shard.classes is None else (0, len(shard.classes) - 1)},
+                "classes": None if shard.classes is None else shard.classes.to_dict(),
+                "scaler": None if shard.scaler is None else shard.scaler.to_dict()}
     with open_shard(uri) as parquet:
         rows = parquet.metadata.num_rows
         if rows == 0:
@@ -387,3 +430,15 @@ def write_shards(X: np.ndarray, y: np.ndarray | None, uri: str, n_shards: int, *
         pq.write_table(pa.table(columns), join(path, name), filesystem=fs, write_page_checksum=True)
         written.append(join(uri, name))
     return written
+
+
+def is_table_shard(uri: str) -> bool:
+    """Whether ``uri`` names a table's share (:class:`~iterreduce.tables.TableShard`)."""
+    return uri.endswith(TABLE_SHARD_SUFFIX)
+
+
+def read_table_shard(uri: str):
+    """The :class:`~iterreduce.tables.TableShard` at ``uri`` (imported here on use: tables imports this module)."""
+    from .tables import read_table_shard as read
+
+    return read(uri)

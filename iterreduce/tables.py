@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from .exceptions import IterReduceError, ShardError
-from .shards import filesystem
+from .shards import TABLE_SHARD_SUFFIX, filesystem, is_table_shard
 
 FORMATS = ("parquet", "orc")
 #: Names of Spark's and Hadoop's side files and folders (_SUCCESS, _committed_*, _started_*,
@@ -816,11 +816,17 @@ class Scaler:
     scale: np.ndarray
 
     def transform(self, X: np.ndarray) -> np.ndarray:
-        """``X`` (rows x features) scaled, as float32."""
-        X = np.asarray(X, dtype=np.float32)
+        """``X`` (rows x features) scaled, as float32. Computed in float64 and rounded once, so a
+        min-max scaler maps its training data into [0, 1] exactly (in float32 the maximum could
+        land one step above 1); it clips new data beyond the training range to [0, 1], the
+        range Bernoulli units take."""
+        X = np.asarray(X)
         if X.ndim != 2 or X.shape[1] != len(self.offset):
             raise TableError(f"{self.kind} scaler: data of shape {X.shape}, expected rows x {len(self.offset)}")
-        return (X - self.offset.astype(np.float32)) * self.scale.astype(np.float32)
+        scaled = (X.astype(np.float64) - self.offset) * self.scale
+        if self.kind == "min_max":
+            np.clip(scaled, 0.0, 1.0, out=scaled)
+        return scaled.astype(np.float32)
 
     def to_dict(self) -> dict:
         """JSON-friendly: kind, offset, scale."""
@@ -830,3 +836,88 @@ class Scaler:
     def from_dict(cls, d: dict) -> Scaler:
         """The scaler :meth:`to_dict` wrote."""
         return cls(d["kind"], np.asarray(d["offset"], np.float64), np.asarray(d["scale"], np.float64))
+
+
+# ------------------------------------------------------------------ a worker's share of a table
+
+
+
+@dataclass(frozen=True)
+class TableShard:
+    """One worker's share of a table, read in place: the source, its pieces, and what turns
+    the rows into training data (the label map and the feature scaler, the same for every
+    share). Saved as a small JSON file whose URI the runtime hands out like a Parquet shard's
+    (:func:`iterreduce.shards.read_shard` and the rest read either)."""
+
+    source: TableSource           # resolved (:func:`resolve`): a glob names the same columns everywhere
+    pieces: tuple[Piece, ...]
+    n_features: int
+    classes: LabelMap | None = None
+    scaler: Scaler | None = None
+    feature_range: tuple[float, float] | None = None  # min and max of the scaled features over the table
+
+    @property
+    def rows(self) -> int:
+        """The rows of the pieces as stored (a filter on stored columns may keep fewer)."""
+        return sum(p.rows for p in self.pieces)
+
+    def blocks(self):
+        """``(scaled float32 features, int64 classes or None)`` for each piece in turn."""
+        for piece in self.pieces:
+            X, y = read_piece(self.source, piece, classes=self.classes, n_features=self.n_features)
+            yield (self.scaler.transform(X) if self.scaler is not None else X), y
+
+    def labels(self) -> np.ndarray:
+        """The classes of every row, reading the label column alone."""
+        if self.source.label is None:
+            raise ShardError(f"{self.source.uri}: the table source names no 'label' column: a classifier needs labels")
+        parts = []
+        for piece in self.pieces:
+            fragment, schema = _open_piece(self.source, piece)
+            _check_label(schema, self.source.label, piece.path)
+            table = _read_rows(self.source, piece, fragment, schema, [self.source.label])
+            column = _non_null(table.column(self.source.label).combine_chunks(), self.source.label, piece.path,
+                               table.column(ROW).to_numpy())
+            parts.append(self.classes.encode(column, where=piece.path))
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+    def to_dict(self) -> dict:
+        """JSON-friendly (what :meth:`from_dict` reads back)."""
+        return {"source": self.source.to_dict(), "pieces": [p.to_dict() for p in self.pieces],
+                "n_features": self.n_features,
+                "classes": None if self.classes is None else self.classes.to_dict(),
+                "scaler": None if self.scaler is None else self.scaler.to_dict(),
+                "feature_range": None if self.feature_range is None else list(self.feature_range)}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> TableShard:
+        """The share :meth:`to_dict` wrote."""
+        return cls(TableSource.from_dict(d["source"]), tuple(Piece.from_dict(p) for p in d["pieces"]),
+                   int(d["n_features"]), None if d["classes"] is None else LabelMap.from_dict(d["classes"]),
+                   None if d["scaler"] is None else Scaler.from_dict(d["scaler"]),
+                   None if d["feature_range"] is None else tuple(d["feature_range"]))
+
+
+def write_table_shard(uri: str, shard: TableShard) -> None:
+    """Write ``shard`` to ``uri`` (ending in :data:`TABLE_SHARD_SUFFIX`), on any file system."""
+    import json
+
+    if not is_table_shard(uri):
+        raise TableError(f"{uri}: a table shard's name ends in {TABLE_SHARD_SUFFIX!r}")
+    fs, path = filesystem(uri)
+    with fs.open_output_stream(path) as f:
+        f.write(json.dumps(shard.to_dict()).encode())
+
+
+def read_table_shard(uri: str) -> TableShard:
+    """The :class:`TableShard` saved at ``uri``; a file that is not one raises :class:`ShardError`."""
+    import json
+
+    fs, path = filesystem(uri)
+    try:
+        with fs.open_input_stream(path) as f:
+            return TableShard.from_dict(json.loads(f.read()))
+    except (OSError, pa.ArrowException) as exc:
+        raise ShardError(f"{uri}: cannot read the table shard: {exc}") from exc
+    except (ValueError, KeyError, TypeError) as exc:  # not JSON, or not a table shard's fields
+        raise ShardError(f"{uri}: not a table shard ({type(exc).__name__}: {exc})") from exc

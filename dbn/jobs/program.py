@@ -25,6 +25,7 @@ from iterreduce.program import Program, Step, Update, WorkerProgram, block_momen
 from iterreduce.rowfile import RowFile, local_directory
 from iterreduce.shards import read_labels, read_shard, shard_info, spill_shard
 
+from ..data.table_data import attach_inputs
 from ..data.validation import UNIT_INTERVAL_HINT, check_features, check_labels, class_warnings
 from ..exceptions import DataError
 from ..model import state
@@ -62,6 +63,7 @@ class DBNProgram(Program):
         self.n_classes = config.get("n_classes")  # None: counted from the shards' labels by check_shards
         self._validation = None
         self._finetune_parts = 1
+        self._inputs = {}  # a table's label classes and feature scaler (from its shares), kept with the model
 
     def _parts(self, shards, batch_size) -> int:
         sync = int(self.config.get("sync_every") or 0)
@@ -97,6 +99,7 @@ class DBNProgram(Program):
         """Refuse data this DBN cannot train on, by the footers (feature counts, labels, the
         value range Bernoulli units need) and the label columns (classes outside ``n_classes``);
         returns the class counts and warnings about rare classes for the log."""
+        self._inputs = {key: shards[0][key] for key in ("classes", "scaler") if shards[0].get(key) is not None}
         unlabelled = [s["uri"] for s in shards if not s["labels"]]
         if self.model.finetune_epochs > 0 and unlabelled:
             raise DataError(f"{unlabelled[0]}: no 'label' column, but fine-tuning needs labels "
@@ -129,7 +132,8 @@ class DBNProgram(Program):
             found = np.bincount(labels)
             counts = np.pad(counts, (0, max(0, found.size - counts.size)))
             counts[:found.size] += found
-        self.n_classes = self.config.get("n_classes") or counts.size
+        known = len(self._inputs["classes"]["classes"]) if "classes" in self._inputs else 0
+        self.n_classes = self.config.get("n_classes") or max(counts.size, known)
         return {"classes": counts.tolist(), "warnings": class_warnings(counts, name="the shards' labels")}
 
     def initial_parameters(self, seed, shards):
@@ -198,8 +202,10 @@ class DBNProgram(Program):
         return {} if image is None else {view.FILTERS: image}
 
     def to_model(self, parameters) -> DBN:
-        """The trained :class:`DBN` from the final parameters."""
-        return DBN(**dbn_params(self.config), device="cpu").set_state(parameters)
+        """The trained :class:`DBN` from the final parameters, with a table's classes and
+        scaler, so that it predicts from the table's raw rows."""
+        model = DBN(**dbn_params(self.config), device="cpu").set_state(parameters)
+        return attach_inputs(model, self._inputs.get("classes"), self._inputs.get("scaler"))
 
 
 class DBNWorker(WorkerProgram):

@@ -38,12 +38,13 @@ import numpy as np
 from iterreduce import runlog
 from iterreduce.exceptions import MasterKilled
 from iterreduce.local import PREVIOUS, RUN_FILES, gpu_count, local_processes, prune_previous, run_local, set_aside
-from iterreduce.shards import filesystem, join, list_shards, shard_info
+from iterreduce.shards import TABLE_SHARD_SUFFIX, filesystem, join, list_shards, shard_info
 
 from .. import __version__
 from ..data.sharding import load_dataset, load_shards, shard_dataset
+from ..data.table_data import attach_inputs, prepare, raw_table_rows, read_table, table_shards
 from ..data.validation import check_labels, class_warnings
-from ..exceptions import ConfigError, ModelFileError, UsageError
+from ..exceptions import ConfigError, DataError, ModelFileError, UsageError
 from ..model import flops
 from ..model.backend import Backend, resolve_device
 from ..model.estimator import DBN
@@ -117,7 +118,8 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
     flop_result = flop_figures(out, model, spec, train_seconds, measure=not isinstance(launcher, Yarn))
     n_test, test_error = None, None
     if spec.data.test is not None and model.network_ is not None:  # pre-training only: nothing to test
-        tested = evaluate_model(model, spec.data.test, mnist_dir=spec.data.mnist_dir)
+        tested = evaluate_model(model, spec.data.test, mnist_dir=spec.data.mnist_dir,
+                                table=spec.data if spec.data.features is not None else None)
         n_test, test_error = tested["n_samples"], tested["test_error"]
     result = {
         "name": spec.job.name, "on": launcher.where, "test_error": test_error, "n_test": n_test,
@@ -236,15 +238,21 @@ def _differences(earlier: dict, now: dict) -> list[tuple[str, object, object]]:
     return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if counts(k) and a.get(k) != b.get(k)]
 
 
-def evaluate_model(model: DBN | str | Path, data: str, *, mnist_dir: str | None = None, device: str = "cpu") -> dict:
+def evaluate_model(model: DBN | str | Path, data: str, *, mnist_dir: str | None = None, device: str = "cpu",
+                   table=None) -> dict:
     """Test error of ``model`` (a DBN, or a model file loaded onto ``device``) on ``data``
-    ("mnist" for its 10,000 test images, a .npz or a .csv with labels)."""
+    ("mnist" for its 10,000 test images, a .npz or a .csv with labels; with ``table``, a job's
+    ``[data]`` section, a table with the training table's columns: its raw rows and labels go
+    to the model, which scales and maps them as it was trained)."""
     path = None if isinstance(model, DBN) else str(model)
     if path is not None:
         model = DBN.load(path, device=device)
         if model.network_ is None:
             raise ModelFileError(f"{path}: a pre-trained stack without a classifier: nothing to evaluate")
-    X, y = load_dataset(data, split="test", mnist_dir=mnist_dir, labels=True)
+    if table is not None:
+        X, y = raw_table_rows(table)
+    else:
+        X, y = load_dataset(data, split="test", mnist_dir=mnist_dir, labels=True)
     error = 1.0 - model.score(X, y)
     return {"model": path, "data": data, "test_error": error, "n_samples": int(X.shape[0]),
             "errors": int(round(error * X.shape[0])), "device": model.backend.device}
@@ -305,7 +313,15 @@ class InProcess:
 
     def train(self, spec: JobSpec, out: Path, on_record: OnRecord) -> dict:
         n_classes = spec.model.n_classes
-        if spec.cluster.shards:  # the job names its data as shards: train on those, never on [data] train
+        table = None
+        if spec.data.features is not None and not spec.cluster.shards:  # a table, read in place
+            table = prepare(spec.data, spec.model.visible)
+            source = spec.data.train
+            X, y = read_table(table)
+            if y is None:
+                raise DataError(f"{source}: [data] label names no column, but training needs labels")
+            n_classes = n_classes or len(table.classes)
+        elif spec.cluster.shards:  # the job names its data as shards: train on those, never on [data] train
             source = spec.cluster.shards
             X, y = load_shards(source, limit=spec.data.limit, n_classes=n_classes,
                                unit_interval=spec.model.visible == "bernoulli")
@@ -337,6 +353,8 @@ class InProcess:
                 raise Interrupted(f"after {epochs.where}; no model written; progress so far is in "
                                   f"{out / runlog.LOG_NAME}") from None
             log.event("done", steps=epochs.count, seconds=epochs.elapsed())  # as a master's log ends (not printed)
+        if table is not None:
+            attach_inputs(model, table.classes and table.classes.to_dict(), table.scaler and table.scaler.to_dict())
         model.save(out / MODEL_FILE)
         return {"n_train": int(X.shape[0]), "pretrain_seconds": pretrain_seconds,
                 "finetune_seconds": epochs.elapsed() - pretrain_seconds, "sync_fraction": None,
@@ -440,9 +458,20 @@ def local_shards(spec: JobSpec, out: Path, n_shards: int) -> str:
     if spec.cluster.shards:
         return spec.cluster.shards
     shards = out / "shards"
-    source = {"train": spec.data.train, "limit": spec.data.limit, "shards": n_shards, "mnist_dir": spec.data.mnist_dir}
+    if spec.data.features is not None:  # a table, read in place: only its shares are written
+        source = {"table": dataclasses.asdict(spec.data), "visible": spec.model.visible, "shards": n_shards}
+    else:
+        source = {"train": spec.data.train, "limit": spec.data.limit, "shards": n_shards,
+                  "mnist_dir": spec.data.mnist_dir}
     marker = shards / "source.json"
     if marker.exists() and json.loads(marker.read_text()) == source:
+        return str(shards)
+    if spec.data.features is not None:
+        shards.mkdir(parents=True, exist_ok=True)
+        for old in [*shards.glob("*.parquet"), *shards.glob(f"*{TABLE_SHARD_SUFFIX}")]:
+            old.unlink()  # another source's shards: not to be listed with these
+        table_shards(spec.data, spec.model.visible, n_shards, str(shards))
+        marker.write_text(json.dumps(source))
         return str(shards)
     shard_dataset(spec.data.train, str(shards), n_shards, split="train", mnist_dir=spec.data.mnist_dir,
                   limit=spec.data.limit)

@@ -46,7 +46,9 @@ from typing import Any
 import tomli_w
 
 from iterreduce.master import REDUCE_CHOICES, MasterConfig
+from iterreduce.tables import FORMATS
 
+from ..data.table_data import SCALINGS
 from ..exceptions import ConfigError
 from .memory import STREAM_CHOICES
 from ..model.backend import DEVICES
@@ -67,10 +69,16 @@ __all__ = [
 
 @dataclass(frozen=True)
 class DataSection:
-    train: str = "mnist"
-    test: str | None = None
+    train: str = "mnist"  # "mnist", a .npz or .csv file, or (with features) a table's directory or file URI
+    test: str | None = None  # the same forms; a table with the training table's columns
     mnist_dir: str | None = None
-    limit: int | None = None
+    limit: int | None = None  # train on the first N rows (not for tables: use filter)
+    features: str | tuple[str, ...] | None = None  # a table's feature columns: names, a glob ("pixel_*") or one array/vector column
+    label: str | None = None  # a table's label column (integers or strings)
+    filter: str | None = None  # a table's rows to train on, e.g. "year >= 2020 and country == 'NL'"
+    test_filter: str | None = None  # the test table's rows, e.g. "split == 'test'" (test may be the train table)
+    format: str = "parquet"  # a table's file format: "parquet" or "orc"
+    scale: str = "auto"  # a table's feature scaling: "auto", "min_max", "standard" or "none" (saved with the model)
 
 
 _JOB_KEYS = ("seed", "device")  # DBN parameters that belong to [job], not [model]
@@ -150,7 +158,7 @@ class JobSection:
 
 SECTIONS = {"data": DataSection, "model": ModelSection, "output": OutputSection, "job": JobSection,
             "cluster": ClusterSection, "yarn": YarnSection}
-CHOICES = {("model", "visible"): VISIBLE_UNITS, ("job", "device"): DEVICES, ("cluster", "stream"): STREAM_CHOICES,
+CHOICES = {("data", "format"): FORMATS, ("data", "scale"): SCALINGS, ("model", "visible"): VISIBLE_UNITS, ("job", "device"): DEVICES, ("cluster", "stream"): STREAM_CHOICES,
            ("cluster", "reduce"): ("auto", *REDUCE_CHOICES)}
 #: ``[cluster] reduce = "auto"`` has the workers reduce on YARN from this many workers: a star's
 #: master moves every worker's update, the workers a fixed share each (benchmarks/RESULTS.md).
@@ -193,7 +201,8 @@ class JobSpec:
                 raise ConfigError(f"{origin}: '{section}' must be a [{section}] table, got {_describe(table)}")
             for key, value in table.items():
                 value = _check(origin, section, key, value)
-                if base is not None and (section, key) in _PATH_KEYS and value is not None and value != "mnist":
+                if (base is not None and (section, key) in _PATH_KEYS and value is not None and value != "mnist"
+                        and "://" not in value):  # a URI (hdfs://, s3://, file://) is absolute
                     value = str(base / Path(value).expanduser())
                 values[section][key] = value
         for dotted, value in (overrides or {}).items():

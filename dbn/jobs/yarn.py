@@ -21,11 +21,13 @@ from urllib.parse import urlparse
 from skein.model import parse_memory
 
 from iterreduce.shards import join, list_shards, shard_info
+from iterreduce.tables import read_table_shard
 from iterreduce.yarn import locality
 from iterreduce.yarn.envpack import pack_environment
 from iterreduce.yarn.spec import YarnOptions, build_spec
 
 from ..data.sharding import shard_dataset
+from ..data.table_data import table_shards
 from ..exceptions import ConfigError
 from .memory import plan as plan_memory
 from .spec import JobSpec
@@ -83,7 +85,14 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
     output = _shared_uri("[output] dir (or --out)", cfg.output.dir)
     shards = cfg.cluster.shards and _shared_uri("[cluster] shards", cfg.cluster.shards)
     uris: list[str] = []
-    if not shards:
+    hosts: dict[str, list[str]] = {}
+    if not shards and cfg.data.features is not None:  # a table, read in place: only its shares are written
+        shards = join(output, "shards")
+        if not dry_run:
+            log(f"splitting the table {cfg.data.train} among {opts.workers} workers (its shares under {shards})")
+            uris = table_shards(cfg.data, cfg.model.visible, opts.workers, shards)
+            hosts = table_hosts(uris)
+    elif not shards:
         shards = join(output, "shards")
         if not dry_run:
             log(f"sharding {cfg.data.train} into {opts.workers} shards under {shards}")
@@ -91,7 +100,7 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
                                  mnist_dir=cfg.data.mnist_dir, limit=cfg.data.limit)
     elif not dry_run:
         uris = list_shards(shards)
-    hosts = locality.block_hosts(uris) if uris else {}
+    hosts = hosts or (locality.block_hosts(uris) if uris else {})
     slot_hosts = locality.slot_hosts(uris, opts.workers, hosts) if hosts else []
     opts.worker_nodes = sorted({h for slot in slot_hosts for h in slot})
     opts.file_systems = list(dict.fromkeys([*opts.file_systems, *_name_services([output, shards])]))
@@ -120,6 +129,28 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
         opts.env_archive = str(archive)
     spec = build_spec(f"dbn-{cfg.job.name}", str(job_file), opts, device=cfg.job.device)
     return Submission(spec, job, job_file)
+
+
+def table_hosts(uris: list[str]) -> dict[str, list[str]]:
+    """``{share: [hosts]}`` for a table's shares: the hosts holding the blocks of the files
+    its pieces are in, those with the most of its rows first (``{}`` off HDFS)."""
+    shares = {uri: read_table_shard(uri) for uri in uris}
+    files = {}
+    for share in shares.values():
+        parts = urlparse(share.source.uri)
+        for piece in share.pieces:
+            files.setdefault(piece.path, f"{parts.scheme}://{parts.netloc}{piece.path}" if parts.scheme else piece.path)
+    by_file = locality.block_hosts(sorted(set(files.values())))
+    if not by_file:
+        return {}
+    found = {}
+    for uri, share in shares.items():
+        rows: dict[str, int] = {}
+        for piece in share.pieces:
+            for host in by_file.get(files[piece.path], []):
+                rows[host] = rows.get(host, 0) + piece.rows
+        found[uri] = sorted(rows, key=lambda host: -rows[host])
+    return found
 
 
 def submit(cfg: JobSpec, *, log=print):

@@ -8,7 +8,7 @@ from typing import Callable
 
 import numpy as np
 
-from . import persist, state
+from . import persist, preprocess, state
 from .base import Estimator
 from .network import Network
 from .rbm import RBM
@@ -63,6 +63,13 @@ class DBN(Estimator):
     network_ : Network or None     the fine-tuned network (hidden layers + softmax)
     n_features_in_, n_classes_ : int
     history_ : list of dict        every progress record
+    input_scaler_ : Scaler or None the scaler of raw rows (:meth:`set_inputs`; absent or None: none)
+    classes_ : ndarray or None     the label value of each class (:meth:`set_inputs`; absent or None: 0..K-1)
+
+    ``fit``, ``pretrain`` and ``finetune`` take the data as the network sees it (features
+    scaled, labels as class indices 0..K-1); ``transform``, ``predict_proba``, ``predict``
+    and ``score`` take raw rows, which ``input_scaler_`` scales first, and ``predict`` and
+    ``score`` speak in the label values of ``classes_``.
 
     The arguments of ``__init__`` are the hyperparameters, kept as given:
     :meth:`get_params` / :meth:`set_params` read and write them, :meth:`validate_params`
@@ -197,6 +204,7 @@ class DBN(Estimator):
         """Greedy layer-wise CD training; each layer learns on the one below's mean-field output."""
         self.validate_params()
         data = self._check_X(X, fitted=False)
+        self._check_inputs(n_features=data.shape[1])
         self.n_features_in_ = data.shape[1]
         self.rbms_, self.network_ = [], None
         for layer in range(len(self.hidden_layers)):
@@ -223,10 +231,13 @@ class DBN(Estimator):
         be = self.backend
         X = self._check_X(X)
         y = check_labels(y, n_samples=X.shape[0], n_classes=self.n_classes)
+        classes = getattr(self, "classes_", None)
         if self.network_ is not None:
-            self.n_classes_ = self.network_.n_classes
-        else:
-            self.n_classes_ = self.n_classes or int(y.max()) + 1
+            n_classes = self.network_.n_classes
+        else:  # with classes_ set, every class gets an output, those absent from y too
+            n_classes = self.n_classes or (len(classes) if classes is not None else int(y.max()) + 1)
+        self._check_inputs(n_classes=n_classes)
+        self.n_classes_ = n_classes
         y = check_labels(y, n_samples=X.shape[0], n_classes=self.n_classes_)
         X_train, y_train, X_valid, y_valid = self._split_validation(X, y)
 
@@ -284,17 +295,72 @@ class DBN(Estimator):
         xp = self.backend.xp
         return X[xp.asarray(train)], y[train], X[xp.asarray(valid)], y[valid]
 
+    # ----------------------------------------------------- raw rows and labels
+
+    def set_inputs(self, scaler=None, classes=None) -> "DBN":
+        """Attach what turned the raw table into the training data, so that the model takes raw
+        rows and answers in label values; returns self. Saved with the model (:meth:`save`).
+
+        scaler : iterreduce.tables.Scaler or None
+            Scales every row that :meth:`transform`, :meth:`predict_proba`, :meth:`predict` and
+            :meth:`score` get, before the input checks: raw rows outside [0, 1] suit Bernoulli
+            visible units when the scaler maps them into [0, 1]. Its width must be
+            ``n_features_in_`` (when fitted). Kept as a float64 copy in ``input_scaler_``.
+        classes : sequence of int or str, or None
+            The label value of each class in class-index order, sorted and distinct (a
+            ``LabelMap``'s ``classes``), ``n_classes_`` of them (when fine-tuned):
+            :meth:`predict` returns these values, :meth:`score` takes them as ``y``, and the
+            columns of :meth:`predict_proba` are in their order. Kept as a NumPy array in ``classes_``.
+
+        None for either means none (rows as given; classes 0..K-1). Set before training, they
+        are checked against the data then. Training (``fit``, ``pretrain``, ``finetune``) still
+        takes scaled features and class indices, as the training job makes them.
+        """
+        n_features = getattr(self, "n_features_in_", None) if self.rbms_ else None
+        n_classes = self.network_.n_classes if self.network_ is not None else None
+        scaler = None if scaler is None else preprocess.check_scaler(scaler, n_features)
+        classes = None if classes is None else preprocess.check_classes(classes, n_classes)
+        self.input_scaler_, self.classes_ = scaler, classes
+        return self
+
+    def _check_inputs(self, n_features: int | None = None, n_classes: int | None = None) -> None:
+        """Training data of ``n_features`` features and ``n_classes`` classes must fit inputs set before training."""
+        scaler, classes = getattr(self, "input_scaler_", None), getattr(self, "classes_", None)
+        try:
+            if scaler is not None and n_features is not None:
+                preprocess.check_scaler(scaler, n_features)
+            if classes is not None and n_classes is not None:
+                preprocess.check_classes(classes, n_classes)
+        except ValueError as exc:
+            raise DataError(f"the training data does not fit the inputs given to set_inputs: {exc}") from None
+
+    def _input_X(self, X):
+        """Raw rows as the network takes them: scaled by ``input_scaler_`` when set, then checked
+        as scaled (the [0, 1] of Bernoulli units is a property of what the network sees)."""
+        scaler = getattr(self, "input_scaler_", None)
+        if scaler is None:
+            return self._check_X(X)
+        X = check_features(X, n_features=self.n_features_in_)  # numeric, 2-D, finite and of the model's width
+        return self._check_X(preprocess.scale(scaler, X), name=f"X scaled by the model's {scaler.kind} scaler")
+
+    def _class_indices(self, y, n_samples: int) -> np.ndarray:
+        """``y`` as class indices: label values of ``classes_`` when set, else indices 0..n_classes_-1."""
+        classes = getattr(self, "classes_", None)
+        if classes is None:
+            return check_labels(y, n_samples=n_samples, n_classes=self.n_classes_)
+        return preprocess.encode_labels(classes, y, n_samples)
+
     # ----------------------------------------------------------- inference
 
-    def _check_X(self, X, fitted: bool = True):
+    def _check_X(self, X, fitted: bool = True, name: str = "X"):
         n_features = getattr(self, "n_features_in_", None) if fitted else None
-        X = check_features(X, n_features=n_features, unit_interval=self.visible == "bernoulli")
+        X = check_features(X, name=name, n_features=n_features, unit_interval=self.visible == "bernoulli")
         return self.backend.asarray(X)
 
     def transform(self, X) -> np.ndarray:
-        """Top hidden layer's mean-field activations (fine-tuned weights when fine-tuned)."""
+        """Top hidden layer's mean-field activations (fine-tuned weights when fine-tuned) of raw rows ``X``."""
         self._require_fitted()
-        data = self._check_X(X)
+        data = self._input_X(X)
         if self.network_ is None:
             for rbm in self.rbms_:
                 data = rbm._hidden_probs(data)
@@ -307,20 +373,23 @@ class DBN(Estimator):
         return be.to_numpy(data)
 
     def predict_proba(self, X) -> np.ndarray:
-        """Class probabilities, shape (n_samples, n_classes)."""
+        """Class probabilities of raw rows ``X``, shape (n_samples, n_classes); column i is class i
+        (``classes_[i]``)."""
         self._require_classifier()
-        return self.backend.to_numpy(self.network_.predict_proba_device(self._check_X(X)))
+        return self.backend.to_numpy(self.network_.predict_proba_device(self._input_X(X)))
 
     def predict(self, X) -> np.ndarray:
-        """Most probable class of each row."""
-        return self.predict_proba(X).argmax(axis=1)
+        """Most probable class of each raw row: its label value from ``classes_`` when set, else its index."""
+        indices = self.predict_proba(X).argmax(axis=1)
+        classes = getattr(self, "classes_", None)
+        return indices if classes is None else classes[indices]
 
     def score(self, X, y) -> float:
-        """Accuracy on ``(X, y)`` (1 - error rate)."""
+        """Accuracy on raw rows ``X`` and labels ``y`` (1 - error rate): label values of ``classes_``
+        when set (one that is not a class is a DataError naming it), else class indices."""
         self._require_classifier()
-        X = self._check_X(X)
-        y = check_labels(y, n_samples=X.shape[0], n_classes=self.n_classes_)
-        return 1.0 - self._error(X, y)
+        X = self._input_X(X)
+        return 1.0 - self._error(X, self._class_indices(y, X.shape[0]))
 
     def _error(self, X, y) -> float:
         probs = self.network_.predict_proba_device(X)
@@ -371,22 +440,28 @@ class DBN(Estimator):
 
         The arrays are the learned state under the names of :mod:`dbn.model.state`
         (without momentum increments); the header holds the hyperparameters, except
-        ``callback``.
+        ``callback``. A model with a scaler or classes (:meth:`set_inputs`) adds them in
+        the form of :mod:`dbn.model.preprocess`, as file format version 3, which older
+        readers refuse rather than predict from unscaled rows; others stay version 2.
         """
         self._require_fitted()
+        inputs, input_arrays = preprocess.to_file(getattr(self, "input_scaler_", None), getattr(self, "classes_", None))
         header = {
             "params": {k: v for k, v in self.get_params().items() if k != "callback"},
             "n_features_in": self.n_features_in_,
             "n_classes": getattr(self, "n_classes_", None),
             "has_network": self.network_ is not None,
+            **inputs,
         }
-        persist.save_arrays(path, header, self.get_state(increments=False))
+        version = persist.INPUTS_VERSION if inputs else persist.VERSION
+        persist.save_arrays(path, header, {**self.get_state(increments=False), **input_arrays}, version=version)
 
     @classmethod
     def load(cls, path, device: str = "auto") -> "DBN":
         """Read a model written by :meth:`save`, onto ``device`` (a GPU-trained model loads on a CPU).
 
-        Files of format version 1 (before the names of :mod:`dbn.model.state`) load too.
+        Files of format version 1 (before the names of :mod:`dbn.model.state`) and 2
+        (no scaler or classes: the model has none) load too.
         """
         header, arrays = persist.load_arrays(path)
         try:
@@ -396,6 +471,9 @@ class DBN(Estimator):
             model.set_state(arrays)
             if (model.network_ is not None) != header["has_network"]:
                 raise ValueError(f"has_network is {header['has_network']} but the arrays say otherwise")
+            scaler, classes = preprocess.from_file(header, arrays)
+            if scaler is not None or classes is not None:  # else none, as on a model just fitted
+                model.set_inputs(scaler=scaler, classes=classes)
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelFileError(f"{path}: model file is inconsistent: {exc!r}") from exc
         return model

@@ -19,7 +19,13 @@ from . import state
 from ..exceptions import ModelFileError
 
 FORMAT = "dbn-yarn-model"
-VERSION = 2  # 2: the array names of dbn.model.state (1: network.weights.{i}, ...)
+VERSION = 2  # what save_arrays writes unless told; 2: the array names of dbn.model.state (1: network.weights.{i}, ...)
+#: 3: a model that scales its inputs or names its classes (dbn.model.preprocess: scaler.* arrays,
+#: "scaler" and "classes" in the header). Only such models are written as 3: a reader of version 2
+#: would ignore them and predict from unscaled rows, so it must refuse the file instead; models
+#: without them stay version 2, which every reader since 2 loads.
+INPUTS_VERSION = 3
+NEWEST_VERSION = INPUTS_VERSION  # the newest format this code reads
 _HEADER = "__header__"
 
 
@@ -49,11 +55,14 @@ def _plain(value):
     raise TypeError(f"{type(value).__name__} is not JSON serialisable")
 
 
-def save_arrays(path, header: dict, arrays: dict[str, np.ndarray]) -> None:
-    """Save ``arrays`` and a JSON-serialisable ``header`` atomically to ``path``."""
+def save_arrays(path, header: dict, arrays: dict[str, np.ndarray], *, version: int = VERSION) -> None:
+    """Save ``arrays`` and a JSON-serialisable ``header`` atomically to ``path``, as format
+    ``version`` (the oldest that holds what the file holds, so that older readers load it)."""
     if _HEADER in arrays:
         raise ValueError(f"array name {_HEADER!r} is reserved")
-    meta = json.dumps({"format": FORMAT, "version": VERSION, **header}, sort_keys=True, default=_plain)
+    if version not in range(1, NEWEST_VERSION + 1):
+        raise ValueError(f"file format version must be 1..{NEWEST_VERSION}, got {version!r}")
+    meta = json.dumps({"format": FORMAT, "version": version, **header}, sort_keys=True, default=_plain)
     payload = {name: np.ascontiguousarray(a) for name, a in arrays.items()}
     payload[_HEADER] = np.frombuffer(meta.encode(), dtype=np.uint8)
     atomic_write(path, lambda f: np.savez(f, **payload))
@@ -147,8 +156,8 @@ def _header(path: Path, raw: np.ndarray) -> dict:
     version = header.get("version", 1)  # version 1 files said so; none lack it, but a missing one is the oldest
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
         raise ModelFileError(f"{path}: corrupt header: file format version {version!r}")
-    if version > VERSION:
+    if version > NEWEST_VERSION:
         raise ModelFileError(
-            f"{path}: written by a newer version (file format {version}, this one reads {VERSION})"
+            f"{path}: written by a newer version (file format {version}, this one reads {NEWEST_VERSION})"
         )
     return header

@@ -1,0 +1,136 @@
+"""Training data read in place from a table as Spark or Hive wrote it (``[data] features`` set).
+
+The job file names the table (``[data] train``, a directory or file URI), its feature
+columns, its label column, an optional row filter and the feature scaling. This module
+turns that into what training needs, with no copy of the data:
+
+- :func:`table_shards`: the table's pieces (Parquet row groups, ORC files) split among the
+  workers, balanced by rows, each share saved as a small ``.table.json`` file that the
+  runtime hands out like a Parquet shard (:class:`iterreduce.tables.TableShard`);
+- :func:`read_table`: the whole table (or a test table with the same columns) in memory;
+- the label classes (:class:`~iterreduce.tables.LabelMap`) and the feature scaler
+  (:class:`~iterreduce.tables.Scaler`), computed once, are the same for every share and
+  are saved with the model, so that it predicts from raw rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from iterreduce.shards import join
+from iterreduce.tables import (TABLE_SHARD_SUFFIX, FeatureStats, Scaler, TableShard, TableSource,
+                               assign, label_classes, open_dataset, pieces, read_piece, resolve,
+                               write_table_shard)
+
+from .validation import DataError
+
+#: ``[data] scale``: how features are mapped before training. "auto": to [0, 1] by each
+#: feature's min and max for Bernoulli visible units, to mean 0 and deviation 1 for Gaussian ones.
+SCALINGS = ("auto", "min_max", "standard", "none")
+
+
+def source_of(data, test: bool = False) -> TableSource:
+    """The :class:`TableSource` that a job's ``[data]`` section names: the training table
+    (``train``, ``filter``), or with ``test`` the test table (``test``, ``test_filter``)."""
+    features = data.features if isinstance(data.features, str) else tuple(data.features)
+    uri, filter_ = (data.test, data.test_filter) if test else (data.train, data.filter)
+    return TableSource(uri, features, data.label, data.format, filter_)
+
+
+def _stats(source: TableSource, found, classes: LabelMap | None, n_features: int) -> FeatureStats:
+    """Per-feature statistics of every row the filter keeps, one piece at a time."""
+    stats = FeatureStats.empty(n_features)
+    for piece in found:
+        X, _ = read_piece(source, piece, classes=classes, n_features=n_features)
+        stats.update(X)
+    return stats
+
+
+def _scaler(stats: FeatureStats, scale: str, visible: str) -> Scaler | None:
+    if scale == "auto":
+        scale = "min_max" if visible == "bernoulli" else "standard"
+    return {"min_max": stats.min_max_scaler, "standard": stats.standardizer}.get(scale, lambda: None)()
+
+
+def _width(source: TableSource, found) -> int:
+    """Features per row, from the first piece with rows (its features alone)."""
+    features_only = dataclasses.replace(source, label=None)
+    for piece in found:
+        X, _ = read_piece(features_only, piece)
+        if len(X):
+            return X.shape[1]
+    raise DataError(f"{source.uri}: no row passes the filter {source.filter!r}" if source.filter
+                    else f"{source.uri}: the table has no rows")
+
+
+def prepare(data, visible: str) -> TableShard:
+    """The whole table as one :class:`TableShard`: resolved columns, the pieces the filter
+    keeps, the label classes and the feature scaler from one pass over the rows. Raises
+    :class:`~iterreduce.exceptions.ShardError` naming the file, column and row of bad data."""
+    source = source_of(data)
+    dataset = open_dataset(source)
+    source = resolve(source, dataset)
+    found = pieces(dataset, source.filter)
+    if not found:
+        raise DataError(f"{source.uri}: no data file of the table passes the filter {source.filter!r}"
+                        if source.filter else f"{source.uri}: the table has no rows")
+    classes = label_classes(source, dataset) if source.label is not None else None
+    n_features = _width(source, found)
+    stats = _stats(source, found, classes, n_features)
+    if stats.count == 0:
+        raise DataError(f"{source.uri}: no row passes the filter {source.filter!r}")
+    scaler = _scaler(stats, data.scale, visible)
+    low, high = (stats.min, stats.max) if scaler is None else (scaler.transform(stats.min[None])[0],
+                                                                scaler.transform(stats.max[None])[0])
+    return TableShard(source, tuple(found), n_features, classes, scaler, (float(low.min()), float(high.max())))
+
+
+def table_shards(data, visible: str, workers: int, directory: str) -> list[str]:
+    """Split the table among ``workers`` (balanced by rows; fewer shares when it has fewer
+    pieces) and save each share in ``directory``; returns their URIs in worker order."""
+    whole = prepare(data, visible)
+    shares = [share for share in assign(list(whole.pieces), workers) if share]
+    uris = []
+    for i, share in enumerate(shares):
+        uri = join(directory, f"part-{i:05d}{TABLE_SHARD_SUFFIX}")
+        write_table_shard(uri, TableShard(whole.source, tuple(share), whole.n_features, whole.classes,
+                                          whole.scaler, whole.feature_range))
+        uris.append(uri)
+    return uris
+
+
+def read_table(shard: TableShard, *, scaled: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+    """All rows of ``shard`` in memory: float32 features (scaled by its scaler unless
+    ``scaled=False``) and classes."""
+    blocks = list(shard.blocks()) if scaled else [read_piece(shard.source, p, classes=shard.classes,
+                                                             n_features=shard.n_features) for p in shard.pieces]
+    X = np.concatenate([X for X, _ in blocks]) if blocks else np.zeros((0, shard.n_features), np.float32)
+    y = None if shard.classes is None else np.concatenate([y for _, y in blocks])
+    return X, y
+
+
+def raw_table_rows(data) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of the test table (``[data] test`` and ``test_filter``) as they are stored:
+    float32 features of ``[data] features`` and the label column's values, for a model that
+    scales and maps them itself (:func:`attach_inputs`). Errors name the file, column and row."""
+    source = source_of(data, test=True)
+    uri = source.uri
+    dataset = open_dataset(source)
+    source = resolve(source, dataset)
+    if source.label is None:
+        raise DataError(f"{uri}: [data] label names no column, but testing needs labels")
+    found = pieces(dataset, source.filter)
+    classes = label_classes(source, dataset)
+    X, y = read_table(TableShard(source, tuple(found), _width(source, found), classes), scaled=False)
+    return X, classes.decode(y)
+
+
+def attach_inputs(model, classes: dict | None, scaler: dict | None):
+    """Give ``model`` a table's label classes and feature scaler (as :meth:`TableShard.to_dict`
+    holds them), so that it scales raw rows and answers in the table's labels; returns it."""
+    if classes is None and scaler is None:
+        return model
+    return model.set_inputs(scaler=None if scaler is None else Scaler.from_dict(scaler),
+                            classes=None if classes is None else np.asarray(classes["classes"]))

@@ -1,0 +1,156 @@
+"""What a model does to raw rows before its network sees them, and to class indices after.
+
+The training job scales a table's features with an :class:`iterreduce.tables.Scaler` and maps
+its labels to class indices 0..K-1 with an :class:`iterreduce.tables.LabelMap`. A
+:class:`~dbn.model.estimator.DBN` that carries both (``DBN.set_inputs``) takes raw rows of
+the same table and gives label values. This module checks them, applies them and gives their
+model-file form: the scaler's kind and the classes (integers or strings, exactly, as JSON) in
+the header, the scaler's offset and scale as float64 arrays named :data:`SCALER_ARRAYS`.
+
+:mod:`iterreduce.tables` (and with it pyarrow's dataset and compute modules) is imported on
+first use, so that ``import dbn`` stays quick.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..exceptions import DataError
+
+if TYPE_CHECKING:
+    from iterreduce.tables import Scaler
+
+SCALER_KINDS = ("min_max", "standard")
+#: The model-file arrays of a scaler's fields (float64, one value per feature).
+SCALER_ARRAYS = {"offset": "scaler.offset", "scale": "scaler.scale"}
+_INT64 = np.iinfo(np.int64)
+
+
+# ------------------------------------------------------------------ checks
+
+def check_scaler(scaler, n_features: int | None = None) -> Scaler:
+    """A checked copy of ``scaler`` (an :class:`iterreduce.tables.Scaler`): a known kind, offset and
+    scale 1-D, finite, float64 and of one length, ``n_features`` when given. The copy keeps later
+    changes to the caller's arrays out of the model."""
+    from iterreduce.tables import Scaler
+
+    if not isinstance(scaler, Scaler):
+        raise TypeError(f"scaler must be an iterreduce.tables.Scaler, got {type(scaler).__name__}")
+    if scaler.kind not in SCALER_KINDS:
+        raise ValueError(f"scaler kind must be one of {SCALER_KINDS}, got {scaler.kind!r}")
+    fields = {}
+    for name in SCALER_ARRAYS:
+        value = np.array(getattr(scaler, name), dtype=np.float64)
+        if value.ndim != 1 or value.size == 0:
+            raise ValueError(f"scaler {name} has shape {value.shape}, expected (n_features,) with at least 1")
+        bad = ~np.isfinite(value)
+        if bad.any():
+            raise ValueError(f"scaler {name} holds {int(bad.sum())} NaN or infinite value(s), "
+                             f"the first at feature {int(np.argmax(bad))}")
+        fields[name] = value
+    width = fields["offset"].size
+    if fields["scale"].size != width:
+        raise ValueError(f"scaler scale has {fields['scale'].size} values but its offset {width}")
+    if n_features is not None and width != n_features:
+        raise ValueError(f"the scaler takes {width} features but the model has {n_features} (n_features_in_)")
+    return Scaler(scaler.kind, fields["offset"], fields["scale"])
+
+
+def check_classes(classes, n_classes: int | None = None) -> np.ndarray:
+    """The label values ``classes`` (class i is ``classes[i]``) as a 1-D NumPy array, checked: all
+    integers (that fit int64) or all strings, sorted and distinct as a LabelMap holds them,
+    ``n_classes`` of them when given."""
+    if isinstance(classes, (str, bytes, dict)) or not hasattr(classes, "__iter__"):
+        raise TypeError(f"classes must be a sequence of label values, got {type(classes).__name__}")
+    if isinstance(classes, np.ndarray) and classes.ndim != 1:
+        raise ValueError(f"classes must be 1-D, got shape {classes.shape}")
+    values = [v.item() if isinstance(v, np.generic) else v for v in classes]  # NumPy scalars as Python's
+    if not values:
+        raise ValueError("classes is empty")
+    kind = str if isinstance(values[0], str) else int
+    for i, v in enumerate(values):
+        if not isinstance(v, kind) or isinstance(v, bool):
+            raise ValueError(f"classes must be all integers or all strings: {v!r} (at {i}) is of type "
+                             f"{type(v).__name__}" + (f", class 0 {values[0]!r} of type {kind.__name__}" if i else ""))
+        if kind is int and not _INT64.min <= v <= _INT64.max:
+            raise ValueError(f"class {v} (at {i}) does not fit in 64 bits")
+    for i, (a, b) in enumerate(zip(values, values[1:]), start=1):
+        if a >= b:
+            raise ValueError(f"classes must be sorted and distinct: {b!r} (at {i}) comes after {a!r}")
+    if n_classes is not None and len(values) != n_classes:
+        raise ValueError(f"classes has {len(values)} values but the model has {n_classes} classes (n_classes_)")
+    array = np.array(values, dtype=np.int64 if kind is int else str)
+    if kind is str and array.tolist() != values:  # NumPy strings drop trailing NULs
+        i = next(i for i, (a, b) in enumerate(zip(array.tolist(), values)) if a != b)
+        raise ValueError(f"class {values[i]!r} (at {i}) ends in NUL characters, which NumPy strings drop")
+    return array
+
+
+# ------------------------------------------------------------------ applying them
+
+def scale(scaler: Scaler, X) -> np.ndarray:
+    """Raw rows ``X`` (checked: 2-D, numeric, finite, of the scaler's width) scaled as the training
+    data was, by :meth:`Scaler.transform <iterreduce.tables.Scaler.transform>` itself: float32 on the host."""
+    if type(X).__module__.startswith("cupy"):
+        X = X.get()  # the Scaler works on the host; its result goes to the model's device next
+    return scaler.transform(X)
+
+
+def encode_labels(classes: np.ndarray, y, n_samples: int, name: str = "y") -> np.ndarray:
+    """The class index (int64) of each label value in ``y`` (1-D, ``n_samples`` of them), by
+    :meth:`LabelMap.encode <iterreduce.tables.LabelMap.encode>` as the training job maps them;
+    a value that is not one of ``classes`` raises :class:`DataError` naming it and its row."""
+    from iterreduce.exceptions import ShardError
+    from iterreduce.tables import LabelMap
+
+    if type(y).__module__.startswith("cupy"):
+        y = y.get()
+    if isinstance(y, np.ndarray) and y.ndim != 1:
+        raise DataError(f"{name} must be 1-D (one label per sample), got shape {y.shape}")
+    if len(y) != n_samples:
+        raise DataError(f"{name} has {len(y)} labels but X has {n_samples} samples")
+    try:
+        return LabelMap(tuple(classes.tolist())).encode(y, where=name)
+    except ShardError as exc:  # a value that is not a class, or labels of the other type
+        raise DataError(str(exc)) from None
+    except (TypeError, ValueError) as exc:  # pyarrow cannot read them as one type (e.g. [1, "a"])
+        kind = "strings" if classes.dtype.kind == "U" else "integers"
+        raise DataError(f"{name}: labels that are not all {kind}, as the model's classes are: {exc}") from None
+
+
+# ------------------------------------------------------------------ model file
+
+def to_file(scaler: Scaler | None, classes: np.ndarray | None) -> tuple[dict, dict[str, np.ndarray]]:
+    """(header entries, arrays) of a model file for ``scaler`` and ``classes``: ``"scaler":
+    {"kind": ...}`` with the arrays :data:`SCALER_ARRAYS`, ``"classes": [...]``; empty for None."""
+    header, arrays = {}, {}
+    if scaler is not None:
+        header["scaler"] = {"kind": scaler.kind}
+        arrays = {array: np.asarray(getattr(scaler, field), np.float64) for field, array in SCALER_ARRAYS.items()}
+    if classes is not None:
+        header["classes"] = np.asarray(classes).tolist()
+    return header, arrays
+
+
+def from_file(header: dict, arrays: dict) -> tuple[Scaler | None, list | None]:
+    """The scaler and classes :func:`to_file` wrote (None where the file has none), unchecked
+    against the model (``DBN.set_inputs`` does that). A scaler's array without the header's
+    entry, or the other way round, is a ValueError (KeyError for a missing array)."""
+    scaler = None
+    if "scaler" in header:
+        entry = header["scaler"]
+        if not isinstance(entry, dict) or not isinstance(entry.get("kind"), str):
+            raise ValueError(f"header 'scaler' must be {{'kind': ...}}, got {entry!r}")
+        from iterreduce.tables import Scaler
+
+        scaler = Scaler(entry["kind"], **{field: arrays[array] for field, array in SCALER_ARRAYS.items()})
+    else:
+        stray = [array for array in SCALER_ARRAYS.values() if array in arrays]
+        if stray:
+            raise ValueError(f"array {stray[0]!r} but no 'scaler' in the header")
+    classes = header.get("classes")
+    if classes is not None and not isinstance(classes, list):
+        raise ValueError(f"header 'classes' must be a list, got {classes!r}")
+    return scaler, classes

@@ -1,0 +1,205 @@
+"""Jobs on a table as Spark writes it, read in place (``[data] features``): trained by ``dbn
+train`` in this process and on the local mini-cluster, predicting from the table's raw rows,
+the same model as the same rows converted to shards, and bad tables refused before training."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dbn import DBN
+from dbn.cli import main
+from dbn.data.table_data import raw_table_rows, read_table
+from dbn.jobs.spec import load_spec
+from iterreduce.shards import list_shards, read_shard, write_shards
+from iterreduce.tables import TableSource, read_table_shard
+
+# Spark ML's VectorUDT as Spark stores it in Parquet.
+VECTOR = pa.struct([pa.field("type", pa.int8(), nullable=False), pa.field("size", pa.int32()),
+                    pa.field("indices", pa.list_(pa.field("element", pa.int32(), nullable=False))),
+                    pa.field("values", pa.list_(pa.field("element", pa.float64(), nullable=False)))])
+ANIMALS = ["cat", "dog", "emu"]
+VECTOR_WIDTH, SCALARS = 6, 4
+#: split -> (days, files a day, rows a file)
+LAYOUT = {"train": ([1, 2], 2, 90), "test": ([3], 2, 60)}
+
+
+def spark_vector(row: np.ndarray) -> dict:
+    """``row`` as Spark stores a vector: sparse when it has zeros, else dense."""
+    nonzero = np.flatnonzero(row)
+    if len(nonzero) < len(row):
+        return {"type": 0, "size": len(row), "indices": nonzero.tolist(), "values": row[nonzero].tolist()}
+    return {"type": 1, "size": None, "indices": None, "values": row.tolist()}
+
+
+def write_animals(root: Path, seed: int = 0) -> dict:
+    """Three classes of animals, separable but not trivially, laid out as Spark writes a table:
+    ``split=/day=`` folders, two part files each (several row groups), ``_SUCCESS``, Hadoop's
+    ``.crc`` files; features in a vector column ``vec`` (some sparse) and scalar columns
+    ``x0``.. of several types on scales far from [0, 1]; the label a string. Returns the rows
+    of each split as (features, labels) in file order."""
+    rng = np.random.default_rng(seed)
+    centers = rng.normal(0, 1.5, (len(ANIMALS), VECTOR_WIDTH + SCALARS))
+    rows = {}
+    k = 0
+    for split, (days, files, n) in LAYOUT.items():
+        xs, ys = [], []
+        for day in days:
+            folder = root / f"split={split}" / f"day={day}"
+            folder.mkdir(parents=True)
+            for _ in range(files):
+                y = rng.integers(0, len(ANIMALS), n)
+                X = centers[y] + rng.normal(0, 1.0, (n, VECTOR_WIDTH + SCALARS))
+                X[:, :VECTOR_WIDTH][rng.random((n, VECTOR_WIDTH)) < 0.2] = 0.0  # sparse vectors
+                X[:, VECTOR_WIDTH] = np.round(X[:, VECTOR_WIDTH] * 1000)  # an int column in the thousands
+                X[:, VECTOR_WIDTH + 1] = X[:, VECTOR_WIDTH + 1] * 50 + 500
+                table = pa.table({
+                    "id": pa.array(np.arange(k * n, (k + 1) * n), pa.int64()),
+                    "vec": pa.array([spark_vector(r) for r in X[:, :VECTOR_WIDTH]], VECTOR),
+                    "x0": pa.array(X[:, VECTOR_WIDTH].astype(np.int32)),
+                    "x1": pa.array(X[:, VECTOR_WIDTH + 1]),
+                    "x2": pa.array(X[:, VECTOR_WIDTH + 2].astype(np.float32)),
+                    "x3": pa.array(X[:, VECTOR_WIDTH + 3]),
+                    "animal": pa.array(np.asarray(ANIMALS)[y]),
+                })
+                path = folder / f"part-{k:05d}-0a1b2c3d-c000.snappy.parquet"
+                pq.write_table(table, str(path), row_group_size=32, compression="snappy")
+                (folder / f".{path.name}.crc").write_bytes(b"crc")
+                xs.append(X.astype(np.float32))
+                ys.append(np.asarray(ANIMALS)[y])
+                k += 1
+        rows[split] = (np.concatenate(xs), np.concatenate(ys))
+    (root / "_SUCCESS").touch()
+    return rows
+
+
+@pytest.fixture(scope="module")
+def animals(tmp_path_factory):
+    root = tmp_path_factory.mktemp("animals")
+    return root, write_animals(root)
+
+
+def job_file(tmp_path: Path, root: Path, workers: int, *, test: bool = True, cluster: str = "",
+             data: str = "") -> Path:
+    """A job file of a few lines naming the table as it is."""
+    path = tmp_path / "job.toml"
+    tested = f"""test = "{root}"
+test_filter = "split == 'test'"
+""" if test else ""
+    path.write_text(f"""
+[data]
+train = "{root}"
+filter = "split == 'train'"
+features = ["vec", "x0", "x1", "x2", "x3"]
+label = "animal"
+{tested}{data}
+[model]
+hidden_layers = [24]
+pretrain_epochs = 3
+finetune_epochs = 12
+pretrain_batch_size = 20
+finetune_batch_size = 20
+finetune_learning_rate = 0.3
+
+[cluster]
+workers = {workers}
+{cluster}
+[output]
+dir = "{tmp_path / 'out'}"
+
+[job]
+seed = 3
+device = "cpu"
+""")
+    return path
+
+
+def train(tmp_path: Path, root: Path, workers: int, **kwargs) -> tuple[dict, DBN]:
+    import json
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    args = ["train", str(job_file(tmp_path, root, workers, **kwargs)), "--quiet", "--no-ui"]
+    assert main(args + (["--local", str(workers)] if workers else [])) == 0
+    out = tmp_path / "out"
+    return json.loads((out / "result.json").read_text()), DBN.load(out / "model.npz", device="cpu")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_spark_table_trains_in_place_and_the_model_predicts_its_raw_rows(tmp_path, animals, workers):
+    root, rows = animals
+    result, model = train(tmp_path, root, workers)
+    X_test, y_test = rows["test"]
+    assert result["n_test"] == len(y_test) and result["test_error"] < 0.1
+    if workers:  # no copy of the data: the shares are small JSON files naming the table's row groups
+        shares = list_shards(str(tmp_path / "out" / "shards"))
+        assert len(shares) == 2 and all(uri.endswith(".table.json") for uri in shares)
+        assert not list((tmp_path / "out").rglob("*.parquet"))
+        pieces = [p for uri in shares for p in read_table_shard(uri).pieces]
+        assert len(pieces) == len({(p.path, p.row_group) for p in pieces})  # each row group once
+        assert sum(p.rows for p in pieces) == len(rows["train"][1])
+        assert abs(pieces_rows(shares[0]) - pieces_rows(shares[1])) <= 32  # balanced within a row group
+    # The model scales raw rows itself and answers in the table's labels.
+    predicted = model.predict(X_test)
+    assert set(predicted) <= set(ANIMALS)
+    assert np.mean(predicted != y_test) == pytest.approx(result["test_error"])
+    assert model.score(X_test, y_test) == pytest.approx(1 - result["test_error"])
+
+
+def pieces_rows(uri: str) -> int:
+    return read_table_shard(uri).rows
+
+
+def test_the_table_gives_the_model_of_the_same_rows_converted_to_shards(tmp_path, animals):
+    """Issue 16's bar: read in place, or converted to our shard format, each worker's rows are
+    the same bits, and with the same seed so is the model."""
+    root, _ = animals
+    _, in_place = train(tmp_path / "in-place", root, 2)
+    converted = tmp_path / "converted"
+    for i, uri in enumerate(list_shards(str(tmp_path / "in-place" / "out" / "shards"))):
+        X, y = read_table(read_table_shard(uri))  # the share's rows as training sees them
+        write_shards(X, y, str(converted), 1, prefix=f"part-{i:05d}")
+        np.testing.assert_array_equal(read_shard(list_shards(str(converted))[i]).features, X)
+    _, from_shards = train(tmp_path / "shards", root, 2, test=False, cluster=f'shards = "{converted}"')
+    a, b = in_place.get_state(), from_shards.get_state()
+    assert sorted(a) == sorted(b)
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def write_one_file(root: Path, table: pa.Table) -> Path:
+    folder = root / "split=train" / "day=1"
+    folder.mkdir(parents=True)
+    path = folder / "part-00000-c000.snappy.parquet"
+    pq.write_table(table, str(path), row_group_size=8)
+    return path
+
+
+def good_rows(n: int = 20) -> dict:
+    rng = np.random.default_rng(1)
+    return {"vec": pa.array([spark_vector(r) for r in rng.normal(size=(n, VECTOR_WIDTH))], VECTOR),
+            **{f"x{i}": pa.array(rng.normal(size=n)) for i in range(SCALARS)},
+            "animal": pa.array(np.asarray(ANIMALS)[rng.integers(0, 3, n)])}
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda cols: cols.pop("x2"), ["no column 'x2'"]),
+    (lambda cols: cols.update(x1=pa.array([f"s{i}" for i in range(20)])), ["x1", "string"]),
+    (lambda cols: cols.update(x3=pa.array([0.5] * 11 + [None] + [0.5] * 8)), ["x3", "null", "row 11"]),
+    (lambda cols: cols.update(animal=pa.array(["cat"] * 19 + [None])), ["animal", "null", "row 19"]),
+])
+def test_a_bad_column_is_named_with_its_file_before_training(tmp_path, capsys, change, words):
+    columns = good_rows()
+    change(columns)
+    path = write_one_file(tmp_path / "table", pa.table(columns))
+    job = job_file(tmp_path, tmp_path / "table", 2, test=False)
+    assert main(["train", str(job), "--local", "2", "--quiet", "--no-ui"]) != 0
+    message = capsys.readouterr().err
+    assert "part-00000-c000.snappy.parquet" in message or str(tmp_path / "table") in message
+    for word in words:
+        assert word in message, message
+    assert not (tmp_path / "out" / "model.npz").exists()
+    assert not list((tmp_path / "out").glob("logs/worker-*"))  # refused before any worker started
