@@ -496,3 +496,62 @@ def test_block_locations_come_from_the_real_namenode(yarn, hdfs, tmp_path):
     submission = prepare(cfg)
     assert submission.job["slot_hosts"] == [[node_host], [node_host]]
     assert submission.spec.services["worker"].nodes == [node_host]
+
+
+# ------------------------------------------------------------------ a table as Spark wrote it
+
+
+def upload(fs, local: Path, remote: str) -> None:
+    """Copy the folder ``local`` to ``remote`` on HDFS, as it is (side files included)."""
+    for path in sorted(local.rglob("*")):
+        target = f"{remote}/{path.relative_to(local).as_posix()}"
+        if path.is_dir():
+            fs.create_dir(target)
+        else:
+            with fs.open_output_stream(target, compression=None) as out:
+                out.write(path.read_bytes())
+
+
+def test_a_spark_table_on_hdfs_trains_in_place_on_yarn(yarn, env_archive, tmp_path):
+    """Issue 16 on the real cluster: a job file naming a Spark-layout table on HDFS (partition
+    folders, several part files, a vector column, a string label) trains with no conversion;
+    the shares on HDFS are small JSON files, the workers prefer the hosts of the table's
+    blocks, and the model predicts the test rows' labels from their raw values."""
+    from test_table_jobs import ANIMALS, write_animals
+
+    from dbn.jobs.run import Yarn, run
+    from dbn.jobs.spec import load_spec
+    from dbn.jobs.yarn import prepare
+
+    rows = write_animals(tmp_path / "animals")
+    fs = yarn.hadoop.fs()
+    upload(fs, tmp_path / "animals", "/warehouse/animals")
+    table = yarn.hadoop.uri("/warehouse/animals")
+    output = yarn.hadoop.uri("/user/test/table-job")
+    path = Path(job_file(tmp_path, output, env=env_archive, epochs=3, finetune=12))
+    text = path.read_text()
+    path.write_text(re.sub(r'\[data\]\ntrain = "[^"]*"\n', f'''[data]
+train = "{table}"
+filter = "split == 'train'"
+test = "{table}"
+test_filter = "split == 'test'"
+features = ["vec", "x0", "x1", "x2", "x3"]
+label = "animal"
+''', text).replace("hidden_layers = [12, 8]", "hidden_layers = [24]"))
+    spec = load_spec(str(path), {"model.finetune_learning_rate": 0.3})
+
+    submission = prepare(spec)  # the shares, and the hosts of the table's blocks
+    node_host = yarn.client.get_nodes()[0].id.split(":")[0]
+    assert submission.job["slot_hosts"] == [[node_host], [node_host]]
+    shares = fs.get_file_info(pafs.FileSelector("/user/test/table-job/shards"))
+    assert sorted(s.base_name for s in shares) == ["part-00000.table.json", "part-00001.table.json"]
+
+    report = tmp_path / "report"
+    result = run(spec, Yarn(str(report), log=lambda msg: None, poll=1.0))
+    X_test, y_test = rows["test"]
+    assert result["n_train"] == len(rows["train"][1]) and result["n_test"] == len(y_test)
+    assert result["test_error"] < 0.1
+    model = DBN.load(report / "model.npz")
+    predicted = model.predict(X_test)
+    assert set(predicted) <= set(ANIMALS)
+    assert np.mean(predicted != y_test) == pytest.approx(result["test_error"])
