@@ -4,6 +4,7 @@ the same model as the same rows converted to shards, and bad tables refused befo
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,7 @@ from dbn.cli import main
 from dbn.data.table_data import raw_table_rows, read_table
 from dbn.jobs.spec import load_spec
 from iterreduce.shards import list_shards, read_shard, write_shards
-from iterreduce.tables import TableSource, read_table_shard
+from iterreduce.tables import FeatureStats, read_table_shard
 
 # Spark ML's VectorUDT as Spark stores it in Parquet.
 VECTOR = pa.struct([pa.field("type", pa.int8(), nullable=False), pa.field("size", pa.int32()),
@@ -36,12 +37,13 @@ def spark_vector(row: np.ndarray) -> dict:
     return {"type": 1, "size": None, "indices": None, "values": row.tolist()}
 
 
-def write_animals(root: Path, seed: int = 0) -> dict:
+def write_animals(root: Path, seed: int = 0, unit: bool = False) -> dict:
     """Three classes of animals, separable but not trivially, laid out as Spark writes a table:
     ``split=/day=`` folders, two part files each (several row groups), ``_SUCCESS``, Hadoop's
     ``.crc`` files; features in a vector column ``vec`` (some sparse) and scalar columns
     ``x0``.. of several types on scales far from [0, 1]; the label a string. Returns the rows
-    of each split as (features, labels) in file order."""
+    of each split as (features, labels) in file order. ``unit``: every feature squashed into
+    [0, 1] (the int column to 0 or 1), for jobs that train on the rows as they are."""
     rng = np.random.default_rng(seed)
     centers = rng.normal(0, 1.5, (len(ANIMALS), VECTOR_WIDTH + SCALARS))
     rows = {}
@@ -57,6 +59,10 @@ def write_animals(root: Path, seed: int = 0) -> dict:
                 X[:, :VECTOR_WIDTH][rng.random((n, VECTOR_WIDTH)) < 0.2] = 0.0  # sparse vectors
                 X[:, VECTOR_WIDTH] = np.round(X[:, VECTOR_WIDTH] * 1000)  # an int column in the thousands
                 X[:, VECTOR_WIDTH + 1] = X[:, VECTOR_WIDTH + 1] * 50 + 500
+                if unit:
+                    X = 1 / (1 + np.exp(-X / np.maximum(np.abs(X).max(axis=0), 1e-9) * 4))
+                    X[:, :VECTOR_WIDTH][X[:, :VECTOR_WIDTH] < 0.2] = 0.0
+                    X[:, VECTOR_WIDTH] = np.round(X[:, VECTOR_WIDTH])
                 table = pa.table({
                     "id": pa.array(np.arange(k * n, (k + 1) * n), pa.int64()),
                     "vec": pa.array([spark_vector(r) for r in X[:, :VECTOR_WIDTH]], VECTOR),
@@ -81,6 +87,12 @@ def write_animals(root: Path, seed: int = 0) -> dict:
 def animals(tmp_path_factory):
     root = tmp_path_factory.mktemp("animals")
     return root, write_animals(root)
+
+
+@pytest.fixture(scope="module")
+def unit_animals(tmp_path_factory):
+    root = tmp_path_factory.mktemp("unit-animals")
+    return root, write_animals(root, unit=True)
 
 
 def job_file(tmp_path: Path, root: Path, workers: int, *, test: bool = True, cluster: str = "",
@@ -153,14 +165,16 @@ def pieces_rows(uri: str) -> int:
     return read_table_shard(uri).rows
 
 
-def test_the_table_gives_the_model_of_the_same_rows_converted_to_shards(tmp_path, animals):
+def test_the_table_gives_the_model_of_the_same_rows_converted_to_shards(tmp_path, unit_animals):
     """Issue 16's bar: read in place, or converted to our shard format, each worker's rows are
-    the same bits, and with the same seed so is the model."""
-    root, _ = animals
-    _, in_place = train(tmp_path / "in-place", root, 2)
+    the same bits, and with the same seed so is the model. (Rows already in [0, 1], trained as
+    they are, ``scale = "none"``: scaling adds a first superstep, below, which moves the
+    per-step seeds.)"""
+    root, _ = unit_animals
+    _, in_place = train(tmp_path / "in-place", root, 2, data='scale = "none"')
     converted = tmp_path / "converted"
     for i, uri in enumerate(list_shards(str(tmp_path / "in-place" / "out" / "shards"))):
-        X, y = read_table(read_table_shard(uri))  # the share's rows as training sees them
+        X, y = read_table(read_table_shard(uri))  # the share's rows, classes mapped
         write_shards(X, y, str(converted), 1, prefix=f"part-{i:05d}")
         np.testing.assert_array_equal(read_shard(list_shards(str(converted))[i]).features, X)
     _, from_shards = train(tmp_path / "shards", root, 2, test=False, cluster=f'shards = "{converted}"')
@@ -168,6 +182,20 @@ def test_the_table_gives_the_model_of_the_same_rows_converted_to_shards(tmp_path
     assert sorted(a) == sorted(b)
     for name in a:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_the_workers_gather_the_scalers_statistics(tmp_path, animals):
+    """Scaling needs statistics of the whole table: the workers gather them in the first
+    superstep, each over its share, and the master merges them; the scaler is the one a single
+    pass over all the training rows gives, and the model keeps it."""
+    root, rows = animals
+    _, model = train(tmp_path, root, 2)
+    expected = FeatureStats.of(rows["train"][0]).min_max_scaler()
+    np.testing.assert_array_equal(model.input_scaler_.offset, expected.offset)
+    np.testing.assert_array_equal(model.input_scaler_.scale, expected.scale)
+    steps = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()]
+    phases = [r["phase"] for r in steps if "step" in r and "phase" in r]
+    assert phases[0] == "stats" and phases[1] == "transform" and phases.count("stats") == 1
 
 
 def write_one_file(root: Path, table: pa.Table) -> Path:
@@ -202,4 +230,6 @@ def test_a_bad_column_is_named_with_its_file_before_training(tmp_path, capsys, c
     for word in words:
         assert word in message, message
     assert not (tmp_path / "out" / "model.npz").exists()
-    assert not list((tmp_path / "out").glob("logs/worker-*"))  # refused before any worker started
+    log = tmp_path / "out" / "log.jsonl"  # refused before any training step (at most the statistics' step ran)
+    records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    assert not [r for r in records if r.get("phase") in ("transform", "pretrain", "finetune")]

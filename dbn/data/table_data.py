@@ -48,12 +48,6 @@ def _stats(source: TableSource, found, classes: LabelMap | None, n_features: int
     return stats
 
 
-def _scaler(stats: FeatureStats, scale: str, visible: str) -> Scaler | None:
-    if scale == "auto":
-        scale = "min_max" if visible == "bernoulli" else "standard"
-    return {"min_max": stats.min_max_scaler, "standard": stats.standardizer}.get(scale, lambda: None)()
-
-
 def _width(source: TableSource, found) -> int:
     """Features per row, from the first piece with rows (its features alone)."""
     features_only = dataclasses.replace(source, label=None)
@@ -65,9 +59,48 @@ def _width(source: TableSource, found) -> int:
                     else f"{source.uri}: the table has no rows")
 
 
-def prepare(data, visible: str) -> TableShard:
+def scale_kind(data, visible: str) -> str | None:
+    """The scaling ``[data] scale`` asks for: "min_max", "standard" or None."""
+    if data.scale == "auto":
+        return "min_max" if visible == "bernoulli" else "standard"
+    return None if data.scale == "none" else data.scale
+
+
+#: The per-feature statistics of a table's raw rows, as arrays of the distributed job's
+#: parameters: its first superstep ("stats") has every worker count its rows and the master
+#: add them up; each worker then scales its rows by them, as the model scales new rows.
+STATS = ("input.count", "input.min", "input.max", "input.sum", "input.sum_sq")
+
+
+def stats_arrays(stats: FeatureStats) -> dict:
+    """``stats`` as the float64 arrays of :data:`STATS` (the count repeated per feature, so
+    that every array is reduced element by element)."""
+    return {"input.count": np.full(stats.n_features, float(stats.count)), "input.min": stats.min,
+            "input.max": stats.max, "input.sum": stats.sum, "input.sum_sq": stats.sum_sq}
+
+
+def merge_stats_arrays(parts: list[dict]) -> dict:
+    """The :data:`STATS` arrays of all rows from each worker's (in shard order: the same bits every time)."""
+    return {"input.count": np.sum([p["input.count"] for p in parts], axis=0),
+            "input.min": np.minimum.reduce([p["input.min"] for p in parts]),
+            "input.max": np.maximum.reduce([p["input.max"] for p in parts]),
+            "input.sum": np.sum([p["input.sum"] for p in parts], axis=0),
+            "input.sum_sq": np.sum([p["input.sum_sq"] for p in parts], axis=0)}
+
+
+def scaler_from(arrays: dict, kind: str | None) -> Scaler | None:
+    """The scaler of ``kind`` from merged :data:`STATS` arrays (None: no scaling)."""
+    if kind is None:
+        return None
+    stats = FeatureStats(int(arrays["input.count"][0]), arrays["input.min"], arrays["input.max"],
+                         arrays["input.sum"], arrays["input.sum_sq"])
+    return stats.min_max_scaler() if kind == "min_max" else stats.standardizer()
+
+
+def prepare(data, visible: str, *, statistics: bool = True) -> TableShard:
     """The whole table as one :class:`TableShard`: resolved columns, the pieces the filter
-    keeps, the label classes and the feature scaler from one pass over the rows. Raises
+    keeps, the label classes and (unless ``statistics=False``: a distributed job gathers them
+    on its workers) the feature scaler from one pass over the rows. Raises
     :class:`~iterreduce.exceptions.ShardError` naming the file, column and row of bad data."""
     source = source_of(data)
     dataset = open_dataset(source)
@@ -78,10 +111,12 @@ def prepare(data, visible: str) -> TableShard:
                         if source.filter else f"{source.uri}: the table has no rows")
     classes = label_classes(source, dataset) if source.label is not None else None
     n_features = _width(source, found)
+    if not statistics:
+        return TableShard(source, tuple(found), n_features, classes)
     stats = _stats(source, found, classes, n_features)
     if stats.count == 0:
         raise DataError(f"{source.uri}: no row passes the filter {source.filter!r}")
-    scaler = _scaler(stats, data.scale, visible)
+    scaler = scaler_from(stats_arrays(stats), scale_kind(data, visible))
     low, high = (stats.min, stats.max) if scaler is None else (scaler.transform(stats.min[None])[0],
                                                                 scaler.transform(stats.max[None])[0])
     return TableShard(source, tuple(found), n_features, classes, scaler, (float(low.min()), float(high.max())))
@@ -89,8 +124,9 @@ def prepare(data, visible: str) -> TableShard:
 
 def table_shards(data, visible: str, workers: int, directory: str) -> list[str]:
     """Split the table among ``workers`` (balanced by rows; fewer shares when it has fewer
-    pieces) and save each share in ``directory``; returns their URIs in worker order."""
-    whole = prepare(data, visible)
+    pieces) and save each share in ``directory``; returns their URIs in worker order. The
+    shares hold raw rows: the workers gather the statistics that scale them (:data:`STATS`)."""
+    whole = prepare(data, visible, statistics=False)
     shares = [share for share in assign(list(whole.pieces), workers) if share]
     uris = []
     for i, share in enumerate(shares):

@@ -15,6 +15,7 @@ run follows single-machine momentum SGD; it doubles the bytes on the wire, which
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import math
 import shutil
 import tempfile
@@ -23,15 +24,16 @@ import numpy as np
 
 from iterreduce.program import Program, Step, Update, WorkerProgram, block_momentum_average, weighted_average
 from iterreduce.rowfile import RowFile, local_directory
+from iterreduce.tables import FeatureStats
 from iterreduce.shards import read_labels, read_shard, shard_info, spill_shard
 
-from ..data.table_data import attach_inputs
+from ..data.table_data import STATS, attach_inputs, merge_stats_arrays, scaler_from, stats_arrays
 from ..data.validation import UNIT_INTERVAL_HINT, check_features, check_labels, class_warnings
 from ..exceptions import DataError
 from ..model import state
 from . import view
 from ..model.estimator import DBN
-from ..model.minibatch import chunks, column_mean
+from ..model.minibatch import CHUNK_ROWS, chunks, column_mean
 from ..model.network import Network
 from ..model.rbm import RBM
 
@@ -76,6 +78,8 @@ class DBNProgram(Program):
 
     def schedule(self, shards):
         m = self.model
+        if self.config.get("scale"):  # a table's raw rows: first their statistics, for the scaler
+            yield Step("stats", {}, STATS)
         parts = self._parts(shards, m.pretrain_batch_size)
         for layer in range(len(self.layers)):
             yield Step("transform", {"layer": layer}, (state.rbm_name(layer, "visible_bias"),))
@@ -148,6 +152,8 @@ class DBNProgram(Program):
         rng = np.random.default_rng([seed, 99])
         softmax = 0.01 * rng.standard_normal((self.layers[-1], int(self.n_classes)))
         params[state.net_name(len(self.layers), "weights")] = softmax.astype(np.float32)
+        if self.config.get("scale"):
+            params.update({name: np.zeros(sizes[0]) for name in STATS})  # float64, filled by the first step
         return params
 
     def before_step(self, step, parameters):
@@ -160,6 +166,8 @@ class DBNProgram(Program):
     elementwise_reduce = True
 
     def reduce(self, step, parameters, updates):
+        if step.phase == "stats":
+            return merge_stats_arrays([u.arrays for u in updates])
         if step.phase == "transform":
             # Workers report their input's mean; Bernoulli visible biases start at its logit.
             name = step.arrays[0]
@@ -204,8 +212,12 @@ class DBNProgram(Program):
     def to_model(self, parameters) -> DBN:
         """The trained :class:`DBN` from the final parameters, with a table's classes and
         scaler, so that it predicts from the table's raw rows."""
-        model = DBN(**dbn_params(self.config), device="cpu").set_state(parameters)
-        return attach_inputs(model, self._inputs.get("classes"), self._inputs.get("scaler"))
+        model = DBN(**dbn_params(self.config), device="cpu").set_state(
+            {k: v for k, v in parameters.items() if k not in STATS})
+        scaler = self._inputs.get("scaler")
+        if self.config.get("scale"):  # gathered by the workers in the first step
+            scaler = scaler_from(parameters, self.config["scale"]).to_dict()
+        return attach_inputs(model, self._inputs.get("classes"), scaler)
 
 
 class DBNWorker(WorkerProgram):
@@ -245,7 +257,7 @@ class DBNWorker(WorkerProgram):
         key = (shard.index, layer)
         if key not in self._inputs:
             if layer == 0:
-                self._inputs[key] = self._checked_data(shard)
+                self._inputs[key] = self._checked_data(shard, parameters)
             else:
                 below = self._rbm(shard, layer - 1)
                 below.set_state(state.rbm_state(parameters, layer - 1))
@@ -264,9 +276,35 @@ class DBNWorker(WorkerProgram):
                     dropped.close()
         return self._inputs[key]
 
-    def _checked_data(self, shard):
+    def _stats(self, shard) -> Update:
+        """This shard's part of the table's per-feature statistics (raw rows, a block at a time)."""
+        features = shard.features
+        stats = FeatureStats.empty(features.shape[1])
+        blocks = features.chunks(CHUNK_ROWS) if isinstance(features, RowFile) else (
+            features[start:start + CHUNK_ROWS] for start in range(0, features.shape[0], CHUNK_ROWS))
+        for block in blocks:
+            stats.update(block)
+        return Update(shard.index, shard.rows, stats_arrays(stats), {})
+
+    def _scaled(self, shard, parameters):
+        """The shard with its rows scaled by the table's statistics (gathered in the first
+        step) when the job scales a table's raw rows; else the shard as it is."""
+        kind = self.config.get("scale")
+        if not kind:
+            return shard
+        scaler = scaler_from(parameters, kind)
+        if not isinstance(shard.features, RowFile):
+            return dataclasses.replace(shard, features=scaler.transform(shard.features))
+        rows = RowFile.new(self._spill_directory(), f"shard-{shard.index:05d}-scaled-", shard.features.shape[1],
+                           np.float32)
+        for block in shard.features.chunks(CHUNK_ROWS):
+            rows.append(scaler.transform(block))
+        return dataclasses.replace(shard, features=rows)
+
+    def _checked_data(self, shard, parameters):
         """The shard's features on the device (in memory) or as its row file (streamed),
-        checked for the visible units: Bernoulli units need [0, 1]."""
+        scaled (a table's raw rows) and checked for the visible units: Bernoulli units need [0, 1]."""
+        shard = self._scaled(shard, parameters)
         unit = self.model.visible == "bernoulli"
         if not isinstance(shard.features, RowFile):
             check_features(shard.features, name=shard.uri, unit_interval=unit)
@@ -286,6 +324,8 @@ class DBNWorker(WorkerProgram):
         return self._rbms[key]
 
     def run(self, step: Step, parameters, shard, seed) -> Update:
+        if step.phase == "stats":
+            return self._stats(shard)
         if step.phase == "transform":
             data = self._input(shard, step.info["layer"], parameters)
             return Update(shard.index, int(data.shape[0]), {step.arrays[0]: column_mean(data, self.model.backend)}, {})

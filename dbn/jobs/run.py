@@ -354,7 +354,8 @@ class InProcess:
                                   f"{out / runlog.LOG_NAME}") from None
             log.event("done", steps=epochs.count, seconds=epochs.elapsed())  # as a master's log ends (not printed)
         if table is not None:
-            attach_inputs(model, table.classes and table.classes.to_dict(), table.scaler and table.scaler.to_dict())
+            shared = table.to_dict()  # what every share of the table holds, as the master sees it
+            attach_inputs(model, shared["classes"], shared["scaler"])
         model.save(out / MODEL_FILE)
         return {"n_train": int(X.shape[0]), "pretrain_seconds": pretrain_seconds,
                 "finetune_seconds": epochs.elapsed() - pretrain_seconds, "sync_fraction": None,

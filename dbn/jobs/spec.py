@@ -48,7 +48,7 @@ import tomli_w
 from iterreduce.master import REDUCE_CHOICES, MasterConfig
 from iterreduce.tables import FORMATS
 
-from ..data.table_data import SCALINGS
+from ..data.table_data import SCALINGS, scale_kind
 from ..exceptions import ConfigError
 from .memory import STREAM_CHOICES
 from ..model.backend import DEVICES
@@ -284,7 +284,14 @@ class JobSpec:
                 "pretrain_block_momentum": c.pretrain_block_momentum, "block_learning_rate": c.block_learning_rate,
                 "pretrain_block_learning_rate": c.pretrain_block_learning_rate, "block_nesterov": c.block_nesterov,
                 "validation": c.validation,
-                "stream": stream}
+                "stream": stream, "scale": self.table_scaling()}
+
+    def table_scaling(self) -> str | None:
+        """The scaling a distributed job's workers gather statistics for: a table read in place
+        (``[data] features``, no ``[cluster] shards``) with ``[data] scale`` other than "none"."""
+        if self.data.features is None or self.cluster.shards:
+            return None
+        return scale_kind(self.data, self.model.visible)
 
 
 #: The paper's run (784-500-500-2000-10 on MNIST), used when no config file is given;
