@@ -233,3 +233,15 @@ def test_a_bad_column_is_named_with_its_file_before_training(tmp_path, capsys, c
     log = tmp_path / "out" / "log.jsonl"  # refused before any training step (at most the statistics' step ran)
     records = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
     assert not [r for r in records if r.get("phase") in ("transform", "pretrain", "finetune")]
+
+
+def test_a_streamed_table_trains_the_same_model_as_one_in_memory(tmp_path, animals):
+    """Workers streaming their share from local disk (scaled into a new row file) train the
+    model that workers holding it in memory train, bit for bit."""
+    root, _ = animals
+    _, in_memory = train(tmp_path / "memory", root, 2, test=False, cluster='stream = "never"')
+    _, streamed = train(tmp_path / "streamed", root, 2, test=False, cluster='stream = "always"')
+    a, b = in_memory.get_state(), streamed.get_state()
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+    np.testing.assert_array_equal(in_memory.input_scaler_.offset, streamed.input_scaler_.offset)

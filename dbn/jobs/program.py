@@ -15,7 +15,6 @@ run follows single-machine momentum SGD; it doubles the bytes on the wire, which
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import math
 import shutil
 import tempfile
@@ -237,6 +236,7 @@ class DBNWorker(WorkerProgram):
         self._rbms: dict[tuple[int, int], RBM] = {}
         self._labels: dict[int, object] = {}
         self._spill_dir: str | None = None
+        self._scaled_shards: set[int] = set()  # shards whose rows _scale has scaled in place
 
     def load_shard(self, uri, index):
         if not self.stream:
@@ -278,7 +278,10 @@ class DBNWorker(WorkerProgram):
 
     def _stats(self, shard) -> Update:
         """This shard's part of the table's per-feature statistics (raw rows, a block at a time)."""
-        features = shard.features
+        if shard.index in self._scaled_shards:  # scaled in place since: this step runs again
+            features = self.load_shard(shard.uri, shard.index).features
+        else:
+            features = shard.features
         stats = FeatureStats.empty(features.shape[1])
         blocks = features.chunks(CHUNK_ROWS) if isinstance(features, RowFile) else (
             features[start:start + CHUNK_ROWS] for start in range(0, features.shape[0], CHUNK_ROWS))
@@ -286,25 +289,30 @@ class DBNWorker(WorkerProgram):
             stats.update(block)
         return Update(shard.index, shard.rows, stats_arrays(stats), {})
 
-    def _scaled(self, shard, parameters):
-        """The shard with its rows scaled by the table's statistics (gathered in the first
-        step) when the job scales a table's raw rows; else the shard as it is."""
+    def _scale(self, shard, parameters) -> None:
+        """Scale the shard's rows in place by the table's statistics (gathered in the first step)
+        when the job scales a table's raw rows: the raw rows are not kept (a later statistics
+        step reads them again)."""
         kind = self.config.get("scale")
-        if not kind:
-            return shard
+        if not kind or shard.index in self._scaled_shards:
+            return
         scaler = scaler_from(parameters, kind)
-        if not isinstance(shard.features, RowFile):
-            return dataclasses.replace(shard, features=scaler.transform(shard.features))
-        rows = RowFile.new(self._spill_directory(), f"shard-{shard.index:05d}-scaled-", shard.features.shape[1],
-                           np.float32)
-        for block in shard.features.chunks(CHUNK_ROWS):
-            rows.append(scaler.transform(block))
-        return dataclasses.replace(shard, features=rows)
+        raw = shard.features
+        if isinstance(raw, RowFile):
+            rows = RowFile.new(self._spill_directory(), f"shard-{shard.index:05d}-scaled-", raw.shape[1], np.float32)
+            for block in raw.chunks(CHUNK_ROWS):
+                rows.append(scaler.transform(block))
+            raw.close()
+            shard.features = rows
+        else:
+            for start in range(0, raw.shape[0], CHUNK_ROWS):  # a block at a time: no second copy
+                raw[start:start + CHUNK_ROWS] = scaler.transform(raw[start:start + CHUNK_ROWS])
+        self._scaled_shards.add(shard.index)
 
     def _checked_data(self, shard, parameters):
         """The shard's features on the device (in memory) or as its row file (streamed),
         scaled (a table's raw rows) and checked for the visible units: Bernoulli units need [0, 1]."""
-        shard = self._scaled(shard, parameters)
+        self._scale(shard, parameters)
         unit = self.model.visible == "bernoulli"
         if not isinstance(shard.features, RowFile):
             check_features(shard.features, name=shard.uri, unit_interval=unit)
