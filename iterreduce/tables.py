@@ -905,6 +905,7 @@ def write_table_shard(uri: str, shard: TableShard) -> None:
     if not is_table_shard(uri):
         raise TableError(f"{uri}: a table shard's name ends in {TABLE_SHARD_SUFFIX!r}")
     fs, path = filesystem(uri)
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)  # a new local folder too (HDFS makes its own)
     with fs.open_output_stream(path) as f:
         f.write(json.dumps(shard.to_dict()).encode())
 

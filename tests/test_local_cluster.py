@@ -329,3 +329,26 @@ def test_threads_per_process_reaches_the_local_launcher(monkeypatch, tmp_path):
     with pytest.raises(SystemExit):
         run_module.LocalCluster().train(spec, tmp_path / "out", on_record=lambda record: None)
     assert seen["threads_per_worker"] == 1
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["in-memory", "streamed"])
+def test_master_sigkill_then_resume_is_bit_identical_on_a_table(tmp_path, monkeypatch, stream):
+    """A table read in place: the statistics' first step, then training; killed mid-run and
+    resumed, the new workers scale their raw rows by the checkpointed statistics again."""
+    from test_table_jobs import write_animals
+
+    from dbn.data.table_data import table_shards
+    from dbn.jobs.spec import DataSection
+
+    write_animals(tmp_path / "table")
+    data = DataSection(train=str(tmp_path / "table"), features=("vec", "x0", "x1", "x2", "x3"), label="animal",
+                       filter="split == 'train'")
+    shards = table_shards(data, "bernoulli", 2, str(tmp_path / "shares"))
+    config = dict(hidden_layers=[16, 8], pretrain_epochs=2, finetune_epochs=2, top_layer_epochs=1, n_classes=3,
+                  seed=0, stream=stream, scale="min_max", pretrain_batch_size=20, finetune_batch_size=20)
+    # Steps: stats; transform, 2 pretrain (layer 0); transform, 2 pretrain (layer 1); 2 finetune.
+    a, b, out_b = kill_master_then_resume(tmp_path, monkeypatch, program=SLOW_DBN, config=config, shards=shards,
+                                          workers=2, kill_at=4, n_steps=9, result_file="model.npz")
+    assert {"scaler.offset", "rbm.0.weights"} <= set(a)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k
