@@ -3,7 +3,7 @@
     dbn train [JOB.toml] [--local N [--resume]] [--overwrite] [--quick] [--json] [--set section.key=value ...]
     dbn submit [JOB.toml] [--workers N] [--dry-run] [--wait]; dbn status|logs|kill APP_ID
     dbn mnist [--quick] [--local N] [--yarn --hdfs-out URI] [--sweep] [--overwrite];  dbn shard SOURCE OUT --shards N
-    dbn evaluate MODEL.npz;  dbn bench rbm|all [--device gpu]
+    dbn evaluate MODEL.npz;  dbn predict MODEL.npz JOB.toml --out PRED.parquet;  dbn bench rbm|all [--device gpu]
 
 Errors in the input (configuration, data, model files, devices, the cluster) print
 ``dbn: error: <message>`` and exit with status 2; ``--debug`` shows the traceback.
@@ -172,6 +172,22 @@ def cmd_evaluate(args) -> int:
     return 0
 
 
+def cmd_predict(args) -> int:
+    from .data.table_data import predict_table
+    from .jobs.spec import load_spec
+    from .model.estimator import DBN
+
+    spec = load_spec(args.job)
+    if spec.data.features is None:
+        raise UsageError(f"{args.job}: [data] features names no columns: dbn predict reads a table as the job names it")
+    model = DBN.load(args.model, device=args.device)
+    keep = tuple(name for name in (args.keep or "").split(",") if name)
+    record = predict_table(model, spec.data, args.out, table=args.table, filter=args.filter, keep=keep)
+    error = "" if record["error"] is None else f"  (error {100 * record['error']:.2f} % against '{record['label']}')"
+    print(to_json(record) if args.json else f"{record['rows']} rows of {record['table']} predicted -> {args.out}{error}")
+    return 0
+
+
 def cmd_bench_rbm(args) -> int:
     from .jobs.bench import bench_rbm, format_table, sklearn_available
 
@@ -299,6 +315,17 @@ def build_parser() -> argparse.ArgumentParser:
              ("--data", {"default": "mnist", "help": "'mnist' (its 10,000 test images), a .npz with X and y, "
                                                "or a .csv with labels"}),
              ("--mnist-dir", {"help": "directory of the MNIST files"}),
+             ("--device", {"choices": DEVICES, "default": "auto",
+                           "help": "where the model runs: cpu, gpu, or auto (gpu when one is usable; the default)"}),
+             json_)
+    _command(sub, "predict", [common], "predict the rows of a table with a saved model, as the job file names "
+             "its columns; the predictions go to a Parquet file", cmd_predict,
+             ("model", {"type": Path, "help": "model file written by dbn train (model.npz)"}),
+             ("job", {"help": "the job file the model was trained with (its [data] features)"}),
+             ("--out", {"required": True, "help": "Parquet file to write (a path, or hdfs://, s3:// URI)"}),
+             ("--table", {"help": "the table (default: [data] test, else [data] train)"}),
+             ("--filter", {"help": "its rows (default: the job's filter for that table)"}),
+             ("--keep", {"metavar": "COL,...", "help": "columns copied beside the predictions, e.g. an id"}),
              ("--device", {"choices": DEVICES, "default": "auto",
                            "help": "where the model runs: cpu, gpu, or auto (gpu when one is usable; the default)"}),
              json_)

@@ -472,6 +472,13 @@ def read_piece(source: TableSource, piece: Piece, *, classes: LabelMap | None = 
     return features, labels
 
 
+def read_columns(source: TableSource, piece: Piece, names: list[str]) -> pa.Table:
+    """Columns ``names`` (any type: ids, keys, the label as stored) of the piece's rows that
+    pass the filter, row for row as :func:`read_piece` gives them."""
+    fragment, schema = _open_piece(source, piece)
+    return _read_rows(source, piece, fragment, schema, list(names)).select(list(names))
+
+
 def _open_piece(source: TableSource, piece: Piece) -> tuple[ds.FileFragment, pa.Schema]:
     """The piece as a fragment and its schema: the file's own columns, then the partition ones."""
     fs, _ = filesystem(source.uri)

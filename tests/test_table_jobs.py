@@ -245,3 +245,30 @@ def test_a_streamed_table_trains_the_same_model_as_one_in_memory(tmp_path, anima
     for name in a:
         np.testing.assert_array_equal(a[name], b[name], err_msg=name)
     np.testing.assert_array_equal(in_memory.input_scaler_.offset, streamed.input_scaler_.offset)
+
+
+def test_dbn_predict_writes_a_tables_predictions_beside_its_ids(tmp_path, animals, capsys):
+    """`dbn predict MODEL JOB --out FILE --keep id`: the test table's raw rows in, one Parquet
+    file out with the kept columns, the predicted labels and their probabilities."""
+    root, rows = animals
+    result, _ = train(tmp_path, root, 0)
+    capsys.readouterr()
+    out = tmp_path / "predictions" / "test.parquet"
+    assert main(["predict", str(tmp_path / "out" / "model.npz"), str(tmp_path / "job.toml"), "--out", str(out),
+                 "--keep", "id", "--device", "cpu"]) == 0
+    printed = capsys.readouterr().out
+    assert f"{len(rows['test'][1])} rows of {root} predicted -> {out}" in printed
+    assert f"error {100 * result['test_error']:.2f} % against 'animal'" in printed
+    written = pq.read_table(out)
+    assert written.column_names == ["id", "prediction", "probability"]
+    predicted = np.asarray(written.column("prediction").to_pylist())
+    assert np.mean(predicted != rows["test"][1]) == pytest.approx(result["test_error"])
+    ids = written.column("id").to_numpy()
+    assert len(set(ids)) == len(ids) == len(rows["test"][1])
+    probability = written.column("probability").to_numpy()
+    assert ((1 / len(ANIMALS) <= probability) & (probability <= 1)).all()
+    # A job file that names no table columns is refused, saying why.
+    plain = tmp_path / "plain.toml"
+    plain.write_text("[data]\ntrain = \"mnist\"\n")
+    assert main(["predict", str(tmp_path / "out" / "model.npz"), str(plain), "--out", str(out)]) == 2
+    assert "[data] features names no columns" in capsys.readouterr().err

@@ -170,3 +170,63 @@ def attach_inputs(model, classes: dict | None, scaler: dict | None):
         return model
     return model.set_inputs(scaler=None if scaler is None else Scaler.from_dict(scaler),
                             classes=None if classes is None else np.asarray(classes["classes"]))
+
+
+def predict_table(model, data, out: str, *, table: str | None = None, filter: str | None = None,
+                  keep: tuple[str, ...] = ()) -> dict:
+    """Predict every row of a table with ``model`` (which scales raw rows and answers in its
+    labels) and write the predictions as one Parquet file at ``out`` (any URI): the ``keep``
+    columns as stored, ``prediction`` and its ``probability``. The table is ``table`` (default
+    ``[data] test``, else ``train``) with ``filter`` (default that table's filter from the job);
+    its columns are the job's ``[data] features``. Reads and writes a piece at a time.
+    Returns the rows written, and the error where the table has the label column."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from iterreduce.shards import filesystem
+    from iterreduce.tables import read_columns
+
+    uri = table or data.test or data.train
+    if filter is None:
+        filter = data.test_filter if uri == data.test else data.filter if uri == data.train else None
+    features = data.features if isinstance(data.features, str) else tuple(data.features)
+    source = TableSource(uri, features, None, data.format, filter)
+    dataset = open_dataset(source)
+    source = resolve(source, dataset)
+    label = data.label if data.label in dataset.schema.names else None
+    rows = wrong = 0
+    fs, path = filesystem(out)
+    parent = path.rsplit("/", 1)[0]
+    if parent:
+        fs.create_dir(parent, recursive=True)
+    writer = None
+    try:
+        with fs.open_output_stream(path) as stream:
+            for piece in pieces(dataset, source.filter):
+                X, _ = read_piece(source, piece, n_features=model.n_features_in_)
+                if not len(X):
+                    continue
+                columns = read_columns(source, piece, list(keep) + ([label] if label else []))
+                proba = model.predict_proba(X)
+                best = proba.argmax(axis=1)
+                classes = getattr(model, "classes_", None)
+                predicted = best if classes is None else classes[best]
+                if label:
+                    truth = columns.column(label).to_numpy(zero_copy_only=False)
+                    wrong += int(np.sum(np.asarray(predicted).astype(str) != truth.astype(str)))
+                batch = pa.table({**{name: columns.column(name) for name in keep},
+                                  "prediction": pa.array(predicted),
+                                  "probability": pa.array(proba[np.arange(len(best)), best].astype(np.float32))})
+                if writer is None:
+                    writer = pq.ParquetWriter(stream, batch.schema)
+                writer.write_table(batch)
+                rows += len(X)
+            if writer is None:
+                raise DataError(f"{uri}: no row to predict (filter {filter!r})" if filter else f"{uri}: no row to predict")
+            writer.close()
+            writer = None
+    finally:
+        if writer is not None:
+            writer.close()
+    return {"table": uri, "filter": filter, "rows": rows, "out": out,
+            "error": wrong / rows if label else None, "label": label}
