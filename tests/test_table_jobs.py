@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.orc as orc
 import pyarrow.parquet as pq
 import pytest
 
@@ -37,7 +38,7 @@ def spark_vector(row: np.ndarray) -> dict:
     return {"type": 1, "size": None, "indices": None, "values": row.tolist()}
 
 
-def write_animals(root: Path, seed: int = 0, unit: bool = False) -> dict:
+def write_animals(root: Path, seed: int = 0, unit: bool = False, fmt: str = "parquet") -> dict:
     """Three classes of animals, separable but not trivially, laid out as Spark writes a table:
     ``split=/day=`` folders, two part files each (several row groups), ``_SUCCESS``, Hadoop's
     ``.crc`` files; features in a vector column ``vec`` (some sparse) and scalar columns
@@ -72,8 +73,12 @@ def write_animals(root: Path, seed: int = 0, unit: bool = False) -> dict:
                     "x3": pa.array(X[:, VECTOR_WIDTH + 3]),
                     "animal": pa.array(np.asarray(ANIMALS)[y]),
                 })
-                path = folder / f"part-{k:05d}-0a1b2c3d-c000.snappy.parquet"
-                pq.write_table(table, str(path), row_group_size=32, compression="snappy")
+                if fmt == "orc":
+                    path = folder / f"part-{k:05d}-0a1b2c3d-c000.snappy.orc"
+                    orc.write_table(table, str(path), compression="snappy")
+                else:
+                    path = folder / f"part-{k:05d}-0a1b2c3d-c000.snappy.parquet"
+                    pq.write_table(table, str(path), row_group_size=32, compression="snappy")
                 (folder / f".{path.name}.crc").write_bytes(b"crc")
                 xs.append(X.astype(np.float32))
                 ys.append(np.asarray(ANIMALS)[y])
@@ -272,3 +277,14 @@ def test_dbn_predict_writes_a_tables_predictions_beside_its_ids(tmp_path, animal
     plain.write_text("[data]\ntrain = \"mnist\"\n")
     assert main(["predict", str(tmp_path / "out" / "model.npz"), str(plain), "--out", str(out)]) == 2
     assert "[data] features names no columns" in capsys.readouterr().err
+
+
+def test_an_orc_table_trains_in_place_too(tmp_path):
+    """Hive's other format: ORC files, one piece each."""
+    rows = write_animals(tmp_path / "orc-table", fmt="orc")
+    result, model = train(tmp_path / "job", tmp_path / "orc-table", 2, data='format = "orc"')
+    shares = list_shards(str(tmp_path / "job" / "out" / "shards"))
+    assert all(p.row_group is None for uri in shares for p in read_table_shard(uri).pieces)  # whole files
+    assert result["test_error"] < 0.1
+    X_test, y_test = rows["test"]
+    assert np.mean(model.predict(X_test) != y_test) == pytest.approx(result["test_error"])
