@@ -104,9 +104,11 @@ def test_quick_evaluation_learns_mnist(tmp_path):
     assert np.isfinite(result["sync_fraction"])
 
 
-def test_full_run_pretrains_longer_on_several_workers(tmp_path):
-    assert mnist_config(out=str(tmp_path), workers=1).model.pretrain_epochs == 50
-    assert mnist_config(out=str(tmp_path), workers=10).model.pretrain_epochs == 100
+def test_full_run_trains_longer_on_several_workers(tmp_path):
+    one, ten = (mnist_config(out=str(tmp_path), workers=n).model for n in (1, 10))
+    assert (one.pretrain_epochs, one.finetune_epochs, one.finetune_lr_decay) == (50, 100, 0.98)
+    assert (ten.pretrain_epochs, ten.finetune_epochs) == (100, 150)
+    assert ten.finetune_lr_decay ** 150 == pytest.approx(one.finetune_lr_decay ** 100)  # the same last rate
     assert mnist_config(out=str(tmp_path), workers=2, quick=True).model.pretrain_epochs == 20
     assert mnist_config(out=str(tmp_path), workers=10,
                         overrides={"model.pretrain_epochs": 7}).model.pretrain_epochs == 7
