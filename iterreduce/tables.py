@@ -860,8 +860,7 @@ class TableShard:
     pieces: tuple[Piece, ...]
     n_features: int
     classes: LabelMap | None = None
-    scaler: Scaler | None = None
-    feature_range: tuple[float, float] | None = None  # min and max of the scaled features over the table
+    scaler: Scaler | None = None  # applied by blocks(); a distributed job's shares have none (its workers scale)
 
     @property
     def rows(self) -> int:
@@ -893,16 +892,14 @@ class TableShard:
         return {"source": self.source.to_dict(), "pieces": [p.to_dict() for p in self.pieces],
                 "n_features": self.n_features,
                 "classes": None if self.classes is None else self.classes.to_dict(),
-                "scaler": None if self.scaler is None else self.scaler.to_dict(),
-                "feature_range": None if self.feature_range is None else list(self.feature_range)}
+                "scaler": None if self.scaler is None else self.scaler.to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict) -> TableShard:
         """The share :meth:`to_dict` wrote."""
         return cls(TableSource.from_dict(d["source"]), tuple(Piece.from_dict(p) for p in d["pieces"]),
                    int(d["n_features"]), None if d["classes"] is None else LabelMap.from_dict(d["classes"]),
-                   None if d["scaler"] is None else Scaler.from_dict(d["scaler"]),
-                   None if d["feature_range"] is None else tuple(d["feature_range"]))
+                   None if d["scaler"] is None else Scaler.from_dict(d["scaler"]))
 
 
 def write_table_shard(uri: str, shard: TableShard) -> None:

@@ -20,7 +20,7 @@ import dataclasses
 import numpy as np
 
 from iterreduce.shards import join
-from iterreduce.tables import (TABLE_SHARD_SUFFIX, FeatureStats, Scaler, TableShard, TableSource,
+from iterreduce.tables import (TABLE_SHARD_SUFFIX, FeatureStats, LabelMap, Scaler, TableShard, TableSource,
                                assign, label_classes, open_dataset, pieces, read_piece, resolve,
                                write_table_shard)
 
@@ -39,11 +39,12 @@ def source_of(data, test: bool = False) -> TableSource:
     return TableSource(uri, features, data.label, data.format, filter_)
 
 
-def _stats(source: TableSource, found, classes: LabelMap | None, n_features: int) -> FeatureStats:
-    """Per-feature statistics of every row the filter keeps, one piece at a time."""
+def _stats(source: TableSource, found, n_features: int) -> FeatureStats:
+    """Per-feature statistics of every row the filter keeps, one piece at a time (features alone)."""
+    features_only = dataclasses.replace(source, label=None)
     stats = FeatureStats.empty(n_features)
     for piece in found:
-        X, _ = read_piece(source, piece, classes=classes, n_features=n_features)
+        X, _ = read_piece(features_only, piece, n_features=n_features)
         stats.update(X)
     return stats
 
@@ -113,13 +114,10 @@ def prepare(data, visible: str, *, statistics: bool = True) -> TableShard:
     n_features = _width(source, found)
     if not statistics:
         return TableShard(source, tuple(found), n_features, classes)
-    stats = _stats(source, found, classes, n_features)
+    stats = _stats(source, found, n_features)
     if stats.count == 0:
         raise DataError(f"{source.uri}: no row passes the filter {source.filter!r}")
-    scaler = scaler_from(stats_arrays(stats), scale_kind(data, visible))
-    low, high = (stats.min, stats.max) if scaler is None else (scaler.transform(stats.min[None])[0],
-                                                                scaler.transform(stats.max[None])[0])
-    return TableShard(source, tuple(found), n_features, classes, scaler, (float(low.min()), float(high.max())))
+    return TableShard(source, tuple(found), n_features, classes, scaler_from(stats_arrays(stats), scale_kind(data, visible)))
 
 
 def table_shards(data, visible: str, workers: int, directory: str) -> list[str]:
@@ -131,8 +129,7 @@ def table_shards(data, visible: str, workers: int, directory: str) -> list[str]:
     uris = []
     for i, share in enumerate(shares):
         uri = join(directory, f"part-{i:05d}{TABLE_SHARD_SUFFIX}")
-        write_table_shard(uri, TableShard(whole.source, tuple(share), whole.n_features, whole.classes,
-                                          whole.scaler, whole.feature_range))
+        write_table_shard(uri, dataclasses.replace(whole, pieces=tuple(share)))
         uris.append(uri)
     return uris
 
@@ -163,13 +160,12 @@ def raw_table_rows(data) -> tuple[np.ndarray, np.ndarray]:
     return X, classes.decode(y)
 
 
-def attach_inputs(model, classes: dict | None, scaler: dict | None):
-    """Give ``model`` a table's label classes and feature scaler (as :meth:`TableShard.to_dict`
-    holds them), so that it scales raw rows and answers in the table's labels; returns it."""
+def attach_inputs(model, classes: LabelMap | None, scaler: Scaler | None):
+    """Give ``model`` a table's label classes and feature scaler, so that it scales raw rows
+    and answers in the table's labels; returns it."""
     if classes is None and scaler is None:
         return model
-    return model.set_inputs(scaler=None if scaler is None else Scaler.from_dict(scaler),
-                            classes=None if classes is None else np.asarray(classes["classes"]))
+    return model.set_inputs(scaler=scaler, classes=None if classes is None else np.asarray(classes.classes))
 
 
 def predict_table(model, data, out: str, *, table: str | None = None, filter: str | None = None,
@@ -189,8 +185,7 @@ def predict_table(model, data, out: str, *, table: str | None = None, filter: st
     uri = table or data.test or data.train
     if filter is None:
         filter = data.test_filter if uri == data.test else data.filter if uri == data.train else None
-    features = data.features if isinstance(data.features, str) else tuple(data.features)
-    source = TableSource(uri, features, None, data.format, filter)
+    source = dataclasses.replace(source_of(data), uri=uri, label=None, filter=filter)
     dataset = open_dataset(source)
     source = resolve(source, dataset)
     label = data.label if data.label in dataset.schema.names else None
@@ -199,6 +194,7 @@ def predict_table(model, data, out: str, *, table: str | None = None, filter: st
     parent = path.rsplit("/", 1)[0]
     if parent:
         fs.create_dir(parent, recursive=True)
+    classes = getattr(model, "classes_", None)
     writer = None
     try:
         with fs.open_output_stream(path) as stream:
@@ -209,7 +205,6 @@ def predict_table(model, data, out: str, *, table: str | None = None, filter: st
                 columns = read_columns(source, piece, list(keep) + ([label] if label else []))
                 proba = model.predict_proba(X)
                 best = proba.argmax(axis=1)
-                classes = getattr(model, "classes_", None)
                 predicted = best if classes is None else classes[best]
                 if label:
                     truth = columns.column(label).to_numpy(zero_copy_only=False)

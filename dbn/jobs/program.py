@@ -23,7 +23,7 @@ import numpy as np
 
 from iterreduce.program import Program, Step, Update, WorkerProgram, block_momentum_average, weighted_average
 from iterreduce.rowfile import RowFile, local_directory
-from iterreduce.tables import FeatureStats
+from iterreduce.tables import FeatureStats, LabelMap
 from iterreduce.shards import read_labels, read_shard, shard_info, spill_shard
 
 from ..data.table_data import STATS, attach_inputs, merge_stats_arrays, scaler_from, stats_arrays
@@ -64,7 +64,7 @@ class DBNProgram(Program):
         self.n_classes = config.get("n_classes")  # None: counted from the shards' labels by check_shards
         self._validation = None
         self._finetune_parts = 1
-        self._inputs = {}  # a table's label classes and feature scaler (from its shares), kept with the model
+        self._classes = None  # a table's LabelMap (from its shares), kept with the model
 
     def _parts(self, shards, batch_size) -> int:
         sync = int(self.config.get("sync_every") or 0)
@@ -102,7 +102,8 @@ class DBNProgram(Program):
         """Refuse data this DBN cannot train on, by the footers (feature counts, labels, the
         value range Bernoulli units need) and the label columns (classes outside ``n_classes``);
         returns the class counts and warnings about rare classes for the log."""
-        self._inputs = {key: shards[0][key] for key in ("classes", "scaler") if shards[0].get(key) is not None}
+        classes = shards[0].get("classes")  # a table's label values, the same in every share
+        self._classes = None if classes is None else LabelMap.from_dict(classes)
         unlabelled = [s["uri"] for s in shards if not s["labels"]]
         if self.model.finetune_epochs > 0 and unlabelled:
             raise DataError(f"{unlabelled[0]}: no 'label' column, but fine-tuning needs labels "
@@ -135,7 +136,7 @@ class DBNProgram(Program):
             found = np.bincount(labels)
             counts = np.pad(counts, (0, max(0, found.size - counts.size)))
             counts[:found.size] += found
-        known = len(self._inputs["classes"]["classes"]) if "classes" in self._inputs else 0
+        known = 0 if self._classes is None else len(self._classes)
         self.n_classes = self.config.get("n_classes") or max(counts.size, known)
         return {"classes": counts.tolist(), "warnings": class_warnings(counts, name="the shards' labels")}
 
@@ -213,10 +214,8 @@ class DBNProgram(Program):
         scaler, so that it predicts from the table's raw rows."""
         model = DBN(**dbn_params(self.config), device="cpu").set_state(
             {k: v for k, v in parameters.items() if k not in STATS})
-        scaler = self._inputs.get("scaler")
-        if self.config.get("scale"):  # gathered by the workers in the first step
-            scaler = scaler_from(parameters, self.config["scale"]).to_dict()
-        return attach_inputs(model, self._inputs.get("classes"), scaler)
+        scaler = scaler_from(parameters, self.config.get("scale"))  # gathered by the workers in the first step
+        return attach_inputs(model, self._classes, scaler)
 
 
 class DBNWorker(WorkerProgram):

@@ -354,8 +354,7 @@ class InProcess:
                                   f"{out / runlog.LOG_NAME}") from None
             log.event("done", steps=epochs.count, seconds=epochs.elapsed())  # as a master's log ends (not printed)
         if table is not None:
-            shared = table.to_dict()  # what every share of the table holds, as the master sees it
-            attach_inputs(model, shared["classes"], shared["scaler"])
+            attach_inputs(model, table.classes, table.scaler)
         model.save(out / MODEL_FILE)
         return {"n_train": int(X.shape[0]), "pretrain_seconds": pretrain_seconds,
                 "finetune_seconds": epochs.elapsed() - pretrain_seconds, "sync_fraction": None,
