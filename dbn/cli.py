@@ -25,7 +25,7 @@ from iterreduce.exceptions import IterReduceError
 from . import __version__
 from .exceptions import DBNError, UsageError
 from .jobs.progress import ProgressPrinter, summary_line, to_json
-from .jobs.spec import load_spec, parse_override
+from .jobs.spec import load_recipe, load_spec, parse_override
 from .model.backend import DEVICES
 
 #: What the command line reports as ``dbn: error: <message>`` (exit 2) rather than a traceback.
@@ -124,7 +124,8 @@ def cmd_mnist(args) -> int:
 
     if args.yarn and not args.hdfs_out:
         raise UsageError("--yarn needs --hdfs-out URI: where the job writes its model and checkpoints on HDFS")
-    overrides = _overrides(args, JOB_FLAGS)
+    # The recipe's [model] settings first: the command line's own keys win over them.
+    overrides = {**(load_recipe(args.recipe) if args.recipe else {}), **_overrides(args, JOB_FLAGS)}
     out, result = mnist_eval.command(
         out=args.out, quick=args.quick, sweep_instead=args.sweep, local=args.local,
         yarn_out=args.hdfs_out if args.yarn else None, validation=args.validation, seed=args.seed,
@@ -293,6 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
                  ("--seed", {"type": int, "default": 0, "help": "random seed (default 0)"}),
                  ("--validation", {"type": int, "metavar": "N", "help": "hold out the last N training images "
                                    "(default: 5000 with --quick, else 0)"}),
+                 ("--recipe", {"metavar": "FILE", "help": "a TOML file's [model] settings over the paper's, e.g. "
+                               "examples/mnist-dropout.toml (--set and the flags win over it)"}),
                  ("--sweep", {**flag, "help": "three network sizes on 1 and 10 workers: OUT/sweep.md"}), overwrite,
                  json_)
     _flags(p, JOB_FLAGS)

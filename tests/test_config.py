@@ -11,7 +11,7 @@ import pytest
 
 from dbn import DBN
 from dbn.jobs.spec import (
-    PAPER, QUICK, ConfigError, DataSection, JobSpec, ModelSection, load_spec, parse_override,
+    PAPER, QUICK, ConfigError, DataSection, JobSpec, ModelSection, load_recipe, load_spec, parse_override,
 )
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -266,3 +266,50 @@ def test_none_on_the_command_line_unsets_optional_string_settings_too():
     assert load_spec(None).data.test == "mnist"
     assert load_spec(None, {"data.test": "none", "cluster.shards": "null"}).data.test is None
     assert load_spec(None, {"data.train": "none"}).data.train == "none"  # not optional: a file's name
+
+
+# ------------------------------------------------------------------ recipes (dbn mnist --recipe)
+
+
+def test_the_dropout_recipe_is_the_example_jobs_model_over_the_paper():
+    recipe = load_recipe(EXAMPLES / "mnist-dropout.toml")
+    assert recipe and all(key.startswith("model.") for key in recipe)
+    assert load_spec(None, recipe).model == load_spec(EXAMPLES / "mnist-dropout.toml").model
+    model = DBN(**load_spec(None, recipe).dbn_params())
+    paper = DBN(**load_spec(None).dbn_params())
+    last = model.finetune_epochs - 1
+    # Twice the epochs, ending near the paper's last learning rate; momentum 0.9 rising to 0.95.
+    assert model.finetune_epochs == 2 * paper.finetune_epochs
+    assert model.finetune_schedule(last)[0] == pytest.approx(paper.finetune_schedule(paper.finetune_epochs - 1)[0],
+                                                             rel=0.02)
+    assert model.finetune_schedule(0)[1] == 0.9 and model.finetune_schedule(33)[1] == pytest.approx(0.925)
+    assert model.finetune_schedule(66)[1] == model.finetune_schedule(last)[1] == 0.95
+
+
+def test_a_recipe_reads_only_model_and_checks_every_key(tmp_path):
+    recipe = load_recipe(write(tmp_path, "[model]\nfinetune_epochs = 7\nmax_norm = 4.0\n[data]\nlimit = 10\n"))
+    assert recipe == {"model.finetune_epochs": 7, "model.max_norm": 4.0}
+    for text, words in (
+        ("[data]\nlimit = 10\n", ["needs a [model] table", "[data]"]),
+        ("", ["needs a [model] table", "nothing"]),
+        ("model = 3\n", ["needs a [model] table"]),
+        ("[model]\nfinetune_epoch = 7\n", ["[model] unknown key 'finetune_epoch'", "finetune_epochs"]),
+        ("[model]\nfinetune_epochs = 'many'\n", ["[model] finetune_epochs: expected"]),
+        ("[model]\nfinetune_epochs = -1\n", ["finetune_epochs: must be >= 0"]),
+        ("[model\n", ["invalid TOML"]),
+    ):
+        path = write(tmp_path, text, "recipe.toml")
+        with pytest.raises(ConfigError) as err:
+            load_recipe(path)
+        assert str(path) in str(err.value) and all(w in str(err.value) for w in words), (text, err.value)
+
+
+def test_unreadable_config_files_are_named(tmp_path):
+    binary = tmp_path / "model.npz"
+    binary.write_bytes(b"PK\x03\x04\xff\xfe\x00binary")
+    for path, words in ((tmp_path / "missing.toml", "no such config file"), (binary, "not a text file"),
+                        (tmp_path, "cannot read config file")):
+        for load in (load_recipe, load_spec):
+            with pytest.raises(ConfigError) as err:
+                load(path)
+            assert str(path) in str(err.value) and words in str(err.value), (load, path, err.value)

@@ -46,6 +46,28 @@ def test_mnist_writes_result_log_and_plots(tmp_path, capsys):
         assert image.ndim == 3 and image.shape[0] > 100 and image.std() > 0.01, name
 
 
+def test_a_recipe_sets_the_model_and_the_command_line_wins_over_it(tmp_path, capsys):
+    recipe = tmp_path / "recipe.toml"
+    recipe.write_text("[model]\nfinetune_epochs = 2\nfinetune_final_momentum = 0.95\nfinetune_momentum_epochs = 1\n"
+                      "input_dropout = 0.1\npretrain_epochs = 9\n")
+    out = tmp_path / "report"
+    # tiny() sets pretrain_epochs=2 and finetune_epochs=3 with --set: those win over the recipe's.
+    assert main(tiny(out, "--recipe", str(recipe))) == 0
+    model = json.loads((out / "config.json").read_text())["model"]
+    assert (model["finetune_final_momentum"], model["finetune_momentum_epochs"], model["input_dropout"]) == (0.95, 1, 0.1)
+    assert (model["pretrain_epochs"], model["finetune_epochs"]) == (2, 3)
+    records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["momentum"] for r in records if r.get("phase") == "finetune"] == [0.9, 0.95, 0.95]
+    capsys.readouterr()
+    # A recipe over the distributed defaults: its epochs replace the 150 fine-tuning epochs of 10 workers.
+    recipe.write_text("[model]\nfinetune_epochs = 200\n")
+    from dbn.jobs.spec import load_recipe
+
+    assert mnist_config(out=str(tmp_path), workers=10, overrides=load_recipe(recipe)).model.finetune_epochs == 200
+    assert main(["mnist", "--recipe", str(tmp_path / "nope.toml"), "--out", str(tmp_path / "x")]) == 2
+    assert "nope.toml: no such config file" in capsys.readouterr().err
+
+
 def test_validation_images_are_held_out_of_training(tmp_path):
     cfg = mnist_config(out=str(tmp_path), workers=2, quick=True, data_dir=str(MNIST_DIR))
     held = prepare_validation(cfg, 5000, str(tmp_path))

@@ -60,7 +60,7 @@ PROGRAM = "dbn.jobs.program:DBNProgram"
 
 __all__ = [
     "ConfigError", "DataSection", "ModelSection", "OutputSection", "JobSection", "ClusterSection", "YarnSection", "JobSpec",
-    "PAPER", "QUICK", "load_spec", "parse_override",
+    "PAPER", "QUICK", "load_recipe", "load_spec", "parse_override",
 ]
 
 
@@ -342,19 +342,42 @@ def load_spec(path=None, overrides: dict[str, Any] | None = None, *, quick: bool
             doc.setdefault(section, {})[key] = value
         return JobSpec.from_dict(doc, origin="default config", overrides=overrides)
     path = Path(path)
+    doc = _read_toml(path)
+    if "source" in doc:
+        raise ConfigError(f"{path}: unknown section [source]")
+    return JobSpec.from_dict({**doc, "source": str(path)}, origin=str(path),
+                             base=path.expanduser().resolve().parent, overrides=overrides)
+
+
+def load_recipe(path) -> dict[str, Any]:
+    """The ``[model]`` settings of a TOML file as dotted overrides (``{"model.finetune_epochs": 200}``),
+    each checked: a training recipe that ``dbn mnist --recipe`` applies over its own defaults.
+
+    A recipe holds ``[model]`` only: the data, workers and output are the command's. A
+    complete job file (``dbn train``'s) is accepted, and its other sections are ignored, so
+    one file serves both commands; a file without ``[model]`` is refused.
+    """
+    path = Path(path)
+    doc = _read_toml(path)
+    table = doc.get("model")
+    if not isinstance(table, dict) or not table:
+        raise ConfigError(f"{path}: a recipe needs a [model] table of settings (found: "
+                          f"{', '.join(f'[{name}]' for name in doc) or 'nothing'})")
+    return {f"model.{key}": _check(str(path), "model", key, value) for key, value in table.items()}
+
+
+def _read_toml(path: Path) -> dict:
     try:
         with open(path.expanduser(), "rb") as f:
-            doc = tomllib.load(f)
+            return tomllib.load(f)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config file: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: invalid TOML: {exc}") from None
-    if "source" in doc:
-        raise ConfigError(f"{path}: unknown section [source]")
-    return JobSpec.from_dict({**doc, "source": str(path)}, origin=str(path),
-                             base=path.expanduser().resolve().parent, overrides=overrides)
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a text file: {exc.reason}") from None
 
 
 def parse_override(item: str) -> tuple[str, str]:
