@@ -1,6 +1,7 @@
 """`dbn mnist`: the evaluation script, on real MNIST from ../shared (reduced sizes, real processes)."""
 
 import json
+from pathlib import Path
 
 import matplotlib.image
 import numpy as np
@@ -64,6 +65,11 @@ def test_a_recipe_sets_the_model_and_the_command_line_wins_over_it(tmp_path, cap
     from dbn.jobs.spec import load_recipe
 
     assert mnist_config(out=str(tmp_path), workers=10, overrides=load_recipe(recipe)).model.finetune_epochs == 200
+    # The shipped recipe is fine-tuning only: on 10 workers pre-training keeps dbn mnist's longer schedule.
+    shipped = load_recipe(Path(__file__).resolve().parents[1] / "examples" / "mnist-dropout.toml")
+    assert set(shipped) >= {"model.finetune_epochs", "model.finetune_final_momentum"}
+    ten = mnist_config(out=str(tmp_path), workers=10, overrides=shipped)
+    assert (ten.model.pretrain_epochs, ten.model.finetune_epochs) == (100, 200)
     assert main(["mnist", "--recipe", str(tmp_path / "nope.toml"), "--out", str(tmp_path / "x")]) == 2
     assert "nope.toml: no such config file" in capsys.readouterr().err
 
