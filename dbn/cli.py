@@ -129,7 +129,7 @@ def cmd_mnist(args) -> int:
     out, result = mnist_eval.command(
         out=args.out, quick=args.quick, sweep_instead=args.sweep, local=args.local,
         yarn_out=args.hdfs_out if args.yarn else None, validation=args.validation, seed=args.seed,
-        data_dir=args.data, overrides=overrides, log=_say(args, "mnist"), overwrite=args.overwrite,
+        data_dir=args.data, overrides=overrides, log=_say(args, "mnist"), overwrite=args.overwrite, resume=args.resume,
         progress_for=lambda spec: ProgressPrinter(spec, quiet=args.quiet))
     print(result if args.sweep else to_json(result) if args.json else mnist_eval.report_line(out, result),
           end="" if args.sweep else "\n")
@@ -296,7 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "(default: 5000 with --quick, else 0)"}),
                  ("--recipe", {"metavar": "FILE", "help": "a TOML file's [model] settings over the paper's, e.g. "
                                "examples/mnist-dropout.toml (--set and the flags win over it)"}),
-                 ("--sweep", {**flag, "help": "three network sizes on 1 and 10 workers: OUT/sweep.md"}), overwrite,
+                 ("--sweep", {**flag, "help": "three network sizes on 1 and 10 workers: OUT/sweep.md (run it again "
+                              "to go on: finished sizes are kept, an interrupted one resumes)"}),
+                 ("--resume", {**flag, "help": "continue an interrupted run in OUT from its newest checkpoint"}), overwrite,
                  json_)
     _flags(p, JOB_FLAGS)
     _command(sub, "view", [common], "serve the page of a finished run (its curves, filters, workers and events) "

@@ -119,6 +119,31 @@ def test_sweep_runs_every_pair_and_writes_the_table(tmp_path, monkeypatch, capsy
     for name in ("16_w1", "16_w2"):
         assert json.loads((tmp_path / name / "result.json").read_text())["test_error"] < 0.9
 
+    # The same command again goes on where the sweep stopped: a finished pair is kept as it is,
+    # a pair whose run was cut short (here: no model or result yet) resumes from its checkpoint.
+    kept, cut = tmp_path / "16_w1", tmp_path / "16_w2"
+    before = {p.name: p.read_bytes() for p in kept.iterdir() if p.is_file()}
+    model = np.load(cut / "model.npz")
+    model = {k: model[k] for k in model.files}
+    (cut / "model.npz").unlink()
+    (cut / "result.json").unlink()
+    assert main(["mnist", "--sweep", "--data", str(MNIST_DIR), "--out", str(tmp_path), "--set", "data.limit=600",
+                 "--set", "model.pretrain_epochs=1", "--set", "model.finetune_epochs=1"]) == 0
+    err = capsys.readouterr().err
+    assert "16_w1: finished before" in err and "kept" in err
+    assert {p.name: p.read_bytes() for p in kept.iterdir() if p.is_file()} == before
+    assert not (kept / "previous").exists()
+    events = [json.loads(line).get("event") for line in (cut / "log.jsonl").read_text().splitlines()]
+    assert "resumed" in events
+    again = np.load(cut / "model.npz")
+    assert set(again.files) == set(model) and all(np.array_equal(again[k], model[k]) for k in model)
+    assert (tmp_path / "sweep.md").read_text().count("| 16 |") == 2
+
+
+def test_a_run_resumes_locally_only(tmp_path, capsys):
+    assert main(["mnist", "--yarn", "--hdfs-out", "hdfs:///x", "--resume", "--out", str(tmp_path)]) == 2
+    assert "--resume runs on the local mini-cluster" in capsys.readouterr().err
+
 
 @pytest.mark.slow
 def test_quick_evaluation_learns_mnist(tmp_path):

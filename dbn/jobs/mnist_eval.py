@@ -13,6 +13,7 @@ images by default, as the paper did.
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Callable
@@ -21,7 +22,7 @@ from iterreduce.shards import join, write_shards
 
 from ..data.mnist import load_mnist
 from ..exceptions import UsageError
-from .run import LocalCluster, Yarn, run
+from .run import MODEL_FILE, RESULT_FILE, LocalCluster, Yarn, other_job, run
 from .spec import PAPER, QUICK, JobSpec, load_spec
 
 #: Published test errors of 784-500-500-2000-10 on MNIST (see the README).
@@ -91,20 +92,32 @@ def prepare_validation(spec: JobSpec, n: int, where: str) -> JobSpec:
 
 
 def evaluate(spec: JobSpec, *, validation: int = 0, yarn_report_dir: str | None = None,
-             on_record: Callable | None = None, log: Callable[[str], None] = print, overwrite: bool = False) -> dict:
+             on_record: Callable | None = None, log: Callable[[str], None] = print, overwrite: bool = False,
+             resume: bool = False, keep_finished: bool = False) -> dict:
     """Train ``spec``, test once on the 10,000 test images, write result.json and the plots;
     returns the result. ``overwrite``: as for :func:`dbn.jobs.run.run`.
 
     On the local mini-cluster by default; with ``yarn_report_dir`` on YARN, where
     ``[output] dir`` is the job's HDFS output and the report goes to ``yarn_report_dir``.
+    ``resume`` (local only) continues the same job's run in the output folder from its newest
+    checkpoint (from the start when it has none); ``keep_finished`` returns the result of a
+    finished run of the same job found there instead of training again.
     """
     if yarn_report_dir is not None:
+        if resume or keep_finished:
+            raise UsageError("--resume runs on the local mini-cluster; on YARN the application master "
+                             "resumes itself (yarn.max_attempts)")
         spec = prepare_validation(spec, validation, spec.output.dir)
         launcher = Yarn(yarn_report_dir, log=log)
     else:
         spec = prepare_validation(spec, validation, str(Path(spec.output.dir).resolve()))
-        launcher = LocalCluster()
+        launcher = LocalCluster(resume=resume)
     spec = spec.replace(data={"test": "mnist"})
+    if keep_finished:
+        done = finished_result(Path(launcher.output_dir(spec)), spec)
+        if done is not None:
+            log(f"{spec.output.dir}: finished before (test error {100 * done['test_error']:.2f} %): kept")
+            return done
     result = run(spec, launcher, on_record=on_record, overwrite=overwrite,
                  extra={"train_images": spec.data.limit or TRAIN_IMAGES, "validation_images": validation})
     from .plots import plot_run
@@ -113,12 +126,26 @@ def evaluate(spec: JobSpec, *, validation: int = 0, yarn_report_dir: str | None 
     return result
 
 
+def finished_result(out: Path, spec: JobSpec) -> dict | None:
+    """The result of a finished run of ``spec`` in ``out`` (result.json beside model.npz, of the
+    same job by its config.json), or None."""
+    try:
+        result = json.loads((out / RESULT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    if not (out / MODEL_FILE).is_file() or other_job(out, spec) is not None or result.get("test_error") is None:
+        return None
+    return {**result, "plots": [str(p) for p in sorted(out.glob("*.png"))]}
+
+
 def command(*, out: str | None, quick: bool, sweep_instead: bool = False, local: int | None, yarn_out: str | None,
             validation: int | None, seed: int, data_dir: str | None, overrides: dict, progress_for=None,
-            log: Callable[[str], None] = print, overwrite: bool = False) -> tuple[str, dict | str]:
+            log: Callable[[str], None] = print, overwrite: bool = False,
+            resume: bool = False) -> tuple[str, dict | str]:
     """``dbn mnist``'s defaults and choice: returns (report dir, the result), or with
     ``sweep_instead`` (``--sweep``) the sweep's Markdown table instead of a result.
-    ``progress_for(spec)`` makes the run's ``on_record`` callback."""
+    ``progress_for(spec)`` makes the run's ``on_record`` callback; ``resume``: see :func:`evaluate`
+    (a sweep always keeps its finished runs and resumes an interrupted one, unless ``overwrite``)."""
     tag = "-quick" if quick else ""
     out = out or str(Path("runs") / (f"mnist-sweep{tag}" if sweep_instead else f"mnist{tag}"))
     validation = validation if validation is not None else (5000 if quick else 0)
@@ -134,7 +161,7 @@ def command(*, out: str | None, quick: bool, sweep_instead: bool = False, local:
         f"{spec.cluster.workers} workers, {spec.model.pretrain_epochs} + {spec.model.finetune_epochs} epochs; "
         f"report in {out}")
     return out, evaluate(spec, validation=validation, yarn_report_dir=out if yarn_out else None,
-                         on_record=progress_for and progress_for(spec), log=log, overwrite=overwrite)
+                         on_record=progress_for and progress_for(spec), log=log, overwrite=overwrite, resume=resume)
 
 
 def report_line(out: str, result: dict) -> str:
@@ -148,7 +175,11 @@ def sweep(*, out: str, quick: bool, seed: int, data_dir: str | None, layers=None
           overrides: dict | None = None, validation: int = 0, on_record=None, log=print,
           overwrite: bool = False) -> str:
     """Run every (layers, workers) pair (default: SWEEP_LAYERS x SWEEP_WORKERS); write and
-    return the Markdown table (``OUT/sweep.md``)."""
+    return the Markdown table (``OUT/sweep.md``).
+
+    A full sweep takes hours, so the same command goes on where it stopped: a pair whose run
+    finished in its folder is kept, an interrupted one continues from its newest checkpoint
+    (``overwrite`` trains every pair afresh)."""
     rows = []
     for sizes in layers or SWEEP_LAYERS:
         for n in workers or SWEEP_WORKERS:
@@ -157,7 +188,7 @@ def sweep(*, out: str, quick: bool, seed: int, data_dir: str | None, layers=None
             cfg = mnist_config(out=str(Path(out) / name), workers=n, quick=quick, seed=seed, data_dir=data_dir,
                                layers=sizes, overrides=overrides)
             rows.append((sizes, n, evaluate(cfg, validation=validation, on_record=on_record, log=log,
-                                            overwrite=overwrite)))
+                                            overwrite=overwrite, resume=not overwrite, keep_finished=not overwrite)))
             log(f"sweep: {name}: test error {100 * rows[-1][2]['test_error']:.2f} %")
     table = sweep_table(rows, quick=quick)
     Path(out).mkdir(parents=True, exist_ok=True)
