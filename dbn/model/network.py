@@ -127,21 +127,29 @@ class Network:
 
     # ------------------------------------------------------------ training
 
-    def _backward(self, activations, inputs, delta, dropout=(), lowest: int = 0):
+    def _backward(self, activations, inputs, delta, dropout=(), lowest: int = 0, apply=None):
         """Weight and bias gradients of layers ``lowest`` and up for ``delta``, the gradient at
         the softmax's input (None below ``lowest``). Backprop is linear in ``delta``: scaled by
-        ``-lr`` it gives ready-made steps."""
+        ``-lr`` it gives ready-made steps.
+
+        With ``apply``, ``apply(i, grad_w, grad_b)`` takes each layer's gradients as soon as the
+        layers below no longer need its weights, instead of returning them: an update there finds
+        the weights and the gradient still in cache (the same arithmetic as updating afterwards)."""
         xp = self.backend.xp
         grads_w, grads_b = [None] * len(self.weights), [None] * len(self.weights)
         for i in reversed(range(lowest, len(self.weights))):
-            grads_w[i] = xp.matmul(inputs[i].T, delta)
-            grads_b[i] = delta.sum(axis=0)
+            grad_w = xp.matmul(inputs[i].T, delta)
+            grad_b = delta.sum(axis=0)
             if i > lowest:
                 # Back through layer i's (dropped-out) input to the sigmoid below it.
                 delta = xp.matmul(delta, self.weights[i].T)
                 dropped = inputs[i] is not activations[i]
                 kernels.sigmoid_backward_(delta, activations[i], inputs[i] if dropped else None,
                                           1.0 / (1.0 - dropout[i]) if dropped else 1.0, xp=xp)
+            if apply is None:
+                grads_w[i], grads_b[i] = grad_w, grad_b
+            else:
+                apply(i, grad_w, grad_b)
         return grads_w, grads_b
 
     def loss_and_grads(self, x, targets, weight_cost: float = 0.0, dropout=(), train=False):
@@ -198,6 +206,15 @@ class Network:
         every = xp.arange(batch)
         layers = range(len(self.weights))[train_layers]
         total_loss, errors = 0.0, 0
+
+        def step(j, step_w, step_b):  # layer j's update, as soon as backprop is past it
+            if j not in layers:
+                return
+            be.momentum_step(self.weights[j], self.weights_inc[j], step_w, momentum, learning_rate * weight_cost)
+            be.momentum_step(self.biases[j], self.biases_inc[j], step_b, momentum)
+            if max_norm:
+                clip_columns(self.weights[j], max_norm, xp)
+
         for rows, labels in minibatches(X, order, batch, batches, be.empty((batch, X.shape[1])), be, labels=y):
             acts, inputs = self._forward(rows, dropout, train=True)
             probs = acts[-1]
@@ -208,11 +225,6 @@ class Network:
             delta = probs.copy()
             delta[every, labels] -= 1
             delta *= -learning_rate / batch
-            steps_w, steps_b = self._backward(acts, inputs, delta, dropout, lowest=min(layers, default=0))
-            for j in layers:
-                be.momentum_step(self.weights[j], self.weights_inc[j], steps_w[j], momentum, learning_rate * weight_cost)
-                be.momentum_step(self.biases[j], self.biases_inc[j], steps_b[j], momentum)
-                if max_norm:
-                    clip_columns(self.weights[j], max_norm, xp)
+            self._backward(acts, inputs, delta, dropout, lowest=min(layers, default=0), apply=step)
         n_seen = len(batches) * batch
         return FinetuneStats(epoch, n_seen, float(total_loss) / max(n_seen, 1), int(errors) / max(n_seen, 1))
