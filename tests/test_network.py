@@ -240,3 +240,32 @@ def test_max_norm_bounds_every_units_incoming_weights_while_training(max_norm):
     free = make_network(scale=2.0)
     free.train_epoch(x, y, 0, learning_rate=0.5, momentum=0.9, batch_size=10, dropout=(0.2, 0.5, 0.5))
     assert max(np.linalg.norm(w, axis=0).max() for w in free.weights) > 3.0  # the bound did the work
+
+
+@pytest.mark.parametrize("train_layers", [slice(None), slice(-1, None), slice(1, 3)])
+def test_a_step_is_the_gradient_of_the_weights_before_it(train_layers):
+    """Fine-tuning updates each layer during backprop (while it is in cache): the step must still be
+    the gradient at the step's starting weights, for every layer trained, and leave the others."""
+    net = make_network(seed=4)
+    x, targets = make_batch(seed=5)
+    labels = targets.argmax(axis=1)
+    lr, momentum, cost = 0.3, 0.8, 0.01
+    for i in range(len(net.weights)):  # momentum increments already under way
+        net.weights_inc[i] += 0.01 * (i + 1)
+        net.biases_inc[i] -= 0.02
+    before = net.get_state()
+    _, grads_w, grads_b, _ = net.loss_and_grads(x, targets)  # no dropout: no random numbers
+    trained = range(len(net.weights))[train_layers]
+    net.train_epoch(x, labels, 0, learning_rate=lr, momentum=momentum, weight_cost=cost, batch_size=BATCH,
+                    train_layers=train_layers)
+    for i in range(len(net.weights)):
+        w, b = before[f"net.{i}.weights"], before[f"net.{i}.biases"]
+        w_inc, b_inc = before[f"net.{i}.weights_inc"], before[f"net.{i}.biases_inc"]
+        if i in trained:
+            w_inc = momentum * w_inc - lr * grads_w[i] - lr * cost * w
+            b_inc = momentum * b_inc - lr * grads_b[i]
+            np.testing.assert_allclose(net.weights_inc[i], w_inc, rtol=1e-12, atol=1e-14)
+            np.testing.assert_allclose(net.weights[i], w + w_inc, rtol=1e-12, atol=1e-14)
+            np.testing.assert_allclose(net.biases[i], b + b_inc, rtol=1e-12, atol=1e-14)
+        else:
+            assert np.array_equal(net.weights[i], w) and np.array_equal(net.biases[i], b), i
