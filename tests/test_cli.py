@@ -198,6 +198,19 @@ def test_bad_config_exits_2_with_message(tmp_path, capsys, text, message):
     assert not (tmp_path / "o").exists()
 
 
+def test_a_directory_as_a_data_file_says_where_shards_and_tables_go(tmp_path, capsys):
+    (tmp_path / "shards").mkdir()
+    config = tmp_path / "job.toml"
+    config.write_text("[data]\ntrain = 'shards'\n[job]\ndevice = 'cpu'\n")
+    for argv in (["train", str(config), "--out", str(tmp_path / "o")],
+                 ["shard", str(tmp_path / "shards"), str(tmp_path / "o"), "--shards", "2"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"dbn: error: {tmp_path / 'shards'}: a directory, not a data file"), err
+        assert "[cluster] shards" in err and "[data] features" in err and "Traceback" not in err
+        assert not (tmp_path / "o").exists()
+
+
 def test_missing_config_file_and_bad_set(tmp_path, capsys):
     assert main(["train", str(tmp_path / "nope.toml")]) == 2
     err = capsys.readouterr().err

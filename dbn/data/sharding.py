@@ -27,6 +27,10 @@ def load_source(source: str, *, split: str = "train", mnist_dir: str | None = No
         X, y = (data.x_train, data.y_train) if split == "train" else (data.x_test, data.y_test)
     else:
         path = Path(source).expanduser()
+        if path.is_dir():
+            raise DataError(f"{path}: a directory, not a data file: Parquet shards (`dbn shard`'s) go in "
+                            f"[cluster] shards; a table (Spark's or Hive's Parquet or ORC) is read in place when "
+                            f"[data] features names its columns (README, \"Your own data\")")
         if not path.is_file():
             raise DataError(f"{path}: no such data file (use 'mnist', a .npz with arrays X and y, or a .csv)")
         if path.suffix == ".npz":
