@@ -60,10 +60,15 @@ def _width(source: TableSource, found) -> int:
                     else f"{source.uri}: the table has no rows")
 
 
-def scale_kind(data, visible: str) -> str | None:
-    """The scaling ``[data] scale`` asks for: "min_max", "standard" or None."""
+def scale_kind(data, visible: str, table: bool = True) -> str | None:
+    """The scaling ``[data] scale`` asks for: "min_max", "standard" or None. "auto" standardises
+    every feature for Gaussian visible units, whatever the data; for Bernoulli units it maps a
+    table's features to [0, 1] by their range, while other data (MNIST, a .npz or .csv, Parquet
+    shards: ``table=False``) is taken as it is, which those units check is within [0, 1]."""
     if data.scale == "auto":
-        return "min_max" if visible == "bernoulli" else "standard"
+        if visible == "gaussian":
+            return "standard"
+        return "min_max" if table else None
     return None if data.scale == "none" else data.scale
 
 
@@ -87,6 +92,12 @@ def merge_stats_arrays(parts: list[dict]) -> dict:
             "input.max": np.maximum.reduce([p["input.max"] for p in parts]),
             "input.sum": np.sum([p["input.sum"] for p in parts], axis=0),
             "input.sum_sq": np.sum([p["input.sum_sq"] for p in parts], axis=0)}
+
+
+def scaler_of(X, kind: str | None) -> Scaler | None:
+    """The scaler of ``kind`` fitted on all rows of ``X`` in one pass (None: no scaling), with
+    the same statistics and formula as the workers' gathered ones (:data:`STATS`)."""
+    return None if kind is None else scaler_from(stats_arrays(FeatureStats.of(X)), kind)
 
 
 def scaler_from(arrays: dict, kind: str | None) -> Scaler | None:

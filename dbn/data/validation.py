@@ -8,7 +8,8 @@ from ..exceptions import DataError
 #: A class with fewer examples than this share of the median class is reported as rare.
 RARE_CLASS_SHARE = 0.05
 
-UNIT_INTERVAL_HINT = ("scale the data (e.g. pixels / 255) or use visible='gaussian' for real-valued inputs")
+UNIT_INTERVAL_HINT = ("scale the data (e.g. pixels / 255; in a job file [data] scale = \"min_max\") or use "
+                      "visible='gaussian' for real-valued inputs")
 
 
 def check_features(X, *, name: str = "X", n_features: int | None = None, unit_interval: bool = False) -> np.ndarray:

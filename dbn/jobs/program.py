@@ -115,7 +115,7 @@ class DBNProgram(Program):
                 first.setdefault(s["features"], s["uri"])
             raise DataError("shards disagree on the feature count: " +
                             ", ".join(f"{uri} has {width}" for width, uri in sorted(first.items())))
-        if self.model.visible == "bernoulli":
+        if self.model.visible == "bernoulli" and not self.config.get("scale"):  # scaled rows are checked later
             for s in shards:
                 lo, hi = (v + 0.0 for v in s["ranges"]["features"] or (0, 1))  # + 0.0: no "-0"
                 if lo < 0 or hi > 1:
@@ -192,6 +192,9 @@ class DBNProgram(Program):
             return {}
         if self._validation is None:
             self._validation = read_shard(uri, need_labels=True)
+            scaler = scaler_from(parameters, self.config.get("scale"))  # raw rows, scaled as the training rows
+            if scaler is not None:
+                self._validation.features = scaler.transform(self._validation.features)
         net = Network.from_state(parameters, len(self.layers) + 1, self.model.backend)
         proba = net.predict_proba_device(self.model.backend.asarray(self._validation.features))
         predicted = self.model.backend.to_numpy(proba).argmax(axis=1)
@@ -210,8 +213,8 @@ class DBNProgram(Program):
         return {} if image is None else {view.FILTERS: image}
 
     def to_model(self, parameters) -> DBN:
-        """The trained :class:`DBN` from the final parameters, with a table's classes and
-        scaler, so that it predicts from the table's raw rows."""
+        """The trained :class:`DBN` from the final parameters, with a table's classes and the
+        scaler (when the job scales its data), so that it predicts from raw rows."""
         model = DBN(**dbn_params(self.config), device="cpu").set_state(
             {k: v for k, v in parameters.items() if k not in STATS})
         scaler = scaler_from(parameters, self.config.get("scale"))  # gathered by the workers in the first step

@@ -42,7 +42,7 @@ from iterreduce.shards import TABLE_SHARD_SUFFIX, filesystem, join, list_shards,
 
 from .. import __version__
 from ..data.sharding import load_dataset, load_shards, shard_dataset
-from ..data.table_data import attach_inputs, prepare, raw_table_rows, read_table, table_shards
+from ..data.table_data import attach_inputs, prepare, raw_table_rows, read_table, scaler_of, table_shards
 from ..data.validation import check_labels, class_warnings
 from ..exceptions import ConfigError, DataError, ModelFileError, UsageError
 from ..model import flops
@@ -324,12 +324,15 @@ class InProcess:
         elif spec.cluster.shards:  # the job names its data as shards: train on those, never on [data] train
             source = spec.cluster.shards
             X, y = load_shards(source, limit=spec.data.limit, n_classes=n_classes,
-                               unit_interval=spec.model.visible == "bernoulli")
+                               unit_interval=spec.model.visible == "bernoulli" and not spec.scaling())
         else:
             source = spec.data.train
             X, y = load_dataset(source, split="train", mnist_dir=spec.data.mnist_dir, limit=spec.data.limit,
                                 labels=True)
             y = check_labels(y, n_samples=X.shape[0], n_classes=n_classes, name=f"{source} labels")
+        scaler = table.scaler if table is not None else scaler_of(X, spec.scaling())
+        if table is None and scaler is not None:  # a table's rows come scaled from read_table
+            X = scaler.transform(X)
         counts = np.bincount(y, minlength=n_classes or 0)
         model = DBN(**spec.dbn_params())
         with runlog.RunLog(out / runlog.LOG_NAME) as log:
@@ -353,8 +356,8 @@ class InProcess:
                 raise Interrupted(f"after {epochs.where}; no model written; progress so far is in "
                                   f"{out / runlog.LOG_NAME}") from None
             log.event("done", steps=epochs.count, seconds=epochs.elapsed())  # as a master's log ends (not printed)
-        if table is not None:
-            attach_inputs(model, table.classes, table.scaler)
+        if table is not None or scaler is not None:
+            attach_inputs(model, table.classes if table is not None else None, scaler)
         model.save(out / MODEL_FILE)
         return {"n_train": int(X.shape[0]), "pretrain_seconds": pretrain_seconds,
                 "finetune_seconds": epochs.elapsed() - pretrain_seconds, "sync_fraction": None,

@@ -78,7 +78,7 @@ class DataSection:
     filter: str | None = None  # a table's rows to train on, e.g. "year >= 2020 and country == 'NL'"
     test_filter: str | None = None  # the test table's rows, e.g. "split == 'test'" (test may be the train table)
     format: str = "parquet"  # a table's file format: "parquet" or "orc"
-    scale: str = "auto"  # a table's feature scaling: "auto", "min_max", "standard" or "none" (saved with the model)
+    scale: str = "auto"  # feature scaling: "auto", "min_max", "standard" or "none" (saved with the model)
 
 
 _JOB_KEYS = ("seed", "device")  # DBN parameters that belong to [job], not [model]
@@ -284,14 +284,14 @@ class JobSpec:
                 "pretrain_block_momentum": c.pretrain_block_momentum, "block_learning_rate": c.block_learning_rate,
                 "pretrain_block_learning_rate": c.pretrain_block_learning_rate, "block_nesterov": c.block_nesterov,
                 "validation": c.validation,
-                "stream": stream, "scale": self.table_scaling()}
+                "stream": stream, "scale": self.scaling()}
 
-    def table_scaling(self) -> str | None:
-        """The scaling a distributed job's workers gather statistics for: a table read in place
-        (``[data] features``, no ``[cluster] shards``) with ``[data] scale`` other than "none"."""
-        if self.data.features is None or self.cluster.shards:
-            return None
-        return scale_kind(self.data, self.model.visible)
+    def scaling(self) -> str | None:
+        """How the features are scaled before training (the workers gather the statistics in a
+        distributed job), and the scaler saved with the model: ``[data] scale`` for this job's
+        data (see :func:`dbn.data.table_data.scale_kind`), None for none."""
+        table = self.data.features is not None and not self.cluster.shards
+        return scale_kind(self.data, self.model.visible, table=table)
 
 
 #: The paper's run (784-500-500-2000-10 on MNIST), used when no config file is given;
