@@ -116,3 +116,29 @@ def test_the_validation_shard_is_scaled_as_the_training_rows(data):
     records = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     errors = [r["valid_error"] for r in records if r.get("phase") == "finetune" and "valid_error" in r]
     assert errors and errors[-1] < 0.05, errors  # raw validation rows scored unscaled: chance
+
+
+@pytest.mark.parametrize("where", [(), ("--local", "2")], ids=["in-process", "local-2"])
+def test_uint8_features_are_intensities_on_every_path(data, where, capsys):
+    """A .npz of uint8 images: the workers' shards read them as [0, 1] (MNIST's rule); this process
+    and the test did not (0..255 refused by Bernoulli units), so a model trained on the workers
+    could not be tested on the same file."""
+    rng = np.random.default_rng(3)
+    def images(n, seed):
+        y = np.random.default_rng(seed).integers(0, CLASSES, n)
+        stripes = np.zeros((CLASSES, FEATURES), np.uint8)
+        for c in range(CLASSES):
+            stripes[c, c::CLASSES] = 255
+        noise = rng.integers(0, 60, (n, FEATURES))
+        return np.clip(stripes[y].astype(int) - noise + noise[:, ::-1], 0, 255).astype(np.uint8), y
+    np.savez(data / "img.npz", **dict(zip("Xy", images(600, 0))))
+    np.savez(data / "img-test.npz", **dict(zip("Xy", images(300, 1))))
+    path = data / "img.toml"
+    path.write_text("[data]\ntrain = 'img.npz'\ntest = 'img-test.npz'\n[model]\nhidden_layers = [16]\n"
+                    "pretrain_epochs = 3\nfinetune_epochs = 30\n[job]\ndevice = 'cpu'\nseed = 0\n")
+    out = data / f"img-{len(where)}"
+    result, model = train(path, out, *where)
+    assert result["test_error"] < 0.05 and getattr(model, "input_scaler_", None) is None
+    capsys.readouterr()
+    assert main(["evaluate", str(out / "model.npz"), "--data", str(data / "img-test.npz"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["test_error"] == pytest.approx(result["test_error"])

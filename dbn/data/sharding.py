@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from iterreduce.shards import ShardError, write_shards
+from iterreduce.shards import ShardError, as_float32, write_shards
 
 from .validation import DataError, check_features, check_labels
 
@@ -57,17 +57,16 @@ def load_source(source: str, *, split: str = "train", mnist_dir: str | None = No
 
 def load_dataset(source: str, *, split: str = "train", mnist_dir: str | None = None, limit: int | None = None,
                  labels: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
-    """Features ready to train on (MNIST pixels scaled to [0, 1]) and labels, from ``source``
-    ("mnist", a .npz or a .csv, as :func:`load_source`); ``labels=True`` requires them."""
+    """Features ready to train on and labels, from ``source`` ("mnist", a .npz or a .csv, as
+    :func:`load_source`); ``labels=True`` requires them. uint8 features (MNIST's pixels, a .npz
+    of images) are intensities, read as [0, 1] as the shards read them
+    (:func:`iterreduce.shards.as_float32`): the same rows in this process, on the workers and
+    when a model is tested."""
     X, y = load_source(source, split=split, mnist_dir=mnist_dir, limit=limit)
     if labels and y is None:
         raise DataError(f"{source}: no array y (labels; in a CSV, a 'label' column): training and evaluation "
                         f"need them")
-    if source == "mnist":
-        from .mnist import scale_images
-
-        X = scale_images(X)
-    return X, y
+    return as_float32(X), y
 
 
 def load_shards(uri: str, *, limit: int | None = None, n_classes: int | None = None,
