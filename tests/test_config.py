@@ -313,3 +313,15 @@ def test_unreadable_config_files_are_named(tmp_path):
             with pytest.raises(ConfigError) as err:
                 load(path)
             assert str(path) in str(err.value) and words in str(err.value), (load, path, err.value)
+
+
+def test_a_bad_model_value_is_blamed_on_where_it_was_set(tmp_path):
+    good, bad = write(tmp_path, "[model]\ndropout = 0.1\n", "good.toml"), write(tmp_path, "[model]\ndropout = 0.1\n"
+                                                                                 "finetune_final_momentum = 1.5\n")
+    for path, overrides, blamed in ((good, {"model.finetune_final_momentum": "1.5"}, "command line: [model]"),
+                                    (None, {"model.finetune_final_momentum": "1.5"}, "command line: [model]"),
+                                    (bad, {"model.dropout": "0.2"}, f"{bad}: [model]"),
+                                    (bad, {}, f"{bad}: [model]")):
+        with pytest.raises(ConfigError) as err:
+            load_spec(path, overrides)
+        assert str(err.value).startswith(blamed) and "finetune_final_momentum must be in [0, 1)" in str(err.value)

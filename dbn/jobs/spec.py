@@ -220,7 +220,15 @@ class JobSpec:
         try:
             DBN(**spec.dbn_params()).validate_params()
         except ValueError as exc:
-            raise ConfigError(f"{origin}: [model] {exc}") from None
+            # Whose value is it? The file's when the file alone is already wrong, else the command line's.
+            where = origin
+            if overrides:
+                try:
+                    cls.from_dict({**doc, **({"source": source} if source else {})}, origin=origin, base=base)
+                    where = "command line"
+                except ConfigError:
+                    pass
+            raise ConfigError(f"{where}: [model] {exc}") from None
         return spec
 
     def to_dict(self) -> dict:
