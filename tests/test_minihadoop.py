@@ -25,6 +25,14 @@ def test_the_scripts_answer_what_skein_and_a_person_ask(hadoop):
     assert unknown.returncode == 1 and "yarn rmadmin: not available in this MiniHadoop" in unknown.stderr
 
 
+def cmdline(pid: int) -> bytes:
+    """A process's command line, or b"" once it has ended (containers' launch scripts come and go)."""
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 @pytest.mark.parametrize("jvm_killed_first", [False, True], ids=["stop", "jvm-sigkilled-then-stop"])
 def test_stop_ends_the_jvm_and_every_container_it_started(tmp_path, jvm_killed_first):
     """A clean stop (the JVM stops YARN, which stops its containers), and a JVM that died by SIGKILL
@@ -45,7 +53,11 @@ def test_stop_ends_the_jvm_and_every_container_it_started(tmp_path, jvm_killed_f
             assert time.monotonic() < deadline, client.application_report(app_id).diagnostics
             time.sleep(0.5)
         client.close()
-        sleepers = [pid for pid in processes_of(directory) if Path(f"/proc/{pid}/cmdline").read_bytes() == b"sleep\x00600\x00"]
+        # RUNNING means skein's application master has registered; it starts the script just after
+        # (on a busy machine, seconds after): wait for the sleeper to appear.
+        while not (sleepers := [pid for pid in processes_of(directory) if cmdline(pid) == b"sleep\x00600\x00"]):
+            assert time.monotonic() < deadline, processes_of(directory)
+            time.sleep(0.2)
         assert len(sleepers) == 1, processes_of(directory)
         if jvm_killed_first:
             cluster._proc.kill()
