@@ -105,6 +105,7 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
     claim_output(out, spec, resume=getattr(launcher, "resume", False), overwrite=overwrite)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / CONFIG_FILE, spec.to_dict())
+    commit = _commit()  # the code that trains: the checkout may move on during a long run
     start = time.perf_counter()
     try:
         figures = launcher.train(spec, out, on_record or (lambda record: None))
@@ -130,7 +131,7 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
         "workers": spec.cluster.workers, "sync_every": spec.cluster.sync_every,
         "block_momentum": spec.cluster.block_momentum, "model": str(out / MODEL_FILE),
         **flop_result,
-        "params": spec.dbn_params(), "version": __version__, "commit": _commit(), "date": time.strftime("%Y-%m-%d"),
+        "params": spec.dbn_params(), "version": __version__, "commit": commit, "date": time.strftime("%Y-%m-%d"),
         **(extra or {}),
     }
     write_json(out / RESULT_FILE, result)
