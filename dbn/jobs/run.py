@@ -331,9 +331,11 @@ class InProcess:
             X, y = load_dataset(source, split="train", mnist_dir=spec.data.mnist_dir, limit=spec.data.limit,
                                 labels=True)
             y = check_labels(y, n_samples=X.shape[0], n_classes=n_classes, name=f"{source} labels")
-        scaler = table.scaler if table is not None else scaler_of(X, spec.scaling())
-        if table is None and scaler is not None:  # a table's rows come scaled from read_table
-            X = scaler.transform(X)
+        if table is not None:  # a table's rows come scaled from read_table, its labels mapped
+            scaler, classes = table.scaler, table.classes
+        else:
+            scaler, classes = scaler_of(X, spec.scaling()), None
+            X = X if scaler is None else scaler.transform(X)
         counts = np.bincount(y, minlength=n_classes or 0)
         model = DBN(**spec.dbn_params())
         with runlog.RunLog(out / runlog.LOG_NAME) as log:
@@ -357,8 +359,8 @@ class InProcess:
                 raise Interrupted(f"after {epochs.where}; no model written; progress so far is in "
                                   f"{out / runlog.LOG_NAME}") from None
             log.event("done", steps=epochs.count, seconds=epochs.elapsed())  # as a master's log ends (not printed)
-        if table is not None or scaler is not None:
-            attach_inputs(model, table.classes if table is not None else None, scaler)
+        if scaler is not None or classes is not None:
+            attach_inputs(model, classes, scaler)
         model.save(out / MODEL_FILE)
         return {"n_train": int(X.shape[0]), "pretrain_seconds": pretrain_seconds,
                 "finetune_seconds": epochs.elapsed() - pretrain_seconds, "sync_fraction": None,
