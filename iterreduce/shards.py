@@ -13,6 +13,7 @@ is installed, so no libhdfs is needed).
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -24,12 +25,15 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from .exceptions import ShardError
+from .exceptions import IterReduceError, ShardError
 from .lifeline import follow_parent
 from .rowfile import RowFile
 
 FEATURES = "features"
 LABEL = "label"
+#: Parquet metadata key of a shard written from string labels: its classes, JSON ({"classes": [...]}),
+#: label i being classes[i]. Every shard of one data set holds the same.
+CLASSES_KEY = b"iterreduce.label_classes"
 TABLE_SHARD_SUFFIX = ".table.json"  # a table's share, read in place (iterreduce.tables.TableShard)
 FEATURE_TYPES = (pa.float32(), pa.uint8(), pa.float64())
 
@@ -394,6 +398,7 @@ def describe_shard(uri: str) -> dict:
                 raise ShardError(f"{uri}: '{FEATURES}' lists are empty: no feature to train on")
         ranges = footer_ranges(parquet, uri)
         has_labels = LABEL in parquet.schema_arrow.names
+        classes = _classes_in(parquet.schema_arrow.metadata, uri)
     features, labels = ranges[FEATURES], ranges[LABEL]
     if features and not np.isfinite(features).all():
         raise ShardError(f"{uri}: '{FEATURES}' holds infinite values (the footer's statistics: "
@@ -401,11 +406,48 @@ def describe_shard(uri: str) -> dict:
     if labels and labels[0] < 0:
         raise ShardError(f"{uri}: '{LABEL}' holds negative values (the footer's statistics: min {labels[0]}): "
                          f"classes are 0, 1, 2, ...")
-    return {"uri": uri, "rows": rows, "features": width, "labels": has_labels, "ranges": ranges}
+    if classes is not None and labels and labels[1] >= len(classes["classes"]):
+        raise ShardError(f"{uri}: '{LABEL}' holds class {labels[1]} but the shard's metadata names "
+                         f"{len(classes['classes'])} classes")
+    return {"uri": uri, "rows": rows, "features": width, "labels": has_labels, "ranges": ranges, "classes": classes}
 
 
-def write_shards(X: np.ndarray, y: np.ndarray | None, uri: str, n_shards: int, *, prefix: str = "part") -> list[str]:
-    """Split rows of ``X`` (and ``y``) into ``n_shards`` Parquet files of near-equal size."""
+def _classes_in(metadata: dict | None, uri: str) -> dict | None:
+    """The label classes a shard's Parquet metadata holds (:data:`CLASSES_KEY`), as a dict; None if none."""
+    text = (metadata or {}).get(CLASSES_KEY)
+    if text is None:
+        return None
+    try:
+        classes = json.loads(text)
+        from .tables import LabelMap
+
+        return LabelMap.from_dict(classes).to_dict()
+    except (ValueError, IterReduceError) as exc:
+        raise ShardError(f"{uri}: unreadable label classes in its metadata ({CLASSES_KEY.decode()}): {exc}") from None
+
+
+def shard_classes(infos_or_uris) -> object:
+    """The :class:`~iterreduce.tables.LabelMap` the shards' labels index (None: class i is i), from
+    :func:`shard_info` entries or shard URIs; shards that disagree raise :class:`ShardError`
+    naming two of them."""
+    from .tables import LabelMap
+
+    infos = [describe_shard(x) if isinstance(x, str) else x for x in infos_or_uris]
+    first = infos[0].get("classes") if infos else None
+    for info in infos[1:]:
+        if info.get("classes") != first:
+            def show(c):
+                return "none (class i is i)" if c is None else repr(c["classes"][:10])
+            raise ShardError(f"{info['uri']}: its label classes {show(info.get('classes'))} differ from those of "
+                             f"{infos[0]['uri']} ({show(first)}): the shards come from different data sets")
+    return None if first is None else LabelMap.from_dict(first)
+
+
+def write_shards(X: np.ndarray, y: np.ndarray | None, uri: str, n_shards: int, *, prefix: str = "part",
+                 classes=None) -> list[str]:
+    """Split rows of ``X`` (and class indices ``y``) into ``n_shards`` Parquet files of near-equal
+    size; ``classes`` (a :class:`~iterreduce.tables.LabelMap`), the label values ``y`` index,
+    goes into every file's metadata (:data:`CLASSES_KEY`)."""
     X = np.asarray(X)
     if X.ndim != 2 or X.shape[0] == 0:
         raise ShardError(f"{uri}: need a non-empty 2-D feature matrix, got shape {X.shape}")
@@ -426,7 +468,10 @@ def write_shards(X: np.ndarray, y: np.ndarray | None, uri: str, n_shards: int, *
         if y is not None:
             columns[LABEL] = pa.array(np.asarray(y)[rows].astype(np.int64))
         name = f"{prefix}-{i:05d}.parquet"
-        pq.write_table(pa.table(columns), join(path, name), filesystem=fs, write_page_checksum=True)
+        table = pa.table(columns)
+        if classes is not None:
+            table = table.replace_schema_metadata({CLASSES_KEY: json.dumps(classes.to_dict()).encode()})
+        pq.write_table(table, join(path, name), filesystem=fs, write_page_checksum=True)
         written.append(join(uri, name))
     return written
 

@@ -117,12 +117,16 @@ def test_float_non_integer_labels():
     small_dbn().fit(X, y.astype(np.float64))
 
 
-def test_string_and_2d_labels():
+def test_string_mixed_and_2d_labels():
     X, y = toy_data()
+    # Strings are label values (tests/test_string_labels.py): digits as text are classes "0", "1", "2".
+    assert small_dbn().fit(X, y.astype(str)).classes_.tolist() == ["0", "1", "2"]
     with pytest.raises(DataError, match="integer class labels"):
-        small_dbn().fit(X, y.astype(str))
+        small_dbn().fit(X, np.array([*y[:-1].astype(str), 1], dtype=object))  # text and a number
     with pytest.raises(DataError, match="1-D"):
         small_dbn().fit(X, y[:, None])
+    with pytest.raises(DataError, match="1-D"):
+        small_dbn().fit(X, y[:, None].astype(str))
 
 
 def test_labels_outside_class_range_at_score_and_finetune(fitted):

@@ -14,12 +14,14 @@ import numpy as np
 
 from iterreduce.shards import ShardError, as_float32, write_shards
 
-from .validation import DataError, check_features, check_labels
+from .validation import DataError, check_features, check_labels, is_string_labels, label_indices
 
 
 def load_source(source: str, *, split: str = "train", mnist_dir: str | None = None,
                 limit: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-    """Features and labels from ``source`` ("mnist", a .npz or a .csv file)."""
+    """Features and labels from ``source`` ("mnist", a .npz or a .csv file). Labels are class
+    indices (checked) or strings, label values as they were in the file (map them with
+    :func:`~dbn.data.validation.label_indices`)."""
     if source == "mnist":
         from .mnist import load_mnist
 
@@ -48,8 +50,8 @@ def load_source(source: str, *, split: str = "train", mnist_dir: str | None = No
         else:
             raise DataError(f"{path}: unknown data format {path.suffix!r} (use .npz or .csv)")
         X = check_features(X, name=str(path))
-        if y is not None:
-            y = check_labels(y, n_samples=X.shape[0], name=f"{path} labels")
+        if y is not None:  # class indices, or strings (label values: see label_indices)
+            y = y if is_string_labels(y) else check_labels(y, n_samples=X.shape[0], name=f"{path} labels")
     if limit is not None:
         X, y = X[:limit], (None if y is None else y[:limit])
     return X, y
@@ -70,14 +72,17 @@ def load_dataset(source: str, *, split: str = "train", mnist_dir: str | None = N
 
 
 def load_shards(uri: str, *, limit: int | None = None, n_classes: int | None = None,
-                unit_interval: bool = False) -> tuple[np.ndarray, np.ndarray]:
-    """Features and labels of every Parquet shard under ``uri`` (a directory or URI), in order,
-    for training in one process on the shards a job names; the first ``limit`` rows only.
-    Each shard is checked as a worker would: a label outside ``0..n_classes-1``, or (with
-    ``unit_interval``) a feature outside [0, 1], is an error naming its shard and row."""
-    from iterreduce.shards import list_shards, read_shard
+                unit_interval: bool = False):
+    """``(X, y, classes)``: the features and class indices of every Parquet shard under ``uri``
+    (a directory or URI), in order, and the label classes the shards were written with
+    (:func:`iterreduce.shards.shard_classes`), for training in one process on the shards a job
+    names; the first ``limit`` rows only. Each shard is checked as a worker would: a label
+    outside ``0..n_classes-1``, or (with ``unit_interval``) a feature outside [0, 1], is an
+    error naming its shard and row."""
+    from iterreduce.shards import list_shards, read_shard, shard_classes
 
-    parts = [read_shard(shard, i, need_labels=True) for i, shard in enumerate(list_shards(uri))]
+    uris = list_shards(uri)
+    parts = [read_shard(shard, i, need_labels=True) for i, shard in enumerate(uris)]
     for part in parts:
         check_features(part.features, name=part.uri, unit_interval=unit_interval)
         check_labels(part.labels, n_samples=part.rows, n_classes=n_classes, name=f"{part.uri}: 'label'")
@@ -85,9 +90,10 @@ def load_shards(uri: str, *, limit: int | None = None, n_classes: int | None = N
     if len(widths) > 1:
         raise ShardError(f"{uri}: shards disagree on the feature count: " +
                          ", ".join(f"{name} has {width}" for width, name in sorted(widths.items())))
+    classes = shard_classes(uris)  # after the rows: their errors name the row and column
     X = np.concatenate([part.features for part in parts])
     y = np.concatenate([part.labels for part in parts])
-    return (X, y) if limit is None else (X[:limit], y[:limit])
+    return (X, y, classes) if limit is None else (X[:limit], y[:limit], classes)
 
 
 def _read_csv(path: Path):
@@ -106,10 +112,14 @@ def _read_csv(path: Path):
 
 
 def shard_dataset(source: str, out: str, n_shards: int, **kwargs) -> list[str]:
-    """Write ``source`` as ``n_shards`` Parquet shards under ``out`` (a path or URI)."""
+    """Write ``source`` as ``n_shards`` Parquet shards under ``out`` (a path or URI); string
+    labels are written as class indices, their classes kept in every shard's metadata."""
     X, y = load_source(source, **kwargs)
     if n_shards < 1 or n_shards > X.shape[0]:
         raise ShardError(f"{out}: cannot cut {X.shape[0]} rows into {n_shards} shards")
     if X.dtype != np.uint8:
         X = X.astype(np.float32)
-    return write_shards(X, y, out, n_shards)
+    classes = None
+    if y is not None:
+        y, classes = label_indices(y, n_samples=X.shape[0], name=f"{source} labels")
+    return write_shards(X, y, out, n_shards, classes=classes)

@@ -71,6 +71,54 @@ def check_labels(y, *, n_samples: int, n_classes: int | None = None, name: str =
     return y
 
 
+def is_string_labels(y) -> bool:
+    """Whether labels ``y`` are label values (text) rather than class indices."""
+    y = np.asarray(_to_host(y)) if not isinstance(y, np.ndarray) else y
+    if y.dtype.kind in "US":
+        return True
+    return y.dtype.kind == "O" and y.size > 0 and all(isinstance(v, (str, bytes)) or v is None for v in y.flat)
+
+
+def label_indices(y, *, n_samples: int, n_classes: int | None = None, classes=None, name: str = "y"):
+    """``(indices, classes)``: the class index (int64) of each label in ``y``, and the label
+    classes they index, a sorted :class:`~iterreduce.tables.LabelMap` (None: class i is i).
+
+    Integer labels are class indices 0..n_classes-1 (:func:`check_labels`); ``classes``, when
+    given, is returned with them. String labels are label values, as a table's are: they index
+    ``classes`` (a LabelMap or a sequence of the values, e.g. a model's ``classes_``) when given,
+    else their own sorted distinct values; a null or a value that is not a class raises
+    :class:`DataError` naming it and its row.
+    """
+    from iterreduce.exceptions import IterReduceError
+    from iterreduce.tables import LabelMap
+
+    host = np.asarray(_to_host(y))
+    if classes is not None and not isinstance(classes, LabelMap):
+        classes = LabelMap(tuple(v.item() if isinstance(v, np.generic) else v for v in classes))
+    if not is_string_labels(host):
+        return check_labels(host, n_samples=n_samples, n_classes=n_classes, name=name), classes
+    if host.ndim != 1:
+        raise DataError(f"{name} must be 1-D (one label per sample), got shape {host.shape}")
+    if host.shape[0] != n_samples:
+        raise DataError(f"{name} has {host.shape[0]} labels but X has {n_samples} samples")
+    values = [v.decode() if isinstance(v, bytes) else v for v in host.tolist()]
+    if None in values:
+        raise DataError(f"{name} has no label at row {values.index(None)} (a null)")
+    try:
+        classes = LabelMap(tuple(sorted(set(values)))) if classes is None else classes
+        indices = classes.encode(values, where=name)
+    except IterReduceError as exc:  # a value that is not a class, or integer classes
+        raise DataError(str(exc)) from None
+    if n_classes is not None and len(classes) != n_classes:
+        raise DataError(f"{name}: {len(classes)} label classes ({_some(classes.classes)}) but n_classes = "
+                        f"{n_classes}: string labels are their own classes (leave n_classes unset)")
+    return indices, classes
+
+
+def _some(values, shown: int = 5) -> str:
+    return ", ".join(map(repr, values[:shown])) + (", ..." if len(values) > shown else "")
+
+
 def class_warnings(counts, *, name: str = "the labels") -> list[str]:
     """Warnings about the class counts ``counts[c]`` (examples of class c): classes with
     none, and classes with very few next to the others (fewer than

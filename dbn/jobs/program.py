@@ -23,8 +23,8 @@ import numpy as np
 
 from iterreduce.program import Program, Step, Update, WorkerProgram, block_momentum_average, weighted_average
 from iterreduce.rowfile import RowFile, local_directory
-from iterreduce.tables import FeatureStats, LabelMap
-from iterreduce.shards import read_labels, read_shard, shard_info, spill_shard
+from iterreduce.tables import FeatureStats
+from iterreduce.shards import read_labels, read_shard, shard_classes, shard_info, spill_shard
 
 from ..data.table_data import STATS, attach_inputs, merge_stats_arrays, scaler_from, stats_arrays
 from ..data.validation import UNIT_INTERVAL_HINT, check_features, check_labels, class_warnings
@@ -64,7 +64,7 @@ class DBNProgram(Program):
         self.n_classes = config.get("n_classes")  # None: counted from the shards' labels by check_shards
         self._validation = None
         self._finetune_parts = 1
-        self._classes = None  # a table's LabelMap (from its shares), kept with the model
+        self._classes = None  # the LabelMap of a table or of string labels (from the shards), kept with the model
 
     def _parts(self, shards, batch_size) -> int:
         sync = int(self.config.get("sync_every") or 0)
@@ -102,8 +102,7 @@ class DBNProgram(Program):
         """Refuse data this DBN cannot train on, by the footers (feature counts, labels, the
         value range Bernoulli units need) and the label columns (classes outside ``n_classes``);
         returns the class counts and warnings about rare classes for the log."""
-        classes = shards[0].get("classes")  # a table's label values, the same in every share
-        self._classes = None if classes is None else LabelMap.from_dict(classes)
+        self._classes = shard_classes(shards)  # a table's or string labels' values, the same in every shard
         unlabelled = [s["uri"] for s in shards if not s["labels"]]
         if self.model.finetune_epochs > 0 and unlabelled:
             raise DataError(f"{unlabelled[0]}: no 'label' column, but fine-tuning needs labels "

@@ -43,7 +43,7 @@ from iterreduce.shards import TABLE_SHARD_SUFFIX, filesystem, join, list_shards,
 from .. import __version__
 from ..data.sharding import load_dataset, load_shards, shard_dataset
 from ..data.table_data import attach_inputs, prepare, raw_table_rows, read_table, scaler_of, table_shards
-from ..data.validation import check_labels, class_warnings
+from ..data.validation import class_warnings, label_indices
 from ..exceptions import ConfigError, DataError, ModelFileError, UsageError
 from ..model import flops
 from ..model.backend import Backend, resolve_device
@@ -314,7 +314,7 @@ class InProcess:
 
     def train(self, spec: JobSpec, out: Path, on_record: OnRecord) -> dict:
         n_classes = spec.model.n_classes
-        table = None
+        table = classes = None
         if spec.data.features is not None and not spec.cluster.shards:  # a table, read in place
             table = prepare(spec.data, spec.model.visible)
             source = spec.data.train
@@ -324,20 +324,24 @@ class InProcess:
             n_classes = n_classes or len(table.classes)
         elif spec.cluster.shards:  # the job names its data as shards: train on those, never on [data] train
             source = spec.cluster.shards
-            X, y = load_shards(source, limit=spec.data.limit, n_classes=n_classes,
-                               unit_interval=spec.model.visible == "bernoulli" and not spec.scaling())
+            X, y, classes = load_shards(source, limit=spec.data.limit, n_classes=n_classes,
+                                        unit_interval=spec.model.visible == "bernoulli" and not spec.scaling())
         else:
             source = spec.data.train
             X, y = load_dataset(source, split="train", mnist_dir=spec.data.mnist_dir, limit=spec.data.limit,
                                 labels=True)
-            y = check_labels(y, n_samples=X.shape[0], n_classes=n_classes, name=f"{source} labels")
+            y, classes = label_indices(y, n_samples=X.shape[0], n_classes=n_classes, name=f"{source} labels")
+        if classes is not None:
+            n_classes = n_classes or len(classes)
         if table is not None:  # a table's rows come scaled from read_table, its labels mapped
             scaler, classes = table.scaler, table.classes
         else:
-            scaler, classes = scaler_of(X, spec.scaling()), None
+            scaler = scaler_of(X, spec.scaling())
             X = X if scaler is None else scaler.transform(X)
         counts = np.bincount(y, minlength=n_classes or 0)
         model = DBN(**spec.dbn_params())
+        if scaler is not None or classes is not None:  # before training: every class gets an output
+            attach_inputs(model, classes, scaler)
         with runlog.RunLog(out / runlog.LOG_NAME) as log:
             def write(record: dict) -> None:
                 log.write(record)
@@ -359,8 +363,6 @@ class InProcess:
                 raise Interrupted(f"after {epochs.where}; no model written; progress so far is in "
                                   f"{out / runlog.LOG_NAME}") from None
             log.event("done", steps=epochs.count, seconds=epochs.elapsed())  # as a master's log ends (not printed)
-        if scaler is not None or classes is not None:
-            attach_inputs(model, classes, scaler)
         model.save(out / MODEL_FILE)
         return {"n_train": int(X.shape[0]), "pretrain_seconds": pretrain_seconds,
                 "finetune_seconds": epochs.elapsed() - pretrain_seconds, "sync_fraction": None,

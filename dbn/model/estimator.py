@@ -12,7 +12,7 @@ from . import persist, preprocess, state
 from .base import Estimator
 from .network import Network
 from .rbm import RBM
-from ..data.validation import DataError, check_features, check_labels
+from ..data.validation import DataError, check_features, check_labels, label_indices
 from ..exceptions import ModelFileError
 
 
@@ -67,7 +67,8 @@ class DBN(Estimator):
     classes_ : ndarray or None     the label value of each class (:meth:`set_inputs`; absent or None: 0..K-1)
 
     ``fit``, ``pretrain`` and ``finetune`` take the data as the network sees it (features
-    scaled, labels as class indices 0..K-1); ``transform``, ``predict_proba``, ``predict``
+    scaled, labels as class indices 0..K-1, or as strings: their sorted distinct values, or
+    ``classes_`` when set, are the classes); ``transform``, ``predict_proba``, ``predict``
     and ``score`` take raw rows, which ``input_scaler_`` scales first, and ``predict`` and
     ``score`` speak in the label values of ``classes_``.
 
@@ -196,7 +197,7 @@ class DBN(Estimator):
         """Pre-train on ``X``, then fine-tune on ``(X, y)``."""
         self.validate_params()
         X = self._check_X(X, fitted=False)
-        y = check_labels(y, n_samples=X.shape[0])
+        label_indices(y, n_samples=X.shape[0], n_classes=self.n_classes, classes=getattr(self, "classes_", None))
         self.pretrain(X)
         return self.finetune(X, y)
 
@@ -230,12 +231,16 @@ class DBN(Estimator):
         self.validate_params()
         be = self.backend
         X = self._check_X(X)
-        y = check_labels(y, n_samples=X.shape[0], n_classes=self.n_classes)
         classes = getattr(self, "classes_", None)
+        y, found = label_indices(y, n_samples=X.shape[0], n_classes=self.n_classes, classes=classes)
+        if classes is None and found is not None:  # string labels: their sorted values are the classes
+            classes = np.asarray(found.classes)
         if self.network_ is not None:
             n_classes = self.network_.n_classes
         else:  # with classes_ set, every class gets an output, those absent from y too
             n_classes = self.n_classes or (len(classes) if classes is not None else int(y.max()) + 1)
+        if classes is not getattr(self, "classes_", None):
+            self.set_inputs(scaler=getattr(self, "input_scaler_", None), classes=classes)
         self._check_inputs(n_classes=n_classes)
         self.n_classes_ = n_classes
         y = check_labels(y, n_samples=X.shape[0], n_classes=self.n_classes_)

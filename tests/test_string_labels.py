@@ -1,0 +1,169 @@
+"""Labels as text ("red", "white", "rose"), the most common form of a CSV's label column, on every
+path a job or a user takes: ``DBN.fit`` from Python, a .npz or .csv trained in this process,
+``dbn shard`` then the local mini-cluster, shards trained in one process, ``dbn evaluate`` and
+the job's test set. The sorted distinct values are the classes, saved with the model, which
+then predicts and scores in those values, as for a table's string labels. Before, every path
+but tables refused them ("labels must hold integer class labels, got dtype object")."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from dbn import DBN
+from dbn.cli import main
+from dbn.data.sharding import load_shards, shard_dataset
+from dbn.data.validation import label_indices
+from dbn.exceptions import DataError
+from iterreduce.exceptions import ShardError
+from iterreduce.shards import CLASSES_KEY, describe_shard, list_shards, shard_classes, write_shards
+from iterreduce.tables import LabelMap
+
+NAMES = np.array(["red", "rose", "white"])  # sorted: class i is NAMES[i]
+FEATURES = 8
+
+
+def wines(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Three separable classes in [0, 1], labelled by name, in no particular order."""
+    rng = np.random.default_rng(seed)
+    centers = np.random.default_rng(7).random((3, FEATURES))
+    y = rng.integers(0, 3, n)
+    X = np.clip(centers[y] + rng.normal(0, 0.05, (n, FEATURES)), 0, 1)
+    return X.astype(np.float32), NAMES[y]
+
+
+def write_csv(path: Path, X: np.ndarray, labels) -> Path:
+    with open(path, "w") as f:
+        f.write(",".join([f"f{i}" for i in range(X.shape[1])] + ["label"]) + "\n")
+        for row, label in zip(X, labels):
+            f.write(",".join(f"{v:.6g}" for v in row) + f",{label}\n")
+    return path
+
+
+@pytest.fixture
+def data(tmp_path):
+    X, y = wines(600)
+    np.savez(tmp_path / "train.npz", X=X, y=y)
+    write_csv(tmp_path / "train.csv", X, y)
+    Xt, yt = wines(300, seed=1)
+    write_csv(tmp_path / "test.csv", Xt, yt)
+    return tmp_path
+
+
+def job(root: Path, train: str, **cluster) -> Path:
+    path = root / f"job-{Path(train).stem}.toml"
+    path.write_text(f"[data]\ntrain = '{train}'\ntest = 'test.csv'\n"
+                    "[model]\nhidden_layers = [16]\npretrain_epochs = 3\nfinetune_epochs = 20\n"
+                    "[job]\ndevice = 'cpu'\nseed = 0\n" +
+                    ("[cluster]\n" + "".join(f"{k} = '{v}'\n" for k, v in cluster.items()) if cluster else ""))
+    return path
+
+
+def train(path: Path, out: Path, *extra: str) -> tuple[dict, DBN]:
+    assert main(["train", str(path), "--out", str(out), "--quiet", "--no-ui", *extra]) == 0
+    return json.loads((out / "result.json").read_text()), DBN.load(out / "model.npz", device="cpu")
+
+
+def test_fit_takes_string_labels_and_answers_in_them(tmp_path):
+    X, y = wines(600)
+    model = DBN(hidden_layers=[16], pretrain_epochs=3, finetune_epochs=20, seed=0, device="cpu").fit(X, y)
+    assert model.classes_.tolist() == NAMES.tolist()
+    Xt, yt = wines(300, seed=1)
+    assert set(model.predict(Xt)) <= set(NAMES)
+    assert model.score(Xt, yt) > 0.95
+    model.save(tmp_path / "model.npz")
+    loaded = DBN.load(tmp_path / "model.npz", device="cpu")
+    assert loaded.classes_.tolist() == NAMES.tolist()
+    np.testing.assert_array_equal(loaded.predict(Xt), model.predict(Xt))
+    # A second fine-tuning takes the same values; one it has never seen is named.
+    model.finetune(X, y[::-1].copy())
+    with pytest.raises(DataError, match="'sparkling'"):
+        model.finetune(X, np.where(y == "rose", "sparkling", y))
+
+
+def test_integer_labels_stay_class_indices():
+    X, y = wines(300)
+    model = DBN(hidden_layers=[8], pretrain_epochs=1, finetune_epochs=2, seed=0, device="cpu")
+    model.fit(X, np.searchsorted(NAMES, y))
+    assert getattr(model, "classes_", None) is None
+    assert model.predict(X[:5]).dtype.kind == "i"
+
+
+@pytest.mark.parametrize("labels, message", [
+    (np.array(["a", None] * 5, dtype=object), "no label at row 1"),
+    (np.array(["a", 3] * 5, dtype=object), "must hold integer class labels"),
+    (np.array(["a", "b"] * 4), "8 labels but X has 10 samples"),
+    (np.array([["a"]] * 10), "1-D"),
+])
+def test_bad_string_labels_are_named(labels, message):
+    with pytest.raises(DataError, match=message):
+        label_indices(labels, n_samples=10)
+
+
+def test_bytes_labels_are_text_too():
+    indices, classes = label_indices(np.array([b"b", b"a", b"b"]), n_samples=3)
+    assert indices.tolist() == [1, 0, 1] and classes.classes == ("a", "b")
+
+
+def test_string_labels_against_n_classes_and_known_classes():
+    with pytest.raises(DataError, match="n_classes = 4"):
+        label_indices(NAMES, n_samples=3, n_classes=4)
+    indices, classes = label_indices(np.array(["white", "red"]), n_samples=2, classes=NAMES)
+    assert indices.tolist() == [2, 0] and len(classes) == 3  # the known classes, those absent too
+
+
+@pytest.mark.parametrize("source", ["train.npz", "train.csv"])
+def test_shards_keep_the_classes_of_string_labels(data, source, tmp_path):
+    uris = shard_dataset(str(data / source), str(tmp_path / "shards"), 3)
+    for uri in uris:
+        assert pq.read_table(uri).column("label").type == "int64"  # class indices on the wire
+        assert describe_shard(uri)["classes"] == {"classes": NAMES.tolist()}
+    assert shard_classes(uris) == LabelMap(tuple(NAMES))
+    X, y, classes = load_shards(str(tmp_path / "shards"))
+    assert classes == LabelMap(tuple(NAMES))
+    np.testing.assert_array_equal(NAMES[y], np.load(data / "train.npz")["y"])
+
+
+def test_shards_of_different_label_classes_are_refused(tmp_path):
+    X, y = wines(100)
+    write_shards(X, np.searchsorted(NAMES, y), str(tmp_path / "s"), 1, prefix="a", classes=LabelMap(tuple(NAMES)))
+    write_shards(X, np.searchsorted(NAMES, y), str(tmp_path / "s"), 1, prefix="b")  # indices: no classes
+    with pytest.raises(ShardError, match="differ from those of"):
+        shard_classes(list_shards(str(tmp_path / "s")))
+
+
+def test_a_shard_whose_labels_exceed_its_classes_is_refused(tmp_path):
+    X, y = wines(100)
+    (uri,) = write_shards(X, np.full(100, 5), str(tmp_path / "s"), 1, classes=LabelMap(tuple(NAMES)))
+    with pytest.raises(ShardError, match="class 5 but the shard's metadata names 3 classes"):
+        describe_shard(uri)
+    table = pq.read_table(uri)
+    pq.write_table(table.replace_schema_metadata({CLASSES_KEY: b"not json"}), uri)
+    with pytest.raises(ShardError, match="unreadable label classes"):
+        describe_shard(uri)
+
+
+@pytest.mark.parametrize("source, where", [
+    ("train.csv", ()),
+    ("train.npz", ()),
+    ("train.csv", ("--local", "2")),
+], ids=["csv-in-process", "npz-in-process", "csv-local-2"])
+def test_jobs_train_test_and_evaluate_on_string_labels(data, source, where, capsys):
+    result, model = train(job(data, source), data / f"out-{Path(source).stem}-{len(where)}", *where)
+    assert model.classes_.tolist() == NAMES.tolist()
+    assert result["test_error"] < 0.05  # the job's test set, a CSV of names
+    out = data / f"out-{Path(source).stem}-{len(where)}" / "model.npz"
+    capsys.readouterr()
+    assert main(["evaluate", str(out), "--data", str(data / "test.csv"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["test_error"] == pytest.approx(result["test_error"])
+
+
+def test_shards_of_string_labels_train_in_one_process(data, tmp_path):
+    shard_dataset(str(data / "train.csv"), str(tmp_path / "shards"), 2)
+    result, model = train(job(data, "train.csv", shards=tmp_path / "shards"), tmp_path / "out")
+    assert model.classes_.tolist() == NAMES.tolist()
+    assert result["test_error"] < 0.05
