@@ -174,16 +174,23 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_predict(args) -> int:
+    from .data.sharding import predict_file
     from .data.table_data import predict_table
     from .jobs.spec import load_spec
     from .model.estimator import DBN
 
     spec = load_spec(args.job)
-    if spec.data.features is None:
-        raise UsageError(f"{args.job}: [data] features names no columns: dbn predict reads a table as the job names it")
-    model = DBN.load(args.model, device=args.device)
     keep = tuple(name for name in (args.keep or "").split(",") if name)
-    record = predict_table(model, spec.data, args.out, table=args.table, filter=args.filter, keep=keep)
+    if spec.data.features is None:  # a data file ("mnist", .npz, .csv): read whole, every column a feature
+        if keep or args.filter:
+            raise UsageError(f"{args.job}: [data] features names no columns, so the data is a file whose every "
+                             f"column is a feature: --keep and --filter are for tables")
+        model = DBN.load(args.model, device=args.device)
+        record = predict_file(model, args.table or spec.data.test or spec.data.train, args.out,
+                              mnist_dir=spec.data.mnist_dir)
+    else:
+        model = DBN.load(args.model, device=args.device)
+        record = predict_table(model, spec.data, args.out, table=args.table, filter=args.filter, keep=keep)
     error = "" if record["error"] is None else f"  (error {100 * record['error']:.2f} % against '{record['label']}')"
     print(to_json(record) if args.json else f"{record['rows']} rows of {record['table']} predicted -> {args.out}{error}")
     return 0
@@ -323,12 +330,12 @@ def build_parser() -> argparse.ArgumentParser:
              ("--device", {"choices": DEVICES, "default": "auto",
                            "help": "where the model runs: cpu, gpu, or auto (gpu when one is usable; the default)"}),
              json_)
-    _command(sub, "predict", [common], "predict the rows of a table with a saved model, as the job file names "
-             "its columns; the predictions go to a Parquet file", cmd_predict,
+    _command(sub, "predict", [common], "predict the rows of a table (or a data file) with a saved model, as "
+             "the job file names its columns; the predictions go to a Parquet file", cmd_predict,
              ("model", {"type": Path, "help": "model file written by dbn train (model.npz)"}),
              ("job", {"help": "the job file the model was trained with (its [data] features)"}),
              ("--out", {"required": True, "help": "Parquet file to write (a path, or hdfs://, s3:// URI)"}),
-             ("--table", {"help": "the table (default: [data] test, else [data] train)"}),
+             ("--table", {"help": "the table or data file (default: [data] test, else [data] train)"}),
              ("--filter", {"help": "its rows (default: the job's filter for that table)"}),
              ("--keep", {"metavar": "COL,...", "help": "columns copied beside the predictions, e.g. an id"}),
              ("--device", {"choices": DEVICES, "default": "auto",

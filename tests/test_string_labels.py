@@ -167,3 +167,26 @@ def test_shards_of_string_labels_train_in_one_process(data, tmp_path):
     result, model = train(job(data, "train.csv", shards=tmp_path / "shards"), tmp_path / "out")
     assert model.classes_.tolist() == NAMES.tolist()
     assert result["test_error"] < 0.05
+
+
+def test_predict_writes_a_data_files_rows_in_label_values(data, capsys):
+    out = data / "out-predict"
+    train(job(data, "train.csv"), out)
+    Xt, yt = wines(300, seed=1)
+    np.savez(data / "unlabelled.npz", X=Xt)
+    capsys.readouterr()
+    assert main(["predict", str(out / "model.npz"), str(job(data, "train.csv")), "--out", str(data / "p.parquet"),
+                 "--json"]) == 0  # [data] test: the labelled CSV
+    record = json.loads(capsys.readouterr().out)
+    assert record["rows"] == 300 and record["error"] < 0.05
+    predicted = pq.read_table(data / "p.parquet")
+    assert predicted.column_names == ["row", "prediction", "probability"]
+    assert np.mean(np.asarray(predicted.column("prediction").to_pylist()) != yt) == pytest.approx(record["error"])
+    assert main(["predict", str(out / "model.npz"), str(job(data, "train.csv")), "--table",
+                 str(data / "unlabelled.npz"), "--out", str(data / "q.parquet"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["error"] is None
+    assert pq.read_table(data / "q.parquet").column("prediction").to_pylist() == \
+        predicted.column("prediction").to_pylist()
+    assert main(["predict", str(out / "model.npz"), str(job(data, "train.csv")), "--out", str(data / "r.parquet"),
+                 "--keep", "id"]) == 2
+    assert "--keep and --filter are for tables" in capsys.readouterr().err

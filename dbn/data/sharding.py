@@ -123,3 +123,32 @@ def shard_dataset(source: str, out: str, n_shards: int, **kwargs) -> list[str]:
     if y is not None:
         y, classes = label_indices(y, n_samples=X.shape[0], name=f"{source} labels")
     return write_shards(X, y, out, n_shards, classes=classes)
+
+
+def predict_file(model, source: str, out: str, *, mnist_dir: str | None = None, split: str = "test") -> dict:
+    """Predict every row of a data file (``source``: "mnist" (its ``split``), a .npz or a .csv,
+    read as :func:`load_dataset` reads it) with ``model`` and write one Parquet file at ``out``
+    (any URI): each row's number in the file (``row``), its ``prediction`` (a label value of the
+    model's classes) and that class's ``probability``. Returns the rows written, and the error
+    where the file has labels."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from iterreduce.shards import filesystem
+
+    X, y = load_dataset(source, split=split, mnist_dir=mnist_dir)
+    proba = model.predict_proba(X)
+    best = proba.argmax(axis=1)
+    classes = getattr(model, "classes_", None)
+    predicted = best if classes is None else classes[best]
+    table = pa.table({"row": pa.array(np.arange(len(best), dtype=np.int64)), "prediction": pa.array(predicted),
+                      "probability": pa.array(proba[np.arange(len(best)), best].astype(np.float32))})
+    fs, path = filesystem(out)
+    parent = path.rsplit("/", 1)[0]
+    if parent:
+        fs.create_dir(parent, recursive=True)
+    with fs.open_output_stream(path) as stream:
+        pq.write_table(table, stream)
+    error = None if y is None else 1.0 - model.score(X, y)
+    return {"table": source, "filter": None, "rows": int(len(best)), "out": out, "error": error,
+            "label": None if y is None else "label"}
