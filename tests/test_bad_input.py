@@ -109,9 +109,12 @@ def test_negative_labels():
 
 def test_float_non_integer_labels():
     X, y = toy_data()
-    with pytest.raises(DataError, match="non-integer"):
+    with pytest.raises(DataError, match=r"integer class labels, got 0\.5 at row 0"):
+        small_dbn().fit(X, np.where(np.arange(len(y)) == 0, 0.5, 1.0))
+    with pytest.raises(DataError, match=r"integer class labels, got \d\.5 at row 0"):
         small_dbn().fit(X, y + 0.5)
-    with pytest.raises(DataError, match="non-integer"):
+    first_nan = int(np.argmax(y == 0))
+    with pytest.raises(DataError, match=f"no label at row {first_nan} "):
         small_dbn().fit(X, np.where(y == 0, np.nan, y))
     # Whole-valued floats are accepted as labels.
     small_dbn().fit(X, y.astype(np.float64))

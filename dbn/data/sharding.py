@@ -97,16 +97,28 @@ def load_shards(uri: str, *, limit: int | None = None, n_classes: int | None = N
 
 
 def _read_csv(path: Path):
+    """Features (every column but ``label``, all numeric) and labels (None without the column;
+    an empty cell is a null, which :func:`~dbn.data.validation.label_indices` names)."""
+    import pyarrow as pa
     import pyarrow.csv as pacsv
 
     try:
-        table = pacsv.read_csv(path)
+        table = pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(strings_can_be_null=True))
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for bad CSV
         raise DataError(f"{path}: not a readable CSV file: {exc}") from exc
-    y = table.column("label").to_numpy() if "label" in table.column_names else None
+    y = table.column("label").to_numpy(zero_copy_only=False) if "label" in table.column_names else None
     features = [c for c in table.column_names if c != "label"]
     if not features:
         raise DataError(f"{path}: no feature columns")
+    for name in features:
+        type_ = table.schema.field(name).type
+        if not (pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_boolean(type_)
+                or pa.types.is_null(type_)):
+            column = table.column(name)
+            first = next((v for v in column.to_pylist() if v is not None), None)
+            hint = (": the file seems separated by ';' or tabs, not commas" if any(c in name for c in ";\t")
+                    else "; a CSV's columns are the features and 'label'")
+            raise DataError(f"{path}: column {name!r} is not numeric (type {type_}, e.g. {first!r}){hint}")
     X = np.column_stack([table.column(c).to_numpy(zero_copy_only=False) for c in features])
     return X.astype(np.float32), y
 

@@ -56,8 +56,12 @@ def check_labels(y, *, n_samples: int, n_classes: int | None = None, name: str =
     if y.shape[0] != n_samples:
         raise DataError(f"{name} has {y.shape[0]} labels but X has {n_samples} samples")
     if y.dtype.kind == "f":
-        if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)):
-            raise DataError(f"{name} must hold integer class labels, got non-integer values")
+        if not np.all(np.isfinite(y)):
+            row = int(np.argmax(~np.isfinite(y)))
+            raise DataError(f"{name} has no label at row {row} ({y[row]}: a null or an empty cell?)")
+        if not np.all(y == np.round(y)):
+            row = int(np.argmax(y != np.round(y)))
+            raise DataError(f"{name} must hold integer class labels, got {y[row]} at row {row}")
     elif y.dtype.kind not in "iub":
         raise DataError(f"{name} must hold integer class labels, got dtype {y.dtype}")
     y = y.astype(np.int64)

@@ -43,7 +43,7 @@ from iterreduce.shards import TABLE_SHARD_SUFFIX, filesystem, join, list_shards,
 from .. import __version__
 from ..data.sharding import load_dataset, load_shards, shard_dataset
 from ..data.table_data import attach_inputs, prepare, raw_table_rows, read_table, scaler_of, table_shards
-from ..data.validation import class_warnings, label_indices
+from ..data.validation import check_features, class_warnings, label_indices
 from ..exceptions import ConfigError, DataError, ModelFileError, UsageError
 from ..model import flops
 from ..model.backend import Backend, resolve_device
@@ -338,6 +338,9 @@ class InProcess:
         else:
             scaler = scaler_of(X, spec.scaling())
             X = X if scaler is None else scaler.transform(X)
+            if spec.model.visible == "bernoulli":  # named here: the model would only say "X"
+                check_features(X, name=str(source) if scaler is None else f"{source} scaled ({scaler.kind})",
+                               unit_interval=True)
         counts = np.bincount(y, minlength=n_classes or 0)
         model = DBN(**spec.dbn_params())
         if scaler is not None or classes is not None:  # before training: every class gets an output
