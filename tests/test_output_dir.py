@@ -70,6 +70,16 @@ def test_another_jobs_run_is_refused_and_left_as_it_was(job, capsys):
     assert snapshot(out) == before and not (out / "previous").exists()
 
 
+@pytest.mark.parametrize("local", [(), ("--local", "2", "--no-ui")], ids=["in-process", "local-2"])
+def test_an_output_that_is_a_file_is_refused_and_left_as_it_was(job, capsys, local):
+    config, out = job
+    out.write_bytes(b"someone's file")
+    assert train(config, out, *local) == 2
+    err = capsys.readouterr().err
+    assert f"{out}: a file, not a directory" in err and "Traceback" not in err
+    assert out.read_bytes() == b"someone's file"
+
+
 def test_a_model_without_config_is_another_jobs_run(job, capsys):
     config, out = job
     assert train(config, out) == 0

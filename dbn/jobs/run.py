@@ -184,6 +184,8 @@ def claim_output(out: Path, spec: JobSpec, *, resume: bool = False, overwrite: b
 
     Returns the folder the earlier run went to, or None.
     """
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out}: a file, not a directory: the output ([output] dir or --out) is a directory")
     why = other_job(out, spec)
     if why and not overwrite:
         raise UsageError(f"{out}: holds a run of another job ({why}); pass --overwrite to replace it (the earlier "
