@@ -276,3 +276,23 @@ def test_bad_device_and_dtype_strings():
         kwargs = {"n_hidden": 3, name: 0}
         with pytest.raises(ValueError, match=f"{name} must be >= 1"):
             RBM(device="cpu", **kwargs).validate_params()
+
+
+def test_class_warnings_name_one_class_and_id_like_labels_in_a_few_lines():
+    from dbn.data.validation import class_warnings
+    from dbn.jobs.progress import data_lines
+
+    (one,) = class_warnings([100], name="y")
+    assert "one class only (0)" in one and "label column" in one
+    ids = class_warnings(np.ones(5000, int), name="y")  # a label column of row IDs
+    assert len(ids) == 1 and "5000 classes for 5000 rows" in ids[0] and "ID column" in ids[0]
+    sparse = np.zeros(400, int)
+    sparse[::2] = 50  # 200 empty classes
+    sparse[1:41:2] = 1  # 20 rare ones
+    warnings = class_warnings(sparse, name="y")
+    assert len(warnings) == 2, warnings
+    assert "(180 in all)" in warnings[0] and "20 classes (1, 3, 5" in warnings[1] and "(20 in all)" in warnings[1]
+    assert all(len(w) < 400 for w in warnings)
+    line = data_lines({"rows": 5000, "classes": [1] * 5000, "warnings": ids}).splitlines()[0]
+    assert line.endswith("19:1 ... (4980 more)") and len(line) < 300
+    assert "1 class, examples of each: 0:100" in data_lines({"rows": 100, "classes": [100]})

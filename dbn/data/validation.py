@@ -124,23 +124,42 @@ def _some(values, shown: int = 5) -> str:
 
 
 def class_warnings(counts, *, name: str = "the labels") -> list[str]:
-    """Warnings about the class counts ``counts[c]`` (examples of class c): classes with
-    none, and classes with very few next to the others (fewer than
-    :data:`RARE_CLASS_SHARE` of the median class present), as a stray label makes."""
+    """Warnings about the class counts ``counts[c]`` (examples of class c): a single class,
+    classes with none, and classes with very few next to the others (fewer than
+    :data:`RARE_CLASS_SHARE` of the median class present), as a stray label makes. Long
+    lists of classes are cut short, so a label column of IDs gives a few lines, not thousands."""
     counts = np.asarray(counts)
     present = counts[counts > 0]
     typical = float(np.median(present)) if present.size else 0.0
     warnings = []
+    if present.size == 1:
+        warnings.append(f"{name}: one class only ({int(np.flatnonzero(counts)[0])}): the classifier can answer "
+                        f"nothing else; is this the label column?")
     empty = np.flatnonzero(counts == 0).tolist()
     if empty:
-        which = f"class {empty[0]} has" if len(empty) == 1 else f"classes {', '.join(map(str, empty))} have"
+        which = f"class {empty[0]} has" if len(empty) == 1 else f"classes {listing(empty)} have"
         warnings.append(f"{name}: {which} no examples (the classes run 0..{counts.size - 1})")
-    for c in np.flatnonzero((counts > 0) & (counts < RARE_CLASS_SHARE * typical)).tolist():
-        n = int(counts[c])
-        warnings.append(f"{name}: class {c} has only {n} example{'s' if n > 1 else ''} (the median class has "
-                        f"{typical:.0f}): a stray label? set [model] n_classes to make labels outside "
-                        f"0..n_classes-1 an error")
+    rare = np.flatnonzero((counts > 0) & (counts < RARE_CLASS_SHARE * typical)).tolist()
+    hint = "a stray label? set [model] n_classes to make labels outside 0..n_classes-1 an error"
+    if len(rare) > 3:
+        warnings.append(f"{name}: {len(rare)} classes ({listing(rare)}) have fewer than {RARE_CLASS_SHARE:.0%} "
+                        f"of the median class's {typical:.0f} examples: {hint}")
+    else:
+        for c in rare:
+            n = int(counts[c])
+            warnings.append(f"{name}: class {c} has only {n} example{'s' if n > 1 else ''} (the median class has "
+                            f"{typical:.0f}): {hint}")
+    if present.size > 0.5 * counts.sum() and counts.size > 20:
+        warnings.append(f"{name}: {present.size} classes for {int(counts.sum())} rows, most with one example: "
+                        f"is this an ID column rather than the label?")
     return warnings
+
+
+def listing(items, shown: int = 10) -> str:
+    """``items`` as "a, b, c, ... (N in all)" when there are more than ``shown``."""
+    items = list(items)
+    head = ", ".join(map(str, items[:shown]))
+    return head if len(items) <= shown else f"{head}, ... ({len(items)} in all)"
 
 
 def _array_module(x):

@@ -109,8 +109,10 @@ def data_lines(rec: dict) -> str:
     where = f" in {rec['shards']} shards" if rec.get("shards") else ""
     line = f"data: {rec['rows']} rows{where}"
     if rec.get("classes"):
-        line += f"; {len(rec['classes'])} classes, examples of each: " + " ".join(
-            f"{c}:{n}" for c, n in enumerate(rec["classes"]))
+        counts, shown = rec["classes"], 20
+        line += f"; {len(counts)} class{'es' if len(counts) > 1 else ''}, examples of each: " + " ".join(
+            f"{c}:{n}" for c, n in enumerate(counts[:shown])) + (f" ... ({len(counts) - shown} more)"
+                                                                  if len(counts) > shown else "")
     return "\n".join([line, *(f"warning: {w}" for w in rec.get("warnings", ()))])
 
 
