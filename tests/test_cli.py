@@ -177,7 +177,8 @@ def test_evaluate_on_mnist_with_wrong_feature_count(job, capsys):
     assert main(["train", str(config), "--out", str(out), "--quiet"]) == 0
     capsys.readouterr()
     assert main(["evaluate", str(out / "model.npz"), "--mnist-dir", str(REAL_MNIST)]) == 2
-    assert "dbn: error: X has 784 features but the model expects 24" in capsys.readouterr().err
+    assert (f"dbn: error: mnist against {out / 'model.npz'}: X has 784 features but the model expects 24"
+            in capsys.readouterr().err)
 
 
 # --------------------------------------------------------------------- errors

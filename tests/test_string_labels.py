@@ -190,3 +190,19 @@ def test_predict_writes_a_data_files_rows_in_label_values(data, capsys):
     assert main(["predict", str(out / "model.npz"), str(job(data, "train.csv")), "--out", str(data / "r.parquet"),
                  "--keep", "id"]) == 2
     assert "--keep and --filter are for tables" in capsys.readouterr().err
+
+
+def test_evaluate_names_the_data_when_labels_do_not_fit_the_model(data, tmp_path, capsys):
+    X, y = wines(100)
+    np.savez(tmp_path / "indices.npz", X=X, y=np.searchsorted(NAMES, y))
+    np.savez(tmp_path / "names.npz", X=X, y=y)
+    DBN(hidden_layers=[4], pretrain_epochs=1, finetune_epochs=1, device="cpu").fit(X, y).save(tmp_path / "names.npz.model")
+    DBN(hidden_layers=[4], pretrain_epochs=1, finetune_epochs=1, device="cpu").fit(
+        X, np.searchsorted(NAMES, y)).save(tmp_path / "indices.npz.model")
+    for model, labels, says in [("names", "indices", "labels of type int64, but the classes are strings"),
+                                ("indices", "names", f"labels that are strings (e.g. {str(y[0])!r}), but this model was "
+                                                     "trained on class indices 0..2")]:
+        capsys.readouterr()
+        assert main(["evaluate", str(tmp_path / f"{model}.npz.model"), "--data", str(tmp_path / f"{labels}.npz")]) == 2
+        err = capsys.readouterr().err
+        assert f"{tmp_path / labels}.npz against {tmp_path / model}.npz.model" in err and says in err, err

@@ -256,7 +256,10 @@ def evaluate_model(model: DBN | str | Path, data: str, *, mnist_dir: str | None 
         X, y = raw_table_rows(table)
     else:
         X, y = load_dataset(data, split="test", mnist_dir=mnist_dir, labels=True)
-    error = 1.0 - model.score(X, y)
+    try:
+        error = 1.0 - model.score(X, y)
+    except DataError as exc:  # the model says "X" and "y": name the data
+        raise DataError(f"{data} against {path or 'the model'}: {exc}") from None
     return {"model": path, "data": data, "test_error": error, "n_samples": int(X.shape[0]),
             "errors": int(round(error * X.shape[0])), "device": model.backend.device}
 

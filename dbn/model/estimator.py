@@ -12,7 +12,7 @@ from . import persist, preprocess, state
 from .base import Estimator
 from .network import Network
 from .rbm import RBM
-from ..data.validation import DataError, check_features, check_labels, label_indices
+from ..data.validation import DataError, check_features, check_labels, is_string_labels, label_indices
 from ..exceptions import ModelFileError
 
 
@@ -352,6 +352,9 @@ class DBN(Estimator):
         """``y`` as class indices: label values of ``classes_`` when set, else indices 0..n_classes_-1."""
         classes = getattr(self, "classes_", None)
         if classes is None:
+            if is_string_labels(y):
+                raise DataError(f"y: labels that are strings (e.g. {np.asarray(y).ravel()[0].item()!r}), but this model "
+                                f"was trained on class indices 0..{self.n_classes_ - 1} and has no classes_")
             return check_labels(y, n_samples=n_samples, n_classes=self.n_classes_)
         return preprocess.encode_labels(classes, y, n_samples)
 
