@@ -12,6 +12,7 @@ asks :func:`latest` for the newest checkpoint *of its own job* (``fingerprint``)
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import logging
@@ -45,12 +46,20 @@ def save(directory: str, step: int, header: dict, arrays: dict, keep: int = 2) -
     fs.create_dir(path, recursive=True)
     name = f"ckpt-{step:09d}.npz"
     tmp = join(path, f".{name}.tmp")
-    with fs.open_output_stream(tmp, compression=None) as out:  # the bytes as given, whatever the name
-        out.write(_encode({**header, "step": step}, arrays))
     final = join(path, name)
-    if fs.get_file_info(final).type != pafs.FileType.NotFound:
-        fs.delete_file(final)  # a rerun's: HDFS renames never replace a file
-    fs.move(tmp, final)  # rename: readers never see half a checkpoint
+    try:
+        with fs.open_output_stream(tmp, compression=None) as out:  # the bytes as given, whatever the name
+            out.write(_encode({**header, "step": step}, arrays))
+        if fs.get_file_info(final).type != pafs.FileType.NotFound:
+            fs.delete_file(final)  # a rerun's: HDFS renames never replace a file
+        fs.move(tmp, final)  # rename: readers never see half a checkpoint
+    except OSError as exc:  # a full disk, a quota, lost permissions: leave no partial file behind
+        with contextlib.suppress(OSError):
+            fs.delete_file(tmp)
+        kept = [n for n in _list(fs, path) if n != name]
+        raise CheckpointError(f"{join(directory, name)}: cannot write the checkpoint ({exc}); free space there "
+                              f"or choose another output directory" +
+                              (f"; the job can resume from {kept[-1]}" if kept else "")) from exc
     # Never prune the one just written, nor another job's (an earlier run's) checkpoints: those
     # would otherwise push this job's own out, and they are not this job's to delete.
     fingerprint = header.get("fingerprint")

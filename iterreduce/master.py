@@ -17,6 +17,7 @@ itself; the lost worker's shards sit that step out, as they do in a star step.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -814,9 +815,10 @@ def main(argv=None) -> int:
     try:
         Master(config).serve_and_run(on_serving=publish)
         return 0
-    except JOB_ERRORS as exc:
+    except (*JOB_ERRORS, OSError) as exc:  # OSError: e.g. the output's disk is full
         log.error("job failed: %s", exc)
-        (Path(config.output) / "error.txt").write_text(str(exc) + "\n")
+        with contextlib.suppress(OSError):  # on a full disk this may fail too: the log has it
+            (Path(config.output) / "error.txt").write_text(str(exc) + "\n")
         log_failure(config.output, exc)
         return EXIT_DATA_ERROR if isinstance(exc, DataError) else 1
 

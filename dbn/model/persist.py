@@ -43,8 +43,10 @@ def atomic_write(path, write) -> None:
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide models from colleagues
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:  # e.g. a full disk: say which file
+            raise OSError(exc.errno, f"cannot write it: {exc.strerror or exc}", str(path)) from exc
         raise
 
 
