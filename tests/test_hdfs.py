@@ -290,3 +290,18 @@ def test_outputs_named_like_compressed_files_land_byte_for_byte(hdfs, base, tmp_
     raw = hdfs.fsspec()  # hdfs-native directly: no pyarrow stream in between
     for name, data in payload.items():
         assert raw.cat_file(f"{path}/out/{name}") == data, name
+
+
+def test_string_labels_keep_their_classes_on_hdfs(hdfs, base, tmp_path):
+    """The classes of string labels travel in each shard's Parquet metadata (test_string_labels.py)."""
+    from dbn.data.sharding import shard_dataset
+    from iterreduce.shards import shard_classes, shard_info
+
+    uri, _ = base
+    X, y = _dataset(tmp_path)
+    names = np.array(["cat", "cow", "dog"])
+    np.savez(tmp_path / "named.npz", X=X, y=names[y])
+    written = shard_dataset(str(tmp_path / "named.npz"), uri, 2)
+    assert shard_classes(shard_info(written)).classes == tuple(names)
+    parts = [read_shard(u, i, n_features=24, need_labels=True) for i, u in enumerate(written)]
+    np.testing.assert_array_equal(np.concatenate([p.labels for p in parts]), y)
