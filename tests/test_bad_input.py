@@ -10,6 +10,7 @@ import pytest
 
 import dbn
 from dbn import DBN, RBM, Backend, BackendError, DataError, ModelFileError
+from dbn.model.estimator import _PARAM_RANGES
 
 N_FEATURES = 8
 
@@ -296,3 +297,30 @@ def test_class_warnings_name_one_class_and_id_like_labels_in_a_few_lines():
     line = data_lines({"rows": 5000, "classes": [1] * 5000, "warnings": ids}).splitlines()[0]
     assert line.endswith("19:1 ... (4980 more)") and len(line) < 300
     assert "1 class, examples of each: 0:100" in data_lines({"rows": 100, "classes": [100]})
+
+
+BAD_VALUES = {  # a value out of each rule's range, and one of the wrong type
+    "count>=1": (0, 2.5), "count>=0": (-1, True), "positive": (0.0, float("nan")), ">=0": (-0.1, float("inf")),
+    "[0, 1)": (1.0, -0.5),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_PARAM_RANGES))
+def test_every_numeric_hyperparameter_out_of_range_is_named(name, tmp_path):
+    from dbn.exceptions import ConfigError
+    from dbn.jobs.spec import load_spec
+
+    X, y = toy_data()
+    for bad in BAD_VALUES[_PARAM_RANGES[name]]:
+        with pytest.raises(ValueError, match=f"^{name} must be"):
+            small_dbn().set_params(**{name: bad}).fit(X, y)
+    job = tmp_path / "job.toml"
+    job.write_text(f"[data]\ntrain = 'mnist'\n[model]\n{name} = {str(BAD_VALUES[_PARAM_RANGES[name]][0]).lower()}\n")
+    with pytest.raises(ConfigError, match=f"{job}.*{name}"):
+        load_spec(str(job))
+
+
+def test_pretrain_learning_rates_are_checked_one_by_one():
+    X, y = toy_data()
+    with pytest.raises(ValueError, match=r"pretrain_learning_rate must be a number > 0, got -0\.1"):
+        small_dbn().set_params(pretrain_learning_rate=[-0.1]).fit(X, y)

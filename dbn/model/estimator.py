@@ -16,6 +16,38 @@ from ..data.validation import DataError, check_features, check_labels, is_string
 from ..exceptions import ModelFileError
 
 
+#: The range of each numeric hyperparameter (``validate_params``); None is allowed where the
+#: default is None. The RBMs check cd_k and the batch size again, the job file the counts.
+_PARAM_RANGES = {
+    "cd_k": "count>=1", "pretrain_batch_size": "count>=1", "finetune_batch_size": "count>=1",
+    "pretrain_epochs": "count>=0", "finetune_epochs": "count>=0", "top_layer_epochs": "count>=0",
+    "momentum_epoch": "count>=0", "finetune_momentum_epochs": "count>=0", "early_stopping_patience": "count>=1",
+    "finetune_learning_rate": "positive", "finetune_lr_decay": "positive",
+    "weight_cost": ">=0", "finetune_weight_cost": ">=0", "max_norm": ">=0",
+    "momentum": "[0, 1)", "final_momentum": "[0, 1)", "finetune_momentum": "[0, 1)",
+    "finetune_final_momentum": "[0, 1)", "dropout": "[0, 1)", "input_dropout": "[0, 1)",
+    "validation_fraction": "[0, 1)",
+}
+_NULLABLE = ("finetune_final_momentum", "early_stopping_patience")
+
+
+def _check_range(name: str, value, rule: str) -> None:
+    """Raise ValueError naming ``name`` unless ``value`` satisfies ``rule`` (see :data:`_PARAM_RANGES`)."""
+    if value is None and name in _NULLABLE:
+        return
+    if rule.startswith("count"):
+        low = int(rule[-1])
+        ok = isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= low
+        what = f"an integer >= {low}"
+    else:
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and bool(np.isfinite(value)) and {
+            "positive": lambda v: v > 0, ">=0": lambda v: v >= 0,
+            "[0, 1)": lambda v: 0 <= v < 1}[rule](value)
+        what = {"positive": "a number > 0", ">=0": "a number >= 0"}.get(rule, f"in {rule}")
+    if not ok:
+        raise ValueError(f"{name} must be {what}{' (or None)' if name in _NULLABLE else ''}, got {value!r}")
+
+
 class DBN(Estimator):
     """A stack of RBMs, fine-tuned as a classifier with a softmax output layer.
 
@@ -131,24 +163,15 @@ class DBN(Estimator):
             sizes_ok = False
         if not sizes_ok:
             raise ValueError(f"hidden_layers must be a non-empty list of positive sizes, got {self.hidden_layers!r}")
-        self._pretrain_rates()
+        for rate in self._pretrain_rates():
+            _check_range("pretrain_learning_rate", rate, "positive")
+        for name, rule in _PARAM_RANGES.items():
+            _check_range(name, getattr(self, name), rule)
         if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral) or self.seed < 0:
             raise ValueError(f"seed must be a non-negative integer, got {self.seed!r}")
         if self.n_classes is not None and not (isinstance(self.n_classes, numbers.Integral) and self.n_classes >= 2):
             raise ValueError(f"n_classes must be an integer of at least 2 (or None: from the labels), "
                              f"got {self.n_classes!r}")
-        for name in ("dropout", "input_dropout", "validation_fraction", "finetune_momentum"):
-            p = getattr(self, name)
-            if not 0 <= p < 1:
-                raise ValueError(f"{name} must be in [0, 1), got {p!r}")
-        final = self.finetune_final_momentum
-        if final is not None and not 0 <= final < 1:
-            raise ValueError(f"finetune_final_momentum must be in [0, 1) or None, got {final!r}")
-        if not isinstance(self.finetune_momentum_epochs, numbers.Integral) or self.finetune_momentum_epochs < 0:
-            raise ValueError(f"finetune_momentum_epochs must be a non-negative integer, "
-                             f"got {self.finetune_momentum_epochs!r}")
-        if not self.max_norm >= 0:
-            raise ValueError(f"max_norm must be >= 0 (0: no constraint), got {self.max_norm!r}")
         return self
 
     def finetune_schedule(self, epoch: int) -> tuple[float, float]:
