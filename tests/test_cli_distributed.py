@@ -181,3 +181,27 @@ def test_streaming_workers_train_the_same_model_as_in_memory_ones(tmp_path, caps
         states[stream] = DBN.load(out / "model.npz").get_state()
     for key in states["never"]:
         assert np.array_equal(states["never"][key], states["always"][key]), key
+
+
+@pytest.mark.parametrize("setting, says", [("model.validation_fraction=0.2", "validation_fraction = 0.2 holds out rows"),
+                                           ("model.early_stopping_patience=3", "early_stopping_patience stops")])
+def test_one_process_settings_are_refused_on_workers_not_ignored(tmp_path, capsys, setting, says):
+    """Held-out rows and early stopping live in one process; workers used to drop them silently."""
+    from dbn.exceptions import ConfigError
+    from dbn.jobs.spec import load_spec
+
+    make_dataset(tmp_path / "train.npz")
+    job = tmp_path / "job.toml"
+    job.write_text("[data]\ntrain = 'train.npz'\n[model]\nhidden_layers = [8]\npretrain_epochs = 1\n"
+                   "finetune_epochs = 1\n[job]\ndevice = 'cpu'\n")
+    capsys.readouterr()
+    assert main(["train", str(job), "--local", "2", "--out", str(tmp_path / "out"), "--set", setting, "--quiet",
+                 "--no-ui"]) == 2
+    err = capsys.readouterr().err
+    assert f"dbn: error: {job}: [model] {says}" in err and "[cluster] validation" in err, err
+    assert not (tmp_path / "out").exists()  # refused before any shard is written
+    key, value = setting.split("=")
+    spec = load_spec(str(job), overrides={key: value})
+    with pytest.raises(ConfigError, match=says.split(" ")[0]):
+        spec.master_config(shards=str(tmp_path / "s"), output=str(tmp_path / "o"), on_yarn=True)  # dbn submit too
+    assert main(["train", str(job), "--out", str(tmp_path / "one"), "--set", setting, "--quiet"]) == 0  # one process

@@ -429,6 +429,7 @@ class LocalCluster:
         workers = spec.cluster.workers
         if workers < 1:
             raise ConfigError("a local mini-cluster needs workers: set [cluster] workers or pass --local N")
+        spec.check_distributed()  # before any shard is written
         uris = list_shards(local_shards(spec, out, workers))
         processes = self.processes(spec, len(uris))
         budget = available_memory() // processes

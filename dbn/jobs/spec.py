@@ -270,11 +270,26 @@ class JobSpec:
         directory URI or a list of shard URIs) writing to ``output``, its workers streaming
         their data from local disk or not (:func:`dbn.jobs.memory.plan` decides), on YARN or
         on the local mini-cluster. The token is the launcher's to set (it never goes into a file)."""
+        self.check_distributed()
         c = self.cluster
         return MasterConfig(program=PROGRAM, program_config=self.program_config(stream), shards=shards,
                             workers=c.workers, token=token, output=output, seed=self.job.seed,
                             heartbeat_timeout=c.heartbeat_timeout, float16_wire=c.float16_wire,
                             reduce=self.reduce_on(on_yarn), name=self.job.name or "", ui=c.ui)
+
+    def check_distributed(self) -> None:
+        """Refuse the ``[model]`` settings that only one-process training honours, rather than
+        ignore them on workers: held-out rows and early stopping (a distributed job scores
+        ``[cluster] validation``, a shard, after each fine-tuning epoch)."""
+        m, where = self.model, self.source or "the job"
+        if m.validation_fraction:
+            raise ConfigError(f"{where}: [model] validation_fraction = {m.validation_fraction} holds out rows in "
+                              f"one process only: on workers name a labelled validation shard in [cluster] "
+                              f"validation (e.g. cut by `dbn shard`), or train in one process (no --local)")
+        if m.early_stopping_patience is not None:
+            raise ConfigError(f"{where}: [model] early_stopping_patience stops training in one process only: a "
+                              f"distributed job runs its fine-tuning epochs and logs the validation error of "
+                              f"[cluster] validation after each; unset it, or train in one process (no --local)")
 
     def reduce_on(self, on_yarn: bool) -> str:
         """Who reduces the updates (``MasterConfig.reduce``): ``[cluster] reduce``, with "auto"
