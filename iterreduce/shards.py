@@ -433,14 +433,24 @@ def shard_classes(infos_or_uris) -> object:
     from .tables import LabelMap
 
     infos = [describe_shard(x) if isinstance(x, str) else x for x in infos_or_uris]
-    first = infos[0].get("classes") if infos else None
     for info in infos[1:]:
-        if info.get("classes") != first:
-            def show(c):
-                return "none (class i is i)" if c is None else repr(c["classes"][:10])
-            raise ShardError(f"{info['uri']}: its label classes {show(info.get('classes'))} differ from those of "
-                             f"{infos[0]['uri']} ({show(first)}): the shards come from different data sets")
+        same_classes(info, infos[0])
+    first = infos[0].get("classes") if infos else None
     return None if first is None else LabelMap.from_dict(first)
+
+
+def same_classes(info: dict, reference: dict) -> None:
+    """Raise :class:`ShardError` unless the shards of :func:`shard_info` entries ``info`` and
+    ``reference`` hold the same label classes (e.g. a validation shard and the training shards)."""
+    def own(c):  # integer classes 0..K-1 are what a shard without classes means
+        return None if c is None or c["classes"] == list(range(len(c["classes"]))) else c["classes"]
+
+    if own(info.get("classes")) != own(reference.get("classes")):
+        def show(c):
+            return "none (class i is i)" if c is None else repr(c["classes"][:10])
+        raise ShardError(f"{info['uri']}: its label classes {show(info.get('classes'))} differ from those of "
+                         f"{reference['uri']} ({show(reference.get('classes'))}): the shards come from different "
+                         f"data sets")
 
 
 def write_shards(X: np.ndarray, y: np.ndarray | None, uri: str, n_shards: int, *, prefix: str = "part",

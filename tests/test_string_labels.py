@@ -206,3 +206,34 @@ def test_evaluate_names_the_data_when_labels_do_not_fit_the_model(data, tmp_path
         assert main(["evaluate", str(tmp_path / f"{model}.npz.model"), "--data", str(tmp_path / f"{labels}.npz")]) == 2
         err = capsys.readouterr().err
         assert f"{tmp_path / labels}.npz against {tmp_path / model}.npz.model" in err and says in err, err
+
+
+@pytest.mark.parametrize("where", [(), ("--local", "2")], ids=["in-process", "local-2"])
+def test_the_validation_shard_is_scored_in_one_process_too_and_must_share_the_classes(data, tmp_path, where, capsys):
+    Xv, yv = wines(200, seed=2)
+    np.savez(tmp_path / "valid.npz", X=Xv, y=yv)
+    shard_dataset(str(tmp_path / "valid.npz"), str(tmp_path / "valid"), 1)
+    (valid,) = list_shards(str(tmp_path / "valid"))
+    out = tmp_path / f"out{len(where)}"
+    result, model = train(job(data, "train.csv"), out, *where, "--set", f"cluster.validation={valid}")
+    epochs = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    errors = [r["valid_error"] for r in epochs if r.get("phase") == "finetune" and "valid_error" in r]
+    assert len(errors) == 20  # every fine-tuning epoch (was none in one process)
+    assert errors[-1] == pytest.approx(1 - model.score(Xv, yv))
+    # A validation shard of other classes (here: class indices, the training labels being names) is refused.
+    write_shards(Xv, np.searchsorted(NAMES, yv) + 1, str(tmp_path / "other"), 1)
+    (other,) = list_shards(str(tmp_path / "other"))
+    capsys.readouterr()
+    assert main(["train", str(job(data, "train.csv")), "--out", str(tmp_path / f"bad{len(where)}"), "--quiet",
+                 "--no-ui", *where, "--set", f"cluster.validation={other}"]) == 2
+    err = capsys.readouterr().err
+    assert f"{other}: its label classes none (class i is i) differ from those of" in err, err
+
+
+def test_one_validation_set_at_a_time(data, capsys):
+    shard_dataset(str(data / "train.csv"), str(data / "valid"), 1)
+    capsys.readouterr()
+    assert main(["train", str(job(data, "train.csv")), "--out", str(data / "out"), "--quiet", "--set",
+                 f"cluster.validation={list_shards(str(data / 'valid'))[0]}", "--set",
+                 "model.validation_fraction=0.1"]) == 2
+    assert "choose one validation set" in capsys.readouterr().err

@@ -164,3 +164,21 @@ def predict_file(model, source: str, out: str, *, mnist_dir: str | None = None, 
     error = None if y is None else 1.0 - model.score(X, y)
     return {"table": source, "filter": None, "rows": int(len(best)), "out": out, "error": error,
             "label": None if y is None else "label"}
+
+
+def load_validation(uri: str, *, n_features: int, classes=None, scaler=None) -> tuple[np.ndarray, np.ndarray]:
+    """The rows and class indices of the validation shard ``uri`` (``[cluster] validation``),
+    ready to score a model trained in this process: scaled by the training data's ``scaler``,
+    checked to have ``n_features`` features and the training labels' ``classes`` (a LabelMap,
+    None: class indices), as a distributed job checks it."""
+    from iterreduce.shards import describe_shard, read_shard, same_classes
+
+    info = describe_shard(uri)
+    part = read_shard(uri, 0, need_labels=True)
+    if part.features.shape[1] != n_features:
+        raise DataError(f"{uri}: the validation shard has {part.features.shape[1]} features per row but the "
+                        f"training data has {n_features}")
+    same_classes(info, {"uri": "the training data", "classes": None if classes is None else classes.to_dict()})
+    X = as_float32(part.features)
+    return (X if scaler is None else scaler.transform(X)), check_labels(part.labels, n_samples=part.rows,
+                                                                         name=f"{uri}: 'label'")

@@ -24,7 +24,7 @@ import numpy as np
 from iterreduce.program import Program, Step, Update, WorkerProgram, block_momentum_average, weighted_average
 from iterreduce.rowfile import RowFile, local_directory
 from iterreduce.tables import FeatureStats
-from iterreduce.shards import read_labels, read_shard, shard_classes, shard_info, spill_shard
+from iterreduce.shards import read_labels, read_shard, same_classes, shard_classes, shard_info, spill_shard
 
 from ..data.table_data import STATS, attach_inputs, merge_stats_arrays, scaler_from, stats_arrays
 from ..data.validation import UNIT_INTERVAL_HINT, check_features, check_labels, class_warnings
@@ -125,6 +125,7 @@ class DBNProgram(Program):
             if not valid["labels"] or valid["features"] != shards[0]["features"]:
                 raise DataError(f"{valid['uri']}: the validation shard needs a 'label' column and "
                                 f"{shards[0]['features']} features per row, as the training shards have")
+            same_classes(valid, shards[0])
         if unlabelled:  # pre-training only: a placeholder output layer
             self.n_classes = 1
             return {}

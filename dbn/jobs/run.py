@@ -41,7 +41,7 @@ from iterreduce.local import PREVIOUS, RUN_FILES, gpu_count, local_processes, pr
 from iterreduce.shards import TABLE_SHARD_SUFFIX, filesystem, join, list_shards, shard_info
 
 from .. import __version__
-from ..data.sharding import load_dataset, load_shards, shard_dataset
+from ..data.sharding import load_dataset, load_shards, load_validation, shard_dataset
 from ..data.table_data import attach_inputs, prepare, raw_table_rows, read_table, scaler_of, table_shards
 from ..data.validation import check_features, class_warnings, label_indices
 from ..exceptions import ConfigError, DataError, ModelFileError, UsageError
@@ -346,6 +346,13 @@ class InProcess:
             if spec.model.visible == "bernoulli":  # named here: the model would only say "X"
                 check_features(X, name=str(source) if scaler is None else f"{source} scaled ({scaler.kind})",
                                unit_interval=True)
+        validation = None
+        if spec.cluster.validation:  # scored after each fine-tuning epoch, as on workers
+            if spec.model.validation_fraction:
+                raise ConfigError(f"{spec.source or 'the job'}: [cluster] validation and [model] "
+                                  f"validation_fraction both set: choose one validation set")
+            validation = load_validation(spec.cluster.validation, n_features=X.shape[1], classes=classes,
+                                         scaler=scaler)
         counts = np.bincount(y, minlength=n_classes or 0)
         model = DBN(**spec.dbn_params())
         if scaler is not None or classes is not None:  # before training: every class gets an output
@@ -361,7 +368,7 @@ class InProcess:
                    "config": spec.to_dict()})
             write({"event": "data", "rows": int(X.shape[0]), "classes": counts.tolist(),
                    "warnings": class_warnings(counts, name=f"the labels of {source}")})
-            model.callback = epochs = _EpochRecords(write)
+            model.callback = epochs = _EpochRecords(write, model=model, validation=validation)
             try:
                 model.pretrain(X)
                 pretrain_seconds = epochs.elapsed()
@@ -380,9 +387,11 @@ class InProcess:
 class _EpochRecords:
     """DBN callback: turns its progress records into the log's ``epoch`` records."""
 
-    def __init__(self, write: OnRecord):
+    def __init__(self, write: OnRecord, model: DBN | None = None, validation=None):
         self.write, self.start, self.last, self.where = write, time.perf_counter(), None, "start-up"
         self.count = 0  # epoch records written
+        # (rows, class indices) scored after each fine-tuning epoch: [cluster] validation
+        self.model, self.validation = model, validation
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
@@ -395,6 +404,11 @@ class _EpochRecords:
         self.where = (f"pretrain layer {rec['layer'] + 1} epoch {rec['epoch'] + 1}" if rec["phase"] == "pretrain"
                       else f"finetune epoch {rec['epoch'] + 1}")
         self.count += 1
+        if self.validation is not None and rec["phase"] == "finetune" and self.model.network_ is not None:
+            X, y = self.validation
+            be = self.model.backend
+            predicted = be.to_numpy(self.model.network_.predict_proba_device(be.asarray(X))).argmax(axis=1)
+            rec = {**rec, "valid_error": float(np.mean(predicted != y))}
         self.write({"event": "epoch", **rec, "epoch_seconds": seconds,
                     "samples_per_s": rec["samples"] / seconds if seconds > 0 else None, "elapsed": self.elapsed()})
 
