@@ -34,7 +34,7 @@ import numpy as np
 
 from . import checkpoint, exchange, runlog, wire
 from .lifeline import follow_launcher
-from .program import MASTER_ONLY, Program, Update, load_class, step_to_json
+from .program import MASTER_ONLY, MASTER_STATE, Program, Update, load_class, master_side, step_to_json
 from .proto import iterreduce_pb2 as pb
 from .proto import iterreduce_pb2_grpc as pb_grpc
 from .security import TlsCredentials, TokenInterceptor, server_credentials
@@ -280,7 +280,7 @@ class Master(pb_grpc.MasterServicer):
             for s in todo:
                 self.in_flight[s] = worker.worker_id
             stale = [k for k in self.parameters
-                     if not k.startswith(MASTER_ONLY) and request.versions.get(k, -1) < self.versions[k]]
+                     if not master_side(k) and request.versions.get(k, -1) < self.versions[k]]
             # Arrays this worker's peers delivered in the last exchange are in its inbox: not sent again.
             held = self.gathered.get(worker.worker_id, {})
             gathered = {k: self.versions[k] for k in stale if held.get(k) == self.versions[k]}
@@ -520,9 +520,15 @@ class Master(pb_grpc.MasterServicer):
         start = self._restore()
         self._wait_for_workers()
         job_start = time.perf_counter()
-        for index in range(start, len(self.steps)):
+        index = start - 1
+        while index + 1 < len(self.steps) and not self.program.finished(self.parameters):
+            index += 1
             self._run_step(index)
-            if self.config.checkpoint_dir and ((index + 1) % self.config.checkpoint_every == 0 or index + 1 == len(self.steps)):
+            stopping = self.program.finished(self.parameters)
+            if stopping:
+                self._event("stopped", step=index + 1, of=len(self.steps))
+            if self.config.checkpoint_dir and ((index + 1) % self.config.checkpoint_every == 0
+                                               or index + 1 == len(self.steps) or stopping):
                 path = checkpoint.save(self.config.checkpoint_dir, index + 1,
                                        {"n_steps": len(self.steps), "seed": self.config.seed,
                                         "program": self.config.program, "fingerprint": self.fingerprint},
@@ -532,7 +538,7 @@ class Master(pb_grpc.MasterServicer):
         with self.lock:
             self.done = True
             self._notify_all()
-        self._event("done", steps=len(self.steps), seconds=time.perf_counter() - job_start)
+        self._event("done", steps=index + 1, seconds=time.perf_counter() - job_start)
 
     def _run_step(self, index: int) -> None:
         step = self.steps[index]
@@ -574,6 +580,11 @@ class Master(pb_grpc.MasterServicer):
         elapsed = time.perf_counter() - started
         evaluated = time.perf_counter()
         metrics = self.program.evaluate(step, self.parameters)  # not part of the sync time
+        kept = self.program.after_step(step, self.parameters, metrics)
+        for name, value in kept.items():
+            if value is not self.parameters.get(name):
+                self.versions[name] = index + 1
+        self.parameters = kept
         record = self._log.write(runlog.step_record(
             index, len(self.steps), step.phase, {**dict(step.info), **self.program.summarize(step, updates), **metrics},
             shards=len(updates), shards_total=len(self.shards),
@@ -584,7 +595,8 @@ class Master(pb_grpc.MasterServicer):
     def _peer_reduce(self, step) -> bool:
         """Whether the workers may reduce this step's updates (see :mod:`iterreduce.exchange`)."""
         return (self.config.reduce == "workers" and self._failed_exchanges < EXCHANGE_TRIES and bool(step.arrays)
-                and self.program.reduces_elementwise() and exchange.can_cut(self.parameters))
+                and self.program.reduces_elementwise()
+                and exchange.can_cut({k: v for k, v in self.parameters.items() if not k.startswith(MASTER_STATE)}))
 
     def _start_round(self, step, peers: bool, same_shards: bool = False) -> None:
         """Start an attempt at the current step (call with the lock held). ``same_shards``: the
@@ -639,7 +651,7 @@ class Master(pb_grpc.MasterServicer):
             self._exchange_failed(f"the reducers' rows do not make the parameters: {exc}")
             return None
         undelivered = {w for _, missed in self.reduced.values() for w in missed}
-        shared = {name: index + 1 for name in result if not name.startswith(MASTER_ONLY)}
+        shared = {name: index + 1 for name in result if not master_side(name)}
         self.gathered = {w: shared for w in self.reducers if w not in undelivered}
         self._gathered_round = (self.round, parts)
         return result

@@ -113,6 +113,18 @@ class Program(ABC):
         merged into its progress record; by default none."""
         return {}
 
+    def after_step(self, step: Step, parameters: Arrays, metrics: dict) -> Arrays:
+        """Master-side bookkeeping once a step is reduced and evaluated (``metrics``: what
+        :meth:`evaluate` measured), e.g. keeping the best parameters for early stopping: returns
+        the parameters with arrays named :data:`MASTER_STATE` ``+ ...`` added or replaced (they are
+        checkpointed, so a resumed job goes on with them). Default: no change."""
+        return parameters
+
+    def finished(self, parameters: Arrays) -> bool:
+        """Whether the job ends before its schedule does (e.g. early stopping), judged from the
+        parameters (so also right after a resume); checked after every step. Default: never."""
+        return False
+
     def view(self) -> dict | None:
         """What the job's live page draws: a view spec (see :mod:`iterreduce.webui.snapshot`:
         its title, charts of the step records' metrics, image names and titles). Default
@@ -179,6 +191,14 @@ def weighted_average(updates: list[Update], names) -> Arrays:
 
 
 MASTER_ONLY = "master."  # parameters with this prefix stay on the master (checkpointed, never sent)
+#: The program's own bookkeeping on the master (:meth:`Program.after_step`, e.g. the best
+#: parameters so far): checkpointed, never sent, and never read by a reduce.
+MASTER_STATE = "master-state."
+
+
+def master_side(name: str) -> bool:
+    """Whether parameter ``name`` stays on the master (:data:`MASTER_ONLY`, :data:`MASTER_STATE`)."""
+    return name.startswith(MASTER_ONLY) or name.startswith(MASTER_STATE)
 
 
 def block_momentum_average(parameters: Arrays, updates: list[Update], names, momentum: float,

@@ -15,7 +15,7 @@ import numpy as np
 from . import exchange, wire
 from .lifeline import follow_launcher
 from .master import keep_freed_memory
-from .program import MASTER_ONLY, Update, WorkerProgram, load_class, shard_seed, step_from_json
+from .program import Update, WorkerProgram, load_class, master_side, shard_seed, step_from_json
 from .proto import iterreduce_pb2 as pb
 from .proto import iterreduce_pb2_grpc as pb_grpc
 from .exceptions import DataError
@@ -249,7 +249,7 @@ class Worker:
             result = self.reducer.reduce(step, parameters, updates)
         except (ValueError, TypeError, KeyError) as exc:  # the master's own reduce will say it in the rerun
             return {}, [], f"the reduce failed on block {header.part}: {exc}"
-        shared = {k: v for k, v in result.items() if not k.startswith(MASTER_ONLY)}
+        shared = {k: v for k, v in result.items() if not master_side(k)}
         undelivered = self._send_parts_to_all(header, shared)
         log.debug("round %d: block %d reduced and shared in %.3f s", header.round, header.part,
                   time.perf_counter() - started)

@@ -217,6 +217,9 @@ def test_the_progress_reads_every_runtime_event_as_a_sentence(tmp_path, capsys):
         run.event("worker_gave_up", worker="worker-0", exit=1, restarts=3, error="boom")
         run.event("data_error", worker="worker-1#2", step=0, shard=1, message="x.parquet: NaN")
         run.event("resumed", checkpoint="ckpt-000000004.npz", step=4)
+        run.event("exchange_failed", step=4, round=7, reason="worker-1 unreachable")
+        run.event("exchange_off", step=4, failed=2)
+        run.event("stopped", step=5, of=9)
         run.event("done", steps=5, seconds=1.25)
         run.event("ui", url="http://127.0.0.1:8000/")
         run.event("checkpoint", step=5, path="ckpt-000000005.npz")  # silent: one a step
@@ -228,5 +231,6 @@ def test_the_progress_reads_every_runtime_event_as_a_sentence(tmp_path, capsys):
     assert "data: 9 rows in 2 shards; 2 classes, examples of each: 0:4 1:5\nwarning: class 1 is odd" in err
     assert "worker-0#1 joined from node1 with shards [0]" in err and "done: 5 steps in 1.2 s" in err
     assert "bad data reported by worker-1#2: x.parquet: NaN" in err
+    assert "step 4: the workers' exchange failed (worker-1 unreachable)" in err and "stopped early after step 5 of 9" in err
     assert "live view: http://127.0.0.1:8000/" in err and "ckpt-000000005" not in err and "boom\n" not in err
     assert "{" not in err and len(err.splitlines()) == len(EVENT_LINES) + 2

@@ -184,9 +184,10 @@ def test_streaming_workers_train_the_same_model_as_in_memory_ones(tmp_path, caps
 
 
 @pytest.mark.parametrize("setting, says", [("model.validation_fraction=0.2", "validation_fraction = 0.2 holds out rows"),
-                                           ("model.early_stopping_patience=3", "early_stopping_patience stops")])
-def test_one_process_settings_are_refused_on_workers_not_ignored(tmp_path, capsys, setting, says):
-    """Held-out rows and early stopping live in one process; workers used to drop them silently."""
+                                           ("model.early_stopping_patience=3", "early_stopping_patience needs a "
+                                                                                "validation set")])
+def test_settings_workers_cannot_honour_are_refused_not_ignored(tmp_path, capsys, setting, says):
+    """Held-out rows, and early stopping without a validation shard: workers used to drop them silently."""
     from dbn.exceptions import ConfigError
     from dbn.jobs.spec import load_spec
 

@@ -137,9 +137,11 @@ def training_error(X, y, params) -> float:
 def kill_master_then_resume(tmp_path, monkeypatch, *, program, config, shards, workers, kill_at, n_steps,
                             result_file):
     """Run A to completion; run B, SIGKILL its master when step ``kill_at`` is reported, resume B.
+    ``n_steps``: the steps the job runs (None: as many as A ran, e.g. when it stops early).
     Returns (A's arrays, B's arrays, B's output dir)."""
     monkeypatch.setenv(DELAY_ENV, "0")
     out_a = run_job(program=program, program_config=config, shards=shards, workers=workers, output=str(tmp_path / "a"))
+    n_steps = n_steps or len(records(out_a))
 
     out_b = tmp_path / "b"
     killed = []
@@ -201,6 +203,27 @@ def test_master_sigkill_then_resume_is_bit_identical_dbn(tmp_path, monkeypatch, 
 
     model = DBN.load(out_b / "model.npz", device="cpu")
     assert model.hidden_layers == [32, 16] and model.n_classes_ == 10
+
+
+def test_master_sigkill_then_resume_keeps_early_stopping_state(tmp_path, monkeypatch, mnist_small):
+    """The best network and the epochs since it are master state in the checkpoints: a job killed
+    while fine-tuning stops at the same epoch and keeps the same network as one never killed."""
+    x_train, y_train, x_valid, y_valid = mnist_small
+    shards = str(tmp_path / "shards")
+    write_shards(x_train, y_train, shards, 2)
+    (valid,) = write_shards(x_valid[:300], y_valid[:300], str(tmp_path / "valid"), 1)
+    # The rate doubles every epoch: the validation error falls, soon rises, and the job stops early.
+    config = dict(hidden_layers=[32], pretrain_epochs=2, finetune_epochs=14, top_layer_epochs=1, n_classes=10,
+                  seed=0, finetune_learning_rate=0.1, finetune_lr_decay=2.0, early_stopping_patience=2,
+                  validation=valid)
+    # Steps: transform, 2 pre-training epochs, then fine-tuning, whose best epoch is the sixth (step 8) and
+    # which stops after step 10: killed after step 9, it must resume knowing the best and the epochs since.
+    a, b, out_b = kill_master_then_resume(tmp_path, monkeypatch, program=SLOW_DBN, config=config, shards=shards,
+                                          workers=2, kill_at=9, n_steps=None, result_file="model.npz")
+    (stopped,) = events(tmp_path / "a", "stopped")
+    assert events(out_b, "stopped")[-1]["step"] == stopped["step"] < 3 + 14
+    for k in a:
+        assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k
 
 
 def test_a_master_killed_before_any_checkpoint_is_reported_as_killed(tmp_path, monkeypatch):

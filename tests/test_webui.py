@@ -128,7 +128,7 @@ def test_every_runtime_event_reads_as_a_sentence_and_an_unknown_one_as_its_field
         {"event": "worker_gave_up", "worker": "worker-0", "exit": 1, "restarts": 3, "error": "boom"},
         {"event": "checkpoint", "step": 4, "path": "c"}, {"event": "resumed", "step": 4, "checkpoint": "c"},
         {"event": "exchange_failed", "step": 2, "round": 3, "reason": "peer gone"},
-        {"event": "exchange_off", "step": 2, "failed": 2},
+        {"event": "exchange_off", "step": 2, "failed": 2}, {"event": "stopped", "step": 3, "of": 9},
         {"event": "data_error", "worker": "w", "message": "NaN"}, {"event": "done", "steps": 4, "seconds": 2.0},
         {"event": "failed", "reason": "bad shard"}, {"event": "custom", "a": 1},
     ]

@@ -21,7 +21,8 @@ import tempfile
 
 import numpy as np
 
-from iterreduce.program import Program, Step, Update, WorkerProgram, block_momentum_average, weighted_average
+from iterreduce.program import (MASTER_STATE, Program, Step, Update, WorkerProgram, block_momentum_average, master_side,
+                                weighted_average)
 from iterreduce.rowfile import RowFile, local_directory
 from iterreduce.tables import FeatureStats
 from iterreduce.shards import read_labels, read_shard, same_classes, shard_classes, shard_info, spill_shard
@@ -42,6 +43,11 @@ def dbn_params(config) -> dict:
     ``device`` (each process picks its own) and ``callback`` (none in a distributed job)."""
     names = set(DBN().get_params()) - {"device", "callback"}
     return {k: v for k, v in config.items() if k in names}
+
+
+#: Early stopping's state on the master (see DBNProgram.after_step)
+BEST, BEST_ERROR = f"{MASTER_STATE}best.", f"{MASTER_STATE}best_valid_error"
+SINCE_BEST, STOP = f"{MASTER_STATE}epochs_since_best", f"{MASTER_STATE}stop"
 
 
 class DBNProgram(Program):
@@ -200,7 +206,31 @@ class DBNProgram(Program):
         predicted = self.model.backend.to_numpy(proba).argmax(axis=1)
         return {"valid_error": float(np.mean(predicted != self._validation.labels))}
 
+    def after_step(self, step, parameters, metrics):
+        """Early stopping (``early_stopping_patience``, scored on ``validation``) as one process
+        does it: after each fine-tuning epoch, the best network so far, the epochs since it, and
+        whether to stop (never during the top-layer-only epochs), kept as master state."""
+        patience = self.config.get("early_stopping_patience")
+        if patience is None or "valid_error" not in metrics:
+            return parameters
+        kept, error = dict(parameters), metrics["valid_error"]
+        if BEST_ERROR not in parameters or error < float(parameters[BEST_ERROR]):
+            kept[BEST_ERROR], kept[SINCE_BEST] = np.array(error), np.array(0)
+            kept.update({BEST + name: parameters[name].copy() for name in self._net_names()})
+        else:
+            kept[SINCE_BEST] = np.array(int(parameters[SINCE_BEST]) + 1)
+        kept[STOP] = np.array(int(kept[SINCE_BEST]) >= patience and not step.info.get("top_only", False))
+        return kept
+
+    def finished(self, parameters):
+        return bool(parameters.get(STOP, False))
+
+    def _net_names(self) -> list[str]:
+        return [state.net_name(i, key) for i in range(len(self.layers) + 1) for key in ("weights", "biases")]
+
     def finalize(self, parameters, output_dir):
+        if self.config.get("early_stopping_patience") is not None and BEST_ERROR in parameters:
+            parameters = {**parameters, **{name: parameters[BEST + name] for name in self._net_names()}}
         self.to_model(parameters).save(f"{output_dir}/model.npz")
 
     def view(self):
@@ -216,7 +246,7 @@ class DBNProgram(Program):
         """The trained :class:`DBN` from the final parameters, with a table's classes and the
         scaler (when the job scales its data), so that it predicts from raw rows."""
         model = DBN(**dbn_params(self.config), device="cpu").set_state(
-            {k: v for k, v in parameters.items() if k not in STATS})
+            {k: v for k, v in parameters.items() if k not in STATS and not master_side(k)})
         scaler = scaler_from(parameters, self.config.get("scale"))  # gathered by the workers in the first step
         return attach_inputs(model, self._classes, scaler)
 

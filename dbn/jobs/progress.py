@@ -27,6 +27,9 @@ EVENT_LINES = {
     "worker_gave_up": "{worker} exited ({exit}; {error}) and used up its {restarts} restarts",
     "data_error": "bad data reported by {worker}: {message}",
     "resumed": "resumed from {checkpoint} at step {step}",
+    "exchange_failed": "step {step}: the workers' exchange failed ({reason}); the master reduces it",
+    "exchange_off": "the master reduces from step {step} on",
+    "stopped": "stopped early after step {step} of {of}",
     "done": "done: {steps} steps in {seconds:.1f} s",
     "ui": "live view: {url}",
 }

@@ -352,7 +352,7 @@ class InProcess:
                 raise ConfigError(f"{spec.source or 'the job'}: [cluster] validation and [model] "
                                   f"validation_fraction both set: choose one validation set")
             validation = load_validation(spec.cluster.validation, n_features=X.shape[1], classes=classes,
-                                         scaler=scaler)
+                                         scaler=scaler)  # rows as the network sees them, class indices
         counts = np.bincount(y, minlength=n_classes or 0)
         model = DBN(**spec.dbn_params())
         if scaler is not None or classes is not None:  # before training: every class gets an output
@@ -368,11 +368,11 @@ class InProcess:
                    "config": spec.to_dict()})
             write({"event": "data", "rows": int(X.shape[0]), "classes": counts.tolist(),
                    "warnings": class_warnings(counts, name=f"the labels of {source}")})
-            model.callback = epochs = _EpochRecords(write, model=model, validation=validation)
+            model.callback = epochs = _EpochRecords(write)
             try:
                 model.pretrain(X)
                 pretrain_seconds = epochs.elapsed()
-                model.finetune(X, y)
+                model.finetune(X, y, validation_data=validation)
             except KeyboardInterrupt:
                 write({"event": "interrupted", "after": epochs.where, "elapsed": epochs.elapsed()})
                 raise Interrupted(f"after {epochs.where}; no model written; progress so far is in "
@@ -387,11 +387,9 @@ class InProcess:
 class _EpochRecords:
     """DBN callback: turns its progress records into the log's ``epoch`` records."""
 
-    def __init__(self, write: OnRecord, model: DBN | None = None, validation=None):
+    def __init__(self, write: OnRecord):
         self.write, self.start, self.last, self.where = write, time.perf_counter(), None, "start-up"
         self.count = 0  # epoch records written
-        # (rows, class indices) scored after each fine-tuning epoch: [cluster] validation
-        self.model, self.validation = model, validation
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
@@ -404,11 +402,6 @@ class _EpochRecords:
         self.where = (f"pretrain layer {rec['layer'] + 1} epoch {rec['epoch'] + 1}" if rec["phase"] == "pretrain"
                       else f"finetune epoch {rec['epoch'] + 1}")
         self.count += 1
-        if self.validation is not None and rec["phase"] == "finetune" and self.model.network_ is not None:
-            X, y = self.validation
-            be = self.model.backend
-            predicted = be.to_numpy(self.model.network_.predict_proba_device(be.asarray(X))).argmax(axis=1)
-            rec = {**rec, "valid_error": float(np.mean(predicted != y))}
         self.write({"event": "epoch", **rec, "epoch_seconds": seconds,
                     "samples_per_s": rec["samples"] / seconds if seconds > 0 else None, "elapsed": self.elapsed()})
 

@@ -278,18 +278,17 @@ class JobSpec:
                             reduce=self.reduce_on(on_yarn), name=self.job.name or "", ui=c.ui)
 
     def check_distributed(self) -> None:
-        """Refuse the ``[model]`` settings that only one-process training honours, rather than
-        ignore them on workers: held-out rows and early stopping (a distributed job scores
-        ``[cluster] validation``, a shard, after each fine-tuning epoch)."""
+        """Refuse the ``[model]`` settings workers cannot honour, rather than ignore them: held-out
+        rows (a distributed job scores ``[cluster] validation``, a shard, after each fine-tuning
+        epoch) and early stopping without that shard."""
         m, where = self.model, self.source or "the job"
         if m.validation_fraction:
             raise ConfigError(f"{where}: [model] validation_fraction = {m.validation_fraction} holds out rows in "
                               f"one process only: on workers name a labelled validation shard in [cluster] "
                               f"validation (e.g. cut by `dbn shard`), or train in one process (no --local)")
-        if m.early_stopping_patience is not None:
-            raise ConfigError(f"{where}: [model] early_stopping_patience stops training in one process only: a "
-                              f"distributed job runs its fine-tuning epochs and logs the validation error of "
-                              f"[cluster] validation after each; unset it, or train in one process (no --local)")
+        if m.early_stopping_patience is not None and not self.cluster.validation:
+            raise ConfigError(f"{where}: [model] early_stopping_patience needs a validation set: on workers name a "
+                              f"labelled shard in [cluster] validation (scored after each fine-tuning epoch)")
 
     def reduce_on(self, on_yarn: bool) -> str:
         """Who reduces the updates (``MasterConfig.reduce``): ``[cluster] reduce``, with "auto"

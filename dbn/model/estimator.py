@@ -216,13 +216,13 @@ class DBN(Estimator):
 
     # ------------------------------------------------------------ training
 
-    def fit(self, X, y) -> "DBN":
-        """Pre-train on ``X``, then fine-tune on ``(X, y)``."""
+    def fit(self, X, y, *, validation_data=None) -> "DBN":
+        """Pre-train on ``X``, then fine-tune on ``(X, y)`` (``validation_data``: see :meth:`finetune`)."""
         self.validate_params()
         X = self._check_X(X, fitted=False)
         label_indices(y, n_samples=X.shape[0], n_classes=self.n_classes, classes=getattr(self, "classes_", None))
         self.pretrain(X)
-        return self.finetune(X, y)
+        return self.finetune(X, y, validation_data=validation_data)
 
     def pretrain(self, X) -> "DBN":
         """Greedy layer-wise CD training; each layer learns on the one below's mean-field output."""
@@ -247,8 +247,12 @@ class DBN(Estimator):
                 data = rbm._hidden_probs(data)
         return self
 
-    def finetune(self, X, y) -> "DBN":
-        """Backprop fine-tuning of the pre-trained stack with a softmax output layer."""
+    def finetune(self, X, y, *, validation_data=None) -> "DBN":
+        """Backprop fine-tuning of the pre-trained stack with a softmax output layer.
+
+        ``validation_data``: ``(X_valid, y_valid)`` in the form of ``(X, y)``, scored after each
+        epoch (``valid_error``) and used by ``early_stopping_patience``, instead of the
+        ``validation_fraction`` held out of ``X`` (set one or the other)."""
         if not self.rbms_:
             raise RuntimeError("finetune needs a pre-trained model: call pretrain() or fit() first")
         self.validate_params()
@@ -268,6 +272,13 @@ class DBN(Estimator):
         self.n_classes_ = n_classes
         y = check_labels(y, n_samples=X.shape[0], n_classes=self.n_classes_)
         X_train, y_train, X_valid, y_valid = self._split_validation(X, y)
+        if validation_data is not None:
+            if self.validation_fraction:
+                raise ValueError("validation_data and validation_fraction both set: choose one validation set")
+            X_valid = self._check_X(validation_data[0], name="validation X")
+            y_valid, _ = label_indices(validation_data[1], n_samples=X_valid.shape[0], n_classes=self.n_classes_,
+                                       classes=classes, name="validation y")
+            y_valid = check_labels(y_valid, n_samples=X_valid.shape[0], n_classes=self.n_classes_, name="validation y")
 
         if self.network_ is None:  # the pre-trained stack plus a fresh softmax layer
             pretrained = self.get_state(increments=False)

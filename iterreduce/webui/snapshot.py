@@ -43,6 +43,7 @@ EVENT_TEXT = {
     "exchange_failed": "step {step}: the workers' exchange failed ({reason}); the master reduced",
     "exchange_off": "the master reduces from step {step} on",
     "data_error": "bad data reported by {worker}: {message}",
+    "stopped": "stopped early after step {step} of {of}",
     "done": "done: {steps} steps in {seconds:.0f} s",
     "failed": "the job failed: {reason}",
 }
