@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dbn import DBN
+from dbn import DBN, DataError
 from dbn.cli import main
 from dbn.jobs.program import BEST_ERROR, SINCE_BEST, STOP, DBNProgram
 from iterreduce.program import MASTER_STATE, Step
@@ -77,3 +77,17 @@ def test_the_master_keeps_early_stopping_state_as_checkpointed_parameters():
     assert all(k.startswith(MASTER_STATE) for k in params if k not in names)
     unchanged = {"x": np.zeros(1)}
     assert program.after_step(full, unchanged, {}) is unchanged  # no validation error: nothing to keep
+
+
+def test_fit_scores_validation_data_in_label_values_and_refuses_two_validation_sets():
+    X, y = blobs(300, 0)
+    Xv, yv = blobs(100, 1)
+    names = np.array(["a", "b", "c"])
+    model = DBN([8], pretrain_epochs=1, finetune_epochs=3, device="cpu").fit(X, names[y], validation_data=(Xv, names[yv]))
+    errors = [r["valid_error"] for r in model.history_ if r["phase"] == "finetune"]
+    assert len(errors) == 3 and errors[-1] == pytest.approx(1 - model.score(Xv, names[yv]))
+    with pytest.raises(ValueError, match="choose one validation set"):
+        DBN([8], pretrain_epochs=1, finetune_epochs=1, validation_fraction=0.2, device="cpu").fit(
+            X, y, validation_data=(Xv, yv))
+    with pytest.raises(DataError, match="label 'd'"):
+        DBN([8], pretrain_epochs=1, finetune_epochs=1, device="cpu").fit(X, names[y], validation_data=(Xv, np.full(100, "d")))
