@@ -54,6 +54,12 @@ def test_dry_run_prints_a_spec_skein_accepts_with_workers_resources_gpus_and_env
     assert job_file.is_file() and '"dbn.jobs.program:DBNProgram"' in job_file.read_text()
 
 
+def test_a_validation_shard_on_another_name_service_gets_its_delegation_token(capsys):
+    spec = dry_run(capsys, "--set", "cluster.validation=hdfs://other:8020/data/valid.parquet", "--set",
+                   "model.early_stopping_patience=2")
+    assert {"hdfs://namenode:8020", "hdfs://other:8020"} <= set(spec.file_systems)
+
+
 def test_dry_run_with_python_ships_no_environment(capsys):
     spec = dry_run(capsys, "--python", "/opt/py/bin/python")
     assert "environment" not in spec.services["worker"].files
@@ -74,6 +80,9 @@ def test_dry_run_without_env_names_the_archive_it_would_pack(capsys):
     (["--out", "runs/local"], "[output] dir (or --out) must be a URI every container can reach"),
     (["--set", "yarn.queues=x"], "unknown key 'queues' (did you mean 'queue'?)"),
     (["--principal", "me@X"], "Kerberos needs both --principal and --keytab"),
+    (["--set", "cluster.validation=runs/valid.parquet"], "[cluster] validation must be a URI every container"),
+    (["--set", "model.validation_fraction=0.1"], "validation_fraction = 0.1 holds out rows in one process only"),
+    (["--set", "model.early_stopping_patience=2"], "early_stopping_patience needs a validation set"),
 ])
 def test_submit_errors_name_the_setting_at_fault(capsys, args, message):
     code = main(["submit", str(EXAMPLE), *args] + ([] if "--principal" in args else ["--dry-run"]))

@@ -81,9 +81,11 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
     packs the current environment when no ``[yarn] env`` / ``python`` is given;
     ``dry_run`` does neither and touches no cluster.
     """
+    cfg.check_distributed()  # before anything is staged
     opts = yarn_options(cfg)
     output = _shared_uri("[output] dir (or --out)", cfg.output.dir)
     shards = cfg.cluster.shards and _shared_uri("[cluster] shards", cfg.cluster.shards)
+    validation = cfg.cluster.validation and _shared_uri("[cluster] validation", cfg.cluster.validation)
     uris: list[str] = []
     hosts: dict[str, list[str]] = {}
     if not shards and cfg.data.features is not None:  # a table, read in place: only its shares are written
@@ -103,7 +105,8 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
     hosts = hosts or (locality.block_hosts(uris) if uris else {})
     slot_hosts = locality.slot_hosts(uris, opts.workers, hosts) if hosts else []
     opts.worker_nodes = sorted({h for slot in slot_hosts for h in slot})
-    opts.file_systems = list(dict.fromkeys([*opts.file_systems, *_name_services([output, shards])]))
+    opts.file_systems = list(dict.fromkeys([*opts.file_systems,
+                                            *_name_services([output, shards, *([validation] if validation else [])])]))
 
     stream = cfg.cluster.stream == "always"
     if uris:  # the shards are known: check the workers fit their containers, and stream if they must
