@@ -88,7 +88,9 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
     validation = cfg.cluster.validation and _shared_uri("[cluster] validation", cfg.cluster.validation)
     uris: list[str] = []
     hosts: dict[str, list[str]] = {}
-    if not shards and cfg.data.features is not None:  # a table, read in place: only its shares are written
+    table = not shards and cfg.data.features is not None
+    if table:  # a table, read in place: only its shares are written, the workers read the table itself
+        _shared_uri("[data] train (a table the workers read in place)", cfg.data.train)
         shards = join(output, "shards")
         if not dry_run:
             log(f"splitting the table {cfg.data.train} among {opts.workers} workers (its shares under {shards})")
@@ -106,7 +108,8 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
     slot_hosts = locality.slot_hosts(uris, opts.workers, hosts) if hosts else []
     opts.worker_nodes = sorted({h for slot in slot_hosts for h in slot})
     opts.file_systems = list(dict.fromkeys([*opts.file_systems,
-                                            *_name_services([output, shards, *([validation] if validation else [])])]))
+                                            *_name_services([output, shards, *([validation] if validation else []),
+                                                             *([cfg.data.train] if table else [])])]))
 
     stream = cfg.cluster.stream == "always"
     if uris:  # the shards are known: check the workers fit their containers, and stream if they must
