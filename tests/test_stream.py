@@ -237,8 +237,30 @@ def test_a_worker_that_cannot_fit_is_refused_naming_the_settings():
                                           r"worker_memory, set \[cluster\] stream = \"auto\""):
         memory.plan(big, 2, [500, 500, 2000], choice="never", budget_bytes=2**30,
                     budget_name="[yarn] worker_memory")
-    with pytest.raises(ConfigError, match=r"\(streaming its data\) but .* gives it 200 MiB: raise"):
-        memory.plan(big, 2, [500, 500, 2000], choice="auto", budget_bytes=200 * 2**20, budget_name="[yarn] worker_memory")
+    with pytest.raises(ConfigError, match=r"\(streaming its data\) but .* gives it 400 MiB: raise"):
+        memory.plan(big, 2, [500, 500, 2000], choice="auto", budget_bytes=400 * 2**20, budget_name="[yarn] worker_memory")
+
+
+def test_a_model_too_big_for_any_worker_says_so_not_more_workers():
+    with pytest.raises(ConfigError, match=r"the model alone \(784-20000-20000: \d{3},\d{3},\d{3} weights\) needs about "
+                                          r"\d+ MiB in each worker .* use smaller \[model\] hidden_layers"):
+        memory.plan([MNIST_SHARD] * 100, 100, [20000, 20000], choice="auto", budget_bytes=4 * 2**30,
+                    budget_name="[yarn] worker_memory")
+
+
+def test_one_process_refuses_a_model_that_cannot_fit_before_allocating_it(tmp_path, capsys):
+    from dbn.cli import main
+
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", X=rng.random((20, 4)).astype(np.float32), y=np.arange(20) % 2)
+    (tmp_path / "job.toml").write_text("[data]\ntrain = 'd.npz'\n[model]\nhidden_layers = [100000, 100000]\n"
+                                       "[job]\ndevice = 'cpu'\n")
+    assert main(["train", str(tmp_path / "job.toml"), "--out", str(tmp_path / "out"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "training 4-100000-100000 on 20 rows in this process needs about" in err and "hidden_layers" in err, err
+    with pytest.raises(ConfigError, match="needs about 1 MiB more"):  # 326,400 B of model, 400,000 of layer input
+        memory.check_one_process(1000, 100, [100, 100], available_bytes=2**19)
+    memory.check_one_process(1000, 100, [100, 100], available_bytes=10 * 2**20)  # fits: no error
 
 
 def test_the_in_memory_formula_grows_with_rows_and_the_streamed_one_barely():

@@ -31,12 +31,28 @@ STREAM_CHOICES = ("auto", "always", "never")
 MiB = 2**20
 
 
+def _weights(features: int, hidden_layers) -> int:
+    sizes = [features, *hidden_layers]
+    return sum(a * b + a + b for a, b in zip(sizes, sizes[1:]))
+
+
 def model_bytes(features: int, hidden_layers) -> int:
     """The model's arrays in a worker: weights and biases four times over (parameters,
     momentum, gradients or steps, and the copy received from the master), in float32."""
-    sizes = [features, *hidden_layers]
-    weights = sum(a * b + a + b for a, b in zip(sizes, sizes[1:]))
-    return 4 * 4 * weights
+    return 4 * 4 * _weights(features, hidden_layers)
+
+
+def check_one_process(rows: int, features: int, hidden_layers, *, available_bytes: int) -> None:
+    """Refuse training in this process (its data loaded already) when the model and the layers'
+    inputs would not fit in ``available_bytes`` (this machine's memory still free), naming the
+    setting to change, instead of failing on an allocation part-way."""
+    more = model_bytes(features, hidden_layers) + 4 * rows * _widest_pair(hidden_layers)
+    if more > available_bytes:
+        raise ConfigError(
+            f"training {features}-{'-'.join(map(str, hidden_layers))} on {rows:,} rows in this process needs about "
+            f"{math.ceil(more / MiB)} MiB more (the model: {math.ceil(model_bytes(features, hidden_layers) / MiB)} "
+            f"MiB) but this machine has {available_bytes // MiB} MiB available: use smaller [model] hidden_layers, "
+            f"fewer rows ([data] limit) or workers with streamed data (--local N, [cluster] stream)")
 
 
 def _widest_pair(hidden_layers) -> int:
@@ -75,6 +91,13 @@ def plan(shards: list[dict], workers: int, hidden_layers, *, choice: str, budget
     stream = choice == "always" or (choice == "auto" and memory > STREAM_ABOVE * budget_bytes)
     need = streamed if stream else memory
     figures = {"stream": stream, "worker_bytes": need, "in_memory_bytes": memory, "budget_bytes": budget_bytes}
+    model = PROCESS_BYTES + model_bytes(shards[0]["features"], hidden_layers)
+    if model > budget_bytes:  # more workers would not help: each holds the whole model
+        raise ConfigError(
+            f"the model alone ({shards[0]['features']}-{'-'.join(map(str, hidden_layers))}: "
+            f"{_weights(shards[0]['features'], hidden_layers):,} weights) needs about {math.ceil(model / MiB)} MiB in "
+            f"each worker (parameters, momentum, steps and the master's copy) but {budget_name} gives it "
+            f"{budget_bytes // MiB} MiB: use smaller [model] hidden_layers or raise {budget_name}")
     if need > budget_bytes:
         hint = (f"raise {budget_name}" + (", set [cluster] stream = \"auto\" to stream the data from local disk"
                                           if not stream else "") + f" or use more than {workers} workers")

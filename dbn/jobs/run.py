@@ -49,7 +49,7 @@ from ..model import flops
 from ..model.backend import Backend, resolve_device
 from ..model.estimator import DBN
 from ..model.persist import atomic_write
-from .memory import plan as plan_memory
+from .memory import check_one_process, plan as plan_memory
 from .spec import JobSpec
 
 MODEL_FILE, RESULT_FILE, CONFIG_FILE = "model.npz", "result.json", "config.json"
@@ -346,6 +346,8 @@ class InProcess:
             if spec.model.visible == "bernoulli":  # named here: the model would only say "X"
                 check_features(X, name=str(source) if scaler is None else f"{source} scaled ({scaler.kind})",
                                unit_interval=True)
+        if resolve_device(spec.job.device) == "cpu":
+            check_one_process(X.shape[0], X.shape[1], spec.model.hidden_layers, available_bytes=available_memory())
         validation = None
         if spec.cluster.validation:  # scored after each fine-tuning epoch, as on workers
             if spec.model.validation_fraction:
