@@ -30,6 +30,7 @@ from .model.backend import DEVICES
 
 #: What the command line reports as ``dbn: error: <message>`` (exit 2) rather than a traceback.
 USER_ERRORS = (DBNError, IterReduceError, OSError)
+LABEL_HELP = "where the labels are: a .npz's array (default y), a .csv's column (default label)"
 EXIT_ERROR, EXIT_INTERRUPTED = 2, 130
 
 OVERWRITE_HELP = ("replace the run of another job in the output directory (refused without this flag); the "
@@ -158,7 +159,7 @@ def cmd_shard(args) -> int:
     from .data.sharding import shard_dataset
 
     for uri in shard_dataset(args.source, args.out, args.shards, split=args.split, mnist_dir=args.mnist_dir,
-                             limit=args.limit):
+                             limit=args.limit, label=args.label):
         print(uri)
     return 0
 
@@ -166,7 +167,7 @@ def cmd_shard(args) -> int:
 def cmd_evaluate(args) -> int:
     from .jobs.run import evaluate_model
 
-    record = evaluate_model(args.model, args.data, mnist_dir=args.mnist_dir, device=args.device)
+    record = evaluate_model(args.model, args.data, mnist_dir=args.mnist_dir, device=args.device, label=args.label)
     error = record["test_error"]
     print(to_json(record) if args.json else f"test error {100 * error:.2f} %  ({record['errors']} of "
           f"{record['n_samples']})  {args.model} on {args.data}")
@@ -187,7 +188,7 @@ def cmd_predict(args) -> int:
                              f"column is a feature: --keep and --filter are for tables")
         model = DBN.load(args.model, device=args.device)
         record = predict_file(model, args.table or spec.data.test or spec.data.train, args.out,
-                              mnist_dir=spec.data.mnist_dir)
+                              mnist_dir=spec.data.mnist_dir, label=spec.data.label)
     else:
         model = DBN.load(args.model, device=args.device)
         record = predict_table(model, spec.data, args.out, table=args.table, filter=args.filter, keep=keep)
@@ -320,13 +321,15 @@ def build_parser() -> argparse.ArgumentParser:
              ("--shards", {"type": int, "required": True, "metavar": "N", "help": "number of shards"}),
              ("--split", {"choices": ("train", "test"), "default": "train", "help": "MNIST split"}),
              ("--mnist-dir", {"help": "directory of the MNIST files"}),
-             ("--limit", {"type": int, "metavar": "N", "help": "only the first N rows"}))
+             ("--limit", {"type": int, "metavar": "N", "help": "only the first N rows"}),
+             ("--label", {"metavar": "NAME", "help": LABEL_HELP}))
     _command(sub, "evaluate", [common], "test error of a saved model on MNIST's test images or a labelled data "
              "file", cmd_evaluate,
              ("model", {"type": Path, "help": "model file written by dbn train (model.npz)"}),
              ("--data", {"default": "mnist", "help": "'mnist' (its 10,000 test images), a .npz with X and y, "
                                                "or a .csv with labels"}),
              ("--mnist-dir", {"help": "directory of the MNIST files"}),
+             ("--label", {"metavar": "NAME", "help": LABEL_HELP}),
              ("--device", {"choices": DEVICES, "default": "auto",
                            "help": "where the model runs: cpu, gpu, or auto (gpu when one is usable; the default)"}),
              json_)

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from dbn import DBN
 from dbn.cli import main
 
 GOOD_HEADER = "a,b,label"
@@ -79,3 +81,28 @@ def test_a_good_csv_trains_and_a_bad_one_is_named_at_predict(tmp_path, capsys):
                      str(tmp_path / "new.csv"), "--out", str(tmp_path / "p.parquet")],
             ["new.csv", "column 'b' is not numeric"])
     assert not (tmp_path / "p.parquet").exists()
+
+
+def test_labels_named_elsewhere_are_found_on_every_path(tmp_path, capsys):
+    """``[data] label`` (``--label``) names a CSV's label column or a .npz's label array; before, it
+    applied to tables only and a CSV's 'target' column was read as a feature."""
+    rows = ["0,1,x", "1,0,y", "0.1,0.9,x", "0.9,0.1,y"] * 10
+    (tmp_path / "data.csv").write_text("a,b,target\n" + "\n".join(rows) + "\n")
+    np.savez(tmp_path / "data.npz", X=np.array([[float(v) for v in r.split(",")[:2]] for r in rows]),
+             labels=np.array([r[-1] for r in rows]))
+    for data in ("data.csv", "data.npz"):
+        label = "target" if data.endswith(".csv") else "labels"
+        path = job(tmp_path, data)
+        path.write_text(path.read_text().replace("[data]\n", f"[data]\nlabel = '{label}'\ntest = '{data}'\n"))
+        for where in ((), ("--local", "2", "--no-ui")):
+            out = tmp_path / f"out-{data}-{len(where)}"
+            assert main(["train", str(path), "--out", str(out), "--quiet", *where]) == 0
+            assert DBN.load(out / "model.npz", device="cpu").classes_.tolist() == ["x", "y"]
+        capsys.readouterr()
+        assert main(["evaluate", str(out / "model.npz"), "--data", str(tmp_path / data), "--label", label]) == 0
+        assert main(["shard", str(tmp_path / data), str(tmp_path / f"shards-{data}"), "--shards", "2",
+                     "--label", label]) == 0
+        refused(capsys, ["train", str(path), "--out", str(tmp_path / "bad"), "--set", "data.label=nope"],
+                [data, "'nope' ([data] label;", "target" if data.endswith(".csv") else "arrays: ['X', 'labels']"])
+    refused(capsys, ["evaluate", str(out / "model.npz"), "--data", str(tmp_path / "data.csv")],
+            ["column 'target' is not numeric", "'label' unless [data] label or --label names another"])

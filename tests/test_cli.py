@@ -225,7 +225,7 @@ def test_missing_config_file_and_bad_set(tmp_path, capsys):
 def test_bad_npz_and_missing_model(tmp_path, capsys):
     (tmp_path / "bad.npz").write_bytes(b"not a zip")
     np.savez(tmp_path / "noy.npz", X=np.zeros((3, 2)))
-    for data, message in (("bad.npz", "not a readable .npz file"), ("noy.npz", "no array y")):
+    for data, message in (("bad.npz", "not a readable .npz file"), ("noy.npz", "no labels (a .npz's array 'y'")):
         config = tmp_path / "job.toml"
         config.write_text(f"[data]\ntrain = '{data}'\n[job]\ndevice = 'cpu'\n")
         assert main(["train", str(config)]) == 2

@@ -17,11 +17,17 @@ from iterreduce.shards import ShardError, as_float32, write_shards
 from .validation import DataError, check_features, check_labels, is_string_labels, label_indices
 
 
+#: Where a data file keeps its labels unless ``[data] label`` names another: a .npz's array, a .csv's column.
+NPZ_LABELS, CSV_LABELS = "y", "label"
+
+
 def load_source(source: str, *, split: str = "train", mnist_dir: str | None = None,
-                limit: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-    """Features and labels from ``source`` ("mnist", a .npz or a .csv file). Labels are class
-    indices (checked) or strings, label values as they were in the file (map them with
-    :func:`~dbn.data.validation.label_indices`)."""
+                limit: int | None = None, label: str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Features and labels from ``source`` ("mnist", a .npz or a .csv file). ``label`` names the
+    labels (``[data] label``): a .npz's array (default ``y``; the features are ``X``) or a .csv's
+    column (default ``label``; every other column is a feature); a named one that is missing is
+    an error. Labels are class indices (checked) or strings, label values as they were in the
+    file (map them with :func:`~dbn.data.validation.label_indices`)."""
     if source == "mnist":
         from .mnist import load_mnist
 
@@ -40,13 +46,16 @@ def load_source(source: str, *, split: str = "train", mnist_dir: str | None = No
                 with np.load(path, allow_pickle=False) as npz:
                     if "X" not in npz.files:
                         raise DataError(f"{path}: no array 'X' (arrays: {npz.files})")
-                    X, y = npz["X"], (npz["y"] if "y" in npz.files else None)
+                    if label is not None and label not in npz.files:
+                        raise DataError(f"{path}: no array {label!r} ([data] label; arrays: {npz.files})")
+                    name = label or NPZ_LABELS
+                    X, y = npz["X"], (npz[name] if name in npz.files else None)
             except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
                 if isinstance(exc, DataError):
                     raise
                 raise DataError(f"{path}: not a readable .npz file: {exc}") from exc
         elif path.suffix == ".csv":
-            X, y = _read_csv(path)
+            X, y = _read_csv(path, label)
         else:
             raise DataError(f"{path}: unknown data format {path.suffix!r} (use .npz or .csv)")
         X = check_features(X, name=str(path))
@@ -58,15 +67,16 @@ def load_source(source: str, *, split: str = "train", mnist_dir: str | None = No
 
 
 def load_dataset(source: str, *, split: str = "train", mnist_dir: str | None = None, limit: int | None = None,
-                 labels: bool = False) -> tuple[np.ndarray, np.ndarray | None]:
+                 labels: bool = False, label: str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """Features ready to train on and labels, from ``source`` ("mnist", a .npz or a .csv, as
     :func:`load_source`); ``labels=True`` requires them. uint8 features (MNIST's pixels, a .npz
     of images) are intensities, read as [0, 1] as the shards read them
     (:func:`iterreduce.shards.as_float32`): the same rows in this process, on the workers and
     when a model is tested."""
-    X, y = load_source(source, split=split, mnist_dir=mnist_dir, limit=limit)
+    X, y = load_source(source, split=split, mnist_dir=mnist_dir, limit=limit, label=label)
     if labels and y is None:
-        raise DataError(f"{source}: no array y (labels; in a CSV, a 'label' column): training and evaluation "
+        raise DataError(f"{source}: no labels (a .npz's array {label or NPZ_LABELS!r}, a CSV's column "
+                        f"{label or CSV_LABELS!r}; [data] label or --label names another): training and evaluation "
                         f"need them")
     return as_float32(X), y
 
@@ -96,9 +106,10 @@ def load_shards(uri: str, *, limit: int | None = None, n_classes: int | None = N
     return (X, y, classes) if limit is None else (X[:limit], y[:limit], classes)
 
 
-def _read_csv(path: Path):
-    """Features (every column but ``label``, all numeric) and labels (None without the column;
-    an empty cell is a null, which :func:`~dbn.data.validation.label_indices` names)."""
+def _read_csv(path: Path, label: str | None = None):
+    """Features (every column but the ``label`` column, all numeric) and labels (None without
+    the column, an error when ``label`` names one that is not there; an empty cell is a null,
+    which :func:`~dbn.data.validation.label_indices` names)."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
@@ -106,19 +117,23 @@ def _read_csv(path: Path):
         table = pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(strings_can_be_null=True))
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for bad CSV
         raise DataError(f"{path}: not a readable CSV file: {exc}") from exc
-    y = table.column("label").to_numpy(zero_copy_only=False) if "label" in table.column_names else None
-    features = [c for c in table.column_names if c != "label"]
+    if label is not None and label not in table.column_names:
+        raise DataError(f"{path}: no column {label!r} ([data] label; columns: {', '.join(table.column_names[:20])}"
+                        f"{', ...' if len(table.column_names) > 20 else ''})")
+    name = label or CSV_LABELS
+    y = table.column(name).to_numpy(zero_copy_only=False) if name in table.column_names else None
+    features = [c for c in table.column_names if c != name]
     if not features:
         raise DataError(f"{path}: no feature columns")
-    for name in features:
-        type_ = table.schema.field(name).type
+    for column_name in features:
+        type_ = table.schema.field(column_name).type
         if not (pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_boolean(type_)
                 or pa.types.is_null(type_)):
-            column = table.column(name)
-            first = next((v for v in column.to_pylist() if v is not None), None)
-            hint = (": the file seems separated by ';' or tabs, not commas" if any(c in name for c in ";\t")
-                    else "; a CSV's columns are the features and 'label'")
-            raise DataError(f"{path}: column {name!r} is not numeric (type {type_}, e.g. {first!r}){hint}")
+            first = next((v for v in table.column(column_name).to_pylist() if v is not None), None)
+            hint = (": the file seems separated by ';' or tabs, not commas" if any(c in column_name for c in ";\t")
+                    else f"; a CSV's columns are the features and its labels ({name!r} unless [data] label "
+                         f"or --label names another)")
+            raise DataError(f"{path}: column {column_name!r} is not numeric (type {type_}, e.g. {first!r}){hint}")
     X = np.column_stack([table.column(c).to_numpy(zero_copy_only=False) for c in features])
     return X.astype(np.float32), y
 
@@ -137,7 +152,8 @@ def shard_dataset(source: str, out: str, n_shards: int, **kwargs) -> list[str]:
     return write_shards(X, y, out, n_shards, classes=classes)
 
 
-def predict_file(model, source: str, out: str, *, mnist_dir: str | None = None, split: str = "test") -> dict:
+def predict_file(model, source: str, out: str, *, mnist_dir: str | None = None, split: str = "test",
+                 label: str | None = None) -> dict:
     """Predict every row of a data file (``source``: "mnist" (its ``split``), a .npz or a .csv,
     read as :func:`load_dataset` reads it) with ``model`` and write one Parquet file at ``out``
     (any URI): each row's number in the file (``row``), its ``prediction`` (a label value of the
@@ -148,7 +164,7 @@ def predict_file(model, source: str, out: str, *, mnist_dir: str | None = None, 
 
     from iterreduce.shards import filesystem
 
-    X, y = load_dataset(source, split=split, mnist_dir=mnist_dir)
+    X, y = load_dataset(source, split=split, mnist_dir=mnist_dir, label=label)
     proba = model.predict_proba(X)
     best = proba.argmax(axis=1)
     classes = getattr(model, "classes_", None)
@@ -163,7 +179,7 @@ def predict_file(model, source: str, out: str, *, mnist_dir: str | None = None, 
         pq.write_table(table, stream)
     error = None if y is None else 1.0 - model.score(X, y)
     return {"table": source, "filter": None, "rows": int(len(best)), "out": out, "error": error,
-            "label": None if y is None else "label"}
+            "label": None if y is None else label or (NPZ_LABELS if source.endswith(".npz") else CSV_LABELS)}
 
 
 def load_validation(uri: str, *, n_features: int, classes=None, scaler=None) -> tuple[np.ndarray, np.ndarray]:

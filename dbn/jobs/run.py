@@ -120,7 +120,7 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
     n_test, test_error = None, None
     if spec.data.test is not None and model.network_ is not None:  # pre-training only: nothing to test
         tested = evaluate_model(model, spec.data.test, mnist_dir=spec.data.mnist_dir,
-                                table=spec.data if spec.data.features is not None else None)
+                                table=spec.data if spec.data.features is not None else None, label=spec.data.label)
         n_test, test_error = tested["n_samples"], tested["test_error"]
     result = {
         "name": spec.job.name, "on": launcher.where, "test_error": test_error, "n_test": n_test,
@@ -242,7 +242,7 @@ def _differences(earlier: dict, now: dict) -> list[tuple[str, object, object]]:
 
 
 def evaluate_model(model: DBN | str | Path, data: str, *, mnist_dir: str | None = None, device: str = "cpu",
-                   table=None) -> dict:
+                   table=None, label: str | None = None) -> dict:
     """Test error of ``model`` (a DBN, or a model file loaded onto ``device``) on ``data``
     ("mnist" for its 10,000 test images, a .npz or a .csv with labels; with ``table``, a job's
     ``[data]`` section, a table with the training table's columns: its raw rows and labels go
@@ -255,7 +255,7 @@ def evaluate_model(model: DBN | str | Path, data: str, *, mnist_dir: str | None 
     if table is not None:
         X, y = raw_table_rows(table)
     else:
-        X, y = load_dataset(data, split="test", mnist_dir=mnist_dir, labels=True)
+        X, y = load_dataset(data, split="test", mnist_dir=mnist_dir, labels=True, label=label)
     try:
         error = 1.0 - model.score(X, y)
     except DataError as exc:  # the model says "X" and "y": name the data
@@ -334,7 +334,7 @@ class InProcess:
         else:
             source = spec.data.train
             X, y = load_dataset(source, split="train", mnist_dir=spec.data.mnist_dir, limit=spec.data.limit,
-                                labels=True)
+                                labels=True, label=spec.data.label)
             y, classes = label_indices(y, n_samples=X.shape[0], n_classes=n_classes, name=f"{source} labels")
         if classes is not None:
             n_classes = n_classes or len(classes)
@@ -488,7 +488,7 @@ def local_shards(spec: JobSpec, out: Path, n_shards: int) -> str:
         source = {"table": dataclasses.asdict(spec.data), "visible": spec.model.visible, "shards": n_shards}
     else:
         source = {"train": spec.data.train, "limit": spec.data.limit, "shards": n_shards,
-                  "mnist_dir": spec.data.mnist_dir}
+                  "mnist_dir": spec.data.mnist_dir, **({"label": spec.data.label} if spec.data.label else {})}
     marker = shards / "source.json"
     if marker.exists() and json.loads(marker.read_text()) == source:
         return str(shards)
@@ -500,7 +500,7 @@ def local_shards(spec: JobSpec, out: Path, n_shards: int) -> str:
         marker.write_text(json.dumps(source))
         return str(shards)
     shard_dataset(spec.data.train, str(shards), n_shards, split="train", mnist_dir=spec.data.mnist_dir,
-                  limit=spec.data.limit)
+                  limit=spec.data.limit, label=spec.data.label)
     marker.write_text(json.dumps(source))
     return str(shards)
 

@@ -100,7 +100,7 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
         shards = join(output, "shards")
         if not dry_run:
             log(f"sharding {cfg.data.train} into {opts.workers} shards under {shards}")
-            uris = shard_dataset(cfg.data.train, shards, opts.workers, split="train",
+            uris = shard_dataset(cfg.data.train, shards, opts.workers, split="train", label=cfg.data.label,
                                  mnist_dir=cfg.data.mnist_dir, limit=cfg.data.limit)
     elif not dry_run:
         uris = list_shards(shards)
