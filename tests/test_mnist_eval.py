@@ -74,6 +74,21 @@ def test_a_recipe_sets_the_model_and_the_command_line_wins_over_it(tmp_path, cap
     assert "nope.toml: no such config file" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args, says", [
+    (["--local", "0"], "--local 0: a mini-cluster needs at least 1 worker"),
+    (["--sweep", "--local", "3"], "--sweep trains each size on 1 and 10 workers; drop --local"),
+    (["--sweep", "--layers", "100"], "--sweep trains its own sizes (300-300-1000, 500-500-2000, 1000-1000-2000)"),
+    (["--sweep", "--set", "model.hidden_layers=[50]"], "model.hidden_layers (from --recipe, --layers or --set)"),
+    (["--seed", "-1"], "command line: [job] seed must be a non-negative integer"),
+])
+def test_flags_that_would_be_ignored_or_misread_are_refused(tmp_path, capsys, args, says):
+    """Before: --local 0 ran 10 workers, --sweep dropped --local, and hidden_layers from a recipe or
+    --set replaced every size of the sweep (each row then trained the same network)."""
+    assert main(["mnist", *args, "--out", str(tmp_path / "out"), "--no-ui"]) == 2
+    assert says in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_validation_images_are_held_out_of_training(tmp_path):
     cfg = mnist_config(out=str(tmp_path), workers=2, quick=True, data_dir=str(MNIST_DIR))
     held = prepare_validation(cfg, 5000, str(tmp_path))

@@ -149,9 +149,18 @@ def command(*, out: str | None, quick: bool, sweep_instead: bool = False, local:
     tag = "-quick" if quick else ""
     out = out or str(Path("runs") / (f"mnist-sweep{tag}" if sweep_instead else f"mnist{tag}"))
     validation = validation if validation is not None else (5000 if quick else 0)
+    if local is not None and local < 1:
+        raise UsageError(f"--local {local}: a mini-cluster needs at least 1 worker (--local 1: one process)")
     if sweep_instead:
         if yarn_out:
             raise UsageError("--sweep runs on the local mini-cluster; drop --yarn")
+        if local is not None:
+            raise UsageError(f"--sweep trains each size on {' and '.join(map(str, SWEEP_WORKERS))} workers; "
+                             f"drop --local")
+        if "model.hidden_layers" in overrides:
+            raise UsageError(f"--sweep trains its own sizes ({', '.join('-'.join(map(str, s)) for s in SWEEP_LAYERS)}): "
+                             f"model.hidden_layers (from --recipe, --layers or --set) would replace them all; "
+                             f"remove it")
         return out, sweep(out=out, quick=quick, seed=seed, data_dir=data_dir, overrides=overrides,
                           validation=validation, log=log, overwrite=overwrite)
     workers = local or (QUICK_WORKERS if quick else 10)

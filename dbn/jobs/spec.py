@@ -228,7 +228,9 @@ class JobSpec:
                     where = "command line"
                 except ConfigError:
                     pass
-            raise ConfigError(f"{where}: [model] {exc}") from None
+            # DBN's messages start with the parameter's name; seed and device live in [job].
+            section = "job" if str(exc).split(" ", 1)[0] in ("seed", "device") else "model"
+            raise ConfigError(f"{where}: [{section}] {exc}") from None
         return spec
 
     def to_dict(self) -> dict:
