@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -228,6 +229,9 @@ def cmd_yarn(args) -> int:
     """``dbn status``, ``dbn logs`` and ``dbn kill``."""
     from iterreduce.yarn import client as yarn
 
+    if not re.fullmatch(r"application_\d+_\d+", args.app_id):  # before reaching for a cluster
+        raise UsageError(f"{args.app_id!r} is not a YARN application id (application_<cluster start>_<number>, "
+                         f"as `dbn submit` prints it)")
     client = yarn.connect(getattr(args, "yarn.principal"), getattr(args, "yarn.keytab"))
     if args.command == "status":
         st = yarn.status(client, args.app_id)

@@ -302,6 +302,14 @@ def test_yarn_commands_without_yarn_fail_cleanly_and_write_nothing(tmp_path, com
     assert not (home / ".skein").exists()
 
 
+@pytest.mark.parametrize("command", ["status", "logs", "kill"])
+@pytest.mark.parametrize("app_id", ["notanid", "application_1", "app_1_2", "application_1_2 "])
+def test_yarn_commands_refuse_what_is_not_an_application_id_before_reaching_yarn(capsys, command, app_id):
+    assert main([command, app_id]) == 2
+    err = capsys.readouterr().err
+    assert f"dbn: error: {app_id!r} is not a YARN application id" in err and "cannot reach YARN" not in err
+
+
 def test_python_m_dbn_cli():
     proc = subprocess.run([sys.executable, "-m", "dbn.cli", "--version"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0 and dbn.__version__ in proc.stdout
