@@ -324,3 +324,11 @@ def test_pretrain_learning_rates_are_checked_one_by_one():
     X, y = toy_data()
     with pytest.raises(ValueError, match=r"pretrain_learning_rate must be a number > 0, got -0\.1"):
         small_dbn().set_params(pretrain_learning_rate=[-0.1]).fit(X, y)
+
+
+def test_a_checkpoint_loaded_as_a_model_says_what_it_is(tmp_path):
+    from iterreduce import checkpoint
+
+    path = checkpoint.save(str(tmp_path), 3, {"fingerprint": "f"}, {"w": np.zeros((2, 2), np.float32)})
+    with pytest.raises(ModelFileError, match="a training checkpoint, not a model: the model is model.npz"):
+        DBN.load(path)

@@ -90,6 +90,9 @@ def load_arrays(path) -> tuple[dict, dict[str, np.ndarray]]:
         raise ModelFileError(f"{path}: not a readable model file (truncated or corrupt, or not an .npz): "
                              f"{type(exc).__name__}: {exc}") from exc
     if _HEADER not in arrays:
+        if "__checkpoint__" in arrays:  # iterreduce.checkpoint's header: a run's checkpoint
+            raise ModelFileError(f"{path}: a training checkpoint, not a model: the model is model.npz in the run's "
+                                 f"output directory (a checkpoint continues a run: the same command with --resume)")
         raise ModelFileError(f"{path}: not a {FORMAT} file (no header)")
     header = _header(path, arrays.pop(_HEADER))
     for name, array in arrays.items():
