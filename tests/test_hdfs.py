@@ -124,7 +124,7 @@ def test_shard_info_and_labels_read_footers_and_one_column_on_hdfs(hdfs, base):
     written = write_shards(X, np.arange(40) % 5, uri, 2)
     info = shard_info(written)
     assert [{k: v for k, v in i.items() if k != "ranges"} for i in info] == [
-        {"uri": u, "rows": 20, "features": 7, "labels": True} for u in written]
+        {"uri": u, "rows": 20, "features": 7, "labels": True, "classes": None} for u in written]  # indices: no classes
     assert all(i["ranges"]["label"] == (0, 4) and 0 <= i["ranges"]["features"][0] < i["ranges"]["features"][1] < 1
                for i in info)
     assert np.array_equal(read_labels(written[1]), np.arange(20, 40) % 5)
