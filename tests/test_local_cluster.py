@@ -135,7 +135,7 @@ def training_error(X, y, params) -> float:
 
 
 def kill_master_then_resume(tmp_path, monkeypatch, *, program, config, shards, workers, kill_at, n_steps,
-                            result_file):
+                            result_file, delay: float = 0.1):
     """Run A to completion; run B, SIGKILL its master when step ``kill_at`` is reported, resume B.
     ``n_steps``: the steps the job runs (None: as many as A ran, e.g. when it stops early).
     Returns (A's arrays, B's arrays, B's output dir)."""
@@ -150,7 +150,7 @@ def kill_master_then_resume(tmp_path, monkeypatch, *, program, config, shards, w
         if rec.get("step") == kill_at and "event" not in rec and not killed:
             killed.append(kill_master(out_b))
 
-    monkeypatch.setenv(DELAY_ENV, "0.1")  # long enough steps for the kill to land mid-run
+    monkeypatch.setenv(DELAY_ENV, str(delay))  # long enough steps for the kill to land mid-run
     with pytest.raises(MasterKilled, match=r"^the master was killed by SIGKILL \(logs in .*\); checkpoints in "
                        r".*/checkpoints, the newest ckpt-\d{9}\.npz$") as info:
         run_job(program=program, program_config=config, shards=shards, workers=workers, output=str(out_b),
@@ -214,12 +214,13 @@ def test_master_sigkill_then_resume_keeps_early_stopping_state(tmp_path, monkeyp
     (valid,) = write_shards(x_valid[:300], y_valid[:300], str(tmp_path / "valid"), 1)
     # The rate doubles every epoch: the validation error falls, soon rises, and the job stops early.
     config = dict(hidden_layers=[32], pretrain_epochs=2, finetune_epochs=14, top_layer_epochs=1, n_classes=10,
-                  seed=0, finetune_learning_rate=0.1, finetune_lr_decay=2.0, early_stopping_patience=2,
+                  seed=0, finetune_learning_rate=0.1, finetune_lr_decay=2.0, early_stopping_patience=3,
                   validation=valid)
     # Steps: transform, 2 pre-training epochs, then fine-tuning, whose best epoch is the sixth (step 8) and
-    # which stops after step 10: killed after step 9, it must resume knowing the best and the epochs since.
+    # which stops after step 11: killed after step 9, it must resume knowing the best and the epochs since.
+    # (Slow steps: the launcher reads the log a little late, and two steps must still be to run.)
     a, b, out_b = kill_master_then_resume(tmp_path, monkeypatch, program=SLOW_DBN, config=config, shards=shards,
-                                          workers=2, kill_at=9, n_steps=None, result_file="model.npz")
+                                          workers=2, kill_at=9, n_steps=None, result_file="model.npz", delay=0.5)
     (stopped,) = events(tmp_path / "a", "stopped")
     assert events(out_b, "stopped")[-1]["step"] == stopped["step"] < 3 + 14
     for k in a:
