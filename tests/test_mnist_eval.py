@@ -113,6 +113,8 @@ def test_sweep_table_sits_beside_the_published_figures():
     assert "| 500-500-2000 | 10 | **1.23 %** | 1.66 % (PayPal 2014, 10 nodes) |" in table
     assert "| 300-300-1000 | 1 | **1.23 %** | - |" in table
     assert PUBLISHED[(500, 500, 2000)][1][0] == "1.2 %"
+    resumed = sweep_table([((300, 300, 1000), 1, {**result, "resumed_at_step": 17})], quick=False)
+    assert "| 100 s (resumed at step 17) | 40 s |" in resumed and "resumed" not in table
 
 
 def test_yarn_needs_an_hdfs_output(capsys):

@@ -259,6 +259,8 @@ def test_resume_continues_the_new_run_not_the_earlier_jobs_checkpoints(job, monk
     assert [r["step"] for r in records(out)][-1] == 3 and all(r["of"] == 4 for r in records(out))
     assert DBN.load(out / "model.npz", device="cpu").hidden_layers == [12]
     assert not (out / "previous" / "2").exists()  # the resume set nothing aside
+    # result.json says the run resumed, and where: its wall time is the resumed part's only
+    assert json.loads((out / "result.json").read_text())["resumed_at_step"] == resumed["step"]
 
 
 def test_resume_passes_over_another_jobs_checkpoints_in_the_directory(tmp_path, monkeypatch):

@@ -218,6 +218,7 @@ def sweep_table(rows, *, quick: bool) -> str:
     for sizes, n, r in rows:
         published = PUBLISHED.get(tuple(sizes), {}).get(n)
         pub = f"{published[0]} ({published[1]})" if published else "-"
+        resumed = f" (resumed at step {r['resumed_at_step']})" if r.get("resumed_at_step") else ""
         lines.append(f"| {'-'.join(map(str, sizes))} | {n} | **{100 * r['test_error']:.2f} %** | {pub} | "
-                     f"{r['wall_seconds']:.0f} s | {r['pretrain_seconds']:.0f} s | {r['finetune_seconds']:.0f} s |")
+                     f"{r['wall_seconds']:.0f} s{resumed} | {r['pretrain_seconds']:.0f} s | {r['finetune_seconds']:.0f} s |")
     return "\n".join(lines) + "\n"

@@ -506,11 +506,17 @@ def local_shards(spec: JobSpec, out: Path, n_shards: int) -> str:
 
 
 def cluster_figures(out: Path) -> dict:
-    """A master's figures from its log in ``out``: the timings of :func:`phase_timings`, and
-    the training rows (``n_train``: what the first step, a transform of every shard, saw)."""
-    records = runlog.read_progress(out / runlog.LOG_NAME)
+    """A master's figures from its log in ``out``: the timings of :func:`phase_timings`, the
+    training rows (``n_train``: what the first step, a transform of every shard, saw), and
+    ``resumed_at_step``: the step this run resumed at (None: it ran from the start). A
+    resumed run's phase seconds count every step's last run, the run before's too, while its
+    wall time is this run's."""
+    everything = runlog.read_records(out / runlog.LOG_NAME)
+    records = runlog.progress(everything)
     first = next((r for r in records if r.get("phase") == "transform"), None)
-    return {**phase_timings(records), "n_train": int(first["samples"]) if first else None}
+    resumed = [r for r in everything if r.get("event") == "resumed"]
+    return {**phase_timings(records), "n_train": int(first["samples"]) if first else None,
+            "resumed_at_step": int(resumed[-1]["step"]) if resumed else None}
 
 
 class Yarn:
