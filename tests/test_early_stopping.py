@@ -89,5 +89,7 @@ def test_fit_scores_validation_data_in_label_values_and_refuses_two_validation_s
     with pytest.raises(ValueError, match="choose one validation set"):
         DBN([8], pretrain_epochs=1, finetune_epochs=1, validation_fraction=0.2, device="cpu").fit(
             X, y, validation_data=(Xv, yv))
+    with pytest.raises(DataError, match="validation y must hold integer class labels"):  # indices, not text
+        DBN([8], pretrain_epochs=1, finetune_epochs=1, device="cpu").fit(X, y, validation_data=(Xv, names[yv]))
     with pytest.raises(DataError, match="label 'd'"):
         DBN([8], pretrain_epochs=1, finetune_epochs=1, device="cpu").fit(X, names[y], validation_data=(Xv, np.full(100, "d")))

@@ -177,7 +177,14 @@ def predict_file(model, source: str, out: str, *, mnist_dir: str | None = None, 
         fs.create_dir(parent, recursive=True)
     with fs.open_output_stream(path) as stream:
         pq.write_table(table, stream)
-    error = None if y is None else 1.0 - model.score(X, y)
+    error = None  # from the probabilities above: no second pass through the network
+    if y is not None:  # the labels as DBN.score takes them: class indices, or values of the model's classes
+        from ..model.preprocess import encode_labels
+
+        name = f"{source} labels"
+        truth = (check_labels(y, n_samples=len(best), n_classes=model.n_classes_, name=name) if classes is None
+                 else encode_labels(classes, y, len(best), name=name))
+        error = float(np.mean(best != truth))
     return {"table": source, "filter": None, "rows": int(len(best)), "out": out, "error": error,
             "label": None if y is None else label or (NPZ_LABELS if source.endswith(".npz") else CSV_LABELS)}
 

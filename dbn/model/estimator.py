@@ -276,9 +276,12 @@ class DBN(Estimator):
             if self.validation_fraction:
                 raise ValueError("validation_data and validation_fraction both set: choose one validation set")
             X_valid = self._check_X(validation_data[0], name="validation X")
-            y_valid, _ = label_indices(validation_data[1], n_samples=X_valid.shape[0], n_classes=self.n_classes_,
-                                       classes=classes, name="validation y")
-            y_valid = check_labels(y_valid, n_samples=X_valid.shape[0], n_classes=self.n_classes_, name="validation y")
+            if classes is None:  # class indices, as the training labels were (text would map itself)
+                y_valid = check_labels(validation_data[1], n_samples=X_valid.shape[0], n_classes=self.n_classes_,
+                                       name="validation y")
+            else:
+                y_valid, _ = label_indices(validation_data[1], n_samples=X_valid.shape[0], n_classes=self.n_classes_,
+                                           classes=classes, name="validation y")
 
         if self.network_ is None:  # the pre-trained stack plus a fresh softmax layer
             pretrained = self.get_state(increments=False)
