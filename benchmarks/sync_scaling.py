@@ -285,6 +285,18 @@ def run_clients(args) -> None:
     update = rbm_arrays(args.layer, seed=1)
     errors: list[str] = []
 
+    def as_message(chunk) -> bytes:  # a --root tree's proto may predate packed messages
+        if "tensors" in pb.UpdateChunk.DESCRIPTOR.fields_by_name:
+            return pb.UpdateChunk(tensors=[chunk]).SerializeToString()
+        return pb.UpdateChunk(tensor=chunk).SerializeToString()
+
+    def packed(pieces: list[bytes]):
+        """Serialized UpdateChunks, joined into messages as a worker packs them (a --root tree's
+        wire may predate packing: then one a message)."""
+        if not hasattr(wire, "packed"):
+            return iter(pieces)
+        return (b"".join(group) for group in wire.packed(pieces, len))
+
     def worker(k: int) -> None:
         channel = grpc.insecure_channel(args.address, options=options)
         stub = pb_grpc.MasterStub(channel)
@@ -319,23 +331,23 @@ def run_clients(args) -> None:
                 if header.part >= 0:  # a reducer's block of the new parameters, pre-encoded
                     key = (len(header.reducers), header.part)
                     if key not in encoded:
-                        encoded[key] = [pb.UpdateChunk(tensor=c).SerializeToString()
+                        encoded[key] = [as_message(c)
                                         for c in wire.encode(exchange.rows_of(update, *key))]
                     block = encoded[key]
                 first = pb.UpdateChunk(header=pb.UpdateHeader(
                     worker_id=worker_id, step=header.step, round=header.round, results=results, scattered=True,
                     reduced=header.part >= 0, part=header.part))
-                push = push_raw(iter([first.SerializeToString(), *block]), metadata=md, timeout=600)
+                push = push_raw(packed([first.SerializeToString(), *block]), metadata=md, timeout=600)
                 if not push.accepted:
                     errors.append(push.reason)
                 continue
             if shards not in encoded:
                 arrays = {f"{s}/{name}": a for s in shards for name, a in update.items()}
-                encoded[shards] = [pb.UpdateChunk(tensor=c).SerializeToString()
+                encoded[shards] = [as_message(c)
                                    for c in wire.encode(arrays, float16=float16)]
             results = [pb.ShardResult(index=s, samples=args.rows) for s in shards]
             first = pb.UpdateChunk(header=pb.UpdateHeader(worker_id=worker_id, step=header.step, results=results))
-            push = push_raw(iter([first.SerializeToString(), *encoded[shards]]), metadata=md, timeout=600)
+            push = push_raw(packed([first.SerializeToString(), *encoded[shards]]), metadata=md, timeout=600)
             if not push.accepted:
                 errors.append(push.reason)
 
@@ -478,7 +490,7 @@ def run_one(n: int, args, compute_s: float) -> dict:
                     [sys.executable, __file__, "--role", "clients", "--address", address, f"--token={token}",
                      "--layer", str(args.layer), "--rows", str(args.rows), "--reduce", args.reduce,
                      *(["--real-workers"] if args.real_workers else []), "--ids", *map(str, ids)],
-                    stdout=subprocess.PIPE, text=True))
+                    stdout=subprocess.PIPE, text=True, env=env))
             client_reports = [json.loads(c.communicate(timeout=1800)[0].strip().splitlines()[-1]) for c in clients]
             report = json.loads(master.communicate(timeout=120)[0].strip().splitlines()[-1])
         finally:
@@ -597,8 +609,8 @@ def main(argv=None) -> int:
     ap.add_argument("--float16", action="store_true", help="float16 on the wire")
     ap.add_argument("--client-processes", type=int, default=4, help="processes the lightweight workers run in")
     ap.add_argument("--compute-s", type=float, help="skip the RBM epoch measurement and use this many seconds")
-    ap.add_argument("--root", help="run the master on the iterreduce package under this directory (a copy "
-                                   "of another commit, to compare); the clients always use this checkout's")
+    ap.add_argument("--root", help="run the master and the clients on the iterreduce package under this "
+                                   "directory (a copy of another commit, to compare: its wire format too)")
     ap.add_argument("--reduce", choices=("master", "workers"), default="master",
                     help="who reduces: the master, or the workers, each its rows")
     ap.add_argument("--real-workers", action="store_true",

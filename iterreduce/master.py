@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import itertools
 import json
 import logging
 import threading
@@ -301,13 +302,18 @@ class Master(pb_grpc.MasterServicer):
             gathered=gathered, gathered_round=gathered_round, gathered_parts=gathered_parts,
             part=part, reduce_shards=self._reduce_shards if part >= 0 else (),
         )
-        yield pb.TaskChunk(header=header)
-        for name, array in send.items():
-            if name in versions:
-                yield from self._encoded(name, array, versions[name])
-            else:  # a reducer's rows: its own, never shared
-                for chunk in wire.encode({name: array}):
-                    yield pb.TaskChunk(tensor=chunk).SerializeToString()
+
+        def pieces():  # serialized TaskChunks: joined, they are one message with all their fields
+            yield pb.TaskChunk(header=header).SerializeToString()
+            for name, array in send.items():
+                if name in versions:
+                    yield from self._encoded(name, array, versions[name])
+                else:  # a reducer's rows: its own, never shared
+                    for chunk in wire.encode({name: array}):
+                        yield pb.TaskChunk(tensors=[chunk]).SerializeToString()
+
+        for group in wire.packed(pieces(), len):
+            yield b"".join(group)  # a group of one is sent as it is, not copied
 
     def _encoded(self, name: str, array: np.ndarray, version: int) -> list[bytes]:
         """Parameter ``name`` at ``version`` as serialized :class:`TaskChunk` messages (what
@@ -319,7 +325,7 @@ class Master(pb_grpc.MasterServicer):
             cached = self._wire_cache.get(name)
             if cached is not None and cached[0] == version and cached[1] is array:
                 return cached[2]
-            chunks = [pb.TaskChunk(tensor=c).SerializeToString()
+            chunks = [pb.TaskChunk(tensors=[c]).SerializeToString()
                       for c in wire.encode({name: array}, float16=self.config.float16_wire)]
             self._wire_cache[name] = (version, array, chunks)  # the one entry of this name: older ones go
             return chunks
@@ -329,17 +335,18 @@ class Master(pb_grpc.MasterServicer):
             first = next(request_iterator)
         except StopIteration:
             return self._reject(context, "empty update stream")
-        if first.WhichOneof("part") != "header":
+        if not first.HasField("header"):
             return self._reject(context, "update stream must start with a header")
         header = first.header
         decoder = wire.Decoder()
         try:
-            for chunk in request_iterator:
-                if chunk.WhichOneof("part") != "tensor":
+            for message in itertools.chain([first], request_iterator):
+                if message is not first and message.HasField("header"):
                     return self._reject(context, f"{header.worker_id}: second header in update stream")
-                if len(chunk.tensor.data) > 2 * wire.CHUNK_BYTES:
-                    return self._reject(context, f"{header.worker_id}: oversized tensor chunk ({len(chunk.tensor.data)} bytes)")
-                decoder.add(chunk.tensor)
+                for chunk in message.tensors:
+                    if len(chunk.data) > 2 * wire.CHUNK_BYTES:
+                        return self._reject(context, f"{header.worker_id}: oversized tensor chunk ({len(chunk.data)} bytes)")
+                    decoder.add(chunk)
             arrays = decoder.finish()
         except (wire.WireError, ValueError) as exc:
             return self._reject(context, f"{header.worker_id}: malformed update: {exc}")

@@ -2,13 +2,15 @@
 
 A 2000x500 float32 layer is 4 MB, and gRPC's default message limit is 4 MB, so
 arrays travel in chunks of ``CHUNK_BYTES``. Optionally float32 arrays travel as
-float16 (half the bytes) and are widened again on arrival.
+float16 (half the bytes) and are widened again on arrival. Small chunks share a
+message (:func:`packed`): a message costs a trip through gRPC's queues on both
+sides whatever its size.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator, TypeVar
 
 import numpy as np
 
@@ -42,6 +44,25 @@ def encode(arrays: dict[str, np.ndarray], float16: bool = False) -> Iterator[pb.
                 chunk.shape.extend(array.shape)
                 chunk.narrowed = narrowed
             yield chunk
+
+
+T = TypeVar("T")
+
+
+def packed(items: Iterable[T], size: Callable[[T], int], limit: int = CHUNK_BYTES) -> Iterator[list[T]]:
+    """``items`` in order, grouped one group a message: each group as many as add up to at most
+    ``limit`` bytes by ``size`` (an item that big travels alone). Lazy: holds one group at a time."""
+    group: list[T] = []
+    total = 0
+    for item in items:
+        n = size(item)
+        if group and total + n > limit:
+            yield group
+            group, total = [], 0
+        group.append(item)
+        total += n
+    if group:
+        yield group
 
 
 def check_tensor(name: str, dtype: str, shape, narrowed: bool) -> tuple[np.dtype, tuple[int, ...]]:

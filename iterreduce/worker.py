@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -144,10 +145,10 @@ class Worker:
         header, decoder = None, wire.Decoder()
         for chunk in self.stub.FetchTask(pb.TaskRequest(worker_id=self.worker_id, versions=self.versions),
                                          metadata=self.metadata):
-            if chunk.WhichOneof("part") == "header":
+            if chunk.HasField("header"):
                 header = chunk.header
-            else:
-                decoder.add(chunk.tensor)
+            for tensor in chunk.tensors:
+                decoder.add(tensor)
         return header, decoder.finish()
 
     def _compute(self, header) -> list[Update]:
@@ -177,11 +178,15 @@ class Worker:
         if arrays is None:
             arrays = {f"{u.shard}/{k}": v for u in updates for k, v in u.arrays.items()}
 
-        def stream():
-            yield pb.UpdateChunk(header=pb.UpdateHeader(worker_id=self.worker_id, step=header.step, round=header.round,
-                                                        results=results, compute_s=self.compute_s, **fields))
-            for chunk in wire.encode(arrays, float16=self.float16 if float16 is None else float16):
-                yield pb.UpdateChunk(tensor=chunk)
+        def stream():  # the header and as many chunks as fit share a message (wire.packed)
+            first = pb.UpdateHeader(worker_id=self.worker_id, step=header.step, round=header.round,
+                                    results=results, compute_s=self.compute_s, **fields)
+            chunks = wire.encode(arrays, float16=self.float16 if float16 is None else float16)
+            for group in wire.packed(itertools.chain([first], chunks), size=lambda message: message.ByteSize()):
+                if group[0] is first:
+                    yield pb.UpdateChunk(header=first, tensors=group[1:])
+                else:
+                    yield pb.UpdateChunk(tensors=group)
 
         reply = self.stub.PushUpdate(stream(), metadata=self.metadata)
         if not reply.accepted:

@@ -46,7 +46,7 @@ def push(stub, token, worker_id, step, results, arrays, **kw):
     """Push an update the way a worker does: a header, then the tensors."""
     header = pb.UpdateHeader(worker_id=worker_id, step=step,
                              results=[pb.ShardResult(index=s, samples=n) for s, n in results])
-    stream = [pb.UpdateChunk(header=header)] + [pb.UpdateChunk(tensor=c) for c in wire.encode(arrays)]
+    stream = [pb.UpdateChunk(header=header)] + [pb.UpdateChunk(tensors=[c]) for c in wire.encode(arrays)]
     return stub.PushUpdate(iter(stream), metadata=metadata(token), timeout=10, **kw)
 
 
@@ -226,15 +226,18 @@ def test_malformed_updates_are_rejected_and_the_job_still_completes(jobs, tmp_pa
     f32 = "float32"
     malformed = {
         "empty stream": [],
-        "no header": [pb.UpdateChunk(tensor=c) for c in good],
+        "no header": [pb.UpdateChunk(tensors=[c]) for c in good],
         "two headers": [header, header],
-        "chunk without header": [header, pb.UpdateChunk(tensor=pb.TensorChunk(name="0/bias", offset=4, data=b"\0" * 4, last=True))],
-        "bad offset": [header, pb.UpdateChunk(tensor=pb.TensorChunk(name="0/weights", dtype=f32, shape=[6, 3], offset=0, data=b"\0" * 8)),
-                       pb.UpdateChunk(tensor=pb.TensorChunk(name="0/weights", offset=16, data=b"\0" * 64, last=True))],
-        "too many bytes": [header, pb.UpdateChunk(tensor=pb.TensorChunk(name="0/bias", dtype=f32, shape=[3], data=b"\0" * 16, last=True))],
-        "truncated": [header, pb.UpdateChunk(tensor=pb.TensorChunk(name="0/bias", dtype=f32, shape=[3], data=b"\0" * 8, last=False))],
-        "bad dtype": [header, pb.UpdateChunk(tensor=pb.TensorChunk(name="0/bias", dtype="object", shape=[3], data=b"\0" * 24, last=True))],
-        "absurd shape": [header, pb.UpdateChunk(tensor=pb.TensorChunk(name="0/bias", dtype=f32, shape=[1 << 30, 1 << 30], last=False))],
+        "bad chunk beside the header": [pb.UpdateChunk(header=header.header, tensors=[
+            pb.TensorChunk(name="0/bias", dtype=f32, shape=[3], data=b"\0" * 16, last=True)])],
+        "header beside chunks": [pb.UpdateChunk(tensors=good[:1]), header],
+        "chunk without header": [header, pb.UpdateChunk(tensors=[pb.TensorChunk(name="0/bias", offset=4, data=b"\0" * 4, last=True)])],
+        "bad offset": [header, pb.UpdateChunk(tensors=[pb.TensorChunk(name="0/weights", dtype=f32, shape=[6, 3], offset=0, data=b"\0" * 8)]),
+                       pb.UpdateChunk(tensors=[pb.TensorChunk(name="0/weights", offset=16, data=b"\0" * 64, last=True)])],
+        "too many bytes": [header, pb.UpdateChunk(tensors=[pb.TensorChunk(name="0/bias", dtype=f32, shape=[3], data=b"\0" * 16, last=True)])],
+        "truncated": [header, pb.UpdateChunk(tensors=[pb.TensorChunk(name="0/bias", dtype=f32, shape=[3], data=b"\0" * 8, last=False)])],
+        "bad dtype": [header, pb.UpdateChunk(tensors=[pb.TensorChunk(name="0/bias", dtype="object", shape=[3], data=b"\0" * 24, last=True)])],
+        "absurd shape": [header, pb.UpdateChunk(tensors=[pb.TensorChunk(name="0/bias", dtype=f32, shape=[1 << 30, 1 << 30], last=False)])],
     }
     for what, stream in malformed.items():
         with pytest.raises(grpc.RpcError) as info:
@@ -251,9 +254,9 @@ def test_malformed_updates_are_rejected_and_the_job_still_completes(jobs, tmp_pa
 
 def fetch(stub, token, worker_id, versions=None):
     request = pb.TaskRequest(worker_id=worker_id, versions=versions or {})
-    chunks = list(stub.FetchTask(request, metadata=metadata(token), timeout=10))
-    header = chunks[0].header
-    return header, wire.decode(c.tensor for c in chunks[1:])
+    messages = list(stub.FetchTask(request, metadata=metadata(token), timeout=10))
+    assert messages[0].HasField("header") and not any(m.HasField("header") for m in messages[1:])
+    return messages[0].header, wire.decode(c for m in messages for c in m.tensors)
 
 
 def start_with_fake_worker(jobs, tmp_path, epochs=3, versions=None):
@@ -366,7 +369,7 @@ def test_master_refuses_a_checkpoint_of_another_job(jobs, tmp_path):
 def test_overflowing_tensor_shape_in_an_update_is_invalid_argument(jobs, tmp_path):
     job = make_job(jobs, tmp_path, workers=1)
     header = pb.UpdateChunk(header=pb.UpdateHeader(worker_id="w#1", step=0))
-    bad = pb.UpdateChunk(tensor=pb.TensorChunk(name="0/bias", dtype="float32", shape=[1 << 32, 1 << 32], last=True))
+    bad = pb.UpdateChunk(tensors=[pb.TensorChunk(name="0/bias", dtype="float32", shape=[1 << 32, 1 << 32], last=True)])
     with pytest.raises(grpc.RpcError) as info:
         job.stub().PushUpdate(iter([header, bad]), metadata=metadata(job.token), timeout=10)
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value
@@ -550,3 +553,41 @@ def test_serve_and_run_announces_the_address_runs_and_stops_the_server(tmp_path)
     with grpc.insecure_channel(announced[0]) as channel, pytest.raises(grpc.RpcError) as err:
         pb_grpc.MasterStub(channel).Heartbeat(pb.HeartbeatRequest(worker_id="x"), metadata=metadata("t"), timeout=2)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+def test_small_tasks_and_pushes_are_one_message_each(jobs, tmp_path, monkeypatch):
+    # A message costs both sides a trip through gRPC's queues whatever its size: a task or an
+    # update of small arrays travels in one message, header and chunks together.
+    from iterreduce.master import Master
+
+    received = []
+    push_update = Master.PushUpdate
+
+    def counting(self, request_iterator, context):
+        call = []
+        received.append(call)
+
+        def counted():
+            for message in request_iterator:
+                call.append(len(message.tensors))
+                yield message
+        return push_update(self, counted(), context)
+
+    monkeypatch.setattr(Master, "PushUpdate", counting)
+    job = make_job(jobs, tmp_path, n_shards=2, rows=200, workers=2, program_config={"n_classes": 3, "epochs": 3})
+    stub = job.stub()
+    fake = stub.Register(pb.RegisterRequest(worker_name="fake"), metadata=metadata(job.token), timeout=5).worker_id
+    job.add_worker("real")
+    job.start()
+    job.wait_for(lambda: job.master.current == 0, what="step 0")
+    messages = list(stub.FetchTask(pb.TaskRequest(worker_id=fake), metadata=metadata(job.token), timeout=10))
+    assert len(messages) == 1 and messages[0].header.step == 0 and len(messages[0].tensors) == 2
+    params = wire.decode(messages[0].tensors)
+    reply = push(stub, job.token, fake, 0, [(0, 100)], {f"0/{k}": v for k, v in params.items()})
+    assert reply.accepted
+    job.wait()
+    ours = [0, 1, 1]  # push() sends the header, then a chunk a message
+    assert ours in received
+    received.remove(ours)
+    # The real worker's pushes: one message each, every chunk of its shards' arrays in it.
+    assert received and all(len(call) == 1 and call[0] in (2, 4) for call in received), received

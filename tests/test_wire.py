@@ -176,3 +176,43 @@ def test_absurd_shape_is_refused_at_the_header(shape):
 def test_overflowing_shape_is_refused_at_the_header(shape):
     with pytest.raises(WireError, match="bad shape"):
         Decoder().add(chunk("w", "float32", shape, 0, b"", last=False))
+
+
+# ------------------------------------------------------------------ packing
+
+
+@pytest.mark.parametrize("sizes", [[], [5], [3, 3, 3, 3], [10, 1, 10], [4, 7, 2, 9, 1, 1, 1, 12, 0, 0]])
+def test_packed_keeps_the_order_and_fills_each_group_up_to_the_limit(sizes):
+    limit = 10
+    items = list(enumerate(sizes))
+    groups = list(wire.packed(items, size=lambda item: item[1], limit=limit))
+    assert [item for group in groups for item in group] == items  # nothing lost, nothing reordered
+    assert all(groups)
+    for group, following in zip(groups, groups[1:]):
+        total = sum(n for _, n in group)
+        assert total <= limit or len(group) == 1  # only an item past the limit travels alone...
+        assert total + following[0][1] > limit  # ...and a group closes only when the next would not fit
+
+
+def test_packed_is_lazy():
+    taken = []
+
+    def items():
+        for n in (6, 6, 6):
+            taken.append(n)
+            yield n
+
+    groups = wire.packed(items(), size=int, limit=10)
+    assert next(groups) == [6] and len(taken) == 2  # the second item closed the first group
+
+
+def test_joined_serialized_chunks_are_one_message_with_all_of_them():
+    # What the master does with its cached pieces: serialized messages joined are one message.
+    arrays = {"a": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.ones(4, np.int32)}
+    header = pb.TaskChunk(header=pb.TaskHeader(step=7)).SerializeToString()
+    pieces = [header] + [pb.TaskChunk(tensors=[c]).SerializeToString() for c in encode(arrays)]
+    (group,) = wire.packed(pieces, len)
+    message = pb.TaskChunk.FromString(b"".join(group))
+    assert message.header.step == 7
+    out = decode(message.tensors)
+    assert all(np.array_equal(out[k], arrays[k]) for k in arrays)

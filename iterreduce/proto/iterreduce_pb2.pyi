@@ -155,12 +155,12 @@ class TensorChunk(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., last: _Optional[bool] = ..., narrowed: _Optional[bool] = ...) -> None: ...
 
 class TaskChunk(_message.Message):
-    __slots__ = ("header", "tensor")
+    __slots__ = ("header", "tensors")
     HEADER_FIELD_NUMBER: _ClassVar[int]
-    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
     header: TaskHeader
-    tensor: TensorChunk
-    def __init__(self, header: _Optional[_Union[TaskHeader, _Mapping]] = ..., tensor: _Optional[_Union[TensorChunk, _Mapping]] = ...) -> None: ...
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorChunk]
+    def __init__(self, header: _Optional[_Union[TaskHeader, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorChunk, _Mapping]]] = ...) -> None: ...
 
 class ShardResult(_message.Message):
     __slots__ = ("index", "samples", "metrics_json")
@@ -197,12 +197,12 @@ class UpdateHeader(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., step: _Optional[int] = ..., results: _Optional[_Iterable[_Union[ShardResult, _Mapping]]] = ..., compute_s: _Optional[float] = ..., round: _Optional[int] = ..., scattered: _Optional[bool] = ..., reduced: _Optional[bool] = ..., part: _Optional[int] = ..., undelivered: _Optional[_Iterable[str]] = ..., exchange_error: _Optional[str] = ...) -> None: ...
 
 class UpdateChunk(_message.Message):
-    __slots__ = ("header", "tensor")
+    __slots__ = ("header", "tensors")
     HEADER_FIELD_NUMBER: _ClassVar[int]
-    TENSOR_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
     header: UpdateHeader
-    tensor: TensorChunk
-    def __init__(self, header: _Optional[_Union[UpdateHeader, _Mapping]] = ..., tensor: _Optional[_Union[TensorChunk, _Mapping]] = ...) -> None: ...
+    tensors: _containers.RepeatedCompositeFieldContainer[TensorChunk]
+    def __init__(self, header: _Optional[_Union[UpdateHeader, _Mapping]] = ..., tensors: _Optional[_Iterable[_Union[TensorChunk, _Mapping]]] = ...) -> None: ...
 
 class PushReply(_message.Message):
     __slots__ = ("accepted", "reason")

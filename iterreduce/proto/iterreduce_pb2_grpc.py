@@ -79,14 +79,15 @@ class MasterServicer:
         raise NotImplementedError('Method not implemented!')
 
     def FetchTask(self, request, context):
-        """Long-poll for the next superstep: a header, then the parameters the worker lacks, in chunks.
+        """Long-poll for the next superstep: a header, then the parameters the worker lacks, in chunks
+        (packed: the header and small chunks share a message, so a small task is one message).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def PushUpdate(self, request_iterator, context):
-        """The worker's result for one superstep: a header, then its tensors, in chunks.
+        """The worker's result for one superstep: a header, then its tensors, in chunks (packed alike).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
