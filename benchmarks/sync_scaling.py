@@ -312,11 +312,19 @@ def run_clients(args) -> None:
         worker_id, float16 = reply.worker_id, reply.float16_wire
         versions: dict[str, int] = {}
         encoded: dict[tuple, list] = {}  # shard indices -> the update's tensor chunks, encoded once
+        held = (0, [])  # the reducers list, as a worker keeps it (a --root proto may predate it)
+        listed = "reducers_version" in pb.TaskRequest.DESCRIPTOR.fields_by_name
         while True:
             header = None
-            for raw in fetch(pb.TaskRequest(worker_id=worker_id, versions=versions), metadata=md):
+            request = pb.TaskRequest(worker_id=worker_id, versions=versions, **({"reducers_version": held[0]} if listed else {}))
+            for raw in fetch(request, metadata=md):
                 if header is None:  # the first message is the header; the rest are tensor chunks
                     header = pb.TaskChunk.FromString(raw).header
+            if listed and header.reducers_version:
+                if header.reducers:
+                    held = (header.reducers_version, list(header.reducers))
+                else:
+                    header.reducers.extend(held[1])
             if header.kind == pb.TaskHeader.DONE:
                 channel.close()
                 return

@@ -168,6 +168,8 @@ class Master(pb_grpc.MasterServicer):
         self.round = 0
         self.reducers: list[str] = []            # worker ids of this round's reducers; empty: a star round
         self._reducer_messages: list[pb.Reducer] = []  # the same, as the tasks name them
+        self._reducers_version = 0               # of that list (0: none); a new list, a new version
+        self._reducers_key: tuple = ()
         self._reduce_shards: list[int] = []      # the shards the reducers reduce: the round's expected ones
         self._reads: dict = {}                   # the parameters the reducers read (rows of them each)
         self.reduced: dict[int, tuple[dict, list[str]]] = {}  # part -> (rows, reducers not delivered to)
@@ -287,7 +289,9 @@ class Master(pb_grpc.MasterServicer):
             gathered = {k: self.versions[k] for k in stale if held.get(k) == self.versions[k]}
             send = {k: self.parameters[k] for k in stale if k not in gathered}
             versions = {k: self.versions[k] for k in send}
-            round_, reducers = self.round, self._reducer_messages
+            round_, reducers_version = self.round, self._reducers_version if self.reducers else 0
+            # The list goes only to a worker that does not hold it (see TaskHeader.reducers_version).
+            reducers = self._reducer_messages if reducers_version and request.reducers_version != reducers_version else ()
             gathered_round, gathered_parts = self._gathered_round if gathered else (0, 0)
             part = self.reducers.index(worker.worker_id) if worker.worker_id in self.reducers else -1
             if part in self.reduced:  # its block is in: a later task of the round carries no order
@@ -298,7 +302,7 @@ class Master(pb_grpc.MasterServicer):
         header = pb.TaskHeader(
             kind=pb.TaskHeader.RUN, step=step_index, phase=step.phase, info_json=step_to_json(step),
             shards=[pb.Shard(index=s, uri=self.shards[s]["uri"]) for s in todo],
-            seed=self.config.seed, versions=versions, round=round_, reducers=reducers,
+            seed=self.config.seed, versions=versions, round=round_, reducers=reducers, reducers_version=reducers_version,
             gathered=gathered, gathered_round=gathered_round, gathered_parts=gathered_parts,
             part=part, reduce_shards=self._reduce_shards if part >= 0 else (),
         )
@@ -619,7 +623,11 @@ class Master(pb_grpc.MasterServicer):
         owners = sorted({self.owner[s] for s in self.expected if self.owner[s]}, key=lambda w: self.workers[w].name)
         peers = peers and len(owners) > 1 and all(self.workers[w].peer_address for w in owners)
         self.reducers = owners if peers else []
-        self._reducer_messages = [pb.Reducer(worker_id=w, address=self.workers[w].peer_address) for w in self.reducers]
+        key = tuple((w, self.workers[w].peer_address) for w in self.reducers)
+        if key and key != self._reducers_key:
+            self._reducers_version += 1
+            self._reducers_key = key
+            self._reducer_messages = [pb.Reducer(worker_id=w, address=address) for w, address in key]
         self._reduce_shards = sorted(self.expected)
         # What an elementwise reduce reads: the step's arrays and the master-only ones.
         self._reads = {k: v for k, v in self.parameters.items() if k in step.arrays or k.startswith(MASTER_ONLY)}

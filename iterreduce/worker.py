@@ -62,6 +62,7 @@ class Worker:
         self.peers: exchange.Peers | None = None
         self.reducer = None  # the master-side program, for the rows this worker reduces
         self._kept: dict[tuple[int, int], Update] = {}  # (step, shard) -> update, while a step may be redone
+        self._reducers: tuple[int, list] = (0, [])  # the master's reducers list held: (version, list)
 
     def register(self) -> None:
         reply = self.stub.Register(pb.RegisterRequest(
@@ -69,6 +70,7 @@ class Worker:
             resources_json=json.dumps(self.resources), peer_address=self.peer_address),
             metadata=self.metadata, wait_for_ready=True, timeout=120)
         self.worker_id = reply.worker_id
+        self._reducers = (0, [])  # the master may be a new one: its lists are not ours
         if self.peers is not None:
             self.peers.close()
         self.peers = exchange.Peers(self.worker_id, self.token, self.tls)
@@ -143,12 +145,20 @@ class Worker:
 
     def _fetch(self):
         header, decoder = None, wire.Decoder()
-        for chunk in self.stub.FetchTask(pb.TaskRequest(worker_id=self.worker_id, versions=self.versions),
-                                         metadata=self.metadata):
+        held, reducers = self._reducers
+        request = pb.TaskRequest(worker_id=self.worker_id, versions=self.versions, reducers_version=held)
+        for chunk in self.stub.FetchTask(request, metadata=self.metadata):
             if chunk.HasField("header"):
                 header = chunk.header
             for tensor in chunk.tensors:
                 decoder.add(tensor)
+        if header.reducers_version and header.reducers:
+            self._reducers = (header.reducers_version, list(header.reducers))
+        elif header.reducers_version:  # the list this worker holds: the master sent no copy
+            if header.reducers_version != held:  # never guess whom to send rows to
+                raise RuntimeError(f"task of round {header.round}: reducers list {header.reducers_version} "
+                                   f"was not sent, and this worker holds list {held}")
+            header.reducers.extend(reducers)
         return header, decoder.finish()
 
     def _compute(self, header) -> list[Update]:

@@ -10,9 +10,10 @@ import pytest
 from conftest_runtime import (DBN_PROGRAM, SLOW_SOFTMAX, SOFTMAX, InProcessJob, blobs, events,
                               kill_worker, load_npz, records, run_job, simulate, subprocess_env)
 from iterreduce import exchange
-from iterreduce.master import MasterConfig
+from iterreduce.master import Master, MasterConfig
 from iterreduce.program import Update, block_momentum_average, weighted_average
 from iterreduce.programs.softmax import SoftmaxRegression
+from iterreduce.proto import iterreduce_pb2 as pb
 from iterreduce.shards import list_shards, write_shards
 from iterreduce.worker import Worker
 
@@ -178,6 +179,48 @@ def test_a_job_reduced_on_the_workers_is_the_sequential_run(tmp_path, uris):
     # The master sent the parameters once, at the start: after that the reducers shared them.
     assert sorted(encoded) == [("bias", 0)] * 3 + [("weights", 0)] * 3
     assert [(r["samples"], r["reducers"]) for r in records(job.output)] == [(500, 3)] * 4
+
+
+@pytest.fixture
+def tasks(monkeypatch):
+    """Every RUN task the master sends: (worker id, reducers_version, number of reducers listed)."""
+    sent = []
+    fetch = Master.FetchTask
+
+    def recording(self, request, context):
+        for i, message in enumerate(fetch(self, request, context)):
+            if i == 0:
+                raw = message if isinstance(message, bytes) else message.SerializeToString()
+                header = pb.TaskChunk.FromString(raw).header
+                if header.kind == pb.TaskHeader.RUN:
+                    sent.append((request.worker_id, header.reducers_version, len(header.reducers)))
+            yield message
+
+    monkeypatch.setattr(Master, "FetchTask", recording)
+    return sent
+
+
+def test_the_reducers_list_goes_to_each_worker_once(tmp_path, uris, tasks):
+    # A task names the K reducers only when the worker does not hold the list: K lists in K tasks
+    # a sync would be K^2 names (a thousand workers: 36 MB a sync, twice the model).
+    job, _ = _run(tmp_path, uris, "workers", reduce="workers")
+    assert job.master.round == 4 and not events(job.output, "exchange_failed")
+    assert len(tasks) == 4 * 3 and {version for _, version, _ in tasks} == {1}
+    listed = [worker for worker, _, n in tasks if n]
+    assert sorted(listed) == sorted(job.master.workers) and all(n in (0, 3) for _, _, n in tasks)
+
+
+def test_a_star_round_after_exchanges_names_no_reducers(tmp_path, uris, tasks):
+    def worker_class(address, token, name, peer_host):
+        cls = UnreachableWorker if name == "worker-1" else Worker
+        return cls(address, token, name, peer_host=peer_host)
+
+    job, _ = _run(tmp_path, uris, "workers", worker_class=worker_class, reduce="workers")
+    assert [(r["shards"], r["reducers"]) for r in records(job.output)] == [(5, 0)] * 4
+    # Steps 0 and 1: a round with reducers (list 1), then a star round (0, no list); then stars only.
+    assert {(version, n) for _, version, n in tasks} == {(1, 3), (1, 0), (0, 0)}
+    assert all(n == 0 for _, version, n in tasks if version == 0)
+    _assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(SOFTMAX, job.config.program_config, uris))
 
 
 def test_float16_on_the_wire_gives_the_same_bits_either_way(tmp_path, uris):

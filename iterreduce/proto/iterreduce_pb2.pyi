@@ -52,7 +52,7 @@ class HeartbeatReply(_message.Message):
     def __init__(self, known: _Optional[bool] = ..., round: _Optional[int] = ...) -> None: ...
 
 class TaskRequest(_message.Message):
-    __slots__ = ("worker_id", "versions")
+    __slots__ = ("worker_id", "versions", "reducers_version")
     class VersionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -62,9 +62,11 @@ class TaskRequest(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    REDUCERS_VERSION_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     versions: _containers.ScalarMap[str, int]
-    def __init__(self, worker_id: _Optional[str] = ..., versions: _Optional[_Mapping[str, int]] = ...) -> None: ...
+    reducers_version: int
+    def __init__(self, worker_id: _Optional[str] = ..., versions: _Optional[_Mapping[str, int]] = ..., reducers_version: _Optional[int] = ...) -> None: ...
 
 class Shard(_message.Message):
     __slots__ = ("index", "uri")
@@ -75,7 +77,7 @@ class Shard(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uri: _Optional[str] = ...) -> None: ...
 
 class TaskHeader(_message.Message):
-    __slots__ = ("kind", "step", "phase", "info_json", "shards", "seed", "versions", "round", "reducers", "part", "reduce_shards", "gathered", "gathered_round", "gathered_parts")
+    __slots__ = ("kind", "step", "phase", "info_json", "shards", "seed", "versions", "round", "reducers", "part", "reduce_shards", "gathered", "gathered_round", "gathered_parts", "reducers_version")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         RUN: _ClassVar[TaskHeader.Kind]
@@ -112,6 +114,7 @@ class TaskHeader(_message.Message):
     GATHERED_FIELD_NUMBER: _ClassVar[int]
     GATHERED_ROUND_FIELD_NUMBER: _ClassVar[int]
     GATHERED_PARTS_FIELD_NUMBER: _ClassVar[int]
+    REDUCERS_VERSION_FIELD_NUMBER: _ClassVar[int]
     kind: TaskHeader.Kind
     step: int
     phase: str
@@ -126,7 +129,8 @@ class TaskHeader(_message.Message):
     gathered: _containers.ScalarMap[str, int]
     gathered_round: int
     gathered_parts: int
-    def __init__(self, kind: _Optional[_Union[TaskHeader.Kind, str]] = ..., step: _Optional[int] = ..., phase: _Optional[str] = ..., info_json: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., seed: _Optional[int] = ..., versions: _Optional[_Mapping[str, int]] = ..., round: _Optional[int] = ..., reducers: _Optional[_Iterable[_Union[Reducer, _Mapping]]] = ..., part: _Optional[int] = ..., reduce_shards: _Optional[_Iterable[int]] = ..., gathered: _Optional[_Mapping[str, int]] = ..., gathered_round: _Optional[int] = ..., gathered_parts: _Optional[int] = ...) -> None: ...
+    reducers_version: int
+    def __init__(self, kind: _Optional[_Union[TaskHeader.Kind, str]] = ..., step: _Optional[int] = ..., phase: _Optional[str] = ..., info_json: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., seed: _Optional[int] = ..., versions: _Optional[_Mapping[str, int]] = ..., round: _Optional[int] = ..., reducers: _Optional[_Iterable[_Union[Reducer, _Mapping]]] = ..., part: _Optional[int] = ..., reduce_shards: _Optional[_Iterable[int]] = ..., gathered: _Optional[_Mapping[str, int]] = ..., gathered_round: _Optional[int] = ..., gathered_parts: _Optional[int] = ..., reducers_version: _Optional[int] = ...) -> None: ...
 
 class Reducer(_message.Message):
     __slots__ = ("worker_id", "address")
