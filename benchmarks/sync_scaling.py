@@ -138,7 +138,7 @@ def serve_master(args) -> None:
     config = MasterConfig(program=PROGRAM, program_config={"layer": args.layer, "steps": args.steps + 1,
                                                            "rows": args.rows},
                           shards=uris, workers=args.n, token=args.token, output=str(out / "job"),
-                          heartbeat_interval=60.0, heartbeat_timeout=3600.0, start_timeout=300.0,
+                          heartbeat_interval=args.heartbeat or 60.0, heartbeat_timeout=3600.0, start_timeout=300.0,
                           float16_wire=args.float16, ui=False, **reduce)  # no page: the master alone
     stats: list[dict] = []
 
@@ -310,6 +310,13 @@ def run_clients(args) -> None:
                                                  peer_address="127.0.0.1:1" if args.reduce == "workers" else ""),
                               metadata=md, wait_for_ready=True, timeout=120)
         worker_id, float16 = reply.worker_id, reply.float16_wire
+        done = threading.Event()
+        if args.heartbeat:  # as a worker does, at the interval the master hands out, whatever it is doing
+            def beat():
+                while not done.wait(reply.heartbeat_interval_s):
+                    stub.Heartbeat(pb.HeartbeatRequest(worker_id=worker_id, status_json='{"state": "computing"}'),
+                                   metadata=md, timeout=30)
+            threading.Thread(target=beat, daemon=True).start()
         versions: dict[str, int] = {}
         encoded: dict[tuple, list] = {}  # shard indices -> the update's tensor chunks, encoded once
         held = (0, [])  # the reducers list, as a worker keeps it (a --root proto may predate it)
@@ -326,8 +333,11 @@ def run_clients(args) -> None:
                 else:
                     header.reducers.extend(held[1])
             if header.kind == pb.TaskHeader.DONE:
+                done.set()
                 channel.close()
                 return
+            if args.sleep and header.kind == pb.TaskHeader.RUN:
+                time.sleep(args.sleep)  # the compute, as wall time: the master's heartbeats meanwhile count
             if header.kind == pb.TaskHeader.WAIT:
                 continue
             versions.update(header.versions)
@@ -484,7 +494,7 @@ def run_one(n: int, args, compute_s: float) -> dict:
                "--steps", str(args.steps), f"--token={token}", "--out", tmp]
         if args.float16:
             cmd.append("--float16")
-        cmd += ["--reduce", args.reduce, "--rows", str(args.rows)]
+        cmd += ["--reduce", args.reduce, "--rows", str(args.rows), "--heartbeat", str(args.heartbeat)]
         env = {**os.environ, "SYNC_SCALING_ROOT": args.root} if args.root else None
         master = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
         try:
@@ -497,6 +507,7 @@ def run_one(n: int, args, compute_s: float) -> dict:
                 clients.append(subprocess.Popen(
                     [sys.executable, __file__, "--role", "clients", "--address", address, f"--token={token}",
                      "--layer", str(args.layer), "--rows", str(args.rows), "--reduce", args.reduce,
+                     "--heartbeat", str(args.heartbeat), "--sleep", str(args.sleep),
                      *(["--real-workers"] if args.real_workers else []), "--ids", *map(str, ids)],
                     stdout=subprocess.PIPE, text=True, env=env))
             client_reports = [json.loads(c.communicate(timeout=1800)[0].strip().splitlines()[-1]) for c in clients]
@@ -624,6 +635,12 @@ def main(argv=None) -> int:
     ap.add_argument("--real-workers", action="store_true",
                     help="with --reduce workers: real workers that exchange their rows (on this machine's cores), "
                          "instead of bare clients that play only the master's side")
+    ap.add_argument("--heartbeat", type=float, default=0.0,
+                    help="the lightweight workers send heartbeats this often (seconds; the runtime's default is 1); "
+                         "0: none, the sync alone")
+    ap.add_argument("--sleep", type=float, default=0.0,
+                    help="the lightweight workers wait this long before each push (a compute of that wall time): "
+                         "with --heartbeat, the master's CPU a step then counts the heartbeats of a real step")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON too")
     # internal roles
     ap.add_argument("--role", choices=("driver", "master", "clients", "peer-receiver"), default="driver",

@@ -56,6 +56,23 @@ REDUCE_CHOICES = ("master", "workers")
 #: after this many failed exchanges in a row the master reduces for the rest of the job (the
 #: workers cannot reach each other, e.g. a firewall between the nodes: each try costs time)
 EXCHANGE_TRIES = 2
+#: the most heartbeats a second the master takes from all its workers: one costs it about 0.3 ms of
+#: CPU (benchmarks/RESULTS.md), so a thousand workers beating every second would keep a third of a
+#: core busy. Past this the interval grows with the workers (see :func:`heartbeat_timing`).
+HEARTBEATS_PER_S = 100
+#: heartbeats a worker may miss, at a stretched interval, before it is presumed lost
+MISSED_HEARTBEATS = 3
+
+
+def heartbeat_timing(interval: float, timeout: float, workers: int) -> tuple[float, float]:
+    """The heartbeat interval the master hands its workers and the silence after which it drops
+    one: ``interval`` and ``timeout`` as configured, unless ``workers`` beating every ``interval``
+    would send more than :data:`HEARTBEATS_PER_S`; then the interval stretches to keep that rate,
+    and the timeout to at least :data:`MISSED_HEARTBEATS` intervals."""
+    if workers <= interval * HEARTBEATS_PER_S:
+        return interval, timeout
+    stretched = workers / HEARTBEATS_PER_S
+    return stretched, max(timeout, MISSED_HEARTBEATS * stretched)
 
 
 @dataclass
@@ -182,6 +199,13 @@ class Master(pb_grpc.MasterServicer):
         # Before any worker starts: refuse data the program cannot use, and log what it found.
         facts = self.program.check_shards(self.shards)
         self._event("data", shards=len(self.shards), rows=sum(s["rows"] for s in self.shards), **facts)
+        self.heartbeat_interval, self.heartbeat_timeout = heartbeat_timing(
+            config.heartbeat_interval, config.heartbeat_timeout, config.workers)
+        if self.heartbeat_interval > config.heartbeat_interval:
+            log.info("%d workers: heartbeats every %.1f s, a worker lost after %.0f s of silence (at most %d "
+                     "heartbeats a second)", config.workers, self.heartbeat_interval, self.heartbeat_timeout,
+                     HEARTBEATS_PER_S)
+            self._event("heartbeat", interval=self.heartbeat_interval, timeout=self.heartbeat_timeout)
         # Called with each superstep's progress record (e.g. to report progress to YARN).
         self.listeners: list = []
         self.registrations: dict[str, int] = {}  # worker name -> processes registered under it
@@ -245,7 +269,7 @@ class Master(pb_grpc.MasterServicer):
         return pb.RegisterReply(
             worker_id=worker.worker_id, program=self.config.program,
             program_config_json=json.dumps(self.config.program_config),
-            heartbeat_interval_s=self.config.heartbeat_interval, float16_wire=self.config.float16_wire,
+            heartbeat_interval_s=self.heartbeat_interval, float16_wire=self.config.float16_wire,
         )
 
     def Heartbeat(self, request, context):
@@ -458,7 +482,7 @@ class Master(pb_grpc.MasterServicer):
         self._notify_all()
 
     def _monitor(self) -> None:
-        period = self.config.heartbeat_interval / 2
+        period = self.heartbeat_interval / 2
         last = time.monotonic()
         while not self.done:
             time.sleep(period)
@@ -469,7 +493,7 @@ class Master(pb_grpc.MasterServicer):
     def _check_heartbeats(self, since_last_check: float) -> None:
         """Drop workers silent for longer than the timeout, unless the master itself was stalled."""
         now = time.monotonic()
-        if since_last_check > self.config.heartbeat_timeout / 2:
+        if since_last_check > self.heartbeat_timeout / 2:
             # The master did not run for a while (VM pause, swapping, SIGSTOP): the silence
             # is its own, so give every worker a fresh grace period instead of dropping them.
             log.warning("master stalled for %.1f s: extending heartbeat grace", since_last_check)
@@ -477,7 +501,7 @@ class Master(pb_grpc.MasterServicer):
                 w.last_seen = now
             return
         for w in self._live():
-            if now - w.last_seen > self.config.heartbeat_timeout:
+            if now - w.last_seen > self.heartbeat_timeout:
                 self._drop(w, f"no heartbeat for {now - w.last_seen:.1f} s")
 
     # ------------------------------------------------------------ schedule
@@ -753,7 +777,7 @@ class Master(pb_grpc.MasterServicer):
             self.run()
         finally:
             if self.done or self.failure:  # the job ended: let workers fetch DONE and exit 0
-                time.sleep(2 * self.config.heartbeat_interval)
+                time.sleep(2 * self.heartbeat_interval)
             server.stop(grace=1.0)
             if self.view is not None:
                 self.view.stop()

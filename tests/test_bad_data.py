@@ -222,6 +222,7 @@ def test_the_progress_reads_every_runtime_event_as_a_sentence(tmp_path, capsys):
         run.event("stopped", step=5, of=9)
         run.event("done", steps=5, seconds=1.25)
         run.event("ui", url="http://127.0.0.1:8000/")
+        run.event("heartbeat", interval=4.0, timeout=12.0)
         run.event("checkpoint", step=5, path="ckpt-000000005.npz")  # silent: one a step
         run.event("failed", reason="boom")  # silent: the command prints it as its error
     printer = ProgressPrinter(load_spec(None))
@@ -232,5 +233,6 @@ def test_the_progress_reads_every_runtime_event_as_a_sentence(tmp_path, capsys):
     assert "worker-0#1 joined from node1 with shards [0]" in err and "done: 5 steps in 1.2 s" in err
     assert "bad data reported by worker-1#2: x.parquet: NaN" in err
     assert "step 4: the workers' exchange failed (worker-1 unreachable)" in err and "stopped early after step 5 of 9" in err
+    assert "heartbeats every 4.0 s for this many workers; a worker is lost after 12 s of silence" in err
     assert "live view: http://127.0.0.1:8000/" in err and "ckpt-000000005" not in err and "boom\n" not in err
     assert "{" not in err and len(err.splitlines()) == len(EVENT_LINES) + 2

@@ -591,3 +591,25 @@ def test_small_tasks_and_pushes_are_one_message_each(jobs, tmp_path, monkeypatch
     received.remove(ours)
     # The real worker's pushes: one message each, every chunk of its shards' arrays in it.
     assert received and all(len(call) == 1 and call[0] in (2, 4) for call in received), received
+
+
+@pytest.mark.parametrize("workers, expected", [
+    (1, (1.0, 10.0)), (100, (1.0, 10.0)),   # 100 heartbeats a second at most: as configured
+    (200, (2.0, 10.0)),                     # the interval stretches; 3 missed beats are still inside 10 s
+    (1000, (10.0, 30.0)),                   # ... and past that the timeout is 3 intervals
+])
+def test_heartbeats_to_the_master_are_bounded_whatever_the_workers(workers, expected):
+    from iterreduce.master import HEARTBEATS_PER_S, heartbeat_timing
+
+    interval, timeout = heartbeat_timing(1.0, 10.0, workers)
+    assert (interval, timeout) == expected
+    assert workers / interval <= HEARTBEATS_PER_S
+    assert heartbeat_timing(0.2, 2.0, 3) == (0.2, 2.0)  # the tests' fast beats are kept
+
+
+def test_a_master_of_many_workers_hands_out_the_stretched_interval(jobs, tmp_path):
+    job = make_job(jobs, tmp_path, n_shards=2, workers=400, heartbeat_interval=1.0, heartbeat_timeout=10.0)
+    reply = job.stub().Register(pb.RegisterRequest(worker_name="w-0"), metadata=metadata(job.token), timeout=5)
+    assert reply.heartbeat_interval_s == 4.0 and job.master.heartbeat_timeout == 12.0
+    (event,) = events(tmp_path / "out", "heartbeat")
+    assert (event["interval"], event["timeout"]) == (4.0, 12.0)

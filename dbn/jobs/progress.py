@@ -32,6 +32,7 @@ EVENT_LINES = {
     "stopped": "stopped early after step {step} of {of}",
     "done": "done: {steps} steps in {seconds:.1f} s",
     "ui": "live view: {url}",
+    "heartbeat": "heartbeats every {interval:.1f} s for this many workers; a worker is lost after {timeout:.0f} s of silence",
 }
 #: Events that print nothing: a checkpoint a step, and a failure the command reports as its error.
 SILENT_EVENTS = frozenset({"checkpoint", "failed"})
