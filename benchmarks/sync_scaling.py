@@ -172,6 +172,13 @@ def serve_master(args) -> None:
                 with self._bytes_lock:
                     self.bytes_in += got[0]
 
+        def Sync(self, request, context):  # a push and the next task in one call (a --root master may lack it)
+            reply = super().Sync(request, context)
+            with self._bytes_lock:
+                self.bytes_in += request.update.ByteSize()
+                self.bytes_out += reply.task.ByteSize()
+            return reply
+
         def _run_step(self, index):
             with self._bytes_lock:
                 in0, out0 = self.bytes_in, self.bytes_out
@@ -321,12 +328,33 @@ def run_clients(args) -> None:
         encoded: dict[tuple, list] = {}  # shard indices -> the update's tensor chunks, encoded once
         held = (0, [])  # the reducers list, as a worker keeps it (a --root proto may predate it)
         listed = "reducers_version" in pb.TaskRequest.DESCRIPTOR.fields_by_name
+        can_sync = "Sync" in pb.DESCRIPTOR.services_by_name["Master"].methods_by_name
+        task = None  # the next task's header, when a push brought it (Sync)
+
+        def request():
+            return pb.TaskRequest(worker_id=worker_id, versions=versions, **({"reducers_version": held[0]} if listed else {}))
+
+        def send(pieces: list[bytes]) -> None:
+            """Push as a worker does: one message goes with a request for the next task (Sync)."""
+            nonlocal task
+            messages = list(packed(pieces))
+            if can_sync and len(messages) == 1:
+                reply = stub.Sync(pb.SyncRequest(update=pb.UpdateChunk.FromString(messages[0]), next=request()),
+                                  metadata=md, timeout=600)
+                pushed = reply.pushed
+                if not reply.fetch:
+                    task = reply.task.header
+            else:
+                pushed = push_raw(iter(messages), metadata=md, timeout=600)
+            if not pushed.accepted:
+                errors.append(pushed.reason)
+
         while True:
-            header = None
-            request = pb.TaskRequest(worker_id=worker_id, versions=versions, **({"reducers_version": held[0]} if listed else {}))
-            for raw in fetch(request, metadata=md):
-                if header is None:  # the first message is the header; the rest are tensor chunks
-                    header = pb.TaskChunk.FromString(raw).header
+            header, task = task, None
+            if header is None:
+                for raw in fetch(request(), metadata=md):
+                    if header is None:  # the first message is the header; the rest are tensor chunks
+                        header = pb.TaskChunk.FromString(raw).header
             if listed and header.reducers_version:
                 if header.reducers:
                     held = (header.reducers_version, list(header.reducers))
@@ -355,9 +383,7 @@ def run_clients(args) -> None:
                 first = pb.UpdateChunk(header=pb.UpdateHeader(
                     worker_id=worker_id, step=header.step, round=header.round, results=results, scattered=True,
                     reduced=header.part >= 0, part=header.part))
-                push = push_raw(packed([first.SerializeToString(), *block]), metadata=md, timeout=600)
-                if not push.accepted:
-                    errors.append(push.reason)
+                send([first.SerializeToString(), *block])
                 continue
             if shards not in encoded:
                 arrays = {f"{s}/{name}": a for s in shards for name, a in update.items()}
@@ -365,9 +391,7 @@ def run_clients(args) -> None:
                                    for c in wire.encode(arrays, float16=float16)]
             results = [pb.ShardResult(index=s, samples=args.rows) for s in shards]
             first = pb.UpdateChunk(header=pb.UpdateHeader(worker_id=worker_id, step=header.step, results=results))
-            push = push_raw(packed([first.SerializeToString(), *encoded[shards]]), metadata=md, timeout=600)
-            if not push.accepted:
-                errors.append(push.reason)
+            send([first.SerializeToString(), *encoded[shards]])
 
     def guarded(k):
         try:

@@ -283,6 +283,23 @@ class Master(pb_grpc.MasterServicer):
             return pb.HeartbeatReply(known=True, round=self.round)
 
     def FetchTask(self, request, context):
+        yield from self._task(request, context)
+
+    def Sync(self, request, context):
+        """A push and the next task in one call (see the proto): the task comes back only when it
+        fits one message; else ``fetch`` says to ask FetchTask, and nothing was given out."""
+        pushed = self._accept(iter([request.update]), context)
+        messages = self._task(request.next, context, limit=wire.CHUNK_BYTES)
+        if messages is None:
+            return pb.SyncReply(pushed=pushed, fetch=True)
+        (message,) = messages
+        task = message if isinstance(message, pb.TaskChunk) else pb.TaskChunk.FromString(message)
+        return pb.SyncReply(pushed=pushed, task=task)
+
+    def _task(self, request, context, limit: int | None = None) -> list:
+        """The task for ``request``'s worker, as the messages to send (serialized TaskChunks, or a
+        DONE or WAIT one): waits up to 5 s for work. With ``limit``, None when the task's tensors
+        would take more than ``limit`` bytes (nothing is given out then: the worker fetches it)."""
         deadline = time.monotonic() + 5.0
         with self.lock:
             while True:
@@ -291,21 +308,17 @@ class Master(pb_grpc.MasterServicer):
                     context.abort(grpc.StatusCode.NOT_FOUND, f"unknown worker {request.worker_id}: register again")
                 worker.last_seen = time.monotonic()
                 if self.done or self.failure:
-                    yield pb.TaskChunk(header=pb.TaskHeader(kind=pb.TaskHeader.DONE))
-                    return
+                    return [pb.TaskChunk(header=pb.TaskHeader(kind=pb.TaskHeader.DONE))]
                 todo = sorted(s for s in worker.shards
                               if s in self.expected and s not in self.results and s not in self.in_flight)
                 if todo:
                     break
                 if time.monotonic() > deadline or not context.is_active():
-                    yield pb.TaskChunk(header=pb.TaskHeader(kind=pb.TaskHeader.WAIT))
-                    return
+                    return [pb.TaskChunk(header=pb.TaskHeader(kind=pb.TaskHeader.WAIT))]
                 # Woken when there may be work (see ``_work``), else at the deadline: a thousand idle
                 # workers' fetches must not wake the master thousands of times a second.
                 self._work.wait(timeout=max(0.01, deadline - time.monotonic()))
             step_index, step = self.current, self.steps[self.current]
-            for s in todo:
-                self.in_flight[s] = worker.worker_id
             stale = [k for k in self.parameters
                      if not master_side(k) and request.versions.get(k, -1) < self.versions[k]]
             # Arrays this worker's peers delivered in the last exchange are in its inbox: not sent again.
@@ -323,6 +336,10 @@ class Master(pb_grpc.MasterServicer):
             if part >= 0:  # its order: its rows of what the reduce reads, at full precision
                 send.update({exchange.ROWS_PREFIX + k: v
                              for k, v in exchange.rows_of(self._reads, len(self.reducers), part).items()})
+            if limit is not None and sum(array.nbytes for array in send.values()) > limit:
+                return None
+            for s in todo:
+                self.in_flight[s] = worker.worker_id
         header = pb.TaskHeader(
             kind=pb.TaskHeader.RUN, step=step_index, phase=step.phase, info_json=step_to_json(step),
             shards=[pb.Shard(index=s, uri=self.shards[s]["uri"]) for s in todo],
@@ -340,8 +357,9 @@ class Master(pb_grpc.MasterServicer):
                     for chunk in wire.encode({name: array}):
                         yield pb.TaskChunk(tensors=[chunk]).SerializeToString()
 
-        for group in wire.packed(pieces(), len):
-            yield b"".join(group)  # a group of one is sent as it is, not copied
+        # A group of one is sent as it is, not copied; the broadcast's pieces are shared, so the
+        # list holds no copy of the parameters.
+        return [b"".join(group) for group in wire.packed(pieces(), len)]
 
     def _encoded(self, name: str, array: np.ndarray, version: int) -> list[bytes]:
         """Parameter ``name`` at ``version`` as serialized :class:`TaskChunk` messages (what
@@ -359,6 +377,10 @@ class Master(pb_grpc.MasterServicer):
             return chunks
 
     def PushUpdate(self, request_iterator, context):
+        return self._accept(request_iterator, context)
+
+    def _accept(self, request_iterator, context) -> pb.PushReply:
+        """Take a push (its messages: a header, then tensor chunks), or say why not."""
         try:
             first = next(request_iterator)
         except StopIteration:

@@ -100,9 +100,10 @@ class Worker:
         self.register()
         threading.Thread(target=self._heartbeat, daemon=True).start()
         try:
+            task = None  # the next task, when the last push brought it (see _push)
             while True:
                 try:
-                    header, arrays = self._fetch()
+                    header, arrays = task if task is not None else self._fetch()
                 except grpc.RpcError as exc:
                     if exc.code() != grpc.StatusCode.NOT_FOUND:
                         raise
@@ -112,6 +113,7 @@ class Worker:
                     self.versions.clear()
                     self.register()
                     continue
+                task = None
                 if header.kind == pb.TaskHeader.DONE:
                     log.info("job done; peak resident memory %.0f MiB", peak_rss_bytes() / 2**20)
                     return 0
@@ -133,9 +135,9 @@ class Worker:
                         message=str(exc)), metadata=self.metadata, timeout=30)
                     continue
                 if header.reducers:
-                    self._exchange(header, updates, rows)
+                    task = self._exchange(header, updates, rows)
                 else:
-                    self._push(header, updates)
+                    task = self._push(header, updates)
         finally:
             self._stop.set()
             if self.peers is not None:
@@ -143,11 +145,18 @@ class Worker:
             if self.peer_address:
                 self._peer_server.stop(grace=1.0)
 
+    def _task_request(self) -> pb.TaskRequest:
+        """What this worker holds, for the master to send only what it lacks."""
+        return pb.TaskRequest(worker_id=self.worker_id, versions=self.versions, reducers_version=self._reducers[0])
+
     def _fetch(self):
+        return self._read_task(self.stub.FetchTask(self._task_request(), metadata=self.metadata))
+
+    def _read_task(self, messages):
+        """The task's header and its arrays, from its messages."""
         header, decoder = None, wire.Decoder()
         held, reducers = self._reducers
-        request = pb.TaskRequest(worker_id=self.worker_id, versions=self.versions, reducers_version=held)
-        for chunk in self.stub.FetchTask(request, metadata=self.metadata):
+        for chunk in messages:
             if chunk.HasField("header"):
                 header = chunk.header
             for tensor in chunk.tensors:
@@ -181,9 +190,11 @@ class Worker:
         return updates
 
     def _push(self, header, updates: list[Update], arrays: dict | None = None, float16: bool | None = None,
-              **fields) -> None:
+              **fields):
         """Push to the master: the updates' results, and ``arrays`` (default: the updates' tensors,
-        named ``<shard>/<array>``); ``fields`` go into the :class:`UpdateHeader`."""
+        named ``<shard>/<array>``); ``fields`` go into the :class:`UpdateHeader`. A push of one
+        message asks for the next task in the same call (Sync); returns that task's header and
+        arrays when it came, else None (fetch it)."""
         results = [pb.ShardResult(index=u.shard, samples=u.samples, metrics_json=json.dumps(u.metrics)) for u in updates]
         if arrays is None:
             arrays = {f"{u.shard}/{k}": v for u in updates for k, v in u.arrays.items()}
@@ -198,13 +209,29 @@ class Worker:
                 else:
                     yield pb.UpdateChunk(tensors=group)
 
-        reply = self.stub.PushUpdate(stream(), metadata=self.metadata)
-        if not reply.accepted:
-            log.warning("update for step %d not accepted: %s", header.step, reply.reason)
+        messages = stream()
+        first = next(messages)
+        second = next(messages, None)
+        task = None
+        if second is None:
+            try:
+                reply = self.stub.Sync(pb.SyncRequest(update=first, next=self._task_request()), metadata=self.metadata)
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.NOT_FOUND:
+                    raise
+                return None  # the master dropped this worker: the next fetch says so, and it registers again
+            pushed = reply.pushed
+            if not reply.fetch:
+                task = self._read_task([reply.task])
+        else:
+            pushed = self.stub.PushUpdate(itertools.chain([first, second], messages), metadata=self.metadata)
+        if not pushed.accepted:
+            log.warning("update for step %d not accepted: %s", header.step, pushed.reason)
+        return task
 
     # ------------------------------------------------------------ the reduce on the workers
 
-    def _exchange(self, header, updates: list[Update], parameters: dict) -> None:
+    def _exchange(self, header, updates: list[Update], parameters: dict):
         """Send reducer j rows j of each update; a reducer (``header.part`` >= 0) then reduces its
         rows of the round's shards and shares them. One push to the master: this worker's
         results (no update tensors: they went to the reducers), with its block of the result."""
@@ -215,11 +242,10 @@ class Worker:
         else:
             error = self._send_parts(header, exchange.UPDATE, named, {u.shard: u.samples for u in updates})
         if error or header.part < 0:
-            self._push(header, updates, arrays={}, scattered=True, exchange_error=error)
-            return
+            return self._push(header, updates, arrays={}, scattered=True, exchange_error=error)
         result, undelivered, error = self._reduce(header, parameters)
-        self._push(header, updates, arrays=result, float16=False, scattered=True, reduced=not error,
-                   part=header.part, undelivered=undelivered, exchange_error=error)
+        return self._push(header, updates, arrays=result, float16=False, scattered=True, reduced=not error,
+                          part=header.part, undelivered=undelivered, exchange_error=error)
 
     def _send_parts(self, header, kind: int, arrays: dict, samples: dict[int, int]) -> str:
         """Send block j of ``arrays`` to reducer j (this worker's own block straight to its inbox);

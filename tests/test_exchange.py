@@ -185,18 +185,18 @@ def test_a_job_reduced_on_the_workers_is_the_sequential_run(tmp_path, uris):
 def tasks(monkeypatch):
     """Every RUN task the master sends: (worker id, reducers_version, number of reducers listed)."""
     sent = []
-    fetch = Master.FetchTask
+    task = Master._task  # where FetchTask and Sync get their tasks
 
-    def recording(self, request, context):
-        for i, message in enumerate(fetch(self, request, context)):
-            if i == 0:
-                raw = message if isinstance(message, bytes) else message.SerializeToString()
-                header = pb.TaskChunk.FromString(raw).header
-                if header.kind == pb.TaskHeader.RUN:
-                    sent.append((request.worker_id, header.reducers_version, len(header.reducers)))
-            yield message
+    def recording(self, request, context, limit=None):
+        messages = task(self, request, context, limit)
+        if messages:
+            raw = messages[0] if isinstance(messages[0], bytes) else messages[0].SerializeToString()
+            header = pb.TaskChunk.FromString(raw).header
+            if header.kind == pb.TaskHeader.RUN:
+                sent.append((request.worker_id, header.reducers_version, len(header.reducers)))
+        return messages
 
-    monkeypatch.setattr(Master, "FetchTask", recording)
+    monkeypatch.setattr(Master, "_task", recording)
     return sent
 
 

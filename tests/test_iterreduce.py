@@ -193,6 +193,8 @@ def test_wrong_or_missing_token_is_refused_and_the_job_still_completes(jobs, tmp
         assert_refused(lambda: list(stub.FetchTask(pb.TaskRequest(worker_id="worker-0#1"), metadata=md, timeout=5)))
         header = pb.UpdateChunk(header=pb.UpdateHeader(worker_id="worker-0#1", step=0))
         assert_refused(lambda: stub.PushUpdate(iter([header]), metadata=md, timeout=5))
+        assert_refused(lambda: stub.Sync(pb.SyncRequest(update=header, next=pb.TaskRequest(worker_id="worker-0#1")),
+                                         metadata=md, timeout=5))
 
     for md in bad_metadata:  # before any worker exists
         try_everything(md)
@@ -243,6 +245,16 @@ def test_malformed_updates_are_rejected_and_the_job_still_completes(jobs, tmp_pa
         with pytest.raises(grpc.RpcError) as info:
             stub.PushUpdate(iter(stream), metadata=metadata(job.token), timeout=10)
         assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (what, info.value)
+    one_message = [stream[0] for stream in malformed.values() if len(stream) == 1]
+    one_message.append(pb.UpdateChunk())  # no header at all
+    for stream in (malformed["truncated"], malformed["bad dtype"], malformed["absurd shape"]):  # packed
+        one_message.append(pb.UpdateChunk(header=stream[0].header, tensors=stream[1].tensors))
+    assert len(one_message) == 5
+    for message in one_message:  # the same push in one call with its next task: refused alike, nothing given out
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Sync(pb.SyncRequest(update=message, next=pb.TaskRequest(worker_id=worker_id)),
+                      metadata=metadata(job.token), timeout=10)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, (message, info.value)
     job.wait()
     # Nothing malformed was counted: the result is the undisturbed one, bit for bit.
     result = load_npz(tmp_path / "out" / "parameters.npz")
@@ -555,17 +567,18 @@ def test_serve_and_run_announces_the_address_runs_and_stops_the_server(tmp_path)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
 
 
-def test_small_tasks_and_pushes_are_one_message_each(jobs, tmp_path, monkeypatch):
-    # A message costs both sides a trip through gRPC's queues whatever its size: a task or an
-    # update of small arrays travels in one message, header and chunks together.
+def test_small_tasks_and_pushes_are_one_message_each_and_one_call_a_step(jobs, tmp_path, monkeypatch):
+    # A message, and more so a call, costs both sides a trip through gRPC's queues whatever its
+    # size: a task or an update of small arrays travels in one message, header and chunks together,
+    # and a worker's push brings back its next task in the same call (Sync).
     from iterreduce.master import Master
 
-    received = []
-    push_update = Master.PushUpdate
+    pushed, synced, fetched = [], [], []
+    push_update, sync, fetch_task = Master.PushUpdate, Master.Sync, Master.FetchTask
 
-    def counting(self, request_iterator, context):
+    def counting_push(self, request_iterator, context):
         call = []
-        received.append(call)
+        pushed.append(call)
 
         def counted():
             for message in request_iterator:
@@ -573,7 +586,19 @@ def test_small_tasks_and_pushes_are_one_message_each(jobs, tmp_path, monkeypatch
                 yield message
         return push_update(self, counted(), context)
 
-    monkeypatch.setattr(Master, "PushUpdate", counting)
+    def counting_sync(self, request, context):
+        reply = sync(self, request, context)
+        synced.append((request.update.header.worker_id, len(request.update.tensors), reply.fetch,
+                       reply.task.header.kind))
+        return reply
+
+    def counting_fetch(self, request, context):
+        fetched.append(request.worker_id)
+        yield from fetch_task(self, request, context)
+
+    monkeypatch.setattr(Master, "PushUpdate", counting_push)
+    monkeypatch.setattr(Master, "Sync", counting_sync)
+    monkeypatch.setattr(Master, "FetchTask", counting_fetch)
     job = make_job(jobs, tmp_path, n_shards=2, rows=200, workers=2, program_config={"n_classes": 3, "epochs": 3})
     stub = job.stub()
     fake = stub.Register(pb.RegisterRequest(worker_name="fake"), metadata=metadata(job.token), timeout=5).worker_id
@@ -586,11 +611,12 @@ def test_small_tasks_and_pushes_are_one_message_each(jobs, tmp_path, monkeypatch
     reply = push(stub, job.token, fake, 0, [(0, 100)], {f"0/{k}": v for k, v in params.items()})
     assert reply.accepted
     job.wait()
-    ours = [0, 1, 1]  # push() sends the header, then a chunk a message
-    assert ours in received
-    received.remove(ours)
-    # The real worker's pushes: one message each, every chunk of its shards' arrays in it.
-    assert received and all(len(call) == 1 and call[0] in (2, 4) for call in received), received
+    assert pushed == [[0, 1, 1]]  # push() sends the header, then a chunk a message; the real worker never streams
+    real = [s for s in synced if s[0] != fake]
+    assert len(real) >= 3 and all(n in (2, 4) and not fetch for _, n, fetch, _ in real), real
+    # Its tasks came back with its pushes: it fetched only its first, and after waiting (WAIT), if ever.
+    waits = sum(kind == pb.TaskHeader.WAIT for *_, kind in real)
+    assert fetched.count(fake) == 1 and len([w for w in fetched if w != fake]) == 1 + waits
 
 
 @pytest.mark.parametrize("workers, expected", [

@@ -216,6 +216,24 @@ class PushReply(_message.Message):
     reason: str
     def __init__(self, accepted: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
 
+class SyncRequest(_message.Message):
+    __slots__ = ("update", "next")
+    UPDATE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_FIELD_NUMBER: _ClassVar[int]
+    update: UpdateChunk
+    next: TaskRequest
+    def __init__(self, update: _Optional[_Union[UpdateChunk, _Mapping]] = ..., next: _Optional[_Union[TaskRequest, _Mapping]] = ...) -> None: ...
+
+class SyncReply(_message.Message):
+    __slots__ = ("pushed", "task", "fetch")
+    PUSHED_FIELD_NUMBER: _ClassVar[int]
+    TASK_FIELD_NUMBER: _ClassVar[int]
+    FETCH_FIELD_NUMBER: _ClassVar[int]
+    pushed: PushReply
+    task: TaskChunk
+    fetch: bool
+    def __init__(self, pushed: _Optional[_Union[PushReply, _Mapping]] = ..., task: _Optional[_Union[TaskChunk, _Mapping]] = ..., fetch: _Optional[bool] = ...) -> None: ...
+
 class DataErrorReport(_message.Message):
     __slots__ = ("worker_id", "step", "shard", "message")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
