@@ -132,6 +132,9 @@ def serve_master(args) -> None:
     from iterreduce.shards import write_shards
 
     out = Path(args.out)
+    if args.layout != "auto":  # the master picks the layout: force it here
+        from iterreduce import exchange
+        exchange.MESSAGE_COST_BYTES = 0 if args.layout == "straight" else 1 << 40
     X = np.random.default_rng(0).random((max(args.n, 1) * 2, 4), dtype=np.float32)
     uris = write_shards(X, None, str(out / "shards"), args.n)
     reduce = {"reduce": args.reduce} if args.reduce != "master" else {}  # (a --root master may predate it)
@@ -518,7 +521,8 @@ def run_one(n: int, args, compute_s: float) -> dict:
                "--steps", str(args.steps), f"--token={token}", "--out", tmp]
         if args.float16:
             cmd.append("--float16")
-        cmd += ["--reduce", args.reduce, "--rows", str(args.rows), "--heartbeat", str(args.heartbeat)]
+        cmd += ["--reduce", args.reduce, "--rows", str(args.rows), "--heartbeat", str(args.heartbeat),
+                "--layout", args.layout]
         env = {**os.environ, "SYNC_SCALING_ROOT": args.root} if args.root else None
         master = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
         try:
@@ -587,26 +591,55 @@ def project(rows: list[dict], costs: dict | None = None, link_bytes_s: float = 1
     return out
 
 
+def grid_messages(n: int, columns: int) -> tuple[int, int]:
+    """The messages the busiest of ``n`` workers sends and receives in a sync through the grid
+    (both phases: a message to each of its relays, one down its column to each other reducer;
+    one from each sender it relays, one from each other relay of its column)."""
+    from iterreduce import exchange
+
+    relayed = {}
+    for s in range(n):
+        for c in range(columns):
+            relayed.setdefault(exchange.grid_relay(n, columns, s, c), []).append(s)
+    worst = (0, 0)
+    for w in range(n):
+        relays = {exchange.grid_relay(n, columns, w, c) for c in range(columns)} - {w}
+        down = len(exchange.grid_column(n, columns, w % columns)) - 1
+        sends, receives = 2 * (len(relays) + down), 2 * (len(relayed[w]) - 1 + down)
+        worst = max(worst, (sends, receives), key=sum)
+    return worst
+
+
 def project_workers(rows: list[dict], costs: dict, link_bytes_s: float = 1.25e9) -> list[dict]:
     """The same for the reduce on the workers, one after the other (they overlap in part: the
     pessimistic sum): a worker's exchange, the larger of its link time and its CPU, and the
     master's, the larger of its link time and its CPU.
 
-    A worker's CPU, all-to-all among N reducers, from the measured costs of one message
-    (``costs``, :func:`measure_peer_costs`): it sends N-1 parts of its update and receives N-1
-    parts of the others' (scatter), then sends its reduced part to N-1 peers and receives theirs
-    (all-gather): 2 (N-1) sends and receives of (N-1)/N of a model each way, plus its local reduce.
-    The master's CPU per sync is what the bare clients measured (it grows with N: a few RPCs per
-    worker), fitted as a + b N and extrapolated."""
+    A worker's CPU among N reducers, from the measured costs of one message (``costs``,
+    :func:`measure_peer_costs`), in the layout the runtime picks (``exchange.grid_columns``).
+    Straight: it sends N-1 parts of its update and receives N-1 parts of the others' (scatter),
+    then sends its reduced part to N-1 peers and receives theirs (all-gather): 2 (N-1) sends and
+    receives of (N-1)/N of a model each way. Through the grid: the messages of its busiest
+    worker (:func:`grid_messages`), each update's rows travelling twice: 3 (N-1)/N of a model
+    each way. Plus its local reduce. The master's CPU per sync is what the bare clients
+    measured (it grows with N: an RPC per worker), fitted as a + b N and extrapolated."""
+    from iterreduce import exchange
+
     ns = [r["workers"] for r in rows]
     master_b, master_a = np.polyfit(ns, [r["master_cpu_s"] for r in rows], 1) if len(rows) > 1 else (0.0, rows[0]["master_cpu_s"])
     ref = max(rows, key=lambda r: r["workers"])
     model = ref["model_bytes"]
     out = []
     for n in (100, 1000):
-        messages = 2 * (n - 1)
-        moved = 2 * model * (n - 1) / n  # each way
-        worker_cpu = (messages * (costs["send_s_per_message"] + costs["receive_s_per_message"])
+        columns = exchange.grid_columns(n, model) if hasattr(exchange, "grid_columns") else 0
+        if columns:
+            sends, receives = grid_messages(n, columns)
+            moved = 3 * model * (n - 1) / n  # each way
+        else:
+            sends = receives = 2 * (n - 1)
+            moved = 2 * model * (n - 1) / n
+        messages = sends + receives
+        worker_cpu = (sends * costs["send_s_per_message"] + receives * costs["receive_s_per_message"]
                       + moved * (costs["send_s_per_byte"] + costs["receive_s_per_byte"]) + ref["reduce_local_s"])
         worker_link = moved / link_bytes_s
         master_cpu = master_a + master_b * n
@@ -633,12 +666,13 @@ def format_table(rows: list[dict]) -> str:
 
 
 def format_projection(proj: list[dict]) -> str:
-    lines = ["| workers (10 GbE) | link s | master CPU s | worker CPU s | sync s | share | bound |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines = ["| workers (10 GbE) | link s | master CPU s | a worker's messages | worker CPU s | sync s | share | bound |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for p in proj:
         worker = f"{p['worker_cpu_s']:.3f}" if "worker_cpu_s" in p else "-"
-        lines.append(f"| {p['workers']} | {p['link_s']:.3f} | {p['master_cpu_s']:.3f} | {worker} | {p['sync_s']:.3f} "
-                     f"| {100 * p['share']:.1f} % | {p['bound']} |")
+        messages = f"{p['worker_messages']:,}" if "worker_messages" in p else "-"
+        lines.append(f"| {p['workers']} | {p['link_s']:.3f} | {p['master_cpu_s']:.3f} | {messages} | {worker} "
+                     f"| {p['sync_s']:.3f} | {100 * p['share']:.1f} % | {p['bound']} |")
     return "\n".join(lines)
 
 
@@ -656,6 +690,9 @@ def main(argv=None) -> int:
                                    "directory (a copy of another commit, to compare: its wire format too)")
     ap.add_argument("--reduce", choices=("master", "workers"), default="master",
                     help="who reduces: the master, or the workers, each its rows")
+    ap.add_argument("--layout", choices=("auto", "straight", "grid"), default="auto",
+                    help="how the workers' messages go (--reduce workers): as the runtime picks, straight "
+                         "to every reducer, or through the grid (iterreduce.exchange)")
     ap.add_argument("--real-workers", action="store_true",
                     help="with --reduce workers: real workers that exchange their rows (on this machine's cores), "
                          "instead of bare clients that play only the master's side")

@@ -17,15 +17,27 @@ K workers of a round (the *reducers*) split every array by rows (axis 0) into K 
    (checkpoints, evaluation, late joiners).
 
 A worker then moves about four model-sized messages a sync whatever K, the master two, and
-each worker calls the master twice (its task, its push), as in a star. Messages carry the
-*round* (one attempt at one step): a failed exchange makes the master run the step again as
-a star (see :class:`iterreduce.master.Master`); blocks of the failed round are ignored, and
+each worker calls the master once (its push, which brings back its next task). Messages carry
+the *round* (one attempt at one step): a failed exchange makes the master run the step again
+as a star (see :class:`iterreduce.master.Master`); blocks of the failed round are ignored, and
 a reducer still waiting for them gives up at its next heartbeat.
+
+Sent straight, a worker sends and receives 2 (K-1) messages a sync, and at a hundred workers
+their count, not their bytes, is its cost. With many workers the messages go through a *grid*
+(:func:`grid_columns`): reducer j sits at row j // C, column j % C of C columns. A sender's
+rows for the reducers of column c go in one message to the *relay* of that column in the
+sender's own row, which forwards every sender of its row's rows to each reducer of its column,
+in one message each; the all-gather goes the same way, along the row, then down the column.
+Where the last, short row has no reducer in a column, the first row's relays it (:func:`grid_relay`).
+About 4 (C-1) messages a worker instead of 4 (K-1), each update's rows travelling twice; rows
+are forwarded, never summed on the way, so every reducer still sums every shard's rows in
+shard order: the same bits. Any message that fails fails the round.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 from concurrent import futures
 from typing import Callable, Mapping
@@ -52,6 +64,46 @@ PEER_MESSAGE_BYTES = (1 << 31) - 1
 SERVICE, METHOD = "iterreduce.Peer", "PushSlices"
 #: a reducer's rows of the parameters its reduce reads come in its task under this prefix
 ROWS_PREFIX = "rows:"
+
+
+#: a message sent or received costs a worker about as much CPU as this many bytes of one (on
+#: loopback, 0.16 + 0.23 ms a message against 0.40 + 0.48 ms a MB: benchmarks/RESULTS.md)
+MESSAGE_COST_BYTES = 440_000
+
+
+def grid_columns(reducers: int, model_bytes: int) -> int:
+    """The columns of the grid the exchange of ``reducers`` reducers goes through, or 0 to send
+    straight: the grid when the messages it saves a worker, 4 (K - C), cost more than the bytes
+    it adds (``model_bytes`` more sent and received: the update's rows travel twice)."""
+    if reducers < 3:
+        return 0
+    columns = math.isqrt(reducers - 1) + 1  # the ceiling of the square root: rows <= columns
+    return columns if 4 * (reducers - columns) * MESSAGE_COST_BYTES > 2 * model_bytes else 0
+
+
+def grid_row(reducers: int, columns: int, row: int) -> list[int]:
+    """The reducers in row ``row`` of the grid (the last row may be short)."""
+    return list(range(row * columns, min((row + 1) * columns, reducers)))
+
+
+def grid_column(reducers: int, columns: int, column: int) -> list[int]:
+    """The reducers in column ``column`` of the grid."""
+    return list(range(column, reducers, columns))
+
+
+def grid_relay(reducers: int, columns: int, sender: int, column: int) -> int:
+    """The reducer that relays ``sender``'s parts for the reducers of ``column``: the one of that
+    column in the sender's row, or, where the sender's (short, last) row has none, the one in the
+    first row. A sender relays its own row's parts of its own column."""
+    relay = sender // columns * columns + column
+    return relay if relay < reducers else column
+
+
+def grid_relayed(reducers: int, columns: int, relay: int) -> list[int]:
+    """The senders whose parts ``relay`` forwards down its column: its row, and for the first row
+    also the short last row's senders that have no reducer of its column."""
+    column = relay % columns
+    return [s for s in range(reducers) if grid_relay(reducers, columns, s, column) == relay]
 
 
 def bounds(rows: int, parts: int, part: int) -> tuple[int, int]:
@@ -159,14 +211,33 @@ def unpack(message: bytes) -> tuple[pb.SliceHeader, Arrays]:
     """The header and arrays of a part that :func:`pack` made. The arrays are read-only views of
     ``message`` (narrowed ones are widened copies); raises :class:`~iterreduce.wire.WireError`
     for a malformed part."""
-    if len(message) < 4:
-        raise wire.WireError(f"a part of {len(message)} bytes")
-    length = int.from_bytes(message[:4], "little")
+    header, arrays, end = _unpack_at(message, 0)
+    if end != len(message):
+        raise wire.WireError(f"{len(message) - end} bytes after the last tensor of the part")
+    return header, arrays
+
+
+def unpack_all(message: bytes) -> list[tuple[pb.SliceHeader, Arrays]]:
+    """Every part of a message of several (:func:`pack`'s parts joined: what a relay sends)."""
+    parts, offset = [], 0
+    while offset < len(message) or not parts:
+        header, arrays, offset = _unpack_at(message, offset)
+        parts.append((header, arrays))
+    return parts
+
+
+def _unpack_at(message: bytes, start: int) -> tuple[pb.SliceHeader, Arrays, int]:
+    """The part at ``start`` of ``message``, and where it ends."""
+    if len(message) - start < 4:
+        raise wire.WireError(f"a part of {len(message) - start} bytes")
+    length = int.from_bytes(message[start:start + 4], "little")
+    if start + 4 + length > len(message):
+        raise wire.WireError(f"a part header of {length} bytes, {len(message) - start - 4} left in the message")
     try:
-        batch = pb.SliceBatch.FromString(message[4:4 + length])
+        batch = pb.SliceBatch.FromString(message[start + 4:start + 4 + length])
     except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError, or a short message
         raise wire.WireError(f"unreadable part header: {exc}") from exc
-    arrays, offset = {}, 4 + length
+    arrays, offset = {}, start + 4 + length
     for meta in batch.tensors:
         dtype, shape = wire.check_tensor(meta.name, meta.dtype, meta.shape, meta.narrowed)
         if meta.name in arrays:
@@ -178,9 +249,7 @@ def unpack(message: bytes) -> tuple[pb.SliceHeader, Arrays]:
         array = np.frombuffer(message, dtype, count, offset).reshape(shape)
         arrays[meta.name] = array.astype(np.float32) if meta.narrowed else array
         offset += count * dtype.itemsize
-    if offset != len(message):
-        raise wire.WireError(f"{len(message) - offset} bytes after the last tensor of the part")
-    return batch.header, arrays
+    return batch.header, arrays, offset
 
 
 def serve(inbox: Inbox, token: str, bind_host: str, advertise_host: str,
@@ -191,10 +260,11 @@ def serve(inbox: Inbox, token: str, bind_host: str, advertise_host: str,
 
     def push_slices(message: bytes, context):
         try:
-            header, arrays = unpack(message)
+            parts = unpack_all(message)
         except wire.WireError as exc:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"malformed part: {exc}")
-        inbox.put(header.round, header.kind, header.part, arrays, {r.index: r.samples for r in header.results})
+        for header, arrays in parts:
+            inbox.put(header.round, header.kind, header.part, arrays, {r.index: r.samples for r in header.results})
         return pb.SliceReply()
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=SERVE_THREADS),
@@ -256,6 +326,10 @@ class Peers:
         encoded once; returns the peers that failed, each with why."""
         message = self.encode(kind, round_, part, arrays, float16)
         return self._wait({self.send(address, message): (w, address) for w, address in targets})
+
+    def wait(self, pending: dict) -> dict[str, str]:
+        """Wait for sends ``{future: (worker_id, address)}``; returns the peers that failed, with why."""
+        return self._wait(pending)
 
     @staticmethod
     def _wait(pending: dict) -> dict[str, str]:

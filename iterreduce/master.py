@@ -188,6 +188,8 @@ class Master(pb_grpc.MasterServicer):
         self._reducers_version = 0               # of that list (0: none); a new list, a new version
         self._reducers_key: tuple = ()
         self._reduce_shards: list[int] = []      # the shards the reducers reduce: the round's expected ones
+        self._columns = 0                        # the exchange's grid (0: straight sends; see exchange.grid_columns)
+        self._shard_reducer: dict[int, int] = {}  # a grid round's shards -> the reducer (index) computing each
         self._reads: dict = {}                   # the parameters the reducers read (rows of them each)
         self.reduced: dict[int, tuple[dict, list[str]]] = {}  # part -> (rows, reducers not delivered to)
         self.reporter: dict[int, str] = {}       # shard -> the worker whose result is in
@@ -235,8 +237,15 @@ class Master(pb_grpc.MasterServicer):
                     self.workers[owner].shards.discard(shard)
                 target.shards.add(shard)
                 self.owner[shard] = target.worker_id
+                self._moved(shard)
                 log.info("shard %d -> %s", shard, target.worker_id)
                 self._work.notify_all()  # its new owner may have work now
+
+    def _moved(self, shard: int) -> None:
+        """``shard`` changed hands (call with the lock held). In a grid round a relay waits for its
+        rows from the reducer that had it (see :mod:`iterreduce.exchange`): the exchange cannot end."""
+        if self._columns and shard in self._shard_reducer and shard not in self.results:
+            self._exchange_failed(f"shard {shard} changed hands during the exchange")
 
     # --------------------------------------------------------------- RPCs
 
@@ -259,6 +268,7 @@ class Master(pb_grpc.MasterServicer):
                     continue
                 if owner:
                     self.workers[owner].shards.discard(shard)
+                self._moved(shard)
                 worker.shards.add(shard)
                 self.owner[shard] = worker.worker_id
             self._assign_orphans()
@@ -336,6 +346,9 @@ class Master(pb_grpc.MasterServicer):
             if part >= 0:  # its order: its rows of what the reduce reads, at full precision
                 send.update({exchange.ROWS_PREFIX + k: v
                              for k, v in exchange.rows_of(self._reads, len(self.reducers), part).items()})
+            columns = self._columns if part >= 0 else 0
+            shard_reducers = [self._shard_reducer[s] for s in self._reduce_shards] if columns else ()
+            reduce_shards = self._reduce_shards if part >= 0 else ()
             if limit is not None and sum(array.nbytes for array in send.values()) > limit:
                 return None
             for s in todo:
@@ -345,7 +358,7 @@ class Master(pb_grpc.MasterServicer):
             shards=[pb.Shard(index=s, uri=self.shards[s]["uri"]) for s in todo],
             seed=self.config.seed, versions=versions, round=round_, reducers=reducers, reducers_version=reducers_version,
             gathered=gathered, gathered_round=gathered_round, gathered_parts=gathered_parts,
-            part=part, reduce_shards=self._reduce_shards if part >= 0 else (),
+            part=part, reduce_shards=reduce_shards, columns=columns, shard_reducers=shard_reducers,
         )
 
         def pieces():  # serialized TaskChunks: joined, they are one message with all their fields
@@ -663,6 +676,7 @@ class Master(pb_grpc.MasterServicer):
         self.round += 1
         self.results, self.in_flight, self.compute_s, self.reporter = {}, {}, {}, {}
         self.reduced, self.exchange_error = {}, None
+        self._columns, self._shard_reducer = 0, {}
         self._assign_orphans()
         if not same_shards:
             self.expected = {s for s, w in self.owner.items() if w is not None and self.workers[w].alive}
@@ -675,6 +689,11 @@ class Master(pb_grpc.MasterServicer):
             self._reducers_key = key
             self._reducer_messages = [pb.Reducer(worker_id=w, address=address) for w, address in key]
         self._reduce_shards = sorted(self.expected)
+        if self.reducers:
+            self._columns = exchange.grid_columns(len(self.reducers), sum(
+                self.parameters[k].nbytes for k in step.arrays if k in self.parameters))
+        if self._columns:
+            self._shard_reducer = {s: self.reducers.index(self.owner[s]) for s in self._reduce_shards}
         # What an elementwise reduce reads: the step's arrays and the master-only ones.
         self._reads = {k: v for k, v in self.parameters.items() if k in step.arrays or k.startswith(MASTER_ONLY)}
         self._notify_all()

@@ -233,19 +233,31 @@ class Worker:
 
     def _exchange(self, header, updates: list[Update], parameters: dict):
         """Send reducer j rows j of each update; a reducer (``header.part`` >= 0) then reduces its
-        rows of the round's shards and shares them. One push to the master: this worker's
-        results (no update tensors: they went to the reducers), with its block of the result."""
+        rows of the round's shards and shares them, straight or through the grid (``header.columns``).
+        One push to the master: this worker's results (no update tensors: they went to the
+        reducers), with its block of the result."""
         self.status = {"state": "scattering", "step": header.step}
         named = {f"{u.shard}/{k}": v for u in updates for k, v in u.arrays.items()}
+        samples = {u.shard: u.samples for u in updates}
+        grid = header.columns > 0 and header.part >= 0
         if not exchange.can_cut(named):
             error = "an update holds an array without rows (0-d)"
+        elif grid:
+            error = self._grid_scatter(header, named, samples)
         else:
-            error = self._send_parts(header, exchange.UPDATE, named, {u.shard: u.samples for u in updates})
+            error = self._send_parts(header, exchange.UPDATE, named, samples)
         if error or header.part < 0:
             return self._push(header, updates, arrays={}, scattered=True, exchange_error=error)
-        result, undelivered, error = self._reduce(header, parameters)
-        return self._push(header, updates, arrays=result, float16=False, scattered=True, reduced=not error,
-                          part=header.part, undelivered=undelivered, exchange_error=error)
+        result, error = self._reduce(header, parameters)
+        undelivered = []
+        if not error:
+            shared = {k: v for k, v in result.items() if not master_side(k)}
+            if grid:
+                error = self._grid_gather(header, shared)
+            else:
+                undelivered = self._send_parts_to_all(header, shared)
+        return self._push(header, updates, arrays={} if error else result, float16=False, scattered=True,
+                          reduced=not error, part=header.part, undelivered=undelivered, exchange_error=error)
 
     def _send_parts(self, header, kind: int, arrays: dict, samples: dict[int, int]) -> str:
         """Send block j of ``arrays`` to reducer j (this worker's own block straight to its inbox);
@@ -264,10 +276,9 @@ class Worker:
             log.warning("round %d: could not send to %s", header.round, "; ".join(failed.values()))
         return "; ".join(failed.values())
 
-    def _reduce(self, header, parameters: dict) -> tuple[dict, list[str], str]:
+    def _reduce(self, header, parameters: dict) -> tuple[dict, str]:
         """Reduce this worker's rows (block ``header.part``) of the round's shards' updates from
-        ``parameters`` (its rows of them, at full precision) and share the result with the
-        other reducers; returns the result, the reducers it did not reach, and an error or ""."""
+        ``parameters`` (its rows of them, at full precision); returns the result and an error or ""."""
         step = step_from_json(header.info_json)
         self.status = {"state": "reducing", "step": header.step}
         started = time.perf_counter()
@@ -277,24 +288,21 @@ class Worker:
         # the round (its exchange failed: the next heartbeat says so).
         rows = self.inbox.wait(header.round, exchange.UPDATE, header.part, names, timeout=None)
         if rows is None:
-            return {}, [], f"rows of shards {shards} did not all arrive"
+            return {}, f"rows of shards {shards} did not all arrive"
         samples = self.inbox.samples(header.round, exchange.UPDATE, header.part)
         for name, array in rows.items():  # as the master checks whole updates in a star round
             want = parameters.get(name.split("/", 1)[1])
             if want is not None and (array.shape != want.shape or array.dtype != want.dtype):
-                return {}, [], (f"shard {name.split('/', 1)[0]} sent rows of {name.split('/', 1)[1]} as "
+                return {}, (f"shard {name.split('/', 1)[0]} sent rows of {name.split('/', 1)[1]} as "
                                 f"{array.dtype}{list(array.shape)}, expected {want.dtype}{list(want.shape)}")
         updates = [Update(shard, samples[shard], {name: rows[f"{shard}/{name}"] for name in step.arrays})
                    for shard in shards]
         try:
             result = self.reducer.reduce(step, parameters, updates)
         except (ValueError, TypeError, KeyError) as exc:  # the master's own reduce will say it in the rerun
-            return {}, [], f"the reduce failed on block {header.part}: {exc}"
-        shared = {k: v for k, v in result.items() if not master_side(k)}
-        undelivered = self._send_parts_to_all(header, shared)
-        log.debug("round %d: block %d reduced and shared in %.3f s", header.round, header.part,
-                  time.perf_counter() - started)
-        return result, undelivered, ""
+            return {}, f"the reduce failed on block {header.part}: {exc}"
+        log.debug("round %d: block %d reduced in %.3f s", header.round, header.part, time.perf_counter() - started)
+        return result, ""
 
     def _send_parts_to_all(self, header, rows: dict) -> list[str]:
         """All-gather: this reducer's rows to every reducer; returns the reducers that did not get them."""
@@ -304,6 +312,75 @@ class Worker:
         if failed:
             log.warning("round %d: reduced rows not delivered to %s", header.round, "; ".join(failed.values()))
         return sorted(failed)
+
+    def _grid_scatter(self, header, named: dict, samples: dict[int, int]) -> str:
+        """The scatter through the grid (see :mod:`iterreduce.exchange`): this worker's rows for the
+        reducers of each column to that column's relay (:func:`~iterreduce.exchange.grid_relay`);
+        then, as a relay, the rows of the shards it relays to each reducer of its column.
+        Returns why a message failed, or ""."""
+        k, columns, me, round_ = len(header.reducers), header.columns, header.part, header.round
+
+        def part(target: int, arrays: dict, part_samples: dict) -> bytes:
+            return self.peers.encode(exchange.UPDATE, round_, target, arrays, self.float16, part_samples)
+
+        messages = []
+        for column in range(columns):
+            targets, relay = exchange.grid_column(k, columns, column), exchange.grid_relay(k, columns, me, column)
+            if relay == me:  # this worker relays these: they wait in its inbox with the others it relays
+                for t in targets:
+                    own = exchange.as_received(exchange.rows_of(named, k, t), self.float16)
+                    self.inbox.put(round_, exchange.UPDATE, t, own, samples)
+            else:
+                messages.append((relay, b"".join(part(t, exchange.rows_of(named, k, t), samples) for t in targets)))
+        error = self._send_all(header, messages)
+        if error:
+            return error
+        # This worker relays its senders' rows (its row's, see grid_relayed) to the reducers of its column.
+        step = step_from_json(header.info_json)
+        senders = set(exchange.grid_relayed(k, columns, me))
+        mine = [s for s, j in zip(header.reduce_shards, header.shard_reducers) if j in senders]
+        names = [f"{s}/{name}" for s in mine for name in step.arrays]
+        messages = []
+        for t in exchange.grid_column(k, columns, me % columns):
+            if t == me:
+                continue
+            rows = self.inbox.wait(round_, exchange.UPDATE, t, names, timeout=None)
+            if rows is None:
+                return f"rows of shards {mine} for block {t} did not all arrive"
+            counts = self.inbox.samples(round_, exchange.UPDATE, t)
+            messages.append((t, part(t, rows, {s: counts[s] for s in mine})))
+        return self._send_all(header, messages)
+
+    def _grid_gather(self, header, shared: dict) -> str:
+        """The all-gather through the grid: this reducer's block to its relay of every column, then,
+        once the blocks it relays are in, all of them down its column. Returns why a message
+        failed, or ""."""
+        k, columns, me, round_ = len(header.reducers), header.columns, header.part, header.round
+        self.inbox.put(round_, exchange.REDUCED, me, exchange.as_received(shared, self.float16))
+        block = self.peers.encode(exchange.REDUCED, round_, me, shared, self.float16)
+        relays = {exchange.grid_relay(k, columns, me, column) for column in range(columns)} - {me}
+        error = self._send_all(header, [(relay, block) for relay in sorted(relays)])
+        if error:
+            return error
+        parts = []
+        for j in exchange.grid_relayed(k, columns, me):
+            rows = self.inbox.wait(round_, exchange.REDUCED, j, list(shared), timeout=None)
+            if rows is None:
+                return f"block {j} of the new parameters did not arrive"
+            parts.append(self.peers.encode(exchange.REDUCED, round_, j, rows, self.float16))
+        message = b"".join(parts)
+        return self._send_all(header, [(t, message) for t in exchange.grid_column(k, columns, me % columns) if t != me])
+
+    def _send_all(self, header, messages: list[tuple[int, bytes]]) -> str:
+        """Send each ``(reducer index, message)`` at once, then wait for all; returns why some failed, or ""."""
+        pending = {}
+        for j, message in messages:
+            reducer = header.reducers[j]
+            pending[self.peers.send(reducer.address, message)] = (reducer.worker_id, reducer.address)
+        failed = self.peers.wait(pending)
+        if failed:
+            log.warning("round %d: could not send to %s", header.round, "; ".join(failed.values()))
+        return "; ".join(failed.values())
 
     def _take_gathered(self, header) -> None:
         """The arrays the master says the reducers delivered (``header.gathered``): join their parts."""

@@ -4,6 +4,8 @@ exchange runs the step again with the master reducing."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -54,6 +56,65 @@ def test_a_workers_own_part_takes_the_wires_path():
     assert narrowed["w"].dtype == np.float32
     assert narrowed["w"].tobytes() == a["w"].astype(np.float16).astype(np.float32).tobytes()
     assert narrowed["i"].tobytes() == a["i"].tobytes()
+
+
+# ------------------------------------------------------------------ the grid
+
+
+def _grid_deliveries(k: int, columns: int):
+    """Both phases of the grid's routing, simulated: {(receiver, part, origin): times} for the
+    scatter (origin: whose rows) and the gather (part = origin: whose block), and the messages
+    each worker sends."""
+    scatter, gather, sent = {}, {}, dict.fromkeys(range(k), 0)
+
+    def deliver(box, receiver, part, origin):
+        box[receiver, part, origin] = box.get((receiver, part, origin), 0) + 1
+
+    for s in range(k):  # first hop: a message to each column's relay, with that column's parts
+        for column in range(columns):
+            relay = exchange.grid_relay(k, columns, s, column)
+            sent[s] += relay != s
+            for t in exchange.grid_column(k, columns, column):
+                (deliver(scatter, t, t, s) if relay == t else None)  # the relay's own part: arrived
+        for relay in {exchange.grid_relay(k, columns, s, c) for c in range(columns)} - {s}:
+            deliver(gather, relay, s, s)
+            sent[s] += 1
+        deliver(gather, s, s, s)
+    for relay in range(k):  # second hop: down the relay's column, what it relays
+        relayed = exchange.grid_relayed(k, columns, relay)
+        for t in exchange.grid_column(k, columns, relay % columns):
+            if t == relay:
+                continue
+            sent[relay] += 2  # one message a phase
+            for s in relayed:
+                deliver(scatter, t, t, s)
+                deliver(gather, t, s, s)
+    return scatter, gather, sent
+
+
+@pytest.mark.parametrize("k", list(range(3, 41)) + [100, 101, 1000])
+def test_the_grid_delivers_every_part_once_in_fewer_messages(k):
+    columns = math.isqrt(k - 1) + 1
+    scatter, gather, sent = _grid_deliveries(k, columns)
+    # Reducer t gets the rows of block t from every sender, once; every worker every block, once.
+    assert scatter == {(t, t, s): 1 for t in range(k) for s in range(k)}
+    assert gather == {(w, j, j): 1 for w in range(k) for j in range(k)}
+    # Every sender has one relay a column, and the first row relays the short row for its missing columns.
+    assert all(sorted({exchange.grid_relay(k, columns, s, c) % columns for c in range(columns)}) == list(range(columns))
+               for s in range(k))
+    straight = 2 * (k - 1)  # a worker's messages sent straight: its rows to each reducer, its block to each
+    assert max(sent.values()) <= 4 * (columns - 1)  # no worker sends more than the grid's share
+    if k >= 9:
+        assert max(sent.values()) < straight
+
+
+def test_the_grid_is_taken_when_the_messages_it_saves_cost_more_than_the_bytes_it_adds():
+    assert exchange.grid_columns(2, 1) == 0  # two reducers: nothing to relay
+    assert exchange.grid_columns(100, 8_000_000) == 10  # the MNIST network's biggest layer
+    assert exchange.grid_columns(1000, 8_000_000) == 32
+    assert exchange.grid_columns(10, 8_000_000) == 0  # 4 (10 - 4) messages cost less than 16 MB
+    assert exchange.grid_columns(12, 100_000_000) == 0  # a model of 100 MB: straight
+    assert exchange.grid_columns(3, 1_000) == 2
 
 
 # ------------------------------------------------- reducing rows gives the same bits
@@ -146,6 +207,22 @@ class NormalizedSoftmax(SoftmaxRegression):
 # ------------------------------------------------------------- jobs on the workers
 
 
+@pytest.fixture(params=["straight", "grid"])
+def layout(request, monkeypatch):
+    """Both ways the reducers' messages go (iterreduce.exchange): straight, or through the grid
+    (taken whenever it saves a message); yields the columns the master chose, round by round."""
+    monkeypatch.setattr(exchange, "MESSAGE_COST_BYTES", 0 if request.param == "straight" else 1 << 40)
+    chosen = []
+    grid_columns = exchange.grid_columns
+
+    def recording(reducers, model_bytes):
+        chosen.append(grid_columns(reducers, model_bytes))
+        return chosen[-1]
+
+    monkeypatch.setattr(exchange, "grid_columns", recording)
+    yield request.param, chosen
+
+
 @pytest.fixture
 def uris(tmp_path):
     X, y = blobs(500, d=6, k=3, seed=4)
@@ -170,8 +247,9 @@ def _run(tmp_path, uris, name, *, workers=3, program=SOFTMAX, program_config=Non
     return job, encoded
 
 
-def test_a_job_reduced_on_the_workers_is_the_sequential_run(tmp_path, uris):
+def test_a_job_reduced_on_the_workers_is_the_sequential_run(tmp_path, uris, layout):
     job, encoded = _run(tmp_path, uris, "workers", reduce="workers")
+    assert layout[1] == [2 if layout[0] == "grid" else 0] * 4  # 3 reducers: 2 columns, a short row
     expected = simulate(SOFTMAX, job.config.program_config, uris)
     _assert_same_bits(load_npz(job.output / "parameters.npz"), expected)
     assert not events(job.output, "exchange_failed")
@@ -223,14 +301,25 @@ def test_a_star_round_after_exchanges_names_no_reducers(tmp_path, uris, tasks):
     _assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(SOFTMAX, job.config.program_config, uris))
 
 
-def test_float16_on_the_wire_gives_the_same_bits_either_way(tmp_path, uris):
+def test_float16_on_the_wire_gives_the_same_bits_either_way(tmp_path, uris, layout):
     star, _ = _run(tmp_path, uris, "master", float16_wire=True)
     peers, _ = _run(tmp_path, uris, "workers", float16_wire=True, reduce="workers")
     assert peers.master.round == 4 and not events(peers.output, "exchange_failed")
     _assert_same_bits(load_npz(peers.output / "parameters.npz"), load_npz(star.output / "parameters.npz"))
 
 
-def test_a_dbn_reduced_on_the_workers_is_the_sequential_run(tmp_path, mnist_small):
+@pytest.mark.parametrize("workers", [4, 7, 9, 10])
+def test_any_number_of_workers_reduced_through_the_grid_is_the_sequential_run(tmp_path, workers, layout):
+    X, y = blobs(600, d=6, k=3, seed=5)
+    uris = write_shards(X, y, str(tmp_path / "shards"), 11)  # more shards than workers: some hold two
+    job, _ = _run(tmp_path, uris, "workers", workers=workers, reduce="workers")
+    columns = math.isqrt(workers - 1) + 1 if layout[0] == "grid" else 0
+    assert layout[1] == [columns] * 4 and not events(job.output, "exchange_failed")
+    assert [r["reducers"] for r in records(job.output)] == [workers] * 4
+    _assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(SOFTMAX, job.config.program_config, uris))
+
+
+def test_a_dbn_reduced_on_the_workers_is_the_sequential_run(tmp_path, mnist_small, layout):
     x_train, y_train, _, _ = mnist_small
     uris = write_shards(x_train[:300], y_train[:300], str(tmp_path / "shards"), 3)
     config = dict(hidden_layers=[24, 12], pretrain_epochs=2, finetune_epochs=2, top_layer_epochs=1, n_classes=10,
@@ -260,7 +349,7 @@ class UnreachableWorker(Worker):
         super().register()
 
 
-def test_an_unreachable_peer_makes_the_master_reduce_again_and_then_for_good(tmp_path, uris):
+def test_an_unreachable_peer_makes_the_master_reduce_again_and_then_for_good(tmp_path, uris, layout):
     def worker_class(address, token, name, peer_host):
         cls = UnreachableWorker if name == "worker-1" else Worker
         return cls(address, token, name, peer_host=peer_host)
@@ -344,8 +433,28 @@ def test_a_reducer_refuses_rows_of_the_wrong_shape_and_says_whose():
                                info_json=step_to_json(Step("train", {}, ("weights",))))
         worker.inbox.put(3, exchange.UPDATE, 0, {"0/weights": np.zeros((4, 3), np.float32),
                                                  "1/weights": np.zeros((4, 2), np.float32)}, {0: 5, 1: 5})
-        result, undelivered, error = worker._reduce(header, {"weights": np.zeros((4, 3), np.float32)})
-        assert result == {} and undelivered == []
+        result, error = worker._reduce(header, {"weights": np.zeros((4, 3), np.float32)})
+        assert result == {}
         assert error == "shard 1 sent rows of weights as float32[4, 2], expected float32[4, 3]"
     finally:
         worker.channel.close()
+
+
+def test_a_shard_changing_hands_fails_a_grid_round_only(tmp_path, uris):
+    # A relay waits for a shard's rows from the reducer that had it when the round began: if the
+    # shard moves (a worker rejoining takes back its home shards), the grid round cannot end.
+    job = InProcessJob(tmp_path / "out", uris, workers=3, reduce="workers")
+    try:
+        master = job.master
+        with master.lock:
+            master.reducers, master._columns, master._shard_reducer = ["a#1", "b#2", "c#3"], 2, {0: 0, 1: 1}
+            master.results = {1: None}
+            master._moved(1)  # already reported: its rows are on their way
+            assert master.exchange_error is None
+            master._moved(0)
+            assert master.exchange_error == "shard 0 changed hands during the exchange"
+            master.exchange_error, master._columns = None, 0
+            master._moved(0)  # sent straight, the new owner's rows reach every reducer
+            assert master.exchange_error is None
+    finally:
+        job.close()
