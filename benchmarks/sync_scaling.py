@@ -712,6 +712,10 @@ def main(argv=None) -> int:
     ap.add_argument("--address", help=argparse.SUPPRESS)
     ap.add_argument("--ids", type=int, nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.root and os.environ.get("SYNC_SCALING_ROOT") != args.root:
+        # The driver too: its peer costs and projection are then those of the root's exchange.
+        os.environ["SYNC_SCALING_ROOT"] = args.root
+        os.execv(sys.executable, [sys.executable, __file__, *(sys.argv[1:] if argv is None else argv)])
     if args.role == "master":
         serve_master(args)
         return 0
