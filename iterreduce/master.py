@@ -308,8 +308,9 @@ class Master(pb_grpc.MasterServicer):
 
     def _task(self, request, context, limit: int | None = None) -> list:
         """The task for ``request``'s worker, as the messages to send (serialized TaskChunks, or a
-        DONE or WAIT one): waits up to 5 s for work. With ``limit``, None when the task's tensors
-        would take more than ``limit`` bytes (nothing is given out then: the worker fetches it)."""
+        DONE or WAIT one): waits up to 5 s for work. With ``limit``, one message, or None when the
+        task's tensors would take more than ``limit`` bytes (nothing is given out then: the worker
+        fetches it)."""
         deadline = time.monotonic() + 5.0
         with self.lock:
             while True:
@@ -370,6 +371,8 @@ class Master(pb_grpc.MasterServicer):
                     for chunk in wire.encode({name: array}):
                         yield pb.TaskChunk(tensors=[chunk]).SerializeToString()
 
+        if limit is not None:  # one message (serialized TaskChunks joined are one), whatever the header adds
+            return [b"".join(pieces())]
         # A group of one is sent as it is, not copied; the broadcast's pieces are shared, so the
         # list holds no copy of the parameters.
         return [b"".join(group) for group in wire.packed(pieces(), len)]

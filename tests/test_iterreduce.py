@@ -639,3 +639,25 @@ def test_a_master_of_many_workers_hands_out_the_stretched_interval(jobs, tmp_pat
     assert reply.heartbeat_interval_s == 4.0 and job.master.heartbeat_timeout == 12.0
     (event,) = events(tmp_path / "out", "heartbeat")
     assert (event["interval"], event["timeout"]) == (4.0, 12.0)
+
+
+def test_a_task_for_sync_is_one_message_however_packing_groups(jobs, tmp_path, monkeypatch):
+    # Sync's reply holds one TaskChunk: the tensors are within its limit, but the header comes on
+    # top, so a task near the limit would pack into two messages. It must come whole in one.
+    from iterreduce.master import wire as master_wire
+
+    job = make_job(jobs, tmp_path, n_shards=2, rows=200, workers=1, program_config={"n_classes": 3, "epochs": 2})
+    stub = job.stub()
+    worker = stub.Register(pb.RegisterRequest(worker_name="w"), metadata=metadata(job.token), timeout=5).worker_id
+    job.start()
+    job.wait_for(lambda: job.master.current == 0, what="step 0")
+    monkeypatch.setattr(master_wire, "packed", lambda items, size, limit=0: ([item] for item in items))  # one a message
+    context = type("Context", (), {"is_active": lambda self: True,
+                                   "abort": lambda self, code, why: pytest.fail(why)})()
+    with job.master.lock:
+        nbytes = sum(a.nbytes for a in job.master.parameters.values())
+    assert job.master._task(pb.TaskRequest(worker_id=worker), context, limit=nbytes - 1) is None  # past it...
+    messages = job.master._task(pb.TaskRequest(worker_id=worker), context, limit=nbytes)  # ...nothing given out
+    assert len(messages) == 1
+    task = pb.TaskChunk.FromString(messages[0])
+    assert task.header.step == 0 and sorted(wire.decode(task.tensors)) == ["bias", "weights"]
