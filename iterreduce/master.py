@@ -196,6 +196,9 @@ class Master(pb_grpc.MasterServicer):
         self.exchange_error: str | None = None   # why this round's exchange failed
         self.gathered: dict[str, dict[str, int]] = {}  # worker -> arrays its peers delivered: version
         self._gathered_round = (0, 0)            # (round, parts) of those deliveries
+        # worker -> (parts, part, round, {name: version}): its rows of the result it reduced in the
+        # last round that succeeded; rows of them still current are not sent again
+        self._rows_held: dict[str, tuple[int, int, int, dict[str, int]]] = {}
         self._failed_exchanges = 0               # in a row; at EXCHANGE_TRIES the master reduces from then on
         self._log = runlog.RunLog(runlog.log_path(self.out))
         # Before any worker starts: refuse data the program cannot use, and log what it found.
@@ -344,9 +347,14 @@ class Master(pb_grpc.MasterServicer):
             part = self.reducers.index(worker.worker_id) if worker.worker_id in self.reducers else -1
             if part in self.reduced:  # its block is in: a later task of the round carries no order
                 part = -1
+            rows_kept, rows_round = [], 0
             if part >= 0:  # its order: its rows of what the reduce reads, at full precision
-                send.update({exchange.ROWS_PREFIX + k: v
-                             for k, v in exchange.rows_of(self._reads, len(self.reducers), part).items()})
+                reads = exchange.rows_of(self._reads, len(self.reducers), part)
+                parts_held, part_held, rows_round, held = self._rows_held.get(worker.worker_id, (0, -1, 0, {}))
+                if (parts_held, part_held) == (len(self.reducers), part):  # those it reduced itself, still current
+                    rows_kept = sorted(k for k in reads if held.get(k) == self.versions[k])
+                rows_round = rows_round if rows_kept else 0
+                send.update({exchange.ROWS_PREFIX + k: v for k, v in reads.items() if k not in rows_kept})
             columns = self._columns if part >= 0 else 0
             shard_reducers = [self._shard_reducer[s] for s in self._reduce_shards] if columns else ()
             reduce_shards = self._reduce_shards if part >= 0 else ()
@@ -360,6 +368,7 @@ class Master(pb_grpc.MasterServicer):
             seed=self.config.seed, versions=versions, round=round_, reducers=reducers, reducers_version=reducers_version,
             gathered=gathered, gathered_round=gathered_round, gathered_parts=gathered_parts,
             part=part, reduce_shards=reduce_shards, columns=columns, shard_reducers=shard_reducers,
+            rows_kept=rows_kept, rows_round=rows_round,
         )
 
         def pieces():  # serialized TaskChunks: joined, they are one message with all their fields
@@ -737,6 +746,8 @@ class Master(pb_grpc.MasterServicer):
         shared = {name: index + 1 for name in result if not master_side(name)}
         self.gathered = {w: shared for w in self.reducers if w not in undelivered}
         self._gathered_round = (self.round, parts)
+        versions = {name: index + 1 for name in result}
+        self._rows_held = {w: (parts, j, self.round, versions) for j, w in enumerate(self.reducers)}
         return result
 
     # --------------------------------------------------------------- the page

@@ -63,6 +63,7 @@ class Worker:
         self.reducer = None  # the master-side program, for the rows this worker reduces
         self._kept: dict[tuple[int, int], Update] = {}  # (step, shard) -> update, while a step may be redone
         self._reducers: tuple[int, list] = (0, [])  # the master's reducers list held: (version, list)
+        self._results: dict[int, tuple[int, int, dict]] = {}  # round -> (parts, part, this reducer's result)
 
     def register(self) -> None:
         reply = self.stub.Register(pb.RegisterRequest(
@@ -70,7 +71,7 @@ class Worker:
             resources_json=json.dumps(self.resources), peer_address=self.peer_address),
             metadata=self.metadata, wait_for_ready=True, timeout=120)
         self.worker_id = reply.worker_id
-        self._reducers = (0, [])  # the master may be a new one: its lists are not ours
+        self._reducers, self._results = (0, []), {}  # the master may be a new one: its lists are not ours
         if self.peers is not None:
             self.peers.close()
         self.peers = exchange.Peers(self.worker_id, self.token, self.tls)
@@ -122,6 +123,7 @@ class Worker:
                 self._take_gathered(header)
                 rows = {k[len(exchange.ROWS_PREFIX):]: arrays.pop(k) for k in list(arrays)
                         if k.startswith(exchange.ROWS_PREFIX)}  # a reducer's order
+                rows.update(self._rows_kept(header))
                 self.parameters.update(arrays)
                 self.versions.update(header.versions)
                 try:
@@ -250,7 +252,9 @@ class Worker:
             return self._push(header, updates, arrays={}, scattered=True, exchange_error=error)
         result, error = self._reduce(header, parameters)
         undelivered = []
-        if not error:
+        if not error:  # kept: the next task may say to read its rows from here (TaskHeader.rows_kept)
+            self._results = {r: kept for r, kept in self._results.items() if r >= header.round - 2}
+            self._results[header.round] = (len(header.reducers), header.part, result)
             shared = {k: v for k, v in result.items() if not master_side(k)}
             if grid:
                 error = self._grid_gather(header, shared)
@@ -381,6 +385,18 @@ class Worker:
         if failed:
             log.warning("round %d: could not send to %s", header.round, "; ".join(failed.values()))
         return "; ".join(failed.values())
+
+    def _rows_kept(self, header) -> dict:
+        """This reducer's rows the master did not send again (``header.rows_kept``): its own of the
+        result it reduced in round ``header.rows_round``."""
+        if not header.rows_kept:
+            return {}
+        parts, part, result = self._results.get(header.rows_round, (0, -1, {}))
+        missing = [k for k in header.rows_kept if k not in result]
+        if (parts, part) != (len(header.reducers), header.part) or missing:  # a bug: never guess
+            raise RuntimeError(f"round {header.round}: the rows of {sorted(header.rows_kept)} from round "
+                               f"{header.rows_round} are not held (block {part} of {parts}; missing {missing})")
+        return {k: result[k] for k in header.rows_kept}
 
     def _take_gathered(self, header) -> None:
         """The arrays the master says the reducers delivered (``header.gathered``): join their parts."""

@@ -261,20 +261,28 @@ def test_a_job_reduced_on_the_workers_is_the_sequential_run(tmp_path, uris, layo
 
 @pytest.fixture
 def tasks(monkeypatch):
-    """Every RUN task the master sends: (worker id, reducers_version, number of reducers listed)."""
-    sent = []
-    task = Master._task  # where FetchTask and Sync get their tasks
+    """Every RUN task the master sends: (worker id, reducers_version, number of reducers listed);
+    ``.rows``: (round, rows_kept, the rows sent) of each."""
+
+    class Sent(list):
+        rows: list
+
+    sent, rows = Sent(), []
+    make_task = Master._task  # where FetchTask and Sync get their tasks
 
     def recording(self, request, context, limit=None):
-        messages = task(self, request, context, limit)
-        if messages:
-            raw = messages[0] if isinstance(messages[0], bytes) else messages[0].SerializeToString()
-            header = pb.TaskChunk.FromString(raw).header
-            if header.kind == pb.TaskHeader.RUN:
-                sent.append((request.worker_id, header.reducers_version, len(header.reducers)))
+        messages = make_task(self, request, context, limit)
+        if messages:  # serialized TaskChunks joined are one: the header and every chunk
+            joined = b"".join(m if isinstance(m, bytes) else m.SerializeToString() for m in messages)
+            task = pb.TaskChunk.FromString(joined)
+            if task.header.kind == pb.TaskHeader.RUN:
+                sent.append((request.worker_id, task.header.reducers_version, len(task.header.reducers)))
+                rows.append((task.header.round, tuple(task.header.rows_kept),
+                             sorted({c.name for c in task.tensors if c.name.startswith(exchange.ROWS_PREFIX)})))
         return messages
 
     monkeypatch.setattr(Master, "_task", recording)
+    sent.rows = rows  # (round, rows_kept, rows sent) of each reducer's task
     return sent
 
 
@@ -286,6 +294,18 @@ def test_the_reducers_list_goes_to_each_worker_once(tmp_path, uris, tasks):
     assert len(tasks) == 4 * 3 and {version for _, version, _ in tasks} == {1}
     listed = [worker for worker, _, n in tasks if n]
     assert sorted(listed) == sorted(job.master.workers) and all(n in (0, 3) for _, _, n in tasks)
+
+
+def test_a_reducer_is_not_sent_again_the_rows_it_reduced(tmp_path, uris, tasks, layout):
+    # Its rows of what the reduce reads come with its first order; after a round that succeeded
+    # they are its own rows of that result, which it keeps: the master sends them no more.
+    job, _ = _run(tmp_path, uris, "workers", reduce="workers")
+    assert job.master.round == 4 and not events(job.output, "exchange_failed")
+    rows = sorted(tasks.rows)
+    first, later = [r for r in rows if r[0] == 1], [r for r in rows if r[0] > 1]
+    assert len(first) == 3 and all(kept == () and sent == ["rows:bias", "rows:weights"] for _, kept, sent in first)
+    assert len(later) == 9 and all(kept == ("bias", "weights") and sent == [] for _, kept, sent in later)
+    _assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(SOFTMAX, job.config.program_config, uris))
 
 
 def test_a_star_round_after_exchanges_names_no_reducers(tmp_path, uris, tasks):
