@@ -347,17 +347,8 @@ class Master(pb_grpc.MasterServicer):
             part = self.reducers.index(worker.worker_id) if worker.worker_id in self.reducers else -1
             if part in self.reduced:  # its block is in: a later task of the round carries no order
                 part = -1
-            rows_kept, rows_round = [], 0
-            if part >= 0:  # its order: its rows of what the reduce reads, at full precision
-                reads = exchange.rows_of(self._reads, len(self.reducers), part)
-                parts_held, part_held, rows_round, held = self._rows_held.get(worker.worker_id, (0, -1, 0, {}))
-                if (parts_held, part_held) == (len(self.reducers), part):  # those it reduced itself, still current
-                    rows_kept = sorted(k for k in reads if held.get(k) == self.versions[k])
-                rows_round = rows_round if rows_kept else 0
-                send.update({exchange.ROWS_PREFIX + k: v for k, v in reads.items() if k not in rows_kept})
-            columns = self._columns if part >= 0 else 0
-            shard_reducers = [self._shard_reducer[s] for s in self._reduce_shards] if columns else ()
-            reduce_shards = self._reduce_shards if part >= 0 else ()
+            rows, order = self._order(worker.worker_id, part) if part >= 0 else ({}, {})
+            send.update(rows)
             if limit is not None and sum(array.nbytes for array in send.values()) > limit:
                 return None
             for s in todo:
@@ -366,9 +357,7 @@ class Master(pb_grpc.MasterServicer):
             kind=pb.TaskHeader.RUN, step=step_index, phase=step.phase, info_json=step_to_json(step),
             shards=[pb.Shard(index=s, uri=self.shards[s]["uri"]) for s in todo],
             seed=self.config.seed, versions=versions, round=round_, reducers=reducers, reducers_version=reducers_version,
-            gathered=gathered, gathered_round=gathered_round, gathered_parts=gathered_parts,
-            part=part, reduce_shards=reduce_shards, columns=columns, shard_reducers=shard_reducers,
-            rows_kept=rows_kept, rows_round=rows_round,
+            gathered=gathered, gathered_round=gathered_round, gathered_parts=gathered_parts, part=part, **order,
         )
 
         def pieces():  # serialized TaskChunks: joined, they are one message with all their fields
@@ -385,6 +374,22 @@ class Master(pb_grpc.MasterServicer):
         # A group of one is sent as it is, not copied; the broadcast's pieces are shared, so the
         # list holds no copy of the parameters.
         return [b"".join(group) for group in wire.packed(pieces(), len)]
+
+    def _order(self, worker_id: str, part: int) -> tuple[dict, dict]:
+        """Reducer ``part``'s order (call with the lock held): its rows of what the reduce reads,
+        at full precision, named ``rows:<name>``, less those it holds (its own block of the result
+        it reduced in the last round that succeeded, unchanged since); and the TaskHeader's fields
+        that say which shards to reduce, through which grid, and which rows it holds."""
+        reads = exchange.rows_of(self._reads, len(self.reducers), part)
+        parts_held, part_held, rows_round, held = self._rows_held.get(worker_id, (0, -1, 0, {}))
+        kept = []
+        if (parts_held, part_held) == (len(self.reducers), part):
+            kept = sorted(k for k in reads if held.get(k) == self.versions[k])
+        rows = {exchange.ROWS_PREFIX + k: v for k, v in reads.items() if k not in kept}
+        order = {"reduce_shards": self._reduce_shards, "columns": self._columns,
+                 "shard_reducers": [self._shard_reducer[s] for s in self._reduce_shards] if self._columns else [],
+                 "rows_kept": kept, "rows_round": rows_round if kept else 0}
+        return rows, order
 
     def _encoded(self, name: str, array: np.ndarray, version: int) -> list[bytes]:
         """Parameter ``name`` at ``version`` as serialized :class:`TaskChunk` messages (what

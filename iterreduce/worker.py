@@ -123,7 +123,8 @@ class Worker:
                 self._take_gathered(header)
                 rows = {k[len(exchange.ROWS_PREFIX):]: arrays.pop(k) for k in list(arrays)
                         if k.startswith(exchange.ROWS_PREFIX)}  # a reducer's order
-                rows.update(self._rows_kept(header))
+                kept = self._rows_kept(header)
+                rows = None if kept is None else {**rows, **kept}  # None: the exchange fails, the step runs as a star
                 self.parameters.update(arrays)
                 self.versions.update(header.versions)
                 try:
@@ -233,7 +234,7 @@ class Worker:
 
     # ------------------------------------------------------------ the reduce on the workers
 
-    def _exchange(self, header, updates: list[Update], parameters: dict):
+    def _exchange(self, header, updates: list[Update], parameters: dict | None):
         """Send reducer j rows j of each update; a reducer (``header.part`` >= 0) then reduces its
         rows of the round's shards and shares them, straight or through the grid (``header.columns``).
         One push to the master: this worker's results (no update tensors: they went to the
@@ -242,7 +243,9 @@ class Worker:
         named = {f"{u.shard}/{k}": v for u in updates for k, v in u.arrays.items()}
         samples = {u.shard: u.samples for u in updates}
         grid = header.columns > 0 and header.part >= 0
-        if not exchange.can_cut(named):
+        if parameters is None:
+            error = f"the rows of {sorted(header.rows_kept)} from round {header.rows_round} are not held"
+        elif not exchange.can_cut(named):
             error = "an update holds an array without rows (0-d)"
         elif grid:
             error = self._grid_scatter(header, named, samples)
@@ -253,7 +256,7 @@ class Worker:
         result, error = self._reduce(header, parameters)
         undelivered = []
         if not error:  # kept: the next task may say to read its rows from here (TaskHeader.rows_kept)
-            self._results = {r: kept for r, kept in self._results.items() if r >= header.round - 2}
+            self._results = {r: kept for r, kept in self._results.items() if r >= header.round - 3}
             self._results[header.round] = (len(header.reducers), header.part, result)
             shared = {k: v for k, v in result.items() if not master_side(k)}
             if grid:
@@ -386,16 +389,17 @@ class Worker:
             log.warning("round %d: could not send to %s", header.round, "; ".join(failed.values()))
         return "; ".join(failed.values())
 
-    def _rows_kept(self, header) -> dict:
+    def _rows_kept(self, header) -> dict | None:
         """This reducer's rows the master did not send again (``header.rows_kept``): its own of the
-        result it reduced in round ``header.rows_round``."""
+        result it reduced in round ``header.rows_round``; None when it does not hold them (never
+        guess: a reduce missing a master-only array would run on without it)."""
         if not header.rows_kept:
             return {}
         parts, part, result = self._results.get(header.rows_round, (0, -1, {}))
-        missing = [k for k in header.rows_kept if k not in result]
-        if (parts, part) != (len(header.reducers), header.part) or missing:  # a bug: never guess
-            raise RuntimeError(f"round {header.round}: the rows of {sorted(header.rows_kept)} from round "
-                               f"{header.rows_round} are not held (block {part} of {parts}; missing {missing})")
+        if (parts, part) != (len(header.reducers), header.part) or any(k not in result for k in header.rows_kept):
+            log.warning("round %d: the rows of %s from round %d are not held here", header.round,
+                        sorted(header.rows_kept), header.rows_round)
+            return None
         return {k: result[k] for k in header.rows_kept}
 
     def _take_gathered(self, header) -> None:

@@ -478,3 +478,30 @@ def test_a_shard_changing_hands_fails_a_grid_round_only(tmp_path, uris):
             assert master.exchange_error is None
     finally:
         job.close()
+
+
+class ForgetfulWorker(Worker):
+    """Loses the results it reduced once (as if the master counted rows it does not hold)."""
+
+    forgot = False
+
+    def _rows_kept(self, header):
+        if header.rows_kept and not ForgetfulWorker.forgot:
+            ForgetfulWorker.forgot = True
+            self._results.clear()
+        return super()._rows_kept(header)
+
+
+def test_a_reducer_without_the_rows_it_was_said_to_hold_fails_the_round_not_the_bits(tmp_path, uris, layout):
+    def worker_class(address, token, name, peer_host):
+        cls = ForgetfulWorker if name == "worker-1" else Worker
+        return cls(address, token, name, peer_host=peer_host)
+
+    ForgetfulWorker.forgot = False
+    job, _ = _run(tmp_path, uris, "workers", worker_class=worker_class, reduce="workers")
+    assert ForgetfulWorker.forgot
+    (failed,) = events(job.output, "exchange_failed")
+    assert "are not held" in failed["reason"] and failed["step"] == 1
+    # The step ran again as a star, and the next ones on the workers again: the sequential run's bits.
+    assert [r["reducers"] for r in records(job.output)] == [3, 0, 3, 3]
+    _assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(SOFTMAX, job.config.program_config, uris))
