@@ -329,13 +329,13 @@ def run_clients(args) -> None:
             threading.Thread(target=beat, daemon=True).start()
         versions: dict[str, int] = {}
         encoded: dict[tuple, list] = {}  # shard indices -> the update's tensor chunks, encoded once
-        held = (0, [])  # the reducers list, as a worker keeps it (a --root proto may predate it)
-        listed = "reducers_version" in pb.TaskRequest.DESCRIPTOR.fields_by_name
+        held = (0, [])  # the layout's reducers, as a worker keeps them (a --root proto may predate it)
+        listed = "layout_version" in pb.TaskRequest.DESCRIPTOR.fields_by_name
         can_sync = "Sync" in pb.DESCRIPTOR.services_by_name["Master"].methods_by_name
         task = None  # the next task's header, when a push brought it (Sync)
 
         def request():
-            return pb.TaskRequest(worker_id=worker_id, versions=versions, **({"reducers_version": held[0]} if listed else {}))
+            return pb.TaskRequest(worker_id=worker_id, versions=versions, **({"layout_version": held[0]} if listed else {}))
 
         def send(pieces: list[bytes]) -> None:
             """Push as a worker does: one message goes with a request for the next task (Sync)."""
@@ -358,9 +358,9 @@ def run_clients(args) -> None:
                 for raw in fetch(request(), metadata=md):
                     if header is None:  # the first message is the header; the rest are tensor chunks
                         header = pb.TaskChunk.FromString(raw).header
-            if listed and header.reducers_version:
+            if listed and header.layout_version:
                 if header.reducers:
-                    held = (header.reducers_version, list(header.reducers))
+                    held = (header.layout_version, list(header.reducers))
                 else:
                     header.reducers.extend(held[1])
             if header.kind == pb.TaskHeader.DONE:

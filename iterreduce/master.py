@@ -184,12 +184,15 @@ class Master(pb_grpc.MasterServicer):
         # The reduce on the workers (iterreduce.exchange). A round is one attempt at a step.
         self.round = 0
         self.reducers: list[str] = []            # worker ids of this round's reducers; empty: a star round
-        self._reducer_messages: list[pb.Reducer] = []  # the same, as the tasks name them
-        self._reducers_version = 0               # of that list (0: none); a new list, a new version
-        self._reducers_key: tuple = ()
+        self._reducer_index: dict[str, int] = {}  # the same, worker id -> its part
         self._reduce_shards: list[int] = []      # the shards the reducers reduce: the round's expected ones
         self._columns = 0                        # the exchange's grid (0: straight sends; see exchange.grid_columns)
         self._shard_reducer: dict[int, int] = {}  # a grid round's shards -> the reducer (index) computing each
+        # The round's layout as the TaskHeader carries it (reducers, reduce_shards, columns,
+        # shard_reducers), sent only to workers that do not hold its version; a new layout, a new one.
+        self._layout: dict = {}
+        self._layout_version = 0
+        self._layout_key: tuple = ()
         self._reads: dict = {}                   # the parameters the reducers read (rows of them each)
         self.reduced: dict[int, tuple[dict, list[str]]] = {}  # part -> (rows, reducers not delivered to)
         self.reporter: dict[int, str] = {}       # shard -> the worker whose result is in
@@ -340,11 +343,11 @@ class Master(pb_grpc.MasterServicer):
             gathered = {k: self.versions[k] for k in stale if held.get(k) == self.versions[k]}
             send = {k: self.parameters[k] for k in stale if k not in gathered}
             versions = {k: self.versions[k] for k in send}
-            round_, reducers_version = self.round, self._reducers_version if self.reducers else 0
-            # The list goes only to a worker that does not hold it (see TaskHeader.reducers_version).
-            reducers = self._reducer_messages if reducers_version and request.reducers_version != reducers_version else ()
+            round_, layout_version = self.round, self._layout_version if self.reducers else 0
+            # The layout goes only to a worker that does not hold it (see TaskHeader.layout_version).
+            layout = self._layout if layout_version and request.layout_version != layout_version else {}
             gathered_round, gathered_parts = self._gathered_round if gathered else (0, 0)
-            part = self.reducers.index(worker.worker_id) if worker.worker_id in self.reducers else -1
+            part = self._reducer_index.get(worker.worker_id, -1) if self.reducers else -1
             if part in self.reduced:  # its block is in: a later task of the round carries no order
                 part = -1
             rows, order = self._order(worker.worker_id, part) if part >= 0 else ({}, {})
@@ -356,7 +359,7 @@ class Master(pb_grpc.MasterServicer):
         header = pb.TaskHeader(
             kind=pb.TaskHeader.RUN, step=step_index, phase=step.phase, info_json=step_to_json(step),
             shards=[pb.Shard(index=s, uri=self.shards[s]["uri"]) for s in todo],
-            seed=self.config.seed, versions=versions, round=round_, reducers=reducers, reducers_version=reducers_version,
+            seed=self.config.seed, versions=versions, round=round_, layout_version=layout_version, **layout,
             gathered=gathered, gathered_round=gathered_round, gathered_parts=gathered_parts, part=part, **order,
         )
 
@@ -378,18 +381,15 @@ class Master(pb_grpc.MasterServicer):
     def _order(self, worker_id: str, part: int) -> tuple[dict, dict]:
         """Reducer ``part``'s order (call with the lock held): its rows of what the reduce reads,
         at full precision, named ``rows:<name>``, less those it holds (its own block of the result
-        it reduced in the last round that succeeded, unchanged since); and the TaskHeader's fields
-        that say which shards to reduce, through which grid, and which rows it holds."""
+        it reduced in the last round that succeeded, unchanged since), and the TaskHeader's fields
+        that say which rows it holds (the layout says which shards to reduce, and how)."""
         reads = exchange.rows_of(self._reads, len(self.reducers), part)
         parts_held, part_held, rows_round, held = self._rows_held.get(worker_id, (0, -1, 0, {}))
         kept = []
         if (parts_held, part_held) == (len(self.reducers), part):
             kept = sorted(k for k in reads if held.get(k) == self.versions[k])
         rows = {exchange.ROWS_PREFIX + k: v for k, v in reads.items() if k not in kept}
-        order = {"reduce_shards": self._reduce_shards, "columns": self._columns,
-                 "shard_reducers": [self._shard_reducer[s] for s in self._reduce_shards] if self._columns else [],
-                 "rows_kept": kept, "rows_round": rows_round if kept else 0}
-        return rows, order
+        return rows, {"rows_kept": kept, "rows_round": rows_round if kept else 0}
 
     def _encoded(self, name: str, array: np.ndarray, version: int) -> list[bytes]:
         """Parameter ``name`` at ``version`` as serialized :class:`TaskChunk` messages (what
@@ -700,17 +700,21 @@ class Master(pb_grpc.MasterServicer):
         owners = sorted({self.owner[s] for s in self.expected if self.owner[s]}, key=lambda w: self.workers[w].name)
         peers = peers and len(owners) > 1 and all(self.workers[w].peer_address for w in owners)
         self.reducers = owners if peers else []
-        key = tuple((w, self.workers[w].peer_address) for w in self.reducers)
-        if key and key != self._reducers_key:
-            self._reducers_version += 1
-            self._reducers_key = key
-            self._reducer_messages = [pb.Reducer(worker_id=w, address=address) for w, address in key]
+        self._reducer_index = {w: j for j, w in enumerate(self.reducers)}
         self._reduce_shards = sorted(self.expected)
         if self.reducers:
             self._columns = exchange.grid_columns(len(self.reducers), sum(
                 self.parameters[k].nbytes for k in step.arrays if k in self.parameters))
         if self._columns:
-            self._shard_reducer = {s: self.reducers.index(self.owner[s]) for s in self._reduce_shards}
+            self._shard_reducer = {s: self._reducer_index[self.owner[s]] for s in self._reduce_shards}
+        addresses = tuple((w, self.workers[w].peer_address) for w in self.reducers)
+        key = (addresses, tuple(self._reduce_shards), self._columns, tuple(self._shard_reducer.values()))
+        if self.reducers and key != self._layout_key:
+            self._layout_version += 1
+            self._layout_key = key
+            self._layout = {"reducers": [pb.Reducer(worker_id=w, address=address) for w, address in addresses],
+                            "reduce_shards": self._reduce_shards, "columns": self._columns,
+                            "shard_reducers": list(self._shard_reducer.values())}
         # What an elementwise reduce reads: the step's arrays and the master-only ones.
         self._reads = {k: v for k, v in self.parameters.items() if k in step.arrays or k.startswith(MASTER_ONLY)}
         self._notify_all()

@@ -62,7 +62,7 @@ class Worker:
         self.peers: exchange.Peers | None = None
         self.reducer = None  # the master-side program, for the rows this worker reduces
         self._kept: dict[tuple[int, int], Update] = {}  # (step, shard) -> update, while a step may be redone
-        self._reducers: tuple[int, list] = (0, [])  # the master's reducers list held: (version, list)
+        self._layout: tuple[int, pb.TaskHeader] = (0, pb.TaskHeader())  # the exchange's layout held: (version, its fields)
         self._results: dict[int, tuple[int, int, dict]] = {}  # round -> (parts, part, this reducer's result)
 
     def register(self) -> None:
@@ -71,7 +71,7 @@ class Worker:
             resources_json=json.dumps(self.resources), peer_address=self.peer_address),
             metadata=self.metadata, wait_for_ready=True, timeout=120)
         self.worker_id = reply.worker_id
-        self._reducers, self._results = (0, []), {}  # the master may be a new one: its lists are not ours
+        self._layout, self._results = (0, pb.TaskHeader()), {}  # the master may be a new one: its layouts are not ours
         if self.peers is not None:
             self.peers.close()
         self.peers = exchange.Peers(self.worker_id, self.token, self.tls)
@@ -150,7 +150,7 @@ class Worker:
 
     def _task_request(self) -> pb.TaskRequest:
         """What this worker holds, for the master to send only what it lacks."""
-        return pb.TaskRequest(worker_id=self.worker_id, versions=self.versions, reducers_version=self._reducers[0])
+        return pb.TaskRequest(worker_id=self.worker_id, versions=self.versions, layout_version=self._layout[0])
 
     def _fetch(self):
         return self._read_task(self.stub.FetchTask(self._task_request(), metadata=self.metadata))
@@ -158,19 +158,21 @@ class Worker:
     def _read_task(self, messages):
         """The task's header and its arrays, from its messages."""
         header, decoder = None, wire.Decoder()
-        held, reducers = self._reducers
         for chunk in messages:
             if chunk.HasField("header"):
                 header = chunk.header
             for tensor in chunk.tensors:
                 decoder.add(tensor)
-        if header.reducers_version and header.reducers:
-            self._reducers = (header.reducers_version, list(header.reducers))
-        elif header.reducers_version:  # the list this worker holds: the master sent no copy
-            if header.reducers_version != held:  # never guess whom to send rows to
-                raise RuntimeError(f"task of round {header.round}: reducers list {header.reducers_version} "
-                                   f"was not sent, and this worker holds list {held}")
-            header.reducers.extend(reducers)
+        held, layout = self._layout
+        if header.layout_version and header.reducers:  # a new layout: keep it
+            self._layout = (header.layout_version, pb.TaskHeader(
+                reducers=header.reducers, reduce_shards=header.reduce_shards, columns=header.columns,
+                shard_reducers=header.shard_reducers))
+        elif header.layout_version:  # the layout this worker holds: the master sent no copy
+            if header.layout_version != held:  # never guess whom to send rows to
+                raise RuntimeError(f"task of round {header.round}: layout {header.layout_version} was not "
+                                   f"sent, and this worker holds layout {held}")
+            header.MergeFrom(layout)
         return header, decoder.finish()
 
     def _compute(self, header) -> list[Update]:

@@ -261,7 +261,7 @@ def test_a_job_reduced_on_the_workers_is_the_sequential_run(tmp_path, uris, layo
 
 @pytest.fixture
 def tasks(monkeypatch):
-    """Every RUN task the master sends: (worker id, reducers_version, number of reducers listed);
+    """Every RUN task the master sends: (worker id, layout_version, number of reducers listed);
     ``.rows``: (round, rows_kept, the rows sent) of each."""
 
     class Sent(list):
@@ -276,7 +276,7 @@ def tasks(monkeypatch):
             joined = b"".join(m if isinstance(m, bytes) else m.SerializeToString() for m in messages)
             task = pb.TaskChunk.FromString(joined)
             if task.header.kind == pb.TaskHeader.RUN:
-                sent.append((request.worker_id, task.header.reducers_version, len(task.header.reducers)))
+                sent.append((request.worker_id, task.header.layout_version, len(task.header.reducers)))
                 rows.append((task.header.round, tuple(task.header.rows_kept),
                              sorted({c.name for c in task.tensors if c.name.startswith(exchange.ROWS_PREFIX)})))
         return messages
@@ -286,9 +286,10 @@ def tasks(monkeypatch):
     return sent
 
 
-def test_the_reducers_list_goes_to_each_worker_once(tmp_path, uris, tasks):
-    # A task names the K reducers only when the worker does not hold the list: K lists in K tasks
-    # a sync would be K^2 names (a thousand workers: 36 MB a sync, twice the model).
+def test_the_layout_goes_to_each_worker_once(tmp_path, uris, tasks):
+    # A task names the K reducers (and the shards they reduce, and the grid) only when the worker
+    # does not hold that layout: K of them in K tasks a sync would be K^2 names (a thousand workers:
+    # 36 MB a sync, twice the model).
     job, _ = _run(tmp_path, uris, "workers", reduce="workers")
     assert job.master.round == 4 and not events(job.output, "exchange_failed")
     assert len(tasks) == 4 * 3 and {version for _, version, _ in tasks} == {1}

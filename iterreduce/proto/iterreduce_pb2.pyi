@@ -52,7 +52,7 @@ class HeartbeatReply(_message.Message):
     def __init__(self, known: _Optional[bool] = ..., round: _Optional[int] = ...) -> None: ...
 
 class TaskRequest(_message.Message):
-    __slots__ = ("worker_id", "versions", "reducers_version")
+    __slots__ = ("worker_id", "versions", "layout_version")
     class VersionsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -62,11 +62,11 @@ class TaskRequest(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     VERSIONS_FIELD_NUMBER: _ClassVar[int]
-    REDUCERS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_VERSION_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     versions: _containers.ScalarMap[str, int]
-    reducers_version: int
-    def __init__(self, worker_id: _Optional[str] = ..., versions: _Optional[_Mapping[str, int]] = ..., reducers_version: _Optional[int] = ...) -> None: ...
+    layout_version: int
+    def __init__(self, worker_id: _Optional[str] = ..., versions: _Optional[_Mapping[str, int]] = ..., layout_version: _Optional[int] = ...) -> None: ...
 
 class Shard(_message.Message):
     __slots__ = ("index", "uri")
@@ -77,7 +77,7 @@ class Shard(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uri: _Optional[str] = ...) -> None: ...
 
 class TaskHeader(_message.Message):
-    __slots__ = ("kind", "step", "phase", "info_json", "shards", "seed", "versions", "round", "reducers", "part", "reduce_shards", "gathered", "gathered_round", "gathered_parts", "reducers_version", "columns", "shard_reducers", "rows_kept", "rows_round")
+    __slots__ = ("kind", "step", "phase", "info_json", "shards", "seed", "versions", "round", "reducers", "part", "reduce_shards", "gathered", "gathered_round", "gathered_parts", "layout_version", "columns", "shard_reducers", "rows_kept", "rows_round")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         RUN: _ClassVar[TaskHeader.Kind]
@@ -114,7 +114,7 @@ class TaskHeader(_message.Message):
     GATHERED_FIELD_NUMBER: _ClassVar[int]
     GATHERED_ROUND_FIELD_NUMBER: _ClassVar[int]
     GATHERED_PARTS_FIELD_NUMBER: _ClassVar[int]
-    REDUCERS_VERSION_FIELD_NUMBER: _ClassVar[int]
+    LAYOUT_VERSION_FIELD_NUMBER: _ClassVar[int]
     COLUMNS_FIELD_NUMBER: _ClassVar[int]
     SHARD_REDUCERS_FIELD_NUMBER: _ClassVar[int]
     ROWS_KEPT_FIELD_NUMBER: _ClassVar[int]
@@ -133,12 +133,12 @@ class TaskHeader(_message.Message):
     gathered: _containers.ScalarMap[str, int]
     gathered_round: int
     gathered_parts: int
-    reducers_version: int
+    layout_version: int
     columns: int
     shard_reducers: _containers.RepeatedScalarFieldContainer[int]
     rows_kept: _containers.RepeatedScalarFieldContainer[str]
     rows_round: int
-    def __init__(self, kind: _Optional[_Union[TaskHeader.Kind, str]] = ..., step: _Optional[int] = ..., phase: _Optional[str] = ..., info_json: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., seed: _Optional[int] = ..., versions: _Optional[_Mapping[str, int]] = ..., round: _Optional[int] = ..., reducers: _Optional[_Iterable[_Union[Reducer, _Mapping]]] = ..., part: _Optional[int] = ..., reduce_shards: _Optional[_Iterable[int]] = ..., gathered: _Optional[_Mapping[str, int]] = ..., gathered_round: _Optional[int] = ..., gathered_parts: _Optional[int] = ..., reducers_version: _Optional[int] = ..., columns: _Optional[int] = ..., shard_reducers: _Optional[_Iterable[int]] = ..., rows_kept: _Optional[_Iterable[str]] = ..., rows_round: _Optional[int] = ...) -> None: ...
+    def __init__(self, kind: _Optional[_Union[TaskHeader.Kind, str]] = ..., step: _Optional[int] = ..., phase: _Optional[str] = ..., info_json: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., seed: _Optional[int] = ..., versions: _Optional[_Mapping[str, int]] = ..., round: _Optional[int] = ..., reducers: _Optional[_Iterable[_Union[Reducer, _Mapping]]] = ..., part: _Optional[int] = ..., reduce_shards: _Optional[_Iterable[int]] = ..., gathered: _Optional[_Mapping[str, int]] = ..., gathered_round: _Optional[int] = ..., gathered_parts: _Optional[int] = ..., layout_version: _Optional[int] = ..., columns: _Optional[int] = ..., shard_reducers: _Optional[_Iterable[int]] = ..., rows_kept: _Optional[_Iterable[str]] = ..., rows_round: _Optional[int] = ...) -> None: ...
 
 class Reducer(_message.Message):
     __slots__ = ("worker_id", "address")
