@@ -266,6 +266,13 @@ def run_peer_workers(args) -> None:
                       "peer_bytes": sent[0], "errors": errors[:5]}), flush=True)
 
 
+def _worker_class():
+    """The Worker of the tree under test (its heartbeat rule is mirrored by the bare clients)."""
+    from iterreduce.worker import Worker
+
+    return Worker
+
+
 def run_clients(args) -> None:
     """One process of lightweight workers: a thread (and a TCP connection) per worker. With
     ``--reduce workers`` they play the master's side of the exchange only: for each task a push
@@ -321,9 +328,14 @@ def run_clients(args) -> None:
                               metadata=md, wait_for_ready=True, timeout=120)
         worker_id, float16 = reply.worker_id, reply.float16_wire
         done = threading.Event()
-        if args.heartbeat:  # as a worker does, at the interval the master hands out, whatever it is doing
+        heard = [0.0]  # when the last call to the master ended
+        if args.heartbeat:  # as a worker does, at the interval the master hands out, unless a call was heard
+            skips = "_heard" in _worker_class()._heartbeat.__code__.co_names  # a --root tree's may beat always
+
             def beat():
                 while not done.wait(reply.heartbeat_interval_s):
+                    if skips and time.monotonic() - heard[0] < reply.heartbeat_interval_s:
+                        continue
                     stub.Heartbeat(pb.HeartbeatRequest(worker_id=worker_id, status_json='{"state": "computing"}'),
                                    metadata=md, timeout=30)
             threading.Thread(target=beat, daemon=True).start()
@@ -349,6 +361,7 @@ def run_clients(args) -> None:
                     task = reply.task.header
             else:
                 pushed = push_raw(iter(messages), metadata=md, timeout=600)
+            heard[0] = time.monotonic()
             if not pushed.accepted:
                 errors.append(pushed.reason)
 
@@ -358,6 +371,7 @@ def run_clients(args) -> None:
                 for raw in fetch(request(), metadata=md):
                     if header is None:  # the first message is the header; the rest are tensor chunks
                         header = pb.TaskChunk.FromString(raw).header
+                heard[0] = time.monotonic()
             if listed and header.layout_version:
                 if header.reducers:
                     held = (header.layout_version, list(header.reducers))

@@ -63,6 +63,7 @@ class Worker:
         self.reducer = None  # the master-side program, for the rows this worker reduces
         self._kept: dict[tuple[int, int], Update] = {}  # (step, shard) -> update, while a step may be redone
         self._layout: tuple[int, pb.TaskHeader] = (0, pb.TaskHeader())  # the exchange's layout held: (version, its fields)
+        self._heard = 0.0  # when the last call to the master ended (the heartbeat skips a beat after one)
         self._results: dict[int, tuple[int, int, dict]] = {}  # round -> (parts, part, this reducer's result)
 
     def register(self) -> None:
@@ -85,7 +86,12 @@ class Worker:
         log.info("registered as %s", self.worker_id)
 
     def _heartbeat(self) -> None:
+        """Tell the master this worker lives, every interval it did not hear from it otherwise (a
+        finished fetch or push also counts at the master: with a sync a second, heartbeats would
+        double its calls)."""
         while not self._stop.wait(self.heartbeat_interval):
+            if time.monotonic() - self._heard < self.heartbeat_interval:
+                continue
             try:
                 reply = self.stub.Heartbeat(pb.HeartbeatRequest(
                     worker_id=self.worker_id, status_json=json.dumps(self.status)), metadata=self.metadata, timeout=10)
@@ -153,7 +159,9 @@ class Worker:
         return pb.TaskRequest(worker_id=self.worker_id, versions=self.versions, layout_version=self._layout[0])
 
     def _fetch(self):
-        return self._read_task(self.stub.FetchTask(self._task_request(), metadata=self.metadata))
+        task = self._read_task(self.stub.FetchTask(self._task_request(), metadata=self.metadata))
+        self._heard = time.monotonic()
+        return task
 
     def _read_task(self, messages):
         """The task's header and its arrays, from its messages."""
@@ -230,6 +238,7 @@ class Worker:
                 task = self._read_task([reply.task])
         else:
             pushed = self.stub.PushUpdate(itertools.chain([first, second], messages), metadata=self.metadata)
+        self._heard = time.monotonic()
         if not pushed.accepted:
             log.warning("update for step %d not accepted: %s", header.step, pushed.reason)
         return task

@@ -661,3 +661,28 @@ def test_a_task_for_sync_is_one_message_however_packing_groups(jobs, tmp_path, m
     assert len(messages) == 1
     task = pb.TaskChunk.FromString(messages[0])
     assert task.header.step == 0 and sorted(wire.decode(task.tensors)) == ["bias", "weights"]
+
+
+@pytest.mark.parametrize("seconds, beats", [(0.1, "few"), (0.6, "many")])
+def test_a_worker_beats_only_when_the_master_has_not_heard_from_it(jobs, tmp_path, monkeypatch, delay, seconds, beats):
+    # Its pushes and fetches tell the master it lives: syncing every 0.1 s at a 0.2 s interval it
+    # sends (almost) no heartbeat (it would send about 20 in the 2 s); computing for 0.6 s a step,
+    # two or more a step.
+    from iterreduce.master import Master
+
+    heard = []
+    heartbeat = Master.Heartbeat
+    monkeypatch.setattr(Master, "Heartbeat", lambda self, request, context: heard.append(request.worker_id)
+                        or heartbeat(self, request, context))
+    delay(seconds)
+    job = make_job(jobs, tmp_path, n_shards=2, workers=2, program=SLOW_SOFTMAX, heartbeat_interval=0.2,
+                   heartbeat_timeout=2.0, program_config={"n_classes": 3, "epochs": 5 if beats == "many" else 20})
+    job.add_worker("worker-0")
+    job.add_worker("worker-1")
+    job.start().wait()
+    steps = len(records(tmp_path / "out"))
+    if beats == "few":
+        assert steps == 20 and len(heard) <= 8, heard  # a beat or two a worker, while the job starts
+    else:
+        assert steps == 5 and len(heard) >= 2 * 2 * 5, heard
+    assert not events(tmp_path / "out", "worker_lost")
