@@ -455,6 +455,7 @@ def measure_peer_costs(batch: int = 10) -> dict:
                                 stdout=subprocess.PIPE, text=True)
     address = receiver.stdout.readline().strip()
     peers = exchange.Peers("bench", "bench")
+    wait = getattr(peers, "wait", None) or peers._wait  # a --root tree's may be private
 
     def receiver_cpu() -> float:
         receiver.stdin.write("\n")
@@ -465,10 +466,10 @@ def measure_peer_costs(batch: int = 10) -> dict:
     try:
         for size, count in ((8_000, 2000), (8_000_000, 40)):
             part = {"w": np.ones(size // 4, np.float32)}
-            peers._wait({peers.send(address, peers.encode(0, 0, 0, part, False)): ("peer", address)})  # connect
+            wait({peers.send(address, peers.encode(0, 0, 0, part, False)): ("peer", address)})  # connect
             received, sent = receiver_cpu(), time.process_time()
             for _ in range(count // batch):
-                peers._wait({peers.send(address, peers.encode(0, 0, j, part, False)): ("peer", address)
+                wait({peers.send(address, peers.encode(0, 0, j, part, False)): ("peer", address)
                              for j in range(batch)})
             measured[size] = ((time.process_time() - sent) / count, (receiver_cpu() - received) / count)
     finally:

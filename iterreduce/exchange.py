@@ -81,11 +81,6 @@ def grid_columns(reducers: int, model_bytes: int) -> int:
     return columns if 4 * (reducers - columns) * MESSAGE_COST_BYTES > 2 * model_bytes else 0
 
 
-def grid_row(reducers: int, columns: int, row: int) -> list[int]:
-    """The reducers in row ``row`` of the grid (the last row may be short)."""
-    return list(range(row * columns, min((row + 1) * columns, reducers)))
-
-
 def grid_column(reducers: int, columns: int, column: int) -> list[int]:
     """The reducers in column ``column`` of the grid."""
     return list(range(column, reducers, columns))
@@ -312,27 +307,9 @@ class Peers:
         """Start sending a serialized part (:meth:`encode`) to the peer at ``address``."""
         return self._call(address).future(message, metadata=self.metadata, timeout=SEND_TIMEOUT_S)
 
-    def send_parts(self, targets: list[tuple[int, str, str]], make: Callable[[int], Mapping[str, np.ndarray]],
-                   kind: int, round_: int, float16: bool, samples: Mapping[int, int] | None = None) -> dict[str, str]:
-        """Send each ``(j, worker_id, address)`` of ``targets`` its own block, ``make(j)`` (the
-        scatter; each is on its way while the next is encoded); returns the peers that failed,
-        each with why."""
-        return self._wait({self.send(address, self.encode(kind, round_, j, make(j), float16, samples)): (w, address)
-                           for j, w, address in targets})
-
-    def send_to_all(self, targets: list[tuple[str, str]], kind: int, round_: int, part: int,
-                    arrays: Mapping[str, np.ndarray], float16: bool) -> dict[str, str]:
-        """Send the same part to each ``(worker_id, address)`` of ``targets`` (the all-gather),
-        encoded once; returns the peers that failed, each with why."""
-        message = self.encode(kind, round_, part, arrays, float16)
-        return self._wait({self.send(address, message): (w, address) for w, address in targets})
-
-    def wait(self, pending: dict) -> dict[str, str]:
-        """Wait for sends ``{future: (worker_id, address)}``; returns the peers that failed, with why."""
-        return self._wait(pending)
-
     @staticmethod
-    def _wait(pending: dict) -> dict[str, str]:
+    def wait(pending: dict) -> dict[str, str]:
+        """Wait for sends ``{future: (worker_id, address)}``; returns the peers that failed, with why."""
         failed = {}
         for future, (worker_id, address) in pending.items():
             try:

@@ -281,18 +281,13 @@ class Worker:
         """Send block j of ``arrays`` to reducer j (this worker's own block straight to its inbox);
         returns why some could not be delivered, or ""."""
         parts = len(header.reducers)
-        targets = []
         for j, reducer in enumerate(header.reducers):
             if reducer.worker_id == self.worker_id:
                 own = exchange.as_received(exchange.rows_of(arrays, parts, j), self.float16)
                 self.inbox.put(header.round, kind, j, own, samples)
-            else:
-                targets.append((j, reducer.worker_id, reducer.address))
-        failed = self.peers.send_parts(targets, lambda j: exchange.rows_of(arrays, parts, j), kind, header.round,
-                                       self.float16, samples)
-        if failed:
-            log.warning("round %d: could not send to %s", header.round, "; ".join(failed.values()))
-        return "; ".join(failed.values())
+        messages = ((j, self.peers.encode(kind, header.round, j, exchange.rows_of(arrays, parts, j), self.float16, samples))
+                    for j, reducer in enumerate(header.reducers) if reducer.worker_id != self.worker_id)
+        return "; ".join(self._send_all(header, messages).values())  # each on its way while the next is encoded
 
     def _reduce(self, header, parameters: dict) -> tuple[dict, str]:
         """Reduce this worker's rows (block ``header.part``) of the round's shards' updates from
@@ -325,11 +320,9 @@ class Worker:
     def _send_parts_to_all(self, header, rows: dict) -> list[str]:
         """All-gather: this reducer's rows to every reducer; returns the reducers that did not get them."""
         self.inbox.put(header.round, exchange.REDUCED, header.part, exchange.as_received(rows, self.float16))
-        others = [(r.worker_id, r.address) for r in header.reducers if r.worker_id != self.worker_id]
-        failed = self.peers.send_to_all(others, exchange.REDUCED, header.round, header.part, rows, self.float16)
-        if failed:
-            log.warning("round %d: reduced rows not delivered to %s", header.round, "; ".join(failed.values()))
-        return sorted(failed)
+        message = self.peers.encode(exchange.REDUCED, header.round, header.part, rows, self.float16)  # encoded once
+        return sorted(self._send_all(header, [(j, message) for j, r in enumerate(header.reducers)
+                                              if r.worker_id != self.worker_id]))
 
     def _grid_scatter(self, header, named: dict, samples: dict[int, int]) -> str:
         """The scatter through the grid (see :mod:`iterreduce.exchange`): this worker's rows for the
@@ -350,7 +343,7 @@ class Worker:
                     self.inbox.put(round_, exchange.UPDATE, t, own, samples)
             else:
                 messages.append((relay, b"".join(part(t, exchange.rows_of(named, k, t), samples) for t in targets)))
-        error = self._send_all(header, messages)
+        error = "; ".join(self._send_all(header, messages).values())
         if error:
             return error
         # This worker relays its senders' rows (its row's, see grid_relayed) to the reducers of its column.
@@ -367,7 +360,7 @@ class Worker:
                 return f"rows of shards {mine} for block {t} did not all arrive"
             counts = self.inbox.samples(round_, exchange.UPDATE, t)
             messages.append((t, part(t, rows, {s: counts[s] for s in mine})))
-        return self._send_all(header, messages)
+        return "; ".join(self._send_all(header, messages).values())
 
     def _grid_gather(self, header, shared: dict) -> str:
         """The all-gather through the grid: this reducer's block to its relay of every column, then,
@@ -377,7 +370,7 @@ class Worker:
         self.inbox.put(round_, exchange.REDUCED, me, exchange.as_received(shared, self.float16))
         block = self.peers.encode(exchange.REDUCED, round_, me, shared, self.float16)
         relays = {exchange.grid_relay(k, columns, me, column) for column in range(columns)} - {me}
-        error = self._send_all(header, [(relay, block) for relay in sorted(relays)])
+        error = "; ".join(self._send_all(header, [(relay, block) for relay in sorted(relays)]).values())
         if error:
             return error
         parts = []
@@ -387,10 +380,12 @@ class Worker:
                 return f"block {j} of the new parameters did not arrive"
             parts.append(self.peers.encode(exchange.REDUCED, round_, j, rows, self.float16))
         message = b"".join(parts)
-        return self._send_all(header, [(t, message) for t in exchange.grid_column(k, columns, me % columns) if t != me])
+        column = [t for t in exchange.grid_column(k, columns, me % columns) if t != me]
+        return "; ".join(self._send_all(header, [(t, message) for t in column]).values())
 
-    def _send_all(self, header, messages: list[tuple[int, bytes]]) -> str:
-        """Send each ``(reducer index, message)`` at once, then wait for all; returns why some failed, or ""."""
+    def _send_all(self, header, messages) -> dict[str, str]:
+        """Send each ``(reducer index, message)`` as it comes (each is on its way while the next is
+        made), then wait for all; returns the reducers that did not get theirs, each with why."""
         pending = {}
         for j, message in messages:
             reducer = header.reducers[j]
@@ -398,7 +393,7 @@ class Worker:
         failed = self.peers.wait(pending)
         if failed:
             log.warning("round %d: could not send to %s", header.round, "; ".join(failed.values()))
-        return "; ".join(failed.values())
+        return failed
 
     def _rows_kept(self, header) -> dict | None:
         """This reducer's rows the master did not send again (``header.rows_kept``): its own of the
