@@ -37,9 +37,17 @@ With ``--reduce workers`` the master has the workers reduce among themselves
 (:mod:`iterreduce.exchange`), so the workers can no longer be bare clients: each is a real
 :class:`iterreduce.worker.Worker` (its Peer service, the scatter, its part of the reduce, the
 all-gather), threads in a few processes, whose program returns a fixed real-size update
-without computing. Added figures: ``worker CPU s`` (a worker's CPU per sync: its processes'
+without computing (or after ``--sleep`` seconds). Added figures: ``worker CPU s`` (a worker's CPU per sync: its processes'
 CPU over the measured steps, divided by the workers) and ``worker MB`` (the bytes a worker
 sends its peers per sync); the projection then adds a worker's time to the master's.
+
+With ``--sleep S`` every worker's step waits S seconds, a compute of that wall time (the bare
+clients before each push, the real workers in their program's run), and ``share measured`` is
+what a step takes beyond it: (sync s - S) / sync s. The program lets the workers compute the
+next step while the master ends one (:meth:`iterreduce.program.Program.runs_ahead`, as DBN
+pre-training does; ``--no-ahead``: they wait for each task), so with the reduce on the workers
+the master's part of a sync hides behind that compute; the projection's ``share, running
+ahead`` counts only what the master takes beyond it.
 """
 
 from __future__ import annotations
@@ -106,6 +114,9 @@ class SyncProgram(Program):
     def finalize(self, parameters, output_dir):
         pass
 
+    def runs_ahead(self, step, following):  # as DBN pre-training does, unless --no-ahead
+        return bool(self.config.get("ahead", True))
+
 
 class FixedUpdateWorker(WorkerProgram):
     """A real worker's side of a sync without the compute: reads no data, and its update for
@@ -117,6 +128,7 @@ class FixedUpdateWorker(WorkerProgram):
         return index
 
     def run(self, step, parameters, shard, seed):
+        time.sleep(float(self.config.get("sleep", 0.0)))  # --sleep: a compute of that wall time
         layer = int(self.config["layer"])
         if layer not in self._update:
             self._update[layer] = rbm_arrays(layer, seed=1)
@@ -139,7 +151,8 @@ def serve_master(args) -> None:
     uris = write_shards(X, None, str(out / "shards"), args.n)
     reduce = {"reduce": args.reduce} if args.reduce != "master" else {}  # (a --root master may predate it)
     config = MasterConfig(program=PROGRAM, program_config={"layer": args.layer, "steps": args.steps + 1,
-                                                           "rows": args.rows},
+                                                           "rows": args.rows, "sleep": args.sleep,
+                                                           "ahead": not args.no_ahead},
                           shards=uris, workers=args.n, token=args.token, output=str(out / "job"),
                           heartbeat_interval=args.heartbeat or 60.0, heartbeat_timeout=3600.0, start_timeout=300.0,
                           float16_wire=args.float16, ui=False, **reduce)  # no page: the master alone
@@ -345,12 +358,25 @@ def run_clients(args) -> None:
         listed = "layout_version" in pb.TaskRequest.DESCRIPTOR.fields_by_name
         can_sync = "Sync" in pb.DESCRIPTOR.services_by_name["Master"].methods_by_name
         task = None  # the next task's header, when a push brought it (Sync)
+        ahead = [False]  # the next task's compute was done while its push was on its way (run ahead)
 
         def request():
             return pb.TaskRequest(worker_id=worker_id, versions=versions, **({"layout_version": held[0]} if listed else {}))
 
-        def send(pieces: list[bytes]) -> None:
-            """Push as a worker does: one message goes with a request for the next task (Sync)."""
+        def send(pieces: list[bytes], header) -> None:
+            """Push as a worker does: one message goes with a request for the next task (Sync). When
+            the task says the workers may run ahead, the next step's compute (--sleep) goes on while
+            the push is on its way."""
+            if args.sleep and getattr(header, "ahead_info_json", ""):
+                pushing = threading.Thread(target=push, args=(pieces,))
+                pushing.start()
+                time.sleep(args.sleep)
+                pushing.join()
+                ahead[0] = True
+            else:
+                push(pieces)
+
+        def push(pieces: list[bytes]) -> None:
             nonlocal task
             messages = list(packed(pieces))
             if can_sync and len(messages) == 1:
@@ -381,8 +407,9 @@ def run_clients(args) -> None:
                 done.set()
                 channel.close()
                 return
-            if args.sleep and header.kind == pb.TaskHeader.RUN:
+            if args.sleep and header.kind == pb.TaskHeader.RUN and not ahead[0]:
                 time.sleep(args.sleep)  # the compute, as wall time: the master's heartbeats meanwhile count
+            ahead[0] = ahead[0] and header.kind != pb.TaskHeader.RUN
             if header.kind == pb.TaskHeader.WAIT:
                 continue
             versions.update(header.versions)
@@ -400,7 +427,7 @@ def run_clients(args) -> None:
                 first = pb.UpdateChunk(header=pb.UpdateHeader(
                     worker_id=worker_id, step=header.step, round=header.round, results=results, scattered=True,
                     reduced=header.part >= 0, part=header.part))
-                send([first.SerializeToString(), *block])
+                send([first.SerializeToString(), *block], header)
                 continue
             if shards not in encoded:
                 arrays = {f"{s}/{name}": a for s in shards for name, a in update.items()}
@@ -408,7 +435,7 @@ def run_clients(args) -> None:
                                    for c in wire.encode(arrays, float16=float16)]
             results = [pb.ShardResult(index=s, samples=args.rows) for s in shards]
             first = pb.UpdateChunk(header=pb.UpdateHeader(worker_id=worker_id, step=header.step, results=results))
-            send([first.SerializeToString(), *encoded[shards]])
+            send([first.SerializeToString(), *encoded[shards]], header)
 
     def guarded(k):
         try:
@@ -537,7 +564,7 @@ def run_one(n: int, args, compute_s: float) -> dict:
         if args.float16:
             cmd.append("--float16")
         cmd += ["--reduce", args.reduce, "--rows", str(args.rows), "--heartbeat", str(args.heartbeat),
-                "--layout", args.layout]
+                "--layout", args.layout, "--sleep", str(args.sleep), *(["--no-ahead"] if args.no_ahead else [])]
         env = {**os.environ, "SYNC_SCALING_ROOT": args.root} if args.root else None
         master = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
         try:
@@ -573,6 +600,10 @@ def run_one(n: int, args, compute_s: float) -> dict:
         "reduce_s": med("reduce_s"), "master_cpu_s": cpu, "master_cpu_per_gb": cpu / (moved / 1e9),
         "master_mb_s": moved / sync / 1e6, "compute_s": compute_s,
         "share": sync / (compute_s + sync),
+        # --sleep S: each step waits for a compute of S s, so what a step takes beyond S is the sync's,
+        # measured (with the workers running ahead, the master's end of a step hides behind the compute)
+        "sleep_s": args.sleep, "ahead": not args.no_ahead,
+        "share_measured": (sync - args.sleep) / sync if args.sleep else None,
         # (bare clients with --reduce workers leave the workers' exchange out: no figure for this machine)
         "share_here": None if args.reduce == "workers" and not args.real_workers else sync / (n * compute_s / cores + sync),
         "client_cpu_s_total": sum(r["cpu_s"] for r in client_reports),
@@ -660,9 +691,12 @@ def project_workers(rows: list[dict], costs: dict, link_bytes_s: float = 1.25e9)
         master_cpu = master_a + master_b * n
         master_link = max(ref["bytes_in"], ref["bytes_out"]) / link_bytes_s
         sync = max(worker_link, worker_cpu) + max(master_link, master_cpu)
+        # Running ahead (Program.runs_ahead) the master's part overlaps the next step's compute: it
+        # adds only what it takes beyond that compute.
+        ahead = max(worker_link, worker_cpu) + max(0.0, max(master_link, master_cpu) - ref["compute_s"])
         out.append({"workers": n, "link_s": worker_link + master_link, "master_cpu_s": master_cpu,
                     "worker_cpu_s": worker_cpu, "worker_messages": messages, "sync_s": sync,
-                    "share": sync / (ref["compute_s"] + sync),
+                    "share": sync / (ref["compute_s"] + sync), "share_ahead": ahead / (ref["compute_s"] + ahead),
                     "bound": "worker CPU" if worker_cpu >= master_cpu else "master CPU"})
     return out
 
@@ -681,13 +715,15 @@ def format_table(rows: list[dict]) -> str:
 
 
 def format_projection(proj: list[dict]) -> str:
-    lines = ["| workers (10 GbE) | link s | master CPU s | a worker's messages | worker CPU s | sync s | share | bound |",
-             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
+    lines = ["| workers (10 GbE) | link s | master CPU s | a worker's messages | worker CPU s | sync s | share "
+             "| share, running ahead | bound |",
+             "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]
     for p in proj:
         worker = f"{p['worker_cpu_s']:.3f}" if "worker_cpu_s" in p else "-"
         messages = f"{p['worker_messages']:,}" if "worker_messages" in p else "-"
+        ahead = f"{100 * p['share_ahead']:.1f} %" if "share_ahead" in p else "-"
         lines.append(f"| {p['workers']} | {p['link_s']:.3f} | {p['master_cpu_s']:.3f} | {messages} | {worker} "
-                     f"| {p['sync_s']:.3f} | {100 * p['share']:.1f} % | {p['bound']} |")
+                     f"| {p['sync_s']:.3f} | {100 * p['share']:.1f} % | {ahead} | {p['bound']} |")
     return "\n".join(lines)
 
 
@@ -717,6 +753,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sleep", type=float, default=0.0,
                     help="the lightweight workers wait this long before each push (a compute of that wall time): "
                          "with --heartbeat, the master's CPU a step then counts the heartbeats of a real step")
+    ap.add_argument("--no-ahead", action="store_true",
+                    help="the workers wait for each task (the program does not let them run ahead: "
+                         "Program.runs_ahead); default: they compute the next step while the master ends one")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON too")
     # internal roles
     ap.add_argument("--role", choices=("driver", "master", "clients", "peer-receiver"), default="driver",
@@ -750,6 +789,9 @@ def main(argv=None) -> int:
         r = rows[-1]
         print(f"{n} workers (master's iterreduce: {r['master_iterreduce']}): sync {r['sync_s']:.3f} s (steps {r['sync_s_all']}), master CPU {r['master_cpu_s']:.3f} s, "
               f"clients' CPU {r['client_cpu_s_total']:.1f} s in all", flush=True)
+        if args.sleep:
+            print(f"  a step of {args.sleep:.2f} s of compute took {r['sync_s']:.3f} s, running ahead "
+                  f"{'on' if r['ahead'] else 'off'}: sync share {100 * r['share_measured']:.1f} %", flush=True)
         if args.real_workers:
             print(f"  a worker per sync: CPU {r['worker_cpu_s']:.3f} s, sends its peers "
                   f"{r['worker_peer_bytes'] / 1e6:.1f} MB", flush=True)

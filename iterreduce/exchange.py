@@ -172,6 +172,11 @@ class Inbox:
         with self._changed:
             return dict(self._samples.get((round_, kind, part), {}))
 
+    def abandoned(self, round_: int) -> bool:
+        """Whether round ``round_`` was abandoned (:meth:`abandon_before`): it will not complete."""
+        with self._changed:
+            return round_ < self._abandoned
+
     def abandon_before(self, round_: int) -> None:
         """Rounds before ``round_`` failed or ended: wake whoever waits for one of them."""
         with self._changed:

@@ -12,7 +12,12 @@ reduce the updates among themselves, each its own rows (:mod:`iterreduce.exchang
 and the master receives the result once instead of every update. A lost worker or a
 failed delivery in that exchange makes the master run the step again as a star: every
 worker pushes its update (kept, not computed again) to the master, which reduces it
-itself; the lost worker's shards sit that step out, as they do in a star step.
+itself; the lost worker's shards sit that step out, as they do in a star step. Where the
+program allows (:meth:`~iterreduce.program.Program.runs_ahead`), each task names the step
+after it, and a worker computes its update for that step as soon as the exchange gives it
+the new parameters, while the master ends the step: its share of the sync then overlaps the
+compute. The worker keeps that update only if the task that comes is the one it guessed,
+with every array it read unchanged (each value the master gives an array has a new version).
 """
 
 from __future__ import annotations
@@ -174,7 +179,10 @@ class Master(pb_grpc.MasterServicer):
         self.compute_s: dict[str, float] = {}
         self.done = False
         self.parameters: dict[str, np.ndarray] = {}
+        # Each value the master gives an array (initial, a reduce, a program's hook) gets a new version,
+        # from one clock: a worker holding an older one is sent the array (see _new_version).
         self.versions: dict[str, int] = {}
+        self._clock = -1  # the initial parameters are version 0
         self._incarnation = 0
         # name -> (version, array, its TaskChunk messages serialized): the broadcast is encoded once
         # per new parameter value and the same bytes are sent to every worker (see _encoded).
@@ -194,6 +202,7 @@ class Master(pb_grpc.MasterServicer):
         self._layout_version = 0
         self._layout_key: tuple = ()
         self._reads: dict = {}                   # the parameters the reducers read (rows of them each)
+        self._ahead = ""                         # the next step's info, when workers may run ahead to it
         self.reduced: dict[int, tuple[dict, list[str]]] = {}  # part -> (rows, reducers not delivered to)
         self.reporter: dict[int, str] = {}       # shard -> the worker whose result is in
         self.exchange_error: str | None = None   # why this round's exchange failed
@@ -344,6 +353,7 @@ class Master(pb_grpc.MasterServicer):
             send = {k: self.parameters[k] for k in stale if k not in gathered}
             versions = {k: self.versions[k] for k in send}
             round_, layout_version = self.round, self._layout_version if self.reducers else 0
+            ahead = self._ahead
             # The layout goes only to a worker that does not hold it (see TaskHeader.layout_version).
             layout = self._layout if layout_version and request.layout_version != layout_version else {}
             gathered_round, gathered_parts = self._gathered_round if gathered else (0, 0)
@@ -361,6 +371,7 @@ class Master(pb_grpc.MasterServicer):
             shards=[pb.Shard(index=s, uri=self.shards[s]["uri"]) for s in todo],
             seed=self.config.seed, versions=versions, round=round_, layout_version=layout_version, **layout,
             gathered=gathered, gathered_round=gathered_round, gathered_parts=gathered_parts, part=part, **order,
+            ahead_info_json=ahead,
         )
 
         def pieces():  # serialized TaskChunks: joined, they are one message with all their fields
@@ -590,14 +601,14 @@ class Master(pb_grpc.MasterServicer):
             if self.config.resume:
                 log.warning("resume asked for, but no checkpoint in %s: starting afresh", self.config.checkpoint_dir)
             self.parameters = self.program.initial_parameters(self.config.seed, self.shards)
-            self.versions = {k: 0 for k in self.parameters}
+            self._new_version(self.parameters)
             return 0
         header, arrays = checkpoint.load(ckpt)
         if header.get("fingerprint") != self.fingerprint:
             raise JobFailed(f"{ckpt}: checkpoint is of another job (program, configuration, seed, shards or "
                             f"schedule differ); use a new output directory or drop --resume")
         self.parameters = arrays
-        self.versions = {k: header["step"] for k in arrays}
+        self._new_version(arrays)
         log.info("resumed from %s at step %d of %d", ckpt, header["step"], len(self.steps))
         self._event("resumed", checkpoint=ckpt, step=header["step"])
         return int(header["step"])
@@ -627,12 +638,23 @@ class Master(pb_grpc.MasterServicer):
             self._notify_all()
         self._event("done", steps=index + 1, seconds=time.perf_counter() - job_start)
 
+    def _new_version(self, arrays) -> None:
+        """Mark the values of ``arrays`` (names) as new: a version later than any given out."""
+        self._clock += 1
+        for name in arrays:
+            self.versions[name] = self._clock
+
+    def _changed(self, before: dict, after: dict) -> list[str]:
+        """The arrays a program's hook added or replaced (parameters are replaced, never changed in place)."""
+        return [name for name, value in after.items() if value is not before.get(name)]
+
     def _run_step(self, index: int) -> None:
         step = self.steps[index]
         started = time.perf_counter()
-        self.parameters = self.program.before_step(step, self.parameters)
-        for name in self.parameters:
-            self.versions.setdefault(name, index)
+        before, self.parameters = self.parameters, self.program.before_step(step, self.parameters)
+        changed = self._changed(before, self.parameters)
+        if changed:  # the workers must not compute with what they held
+            self._new_version(changed)
         with self.lock:
             self.current = index
             self._start_round(step, peers=self._peer_reduce(step))
@@ -661,16 +683,15 @@ class Master(pb_grpc.MasterServicer):
         if step.arrays:
             if reduced is None:
                 reduced = self.program.reduce(step, self.parameters, updates)
-            for name, value in reduced.items():
-                self.parameters[name] = value
-                self.versions[name] = index + 1
+            self.parameters.update(reduced)
+            self._new_version(reduced)  # on the workers: the version _reduce_on_workers counted their deliveries at
         elapsed = time.perf_counter() - started
         evaluated = time.perf_counter()
         metrics = self.program.evaluate(step, self.parameters)  # not part of the sync time
         kept = self.program.after_step(step, self.parameters, metrics)
-        for name, value in kept.items():
-            if value is not self.parameters.get(name):
-                self.versions[name] = index + 1
+        changed = self._changed(self.parameters, kept)
+        if changed:
+            self._new_version(changed)
         self.parameters = kept
         record = self._log.write(runlog.step_record(
             index, len(self.steps), step.phase, {**dict(step.info), **self.program.summarize(step, updates), **metrics},
@@ -717,6 +738,11 @@ class Master(pb_grpc.MasterServicer):
                             "shard_reducers": list(self._shard_reducer.values())}
         # What an elementwise reduce reads: the step's arrays and the master-only ones.
         self._reads = {k: v for k, v in self.parameters.items() if k in step.arrays or k.startswith(MASTER_ONLY)}
+        # The step a worker may compute while this one ends (Program.runs_ahead): only after an exchange
+        # that gives every worker the new parameters, and only as a guess the next task confirms.
+        following = self.steps[self.current + 1] if self.current + 1 < len(self.steps) else None
+        self._ahead = (step_to_json(following) if self.reducers and following is not None
+                       and self.program.runs_ahead(step, following) else "")
         self._notify_all()
 
     def _collect_results(self) -> None:
@@ -752,10 +778,11 @@ class Master(pb_grpc.MasterServicer):
             self._exchange_failed(f"the reducers' rows do not make the parameters: {exc}")
             return None
         undelivered = {w for _, missed in self.reduced.values() for w in missed}
-        shared = {name: index + 1 for name in result if not master_side(name)}
+        version = self._clock + 1  # the one _run_step gives the result next (see _new_version)
+        shared = {name: version for name in result if not master_side(name)}
         self.gathered = {w: shared for w in self.reducers if w not in undelivered}
         self._gathered_round = (self.round, parts)
-        versions = {name: index + 1 for name in result}
+        versions = {name: version for name in result}
         self._rows_held = {w: (parts, j, self.round, versions) for j, w in enumerate(self.reducers)}
         return result
 

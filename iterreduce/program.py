@@ -108,6 +108,16 @@ class Program(ABC):
         """Whether :meth:`reduce` may run on rows of the arrays (see :attr:`elementwise_reduce`)."""
         return type(self).reduce is Program.reduce or self.elementwise_reduce
 
+    def runs_ahead(self, step: Step, following: Step) -> bool:
+        """Whether a worker may compute its update for ``following`` as soon as the workers'
+        reduce of ``step`` gives it the new parameters, while the master still ends ``step``
+        (its bookkeeping then overlaps the compute instead of adding to every sync). The update is
+        kept only when the task that comes is ``following`` with no parameter the master changed
+        (:meth:`before_step`, :meth:`after_step`), so the bits never depend on it; else it is
+        computed again. Say True only where the worker program's run of ``following`` keeps
+        nothing that a run with other parameters would make differently. Default: never."""
+        return False
+
     def evaluate(self, step: Step, parameters: Arrays) -> dict:
         """Metrics the master measures itself after a superstep (e.g. a validation error),
         merged into its progress record; by default none."""

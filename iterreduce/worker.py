@@ -9,6 +9,7 @@ import os
 import socket
 import threading
 import time
+from concurrent import futures
 
 import grpc
 import numpy as np
@@ -65,6 +66,10 @@ class Worker:
         self._layout: tuple[int, pb.TaskHeader] = (0, pb.TaskHeader())  # the exchange's layout held: (version, its fields)
         self._heard = 0.0  # when the last call to the master ended (the heartbeat skips a beat after one)
         self._results: dict[int, tuple[int, int, dict]] = {}  # round -> (parts, part, this reducer's result)
+        # The push that ends an exchange, with the fetch of the next task, runs here while this worker
+        # computes ahead (see _run_ahead); its updates wait in _ahead, with what they guessed.
+        self._calls = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="push")
+        self._ahead: tuple[tuple, list[Update], float] | None = None
 
     def register(self) -> None:
         reply = self.stub.Register(pb.RegisterRequest(
@@ -72,7 +77,9 @@ class Worker:
             resources_json=json.dumps(self.resources), peer_address=self.peer_address),
             metadata=self.metadata, wait_for_ready=True, timeout=120)
         self.worker_id = reply.worker_id
-        self._layout, self._results = (0, pb.TaskHeader()), {}  # the master may be a new one: its layouts are not ours
+        # The master may be a new one (or have dropped this worker): its versions and layouts are not ours.
+        self.parameters, self.versions, self._ahead = {}, {}, None
+        self._layout, self._results = (0, pb.TaskHeader()), {}
         if self.peers is not None:
             self.peers.close()
         self.peers = exchange.Peers(self.worker_id, self.token, self.tls)
@@ -107,17 +114,18 @@ class Worker:
         self.register()
         threading.Thread(target=self._heartbeat, daemon=True).start()
         try:
-            task = None  # the next task, when the last push brought it (see _push)
+            task = None  # the next task, when the last push brought it (see _push), or its future (_exchange)
             while True:
                 try:
+                    if isinstance(task, futures.Future):
+                        task = task.result()
                     header, arrays = task if task is not None else self._fetch()
                 except grpc.RpcError as exc:
                     if exc.code() != grpc.StatusCode.NOT_FOUND:
                         raise
                     # Dropped by the master (e.g. it presumed us lost): rejoin as a new incarnation.
                     log.warning("master dropped this worker; registering again")
-                    self.parameters.clear()
-                    self.versions.clear()
+                    task = None
                     self.register()
                     continue
                 task = None
@@ -131,10 +139,11 @@ class Worker:
                         if k.startswith(exchange.ROWS_PREFIX)}  # a reducer's order
                 kept = self._rows_kept(header)
                 rows = None if kept is None else {**rows, **kept}  # None: the exchange fails, the step runs as a star
+                ahead_s = self._take_ahead(header)
                 self.parameters.update(arrays)
                 self.versions.update(header.versions)
                 try:
-                    updates = self._compute(header)
+                    updates = self._compute(header, ahead_s)
                 except DataError as exc:
                     # Another process would read the same bytes: report it, and the master
                     # ends the job (the next fetch says DONE) instead of retrying it.
@@ -149,6 +158,7 @@ class Worker:
                     task = self._push(header, updates)
         finally:
             self._stop.set()
+            self._calls.shutdown(wait=False, cancel_futures=True)
             if self.peers is not None:
                 self.peers.close()
             if self.peer_address:
@@ -183,7 +193,9 @@ class Worker:
             header.MergeFrom(layout)
         return header, decoder.finish()
 
-    def _compute(self, header) -> list[Update]:
+    def _compute(self, header, ahead_s: float = 0.0) -> list[Update]:
+        """This task's updates, one a shard (those computed already, kept or ahead, are not computed
+        again); ``ahead_s``: the seconds they took ahead, counted in this step's compute time."""
         step = step_from_json(header.info_json)
         started = time.perf_counter()
         updates = []
@@ -199,7 +211,7 @@ class Worker:
         # Kept until the step ends, in case it has to be run again; a star step is never run again.
         self._kept = {(header.step, u.shard): u for u in updates} if header.reducers else {}
         self.status = {"state": "pushing", "step": header.step}
-        self.compute_s = time.perf_counter() - started
+        self.compute_s = time.perf_counter() - started + ahead_s
         return updates
 
     def _push(self, header, updates: list[Update], arrays: dict | None = None, float16: bool | None = None,
@@ -274,8 +286,65 @@ class Worker:
                 error = self._grid_gather(header, shared)
             else:
                 undelivered = self._send_parts_to_all(header, shared)
-        return self._push(header, updates, arrays={} if error else result, float16=False, scattered=True,
-                          reduced=not error, part=header.part, undelivered=undelivered, exchange_error=error)
+        push = dict(arrays={} if error else result, float16=False, scattered=True, reduced=not error,
+                    part=header.part, undelivered=undelivered, exchange_error=error)
+        if error or not header.ahead_info_json:
+            return self._push(header, updates, **push)
+        # The push, and the fetch when the task did not come with it, go on while this worker computes
+        # the next step from what the all-gather brings: the master's end of the step is off the sync.
+        pending = self._calls.submit(lambda: self._push(header, updates, **push) or self._fetch())
+        self._run_ahead(header, list(shared), pending)
+        return pending
+
+    def _run_ahead(self, header, names: list[str], pending: futures.Future) -> None:
+        """Compute this worker's updates for the step after ``header``'s (``header.ahead_info_json``,
+        see :meth:`iterreduce.program.Program.runs_ahead`) from its parameters and the arrays
+        ``names`` this round's all-gather brings, unless the master's next task (``pending``) comes
+        first. Kept in ``_ahead`` with what they assumed; :meth:`_take_ahead` uses them only if the
+        task says the same."""
+        self._ahead = None
+        pieces = []
+        for part in range(len(header.reducers)):
+            piece = None
+            # A failed round never completes (it is abandoned), and the master's answer ends the wait too.
+            while piece is None and not pending.done() and not self.inbox.abandoned(header.round):
+                piece = self.inbox.wait(header.round, exchange.REDUCED, part, names, timeout=0.05)
+            if piece is None:
+                return
+            pieces.append(piece)
+        if pending.done():  # the task is in already: computing what it says costs the same
+            return
+        following = step_from_json(header.ahead_info_json)
+        started, updates = time.perf_counter(), []
+        try:
+            parameters = {**self.parameters, **exchange.join_rows(pieces)}
+            for shard in header.shards:
+                self.status = {"state": "computing", "step": header.step + 1, "phase": following.phase,
+                               "shard": shard.index, "ahead": True}
+                seed = shard_seed(header.seed, header.step + 1, shard.index)
+                updates.append(self.program.run(following, parameters, self.shards[shard.index], seed))
+        except Exception as exc:  # noqa: BLE001 - a guess: the task's own run raises what is real
+            log.info("step %d: computing ahead gave up (%s)", header.step + 1, exc)
+            return
+        guess = (header.step + 1, header.ahead_info_json, header.seed, [s.index for s in header.shards],
+                 header.round, len(header.reducers), sorted(names))
+        self._ahead = (guess, updates, time.perf_counter() - started)
+
+    def _take_ahead(self, header) -> float:
+        """Keep the updates computed ahead (:meth:`_run_ahead`) when ``header`` is the task they
+        guessed: the same step, shards and seed, the parameters those of the all-gather they read
+        (every array delivered, none sent). Returns the seconds they took (0: none kept)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is None:
+            return 0.0
+        guess, updates, seconds = ahead
+        task = (header.step, header.info_json, header.seed, [s.index for s in header.shards],
+                header.gathered_round, header.gathered_parts, sorted(header.gathered))
+        if task != guess or header.versions:
+            log.info("step %d: the updates computed ahead do not match the task; computing again", header.step)
+            return 0.0
+        self._kept.update({(header.step, u.shard): u for u in updates})
+        return seconds
 
     def _send_parts(self, header, kind: int, arrays: dict, samples: dict[int, int]) -> str:
         """Send block j of ``arrays`` to reducer j (this worker's own block straight to its inbox);

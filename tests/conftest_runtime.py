@@ -218,7 +218,8 @@ def load_npz(path) -> dict[str, np.ndarray]:
 
 
 def simulate(program: str, program_config: dict, uris: list[str], seed: int = 0) -> dict[str, np.ndarray]:
-    """Run ``program`` sequentially here: every shard every step, with the runtime's seeds and reduce."""
+    """Run ``program`` sequentially here: every shard every step, with the runtime's seeds and reduce,
+    and the master's hooks (before_step, evaluate, after_step, finished)."""
     from iterreduce.shards import shard_info
     from iterreduce.program import load_class, shard_seed
 
@@ -233,6 +234,9 @@ def simulate(program: str, program_config: dict, uris: list[str], seed: int = 0)
         updates = [worker.run(step, params, shard, shard_seed(seed, index, shard.index)) for shard in data]
         if step.arrays:
             params = {**params, **prog.reduce(step, params, updates)}
+        params = prog.after_step(step, params, prog.evaluate(step, params))  # as the master ends a step
+        if prog.finished(params):
+            break
     return params
 
 

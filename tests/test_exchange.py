@@ -5,16 +5,18 @@ exchange runs the step again with the master reducing."""
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pytest
 
 from conftest_runtime import (DBN_PROGRAM, SLOW_SOFTMAX, SOFTMAX, InProcessJob, blobs, events,
                               kill_worker, load_npz, records, run_job, simulate, subprocess_env)
+from dbn.jobs.program import DBNProgram
 from iterreduce import exchange
 from iterreduce.master import Master, MasterConfig
 from iterreduce.program import Update, block_momentum_average, weighted_average
-from iterreduce.programs.softmax import SoftmaxRegression
+from iterreduce.programs.softmax import SoftmaxRegression, SoftmaxWorker
 from iterreduce.proto import iterreduce_pb2 as pb
 from iterreduce.shards import list_shards, write_shards
 from iterreduce.worker import Worker
@@ -506,3 +508,126 @@ def test_a_reducer_without_the_rows_it_was_said_to_hold_fails_the_round_not_the_
     # The step ran again as a star, and the next ones on the workers again: the sequential run's bits.
     assert [r["reducers"] for r in records(job.output)] == [3, 0, 3, 3]
     _assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(SOFTMAX, job.config.program_config, uris))
+
+
+# ------------------------------------------------------------------ running ahead
+
+
+class SlowEndSoftmax(SoftmaxRegression):
+    """The master takes 0.2 s to end each step (its evaluate): long enough for the workers to
+    compute the next step's updates from the all-gather's parameters before their task comes."""
+
+    worker_class = f"{__name__}:CountingSoftmaxWorker"
+
+    def evaluate(self, step, parameters):
+        time.sleep(0.2)
+        return {}
+
+
+class RescalingSoftmax(SlowEndSoftmax):
+    """The master changes a parameter the workers read before step 1 (``before_step``), and
+    another after step 2 (``after_step``): workers that ran ahead to steps 1 and 3 must not keep
+    what they computed."""
+
+    def before_step(self, step, parameters):
+        if step.info["epoch"] == 1:
+            return {**parameters, "bias": (parameters["bias"] * 0.5).astype(np.float32)}
+        return parameters
+
+    def after_step(self, step, parameters, metrics):
+        if step.info["epoch"] == 2:
+            return {**parameters, "weights": (parameters["weights"] * 0.75).astype(np.float32)}
+        return parameters
+
+    def reduce(self, step, parameters, updates):  # the default one, declared elementwise: as the simulation runs it
+        return weighted_average(updates, step.arrays)
+
+    elementwise_reduce = True
+
+
+class CountingSoftmaxWorker(SoftmaxWorker):
+    """Counts its runs: (epoch, shard) of each, in every worker of this process."""
+
+    runs: list = []
+
+    def run(self, step, parameters, shard, seed):
+        self.runs.append((step.info["epoch"], shard.index))
+        return super().run(step, parameters, shard, seed)
+
+
+class AheadCountingWorker(Worker):
+    """Records, a task at a time, the seconds of the updates it computed ahead and kept."""
+
+    def _take_ahead(self, header):
+        seconds = super()._take_ahead(header)
+        self.kept_ahead = getattr(self, "kept_ahead", []) + [(header.step, seconds)]
+        return seconds
+
+
+def test_workers_compute_the_next_step_while_the_master_ends_one_and_keep_the_bits(tmp_path, uris, layout):
+    CountingSoftmaxWorker.runs = []
+    program = f"{__name__}:SlowEndSoftmax"
+    job, _ = _run(tmp_path, uris, "ahead", program=program, worker_class=AheadCountingWorker, reduce="workers")
+    assert job.master.round == 4 and not events(job.output, "exchange_failed")
+    # Steps 1-3 were computed ahead, each while the master evaluated the step before, and kept.
+    for worker in job.worker_objects:
+        assert [step for step, _ in worker.kept_ahead] == [0, 1, 2, 3]
+        assert worker.kept_ahead[0][1] == 0.0 and all(seconds > 0 for _, seconds in worker.kept_ahead[1:])
+    # Every shard ran once a step: nothing was computed twice.
+    assert sorted(CountingSoftmaxWorker.runs) == sorted((epoch, shard) for epoch in range(4) for shard in range(5))
+    _assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(program, job.config.program_config, uris))
+
+
+def test_updates_computed_ahead_are_dropped_when_the_master_changes_a_parameter(tmp_path, uris, layout):
+    CountingSoftmaxWorker.runs = []
+    program = f"{__name__}:RescalingSoftmax"
+    job, _ = _run(tmp_path, uris, "ahead", program=program, worker_class=AheadCountingWorker, reduce="workers")
+    assert job.master.round == 4 and not events(job.output, "exchange_failed")
+    # Step 1 follows a before_step change, step 3 an after_step one: computed ahead, dropped,
+    # computed again; step 2's guess held.
+    for worker in job.worker_objects:
+        assert [seconds > 0 for _, seconds in worker.kept_ahead] == [False, False, True, False]
+    runs = CountingSoftmaxWorker.runs
+    assert sorted(set(runs)) == sorted((e, s) for e in range(4) for s in range(5))
+    assert sorted(e for e, _ in runs if runs.count((e, 0)) == 2) == [1] * 10 + [3] * 10  # those ran twice
+    _assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(program, job.config.program_config, uris))
+
+
+def test_a_parameter_the_master_changes_between_steps_reaches_every_worker(tmp_path, uris):
+    # Whoever reduces, a program hook's change to an array the workers hold is theirs at the next
+    # task (a version counted in steps gave a changed array the version the workers held).
+    program = f"{__name__}:RescalingSoftmax"
+    expected = simulate(program, {"n_classes": 3, "epochs": 4, "batch_size": 20}, uris)
+    for reduce in ("master", "workers"):
+        job, _ = _run(tmp_path, uris, reduce, program=program, reduce=reduce)
+        assert job.master.round == 4 and not events(job.output, "exchange_failed")
+        _assert_same_bits(load_npz(job.output / "parameters.npz"), expected)
+
+
+class SlowEndDBN(DBNProgram):
+    """The DBN program, its master 0.1 s slower to end each step: the workers run ahead."""
+
+    def evaluate(self, step, parameters):
+        time.sleep(0.1)
+        return super().evaluate(step, parameters)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_dbn_whose_workers_run_ahead_is_the_sequential_run(tmp_path, mnist_small, stream):
+    x_train, y_train, _, _ = mnist_small
+    uris = write_shards(x_train[:300], y_train[:300], str(tmp_path / "shards"), 3)
+    config = dict(hidden_layers=[24, 12], pretrain_epochs=2, finetune_epochs=3, top_layer_epochs=1, n_classes=10,
+                  seed=0, pretrain_batch_size=10, finetune_batch_size=10, sync_every=4, block_momentum=0.5,
+                  pretrain_block_momentum=0.3, stream=stream)
+    program = f"{__name__}:SlowEndDBN"
+    job, _ = _run(tmp_path, uris, "workers", program=program, program_config=config, reduce="workers",
+                  worker_class=AheadCountingWorker)
+    steps = records(job.output)
+    assert job.master.round == len(steps) and not events(job.output, "exchange_failed")
+    # Within a layer's pre-training and within fine-tuning (the same arrays), the next part ran
+    # ahead; never across a phase or a layer, nor into the top-layer-only epochs' end.
+    phases = [(r["phase"], r.get("layer"), r.get("top_only")) for r in steps]
+    for worker in job.worker_objects:
+        ahead = {step for step, seconds in worker.kept_ahead if seconds > 0}
+        assert ahead and all(phases[s] == phases[s - 1] and phases[s][0] in ("pretrain", "finetune") for s in ahead)
+    _assert_same_bits(job.master.parameters, simulate(program, config, uris))

@@ -190,6 +190,13 @@ class DBNProgram(Program):
         return block_momentum_average(parameters, updates, step.arrays, momentum, plain=increments,
                                       block_learning_rate=rate, nesterov=bool(self.config.get("block_nesterov")))
 
+    def runs_ahead(self, step, following):
+        """A worker may compute the next pre-training part of the same layer, or the next fine-tuning
+        part training the same arrays, before the master confirms it: such a run starts from the
+        parameters it is given (the RBM's state and chain, or a new network) and keeps only the
+        layer's input and the labels, the same whatever the parameters of the layer it trains."""
+        return step.phase == following.phase in ("pretrain", "finetune") and step.arrays == following.arrays
+
     def evaluate(self, step, parameters):
         """Validation error after each fine-tuning epoch, when ``config["validation"]`` names
         a labelled shard (the master reads it once; it is never trained on)."""

@@ -29,6 +29,9 @@ class SoftmaxRegression(Program):
         for epoch in range(int(self.config.get("epochs", 10))):
             yield Step("train", {"epoch": epoch}, ARRAYS)
 
+    def runs_ahead(self, step, following):
+        return True  # a worker's run reads its parameters and its shard, and keeps nothing
+
 
 class SoftmaxWorker(WorkerProgram):
     def run(self, step: Step, parameters, shard, seed) -> Update:

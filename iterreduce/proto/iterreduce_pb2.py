@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!iterreduce/proto/iterreduce.proto\x12\niterreduce\"o\n\x0fRegisterRequest\x12\x13\n\x0bworker_name\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x05\x12\x16\n\x0eresources_json\x18\x04 \x01(\t\x12\x14\n\x0cpeer_address\x18\x05 \x01(\t\"\x84\x01\n\rRegisterReply\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07program\x18\x02 \x01(\t\x12\x1b\n\x13program_config_json\x18\x03 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x04 \x01(\x01\x12\x14\n\x0c\x66loat16_wire\x18\x05 \x01(\x08\":\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0bstatus_json\x18\x02 \x01(\t\".\n\x0eHeartbeatReply\x12\r\n\x05known\x18\x01 \x01(\x08\x12\r\n\x05round\x18\x02 \x01(\x03\"\xa2\x01\n\x0bTaskRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x37\n\x08versions\x18\x02 \x03(\x0b\x32%.iterreduce.TaskRequest.VersionsEntry\x12\x16\n\x0elayout_version\x18\x03 \x01(\x03\x1a/\n\rVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"#\n\x05Shard\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0b\n\x03uri\x18\x02 \x01(\t\"\x82\x05\n\nTaskHeader\x12)\n\x04kind\x18\x01 \x01(\x0e\x32\x1b.iterreduce.TaskHeader.Kind\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x11\n\tinfo_json\x18\x04 \x01(\t\x12!\n\x06shards\x18\x05 \x03(\x0b\x32\x11.iterreduce.Shard\x12\x0c\n\x04seed\x18\x06 \x01(\x03\x12\x36\n\x08versions\x18\x07 \x03(\x0b\x32$.iterreduce.TaskHeader.VersionsEntry\x12\r\n\x05round\x18\x08 \x01(\x03\x12%\n\x08reducers\x18\t \x03(\x0b\x32\x13.iterreduce.Reducer\x12\x0c\n\x04part\x18\n \x01(\x05\x12\x15\n\rreduce_shards\x18\x0b \x03(\x05\x12\x36\n\x08gathered\x18\x0c \x03(\x0b\x32$.iterreduce.TaskHeader.GatheredEntry\x12\x16\n\x0egathered_round\x18\r \x01(\x03\x12\x16\n\x0egathered_parts\x18\x0e \x01(\x05\x12\x16\n\x0elayout_version\x18\x0f \x01(\x03\x12\x0f\n\x07\x63olumns\x18\x10 \x01(\x05\x12\x16\n\x0eshard_reducers\x18\x11 \x03(\x05\x12\x11\n\trows_kept\x18\x12 \x03(\t\x12\x12\n\nrows_round\x18\x13 \x01(\x03\x1a/\n\rVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a/\n\rGatheredEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"#\n\x04Kind\x12\x07\n\x03RUN\x10\x00\x12\x08\n\x04\x44ONE\x10\x01\x12\x08\n\x04WAIT\x10\x02\"-\n\x07Reducer\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"w\n\x0bTensorChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12\x0c\n\x04last\x18\x06 \x01(\x08\x12\x10\n\x08narrowed\x18\x07 \x01(\x08\"]\n\tTaskChunk\x12&\n\x06header\x18\x01 \x01(\x0b\x32\x16.iterreduce.TaskHeader\x12(\n\x07tensors\x18\x02 \x03(\x0b\x32\x17.iterreduce.TensorChunk\"C\n\x0bShardResult\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0f\n\x07samples\x18\x02 \x01(\x03\x12\x14\n\x0cmetrics_json\x18\x03 \x01(\t\"\xda\x01\n\x0cUpdateHeader\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12(\n\x07results\x18\x03 \x03(\x0b\x32\x17.iterreduce.ShardResult\x12\x11\n\tcompute_s\x18\x04 \x01(\x01\x12\r\n\x05round\x18\x05 \x01(\x03\x12\x11\n\tscattered\x18\x06 \x01(\x08\x12\x0f\n\x07reduced\x18\x07 \x01(\x08\x12\x0c\n\x04part\x18\x08 \x01(\x05\x12\x13\n\x0bundelivered\x18\t \x03(\t\x12\x16\n\x0e\x65xchange_error\x18\n \x01(\t\"a\n\x0bUpdateChunk\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.iterreduce.UpdateHeader\x12(\n\x07tensors\x18\x02 \x03(\x0b\x32\x17.iterreduce.TensorChunk\"-\n\tPushReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"]\n\x0bSyncRequest\x12\'\n\x06update\x18\x01 \x01(\x0b\x32\x17.iterreduce.UpdateChunk\x12%\n\x04next\x18\x02 \x01(\x0b\x32\x17.iterreduce.TaskRequest\"f\n\tSyncReply\x12%\n\x06pushed\x18\x01 \x01(\x0b\x32\x15.iterreduce.PushReply\x12#\n\x04task\x18\x02 \x01(\x0b\x32\x15.iterreduce.TaskChunk\x12\r\n\x05\x66\x65tch\x18\x03 \x01(\x08\"R\n\x0f\x44\x61taErrorReport\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\r\n\x05shard\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\"\x10\n\x0e\x44\x61taErrorReply\"\xb1\x01\n\x0bSliceHeader\x12*\n\x04kind\x18\x01 \x01(\x0e\x32\x1c.iterreduce.SliceHeader.Kind\x12\r\n\x05round\x18\x02 \x01(\x03\x12\x0c\n\x04part\x18\x03 \x01(\x05\x12\x0e\n\x06sender\x18\x04 \x01(\t\x12(\n\x07results\x18\x05 \x03(\x0b\x32\x17.iterreduce.ShardResult\"\x1f\n\x04Kind\x12\n\n\x06UPDATE\x10\x00\x12\x0b\n\x07REDUCED\x10\x01\"J\n\nTensorMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x10\n\x08narrowed\x18\x04 \x01(\x08\"^\n\nSliceBatch\x12\'\n\x06header\x18\x01 \x01(\x0b\x32\x17.iterreduce.SliceHeader\x12\'\n\x07tensors\x18\x02 \x03(\x0b\x32\x16.iterreduce.TensorMeta\"\x0c\n\nSliceReply2\x96\x03\n\x06Master\x12\x42\n\x08Register\x12\x1b.iterreduce.RegisterRequest\x1a\x19.iterreduce.RegisterReply\x12\x45\n\tHeartbeat\x12\x1c.iterreduce.HeartbeatRequest\x1a\x1a.iterreduce.HeartbeatReply\x12=\n\tFetchTask\x12\x17.iterreduce.TaskRequest\x1a\x15.iterreduce.TaskChunk0\x01\x12>\n\nPushUpdate\x12\x17.iterreduce.UpdateChunk\x1a\x15.iterreduce.PushReply(\x01\x12\x36\n\x04Sync\x12\x17.iterreduce.SyncRequest\x1a\x15.iterreduce.SyncReply\x12J\n\x0fReportDataError\x12\x1b.iterreduce.DataErrorReport\x1a\x1a.iterreduce.DataErrorReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!iterreduce/proto/iterreduce.proto\x12\niterreduce\"o\n\x0fRegisterRequest\x12\x13\n\x0bworker_name\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x05\x12\x16\n\x0eresources_json\x18\x04 \x01(\t\x12\x14\n\x0cpeer_address\x18\x05 \x01(\t\"\x84\x01\n\rRegisterReply\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07program\x18\x02 \x01(\t\x12\x1b\n\x13program_config_json\x18\x03 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x04 \x01(\x01\x12\x14\n\x0c\x66loat16_wire\x18\x05 \x01(\x08\":\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0bstatus_json\x18\x02 \x01(\t\".\n\x0eHeartbeatReply\x12\r\n\x05known\x18\x01 \x01(\x08\x12\r\n\x05round\x18\x02 \x01(\x03\"\xa2\x01\n\x0bTaskRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x37\n\x08versions\x18\x02 \x03(\x0b\x32%.iterreduce.TaskRequest.VersionsEntry\x12\x16\n\x0elayout_version\x18\x03 \x01(\x03\x1a/\n\rVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"#\n\x05Shard\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0b\n\x03uri\x18\x02 \x01(\t\"\x9b\x05\n\nTaskHeader\x12)\n\x04kind\x18\x01 \x01(\x0e\x32\x1b.iterreduce.TaskHeader.Kind\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x11\n\tinfo_json\x18\x04 \x01(\t\x12!\n\x06shards\x18\x05 \x03(\x0b\x32\x11.iterreduce.Shard\x12\x0c\n\x04seed\x18\x06 \x01(\x03\x12\x36\n\x08versions\x18\x07 \x03(\x0b\x32$.iterreduce.TaskHeader.VersionsEntry\x12\r\n\x05round\x18\x08 \x01(\x03\x12%\n\x08reducers\x18\t \x03(\x0b\x32\x13.iterreduce.Reducer\x12\x0c\n\x04part\x18\n \x01(\x05\x12\x15\n\rreduce_shards\x18\x0b \x03(\x05\x12\x36\n\x08gathered\x18\x0c \x03(\x0b\x32$.iterreduce.TaskHeader.GatheredEntry\x12\x16\n\x0egathered_round\x18\r \x01(\x03\x12\x16\n\x0egathered_parts\x18\x0e \x01(\x05\x12\x16\n\x0elayout_version\x18\x0f \x01(\x03\x12\x0f\n\x07\x63olumns\x18\x10 \x01(\x05\x12\x16\n\x0eshard_reducers\x18\x11 \x03(\x05\x12\x11\n\trows_kept\x18\x12 \x03(\t\x12\x12\n\nrows_round\x18\x13 \x01(\x03\x12\x17\n\x0f\x61head_info_json\x18\x14 \x01(\t\x1a/\n\rVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a/\n\rGatheredEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"#\n\x04Kind\x12\x07\n\x03RUN\x10\x00\x12\x08\n\x04\x44ONE\x10\x01\x12\x08\n\x04WAIT\x10\x02\"-\n\x07Reducer\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"w\n\x0bTensorChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12\x0c\n\x04last\x18\x06 \x01(\x08\x12\x10\n\x08narrowed\x18\x07 \x01(\x08\"]\n\tTaskChunk\x12&\n\x06header\x18\x01 \x01(\x0b\x32\x16.iterreduce.TaskHeader\x12(\n\x07tensors\x18\x02 \x03(\x0b\x32\x17.iterreduce.TensorChunk\"C\n\x0bShardResult\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0f\n\x07samples\x18\x02 \x01(\x03\x12\x14\n\x0cmetrics_json\x18\x03 \x01(\t\"\xda\x01\n\x0cUpdateHeader\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12(\n\x07results\x18\x03 \x03(\x0b\x32\x17.iterreduce.ShardResult\x12\x11\n\tcompute_s\x18\x04 \x01(\x01\x12\r\n\x05round\x18\x05 \x01(\x03\x12\x11\n\tscattered\x18\x06 \x01(\x08\x12\x0f\n\x07reduced\x18\x07 \x01(\x08\x12\x0c\n\x04part\x18\x08 \x01(\x05\x12\x13\n\x0bundelivered\x18\t \x03(\t\x12\x16\n\x0e\x65xchange_error\x18\n \x01(\t\"a\n\x0bUpdateChunk\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.iterreduce.UpdateHeader\x12(\n\x07tensors\x18\x02 \x03(\x0b\x32\x17.iterreduce.TensorChunk\"-\n\tPushReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"]\n\x0bSyncRequest\x12\'\n\x06update\x18\x01 \x01(\x0b\x32\x17.iterreduce.UpdateChunk\x12%\n\x04next\x18\x02 \x01(\x0b\x32\x17.iterreduce.TaskRequest\"f\n\tSyncReply\x12%\n\x06pushed\x18\x01 \x01(\x0b\x32\x15.iterreduce.PushReply\x12#\n\x04task\x18\x02 \x01(\x0b\x32\x15.iterreduce.TaskChunk\x12\r\n\x05\x66\x65tch\x18\x03 \x01(\x08\"R\n\x0f\x44\x61taErrorReport\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\r\n\x05shard\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\"\x10\n\x0e\x44\x61taErrorReply\"\xb1\x01\n\x0bSliceHeader\x12*\n\x04kind\x18\x01 \x01(\x0e\x32\x1c.iterreduce.SliceHeader.Kind\x12\r\n\x05round\x18\x02 \x01(\x03\x12\x0c\n\x04part\x18\x03 \x01(\x05\x12\x0e\n\x06sender\x18\x04 \x01(\t\x12(\n\x07results\x18\x05 \x03(\x0b\x32\x17.iterreduce.ShardResult\"\x1f\n\x04Kind\x12\n\n\x06UPDATE\x10\x00\x12\x0b\n\x07REDUCED\x10\x01\"J\n\nTensorMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x10\n\x08narrowed\x18\x04 \x01(\x08\"^\n\nSliceBatch\x12\'\n\x06header\x18\x01 \x01(\x0b\x32\x17.iterreduce.SliceHeader\x12\'\n\x07tensors\x18\x02 \x03(\x0b\x32\x16.iterreduce.TensorMeta\"\x0c\n\nSliceReply2\x96\x03\n\x06Master\x12\x42\n\x08Register\x12\x1b.iterreduce.RegisterRequest\x1a\x19.iterreduce.RegisterReply\x12\x45\n\tHeartbeat\x12\x1c.iterreduce.HeartbeatRequest\x1a\x1a.iterreduce.HeartbeatReply\x12=\n\tFetchTask\x12\x17.iterreduce.TaskRequest\x1a\x15.iterreduce.TaskChunk0\x01\x12>\n\nPushUpdate\x12\x17.iterreduce.UpdateChunk\x1a\x15.iterreduce.PushReply(\x01\x12\x36\n\x04Sync\x12\x17.iterreduce.SyncRequest\x1a\x15.iterreduce.SyncReply\x12J\n\x0fReportDataError\x12\x1b.iterreduce.DataErrorReport\x1a\x1a.iterreduce.DataErrorReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -52,45 +52,45 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SHARD']._serialized_start=570
   _globals['_SHARD']._serialized_end=605
   _globals['_TASKHEADER']._serialized_start=608
-  _globals['_TASKHEADER']._serialized_end=1250
+  _globals['_TASKHEADER']._serialized_end=1275
   _globals['_TASKHEADER_VERSIONSENTRY']._serialized_start=521
   _globals['_TASKHEADER_VERSIONSENTRY']._serialized_end=568
-  _globals['_TASKHEADER_GATHEREDENTRY']._serialized_start=1166
-  _globals['_TASKHEADER_GATHEREDENTRY']._serialized_end=1213
-  _globals['_TASKHEADER_KIND']._serialized_start=1215
-  _globals['_TASKHEADER_KIND']._serialized_end=1250
-  _globals['_REDUCER']._serialized_start=1252
-  _globals['_REDUCER']._serialized_end=1297
-  _globals['_TENSORCHUNK']._serialized_start=1299
-  _globals['_TENSORCHUNK']._serialized_end=1418
-  _globals['_TASKCHUNK']._serialized_start=1420
-  _globals['_TASKCHUNK']._serialized_end=1513
-  _globals['_SHARDRESULT']._serialized_start=1515
-  _globals['_SHARDRESULT']._serialized_end=1582
-  _globals['_UPDATEHEADER']._serialized_start=1585
-  _globals['_UPDATEHEADER']._serialized_end=1803
-  _globals['_UPDATECHUNK']._serialized_start=1805
-  _globals['_UPDATECHUNK']._serialized_end=1902
-  _globals['_PUSHREPLY']._serialized_start=1904
-  _globals['_PUSHREPLY']._serialized_end=1949
-  _globals['_SYNCREQUEST']._serialized_start=1951
-  _globals['_SYNCREQUEST']._serialized_end=2044
-  _globals['_SYNCREPLY']._serialized_start=2046
-  _globals['_SYNCREPLY']._serialized_end=2148
-  _globals['_DATAERRORREPORT']._serialized_start=2150
-  _globals['_DATAERRORREPORT']._serialized_end=2232
-  _globals['_DATAERRORREPLY']._serialized_start=2234
-  _globals['_DATAERRORREPLY']._serialized_end=2250
-  _globals['_SLICEHEADER']._serialized_start=2253
-  _globals['_SLICEHEADER']._serialized_end=2430
-  _globals['_SLICEHEADER_KIND']._serialized_start=2399
-  _globals['_SLICEHEADER_KIND']._serialized_end=2430
-  _globals['_TENSORMETA']._serialized_start=2432
-  _globals['_TENSORMETA']._serialized_end=2506
-  _globals['_SLICEBATCH']._serialized_start=2508
-  _globals['_SLICEBATCH']._serialized_end=2602
-  _globals['_SLICEREPLY']._serialized_start=2604
-  _globals['_SLICEREPLY']._serialized_end=2616
-  _globals['_MASTER']._serialized_start=2619
-  _globals['_MASTER']._serialized_end=3025
+  _globals['_TASKHEADER_GATHEREDENTRY']._serialized_start=1191
+  _globals['_TASKHEADER_GATHEREDENTRY']._serialized_end=1238
+  _globals['_TASKHEADER_KIND']._serialized_start=1240
+  _globals['_TASKHEADER_KIND']._serialized_end=1275
+  _globals['_REDUCER']._serialized_start=1277
+  _globals['_REDUCER']._serialized_end=1322
+  _globals['_TENSORCHUNK']._serialized_start=1324
+  _globals['_TENSORCHUNK']._serialized_end=1443
+  _globals['_TASKCHUNK']._serialized_start=1445
+  _globals['_TASKCHUNK']._serialized_end=1538
+  _globals['_SHARDRESULT']._serialized_start=1540
+  _globals['_SHARDRESULT']._serialized_end=1607
+  _globals['_UPDATEHEADER']._serialized_start=1610
+  _globals['_UPDATEHEADER']._serialized_end=1828
+  _globals['_UPDATECHUNK']._serialized_start=1830
+  _globals['_UPDATECHUNK']._serialized_end=1927
+  _globals['_PUSHREPLY']._serialized_start=1929
+  _globals['_PUSHREPLY']._serialized_end=1974
+  _globals['_SYNCREQUEST']._serialized_start=1976
+  _globals['_SYNCREQUEST']._serialized_end=2069
+  _globals['_SYNCREPLY']._serialized_start=2071
+  _globals['_SYNCREPLY']._serialized_end=2173
+  _globals['_DATAERRORREPORT']._serialized_start=2175
+  _globals['_DATAERRORREPORT']._serialized_end=2257
+  _globals['_DATAERRORREPLY']._serialized_start=2259
+  _globals['_DATAERRORREPLY']._serialized_end=2275
+  _globals['_SLICEHEADER']._serialized_start=2278
+  _globals['_SLICEHEADER']._serialized_end=2455
+  _globals['_SLICEHEADER_KIND']._serialized_start=2424
+  _globals['_SLICEHEADER_KIND']._serialized_end=2455
+  _globals['_TENSORMETA']._serialized_start=2457
+  _globals['_TENSORMETA']._serialized_end=2531
+  _globals['_SLICEBATCH']._serialized_start=2533
+  _globals['_SLICEBATCH']._serialized_end=2627
+  _globals['_SLICEREPLY']._serialized_start=2629
+  _globals['_SLICEREPLY']._serialized_end=2641
+  _globals['_MASTER']._serialized_start=2644
+  _globals['_MASTER']._serialized_end=3050
 # @@protoc_insertion_point(module_scope)

@@ -77,7 +77,7 @@ class Shard(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uri: _Optional[str] = ...) -> None: ...
 
 class TaskHeader(_message.Message):
-    __slots__ = ("kind", "step", "phase", "info_json", "shards", "seed", "versions", "round", "reducers", "part", "reduce_shards", "gathered", "gathered_round", "gathered_parts", "layout_version", "columns", "shard_reducers", "rows_kept", "rows_round")
+    __slots__ = ("kind", "step", "phase", "info_json", "shards", "seed", "versions", "round", "reducers", "part", "reduce_shards", "gathered", "gathered_round", "gathered_parts", "layout_version", "columns", "shard_reducers", "rows_kept", "rows_round", "ahead_info_json")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         RUN: _ClassVar[TaskHeader.Kind]
@@ -119,6 +119,7 @@ class TaskHeader(_message.Message):
     SHARD_REDUCERS_FIELD_NUMBER: _ClassVar[int]
     ROWS_KEPT_FIELD_NUMBER: _ClassVar[int]
     ROWS_ROUND_FIELD_NUMBER: _ClassVar[int]
+    AHEAD_INFO_JSON_FIELD_NUMBER: _ClassVar[int]
     kind: TaskHeader.Kind
     step: int
     phase: str
@@ -138,7 +139,8 @@ class TaskHeader(_message.Message):
     shard_reducers: _containers.RepeatedScalarFieldContainer[int]
     rows_kept: _containers.RepeatedScalarFieldContainer[str]
     rows_round: int
-    def __init__(self, kind: _Optional[_Union[TaskHeader.Kind, str]] = ..., step: _Optional[int] = ..., phase: _Optional[str] = ..., info_json: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., seed: _Optional[int] = ..., versions: _Optional[_Mapping[str, int]] = ..., round: _Optional[int] = ..., reducers: _Optional[_Iterable[_Union[Reducer, _Mapping]]] = ..., part: _Optional[int] = ..., reduce_shards: _Optional[_Iterable[int]] = ..., gathered: _Optional[_Mapping[str, int]] = ..., gathered_round: _Optional[int] = ..., gathered_parts: _Optional[int] = ..., layout_version: _Optional[int] = ..., columns: _Optional[int] = ..., shard_reducers: _Optional[_Iterable[int]] = ..., rows_kept: _Optional[_Iterable[str]] = ..., rows_round: _Optional[int] = ...) -> None: ...
+    ahead_info_json: str
+    def __init__(self, kind: _Optional[_Union[TaskHeader.Kind, str]] = ..., step: _Optional[int] = ..., phase: _Optional[str] = ..., info_json: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., seed: _Optional[int] = ..., versions: _Optional[_Mapping[str, int]] = ..., round: _Optional[int] = ..., reducers: _Optional[_Iterable[_Union[Reducer, _Mapping]]] = ..., part: _Optional[int] = ..., reduce_shards: _Optional[_Iterable[int]] = ..., gathered: _Optional[_Mapping[str, int]] = ..., gathered_round: _Optional[int] = ..., gathered_parts: _Optional[int] = ..., layout_version: _Optional[int] = ..., columns: _Optional[int] = ..., shard_reducers: _Optional[_Iterable[int]] = ..., rows_kept: _Optional[_Iterable[str]] = ..., rows_round: _Optional[int] = ..., ahead_info_json: _Optional[str] = ...) -> None: ...
 
 class Reducer(_message.Message):
     __slots__ = ("worker_id", "address")
