@@ -17,7 +17,7 @@ synchronisation alone: the broadcast of the parameters, the N pushes, and the re
 Figures, per superstep after a warm-up step (medians over ``--steps`` steps):
 
 - ``sync s``: wall time of the superstep in the master (from its start to the updates
-  reduced; it contains the fetches, so the broadcast of the new parameters).
+  reduced; it contains the fetches, so the broadcast of the new parameters), less ``--sleep``.
 - ``master CPU s``: the master process's CPU time (all its threads) over the superstep.
 - ``MB/s``: the payload bytes the master received plus sent, over the sync time.
 - ``compute s``: one real single-threaded CD-1 epoch of :class:`dbn.model.rbm.RBM` of this
@@ -43,7 +43,7 @@ sends its peers per sync); the projection then adds a worker's time to the maste
 
 With ``--sleep S`` every worker's step waits S seconds, a compute of that wall time (the bare
 clients before each push, the real workers in their program's run), and ``share measured`` is
-what a step takes beyond it: (sync s - S) / sync s. The program lets the workers compute the
+what a step takes beyond it (``sync s``), over the step. The program lets the workers compute the
 next step while the master ends one (:meth:`iterreduce.program.Program.runs_ahead`, as DBN
 pre-training does; ``--no-ahead``: they wait for each task), so with the reduce on the workers
 the master's part of a sync hides behind that compute; the projection's ``share, running
@@ -254,11 +254,11 @@ def run_peer_workers(args) -> None:
     exchange.Peers.send = counted_send
 
     class Measured(Worker):
-        def _compute(self, header):
+        def _compute(self, header, *args):
             if header.step >= 1 and not mark:
                 with lock:
                     mark.setdefault("cpu", time.process_time())
-            return super()._compute(header)
+            return super()._compute(header, *args)
 
     errors: list[str] = []
     workers = [Measured(args.address, args.token, f"bench-{k}", peer_host="127.0.0.1") for k in args.ids]
@@ -581,29 +581,31 @@ def run_one(n: int, args, compute_s: float) -> dict:
                      *(["--real-workers"] if args.real_workers else []), "--ids", *map(str, ids)],
                     stdout=subprocess.PIPE, text=True, env=env))
             client_reports = [json.loads(c.communicate(timeout=1800)[0].strip().splitlines()[-1]) for c in clients]
+            errors = [e for r in client_reports for e in r["errors"]]
+            if errors:  # the master would wait for them
+                raise SystemExit(f"{n} workers: client errors: {errors[:3]}")
             report = json.loads(master.communicate(timeout=120)[0].strip().splitlines()[-1])
         finally:
             if master.poll() is None:
                 master.kill()
-    errors = [e for r in client_reports for e in r["errors"]]
-    if errors:
-        raise SystemExit(f"{n} workers: client errors: {errors[:3]}")
     steps = report["steps"][1:]  # step 0 sends every layer's initial state: the warm-up
     med = lambda key: statistics.median(s[key] for s in steps)  # noqa: E731
-    sync, cpu = med("wall_s"), med("cpu_s")
+    wall, cpu = med("wall_s"), med("cpu_s")
+    sync = wall - args.sleep  # --sleep: a step's compute, as wall time, is not the sync's
     moved = med("bytes_in") + med("bytes_out")
     cores = os.cpu_count() or 1
     return {
         "workers": n, "layer": f"{LAYERS[args.layer]}x{LAYERS[args.layer + 1]}", "float16": args.float16,
         "bytes_per_sync": moved, "bytes_in": med("bytes_in"), "bytes_out": med("bytes_out"),
-        "sync_s": sync, "sync_s_all": [round(s["wall_s"], 4) for s in steps],
+        "sync_s": sync, "sync_s_all": [round(s["wall_s"] - args.sleep, 4) for s in steps],
         "reduce_s": med("reduce_s"), "master_cpu_s": cpu, "master_cpu_per_gb": cpu / (moved / 1e9),
-        "master_mb_s": moved / sync / 1e6, "compute_s": compute_s,
+        # (with --sleep: the bytes over the whole step)
+        "master_mb_s": moved / (wall if args.sleep else sync) / 1e6, "compute_s": compute_s,
         "share": sync / (compute_s + sync),
         # --sleep S: each step waits for a compute of S s, so what a step takes beyond S is the sync's,
         # measured (with the workers running ahead, the master's end of a step hides behind the compute)
         "sleep_s": args.sleep, "ahead": not args.no_ahead,
-        "share_measured": (sync - args.sleep) / sync if args.sleep else None,
+        "share_measured": sync / wall if args.sleep else None,
         # (bare clients with --reduce workers leave the workers' exchange out: no figure for this machine)
         "share_here": None if args.reduce == "workers" and not args.real_workers else sync / (n * compute_s / cores + sync),
         "client_cpu_s_total": sum(r["cpu_s"] for r in client_reports),
@@ -790,7 +792,7 @@ def main(argv=None) -> int:
         print(f"{n} workers (master's iterreduce: {r['master_iterreduce']}): sync {r['sync_s']:.3f} s (steps {r['sync_s_all']}), master CPU {r['master_cpu_s']:.3f} s, "
               f"clients' CPU {r['client_cpu_s_total']:.1f} s in all", flush=True)
         if args.sleep:
-            print(f"  a step of {args.sleep:.2f} s of compute took {r['sync_s']:.3f} s, running ahead "
+            print(f"  a step of {args.sleep:.2f} s of compute took {args.sleep + r['sync_s']:.3f} s, running ahead "
                   f"{'on' if r['ahead'] else 'off'}: sync share {100 * r['share_measured']:.1f} %", flush=True)
         if args.real_workers:
             print(f"  a worker per sync: CPU {r['worker_cpu_s']:.3f} s, sends its peers "

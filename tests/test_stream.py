@@ -241,6 +241,24 @@ def test_a_worker_that_cannot_fit_is_refused_naming_the_settings():
         memory.plan(big, 2, [500, 500, 2000], choice="auto", budget_bytes=400 * 2**20, budget_name="[yarn] worker_memory")
 
 
+def test_workers_that_reduce_among_themselves_are_planned_with_the_exchanges_copies_of_the_model():
+    # The parts of an update in flight, the rows a reducer reduces, and the next step's parameters
+    # and update computed ahead: four more copies of the model than a star's worker holds.
+    layers, weights = [500, 500, 2000], 784 * 500 + 500 * 500 + 500 * 2000 + (784 + 500) + (500 + 500) + (500 + 2000)
+    star = memory.worker_bytes([MNIST_SHARD] * 10, 10, layers, stream=False)
+    exchange = memory.worker_bytes([MNIST_SHARD] * 10, 10, layers, stream=False, exchange=True)
+    assert exchange - star == 4 * 4 * weights
+    _, figures = memory.plan([MNIST_SHARD] * 10, 10, layers, choice="auto", budget_bytes=4 * 2**30,
+                             budget_name="x", exchange=True)
+    assert figures["worker_bytes"] == exchange
+    model = memory.PROCESS_BYTES + memory.model_bytes(784, [6000, 6000])
+    with pytest.raises(ConfigError, match=r"8 copies: parameters, momentum, steps, the master's copy and the exchange"):
+        memory.plan([MNIST_SHARD] * 10, 10, [6000, 6000], choice="auto", budget_bytes=model + 2**20,
+                    budget_name="[yarn] worker_memory", exchange=True)
+    memory.plan([MNIST_SHARD] * 10, 10, [6000, 6000], choice="auto", budget_bytes=model + 2**30,
+                budget_name="[yarn] worker_memory")  # a star's workers fit
+
+
 def test_a_model_too_big_for_any_worker_says_so_not_more_workers():
     with pytest.raises(ConfigError, match=r"the model alone \(784-20000-20000: \d{3},\d{3},\d{3} weights\) needs about "
                                           r"\d+ MiB in each worker .* use smaller \[model\] hidden_layers"):

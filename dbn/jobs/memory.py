@@ -8,8 +8,10 @@ value (``r d``); the Parquet file is read into the features a block at a time. A
 streaming worker (``[cluster] stream``)
 keeps only the labels of its rows, a few blocks of :data:`~dbn.model.minibatch.CHUNK_ROWS`
 rows in flight, and its copy of the data on local disk. Both need the model (its
-parameters, momentum, gradients and the copy received from the master) and the
-process itself (Python, NumPy, pyarrow, gRPC: :data:`PROCESS_BYTES`, measured).
+parameters, momentum, gradients and the copy received from the master; where the workers
+reduce among themselves, also the parts of the updates it sends and receives, and the next
+step's parameters and update computed ahead: :func:`model_bytes`) and the process itself
+(Python, NumPy, pyarrow, gRPC: :data:`PROCESS_BYTES`, measured).
 
 The launchers (the local mini-cluster and ``dbn submit``) call :func:`plan` before
 starting any worker: it says whether the workers stream and refuses a job whose
@@ -36,10 +38,16 @@ def _weights(features: int, hidden_layers) -> int:
     return sum(a * b + a + b for a, b in zip(sizes, sizes[1:]))
 
 
-def model_bytes(features: int, hidden_layers) -> int:
-    """The model's arrays in a worker: weights and biases four times over (parameters,
-    momentum, gradients or steps, and the copy received from the master), in float32."""
-    return 4 * 4 * _weights(features, hidden_layers)
+#: copies of the model's arrays a worker holds at most: parameters, momentum, gradients or steps, the copy
+#: received; with ``exchange`` (the workers reduce, iterreduce.exchange) four more: its update's parts on
+#: their way to the reducers, the rows it reduces, and, running ahead (Program.runs_ahead), the next
+#: step's parameters and update while this step's are still held
+MODEL_COPIES = {False: 4, True: 8}
+
+
+def model_bytes(features: int, hidden_layers, *, exchange: bool = False) -> int:
+    """The model's arrays in a worker, in float32: :data:`MODEL_COPIES` of its weights and biases."""
+    return MODEL_COPIES[exchange] * 4 * _weights(features, hidden_layers)
 
 
 def check_one_process(rows: int, features: int, hidden_layers, *, available_bytes: int) -> None:
@@ -71,32 +79,34 @@ def shard_bytes(rows: int, features: int, hidden_layers, *, stream: bool = False
     return rows * (4 * features + 4 * _widest_pair(hidden_layers) + 8 + features)
 
 
-def worker_bytes(shards: list[dict], workers: int, hidden_layers, *, stream: bool) -> int:
+def worker_bytes(shards: list[dict], workers: int, hidden_layers, *, stream: bool, exchange: bool = False) -> int:
     """The most memory any of ``workers`` workers needs for ``shards`` (:func:`iterreduce.shards.shard_info`
-    entries, dealt out in turn as the runtime does)."""
+    entries, dealt out in turn as the runtime does); ``exchange``: they reduce among themselves."""
     per_worker: list[int] = [0] * max(1, min(workers, len(shards)))
     for i, shard in enumerate(shards):
         per_worker[i % len(per_worker)] += shard_bytes(shard["rows"], shard["features"], hidden_layers, stream=stream)
-    return PROCESS_BYTES + model_bytes(shards[0]["features"], hidden_layers) + max(per_worker)
+    return PROCESS_BYTES + model_bytes(shards[0]["features"], hidden_layers, exchange=exchange) + max(per_worker)
 
 
 def plan(shards: list[dict], workers: int, hidden_layers, *, choice: str, budget_bytes: int,
-         budget_name: str) -> tuple[bool, dict]:
+         budget_name: str, exchange: bool = False) -> tuple[bool, dict]:
     """Whether the workers stream their data, by ``choice`` ("auto", "always", "never") and
     the memory each may use (``budget_bytes``, the setting ``budget_name`` gives it); and the
-    figures, for the log. Raises :class:`ConfigError` naming the settings to change when the
-    workers cannot fit."""
-    memory = worker_bytes(shards, workers, hidden_layers, stream=False)
-    streamed = worker_bytes(shards, workers, hidden_layers, stream=True)
+    figures, for the log. ``exchange``: the workers reduce among themselves (``[cluster]
+    reduce``). Raises :class:`ConfigError` naming the settings to change when the workers
+    cannot fit."""
+    memory = worker_bytes(shards, workers, hidden_layers, stream=False, exchange=exchange)
+    streamed = worker_bytes(shards, workers, hidden_layers, stream=True, exchange=exchange)
     stream = choice == "always" or (choice == "auto" and memory > STREAM_ABOVE * budget_bytes)
     need = streamed if stream else memory
     figures = {"stream": stream, "worker_bytes": need, "in_memory_bytes": memory, "budget_bytes": budget_bytes}
-    model = PROCESS_BYTES + model_bytes(shards[0]["features"], hidden_layers)
+    model = PROCESS_BYTES + model_bytes(shards[0]["features"], hidden_layers, exchange=exchange)
     if model > budget_bytes:  # more workers would not help: each holds the whole model
         raise ConfigError(
             f"the model alone ({shards[0]['features']}-{'-'.join(map(str, hidden_layers))}: "
             f"{_weights(shards[0]['features'], hidden_layers):,} weights) needs about {math.ceil(model / MiB)} MiB in "
-            f"each worker (parameters, momentum, steps and the master's copy) but {budget_name} gives it "
+            f"each worker ({MODEL_COPIES[exchange]} copies: parameters, momentum, steps, the master's copy"
+            f"{' and the exchange' if exchange else ''}) but {budget_name} gives it "
             f"{budget_bytes // MiB} MiB: use smaller [model] hidden_layers or raise {budget_name}")
     if need > budget_bytes:
         hint = (f"raise {budget_name}" + (", set [cluster] stream = \"auto\" to stream the data from local disk"

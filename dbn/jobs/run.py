@@ -444,7 +444,8 @@ class LocalCluster:
         budget = available_memory() // processes
         stream, memory = plan_memory(shard_info(uris), processes, spec.model.hidden_layers, choice=spec.cluster.stream,
                                      budget_bytes=budget, budget_name=f"this machine's available memory over "
-                                                                      f"{processes} worker processes")
+                                                                      f"{processes} worker processes",
+                                     exchange=spec.reduce_on(False) == "workers")
         where = self.describe(spec, len(uris)) + (", streaming the data from local disk" if stream else "")
         on_record({"event": "start", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                    "where": where, "output": str(out)})  # not logged: the master's log is the master's

@@ -115,7 +115,7 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
     if uris:  # the shards are known: check the workers fit their containers, and stream if they must
         stream, _ = plan_memory(shard_info(uris), opts.workers, cfg.model.hidden_layers, choice=cfg.cluster.stream,
                                 budget_bytes=parse_memory(cfg.yarn.worker_memory) * 2**20,
-                                budget_name="[yarn] worker_memory")
+                                budget_name="[yarn] worker_memory", exchange=cfg.reduce_on(True) == "workers")
         if stream:
             log("the workers' data will not fit their memory: they stream it from local disk")
     master = cfg.master_config(shards=shards, output=output, stream=stream, on_yarn=True).to_dict()
