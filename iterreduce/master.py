@@ -67,6 +67,8 @@ EXCHANGE_TRIES = 2
 HEARTBEATS_PER_S = 100
 #: heartbeats a worker may miss, at a stretched interval, before it is presumed lost
 MISSED_HEARTBEATS = 3
+#: the longest a worker's request for a task waits for work before the answer is WAIT (ask again)
+LONG_POLL_S = 5.0
 
 
 def heartbeat_timing(interval: float, timeout: float, workers: int) -> tuple[float, float]:
@@ -323,10 +325,10 @@ class Master(pb_grpc.MasterServicer):
 
     def _task(self, request, context, limit: int | None = None) -> list:
         """The task for ``request``'s worker, as the messages to send (serialized TaskChunks, or a
-        DONE or WAIT one): waits up to 5 s for work. With ``limit``, one message, or None when the
+        DONE or WAIT one): waits up to :data:`LONG_POLL_S` for work. With ``limit``, one message, or None when the
         task's tensors would take more than ``limit`` bytes (nothing is given out then: the worker
         fetches it)."""
-        deadline = time.monotonic() + 5.0
+        deadline = time.monotonic() + LONG_POLL_S
         with self.lock:
             while True:
                 worker = self.workers.get(request.worker_id)

@@ -307,12 +307,12 @@ class Worker:
         for part in range(len(header.reducers)):
             piece = None
             # A failed round never completes (it is abandoned), and the master's answer ends the wait too.
-            while piece is None and not pending.done() and not self.inbox.abandoned(header.round):
+            while piece is None and not answered(pending) and not self.inbox.abandoned(header.round):
                 piece = self.inbox.wait(header.round, exchange.REDUCED, part, names, timeout=0.05)
             if piece is None:
                 return
             pieces.append(piece)
-        if pending.done():  # the task is in already: computing what it says costs the same
+        if answered(pending):  # the task is in already: computing what it says costs the same
             return
         following = step_from_json(header.ahead_info_json)
         started, updates = time.perf_counter(), []
@@ -491,6 +491,17 @@ class Worker:
             self.versions.update(header.gathered)
         self.inbox.drop_before(header.round)
         self._kept = {key: u for key, u in self._kept.items() if key[0] == header.step}
+
+
+def answered(pending: futures.Future) -> bool:
+    """Whether the master's next task is in (a WAIT is no answer: the master is still ending the step,
+    e.g. scoring a validation set)."""
+    if not pending.done():
+        return False
+    if pending.exception() is not None:
+        return True
+    task = pending.result()
+    return task is None or task[0].kind != pb.TaskHeader.WAIT
 
 
 def peak_rss_bytes() -> int:

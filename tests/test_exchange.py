@@ -578,6 +578,30 @@ def test_workers_compute_the_next_step_while_the_master_ends_one_and_keep_the_bi
     _assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(program, job.config.program_config, uris))
 
 
+class LateAheadWorker(AheadCountingWorker):
+    """Starts computing ahead only once the master answered its push."""
+
+    def _run_ahead(self, header, names, pending):
+        pending.exception()  # waits for the answer
+        return super()._run_ahead(header, names, pending)
+
+
+def test_a_worker_runs_ahead_while_the_master_answers_wait(tmp_path, uris, monkeypatch):
+    # The master takes longer to end a step (0.2 s) than a request for a task waits (1 ms): the
+    # answer is WAIT, which is no task, so the worker computes ahead all the same.
+    import iterreduce.master
+
+    monkeypatch.setattr(iterreduce.master, "LONG_POLL_S", 0.001)
+    CountingSoftmaxWorker.runs = []
+    program = f"{__name__}:SlowEndSoftmax"
+    job, _ = _run(tmp_path, uris, "ahead", program=program, worker_class=LateAheadWorker, reduce="workers")
+    assert job.master.round == 4 and not events(job.output, "exchange_failed")
+    for worker in job.worker_objects:
+        assert all(seconds > 0 for _, seconds in worker.kept_ahead[1:])
+    assert sorted(CountingSoftmaxWorker.runs) == sorted((epoch, shard) for epoch in range(4) for shard in range(5))
+    _assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(program, job.config.program_config, uris))
+
+
 def test_updates_computed_ahead_are_dropped_when_the_master_changes_a_parameter(tmp_path, uris, layout):
     CountingSoftmaxWorker.runs = []
     program = f"{__name__}:RescalingSoftmax"
