@@ -564,18 +564,28 @@ class AheadCountingWorker(Worker):
         return seconds
 
 
-def test_workers_compute_the_next_step_while_the_master_ends_one_and_keep_the_bits(tmp_path, uris, layout):
+EVERY_SHARD_ONCE = sorted((epoch, shard) for epoch in range(4) for shard in range(5))  # 4 steps of 5 shards
+
+
+def _run_ahead_job(tmp_path, uris, program: str, worker_class):
+    """A job of ``program`` (this module's) on 3 workers that reduce, each step once, with the
+    sequential run's bits; ``job.runs``: its workers' runs (see CountingSoftmaxWorker)."""
     CountingSoftmaxWorker.runs = []
-    program = f"{__name__}:SlowEndSoftmax"
-    job, _ = _run(tmp_path, uris, "ahead", program=program, worker_class=AheadCountingWorker, reduce="workers")
+    job, _ = _run(tmp_path, uris, "ahead", program=f"{__name__}:{program}", worker_class=worker_class,
+                  reduce="workers")
+    job.runs = list(CountingSoftmaxWorker.runs)
     assert job.master.round == 4 and not events(job.output, "exchange_failed")
+    _assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(job.config.program, job.config.program_config, uris))
+    return job
+
+
+def test_workers_compute_the_next_step_while_the_master_ends_one_and_keep_the_bits(tmp_path, uris, layout):
+    job = _run_ahead_job(tmp_path, uris, "SlowEndSoftmax", AheadCountingWorker)
     # Steps 1-3 were computed ahead, each while the master evaluated the step before, and kept.
     for worker in job.worker_objects:
         assert [step for step, _ in worker.kept_ahead] == [0, 1, 2, 3]
         assert worker.kept_ahead[0][1] == 0.0 and all(seconds > 0 for _, seconds in worker.kept_ahead[1:])
-    # Every shard ran once a step: nothing was computed twice.
-    assert sorted(CountingSoftmaxWorker.runs) == sorted((epoch, shard) for epoch in range(4) for shard in range(5))
-    _assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(program, job.config.program_config, uris))
+    assert sorted(job.runs) == EVERY_SHARD_ONCE  # nothing was computed twice
 
 
 class LateAheadWorker(AheadCountingWorker):
@@ -592,29 +602,21 @@ def test_a_worker_runs_ahead_while_the_master_answers_wait(tmp_path, uris, monke
     import iterreduce.master
 
     monkeypatch.setattr(iterreduce.master, "LONG_POLL_S", 0.001)
-    CountingSoftmaxWorker.runs = []
-    program = f"{__name__}:SlowEndSoftmax"
-    job, _ = _run(tmp_path, uris, "ahead", program=program, worker_class=LateAheadWorker, reduce="workers")
-    assert job.master.round == 4 and not events(job.output, "exchange_failed")
+    job = _run_ahead_job(tmp_path, uris, "SlowEndSoftmax", LateAheadWorker)
     for worker in job.worker_objects:
         assert all(seconds > 0 for _, seconds in worker.kept_ahead[1:])
-    assert sorted(CountingSoftmaxWorker.runs) == sorted((epoch, shard) for epoch in range(4) for shard in range(5))
-    _assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(program, job.config.program_config, uris))
+    assert sorted(job.runs) == EVERY_SHARD_ONCE
 
 
 def test_updates_computed_ahead_are_dropped_when_the_master_changes_a_parameter(tmp_path, uris, layout):
-    CountingSoftmaxWorker.runs = []
-    program = f"{__name__}:RescalingSoftmax"
-    job, _ = _run(tmp_path, uris, "ahead", program=program, worker_class=AheadCountingWorker, reduce="workers")
-    assert job.master.round == 4 and not events(job.output, "exchange_failed")
+    job = _run_ahead_job(tmp_path, uris, "RescalingSoftmax", AheadCountingWorker)
     # Step 1 follows a before_step change, step 3 an after_step one: computed ahead, dropped,
     # computed again; step 2's guess held.
     for worker in job.worker_objects:
         assert [seconds > 0 for _, seconds in worker.kept_ahead] == [False, False, True, False]
-    runs = CountingSoftmaxWorker.runs
-    assert sorted(set(runs)) == sorted((e, s) for e in range(4) for s in range(5))
-    assert sorted(e for e, _ in runs if runs.count((e, 0)) == 2) == [1] * 10 + [3] * 10  # those ran twice
-    _assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(program, job.config.program_config, uris))
+    runs = job.runs
+    assert sorted(set(runs)) == EVERY_SHARD_ONCE and len(runs) == 20 + 2 * 5
+    assert sorted({epoch for epoch, shard in runs if runs.count((epoch, shard)) == 2}) == [1, 3]  # ran twice
 
 
 def test_a_parameter_the_master_changes_between_steps_reaches_every_worker(tmp_path, uris):
