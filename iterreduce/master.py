@@ -205,6 +205,7 @@ class Master(pb_grpc.MasterServicer):
         self._layout_key: tuple = ()
         self._reads: dict = {}                   # the parameters the reducers read (rows of them each)
         self._ahead = ""                         # the next step's info, when workers may run ahead to it
+        self._ahead_since: float | None = None   # when the workers could start the step they ran ahead to
         self.reduced: dict[int, tuple[dict, list[str]]] = {}  # part -> (rows, reducers not delivered to)
         self.reporter: dict[int, str] = {}       # shard -> the worker whose result is in
         self.exchange_error: str | None = None   # why this round's exchange failed
@@ -652,7 +653,9 @@ class Master(pb_grpc.MasterServicer):
 
     def _run_step(self, index: int) -> None:
         step = self.steps[index]
-        started = time.perf_counter()
+        # A step the workers ran ahead to began for them when the step before was reduced: its time
+        # counts from then (its compute did, and the master's end of that step overlapped it).
+        started = self._ahead_since if self._ahead_since is not None else time.perf_counter()
         before, self.parameters = self.parameters, self.program.before_step(step, self.parameters)
         changed = self._changed(before, self.parameters)
         if changed:  # the workers must not compute with what they held
@@ -687,9 +690,10 @@ class Master(pb_grpc.MasterServicer):
                 reduced = self.program.reduce(step, self.parameters, updates)
             self.parameters.update(reduced)
             self._new_version(reduced)  # on the workers: the version _reduce_on_workers counted their deliveries at
-        elapsed = time.perf_counter() - started
         evaluated = time.perf_counter()
-        metrics = self.program.evaluate(step, self.parameters)  # not part of the sync time
+        elapsed = evaluated - started
+        self._ahead_since = evaluated if self._ahead else None
+        metrics = self.program.evaluate(step, self.parameters)  # not this step's time (overlapped by a run ahead)
         kept = self.program.after_step(step, self.parameters, metrics)
         changed = self._changed(self.parameters, kept)
         if changed:

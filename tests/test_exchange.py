@@ -586,6 +586,11 @@ def test_workers_compute_the_next_step_while_the_master_ends_one_and_keep_the_bi
         assert [step for step, _ in worker.kept_ahead] == [0, 1, 2, 3]
         assert worker.kept_ahead[0][1] == 0.0 and all(seconds > 0 for _, seconds in worker.kept_ahead[1:])
     assert sorted(job.runs) == EVERY_SHARD_ONCE  # nothing was computed twice
+    # A step run ahead is timed from the reduce of the one before, when its compute could start:
+    # the master's 0.2 s end of that step, longer than this tiny compute, is time the workers waited.
+    recs = records(job.output)
+    assert all(r["sync_seconds"] >= 0.19 and r["seconds"] >= 0.2 for r in recs[1:]), recs
+    assert recs[0]["seconds"] < 0.2
 
 
 class LateAheadWorker(AheadCountingWorker):
