@@ -666,7 +666,7 @@ class Master(pb_grpc.MasterServicer):
             while True:
                 self._collect_results()
                 reduce_start = time.perf_counter()
-                reduced = self._reduce_on_workers(index, step) if self.reducers else None
+                reduced = self._reduce_on_workers(step) if self.reducers else None
                 if reduced is not None or not self.reducers:
                     break
                 log.warning("step %d round %d: the exchange failed (%s); running the step again with the "
@@ -765,7 +765,7 @@ class Master(pb_grpc.MasterServicer):
             if self._live():
                 self._assign_orphans()
 
-    def _reduce_on_workers(self, index: int, step) -> dict | None:
+    def _reduce_on_workers(self, step) -> dict | None:
         """Wait for every reducer's block, and join them (call with the lock held); None when
         the exchange failed (``exchange_error`` says why)."""
         parts = len(self.reducers)

@@ -37,7 +37,9 @@ class Worker:
 
     With ``peer_host`` it also serves the Peer service (on ``peer_bind``, default
     ``peer_host``), so the master can have it reduce its rows of each update
-    (:mod:`iterreduce.exchange`); without, the master reduces this worker's updates itself."""
+    (:mod:`iterreduce.exchange`); without, the master reduces this worker's updates itself. After
+    an exchange, where the task names the next step, it computes that step's updates while its
+    push is on its way and the master ends the step (:meth:`_run_ahead`)."""
 
     def __init__(self, address: str, token: str, name: str, device: str = "cpu", resources: dict | None = None,
                  tls: TlsCredentials | None = None, peer_host: str | None = None, peer_bind: str | None = None):
