@@ -356,7 +356,14 @@ def run_clients(args) -> None:
         encoded: dict[tuple, list] = {}  # shard indices -> the update's tensor chunks, encoded once
         held = (0, [])  # the layout's reducers, as a worker keeps them (a --root proto may predate it)
         listed = "layout_version" in pb.TaskRequest.DESCRIPTOR.fields_by_name
-        can_sync = "Sync" in pb.DESCRIPTOR.services_by_name["Master"].methods_by_name
+        methods = pb.DESCRIPTOR.services_by_name["Master"].methods_by_name
+        can_sync = "Sync" in methods
+        steps = None  # the open Steps stream, as a worker keeps one (a --root tree may lack it)
+        if "Steps" in methods:
+            import queue
+
+            requests = queue.SimpleQueue()
+            steps = (requests, stub.Steps(iter(requests.get, None), metadata=md))
         task = None  # the next task's header, when a push brought it (Sync)
         ahead = [False]  # the next task's compute was done while its push was on its way (run ahead)
 
@@ -380,8 +387,12 @@ def run_clients(args) -> None:
             nonlocal task
             messages = list(packed(pieces))
             if can_sync and len(messages) == 1:
-                reply = stub.Sync(pb.SyncRequest(update=pb.UpdateChunk.FromString(messages[0]), next=request()),
-                                  metadata=md, timeout=600)
+                sync = pb.SyncRequest(update=pb.UpdateChunk.FromString(messages[0]), next=request())
+                if steps is not None:
+                    steps[0].put(sync)
+                    reply = next(steps[1])
+                else:
+                    reply = stub.Sync(sync, metadata=md, timeout=600)
                 pushed = reply.pushed
                 if not reply.fetch:
                     task = reply.task.header
@@ -405,6 +416,8 @@ def run_clients(args) -> None:
                     header.reducers.extend(held[1])
             if header.kind == pb.TaskHeader.DONE:
                 done.set()
+                if steps is not None:
+                    steps[0].put(None)
                 channel.close()
                 return
             if args.sleep and header.kind == pb.TaskHeader.RUN and not ahead[0]:

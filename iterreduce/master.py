@@ -324,6 +324,11 @@ class Master(pb_grpc.MasterServicer):
         task = message if isinstance(message, pb.TaskChunk) else pb.TaskChunk.FromString(message)
         return pb.SyncReply(pushed=pushed, task=task)
 
+    def Steps(self, request_iterator, context):
+        """Sync on a worker's open stream: each request answered in turn (see the proto)."""
+        for request in request_iterator:
+            yield self.Sync(request, context)
+
     def _task(self, request, context, limit: int | None = None) -> list:
         """The task for ``request``'s worker, as the messages to send (serialized TaskChunks, or a
         DONE or WAIT one): waits up to :data:`LONG_POLL_S` for work. With ``limit``, one message, or None when the

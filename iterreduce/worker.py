@@ -6,6 +6,7 @@ import itertools
 import json
 import logging
 import os
+import queue
 import socket
 import threading
 import time
@@ -72,6 +73,7 @@ class Worker:
         # computes ahead (see _run_ahead); its updates wait in _ahead, with what they guessed.
         self._calls = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="push")
         self._ahead: tuple[tuple, list[Update], float] | None = None
+        self._steps: tuple[queue.SimpleQueue, object] | None = None  # the open Steps stream: (requests, replies)
 
     def register(self) -> None:
         reply = self.stub.Register(pb.RegisterRequest(
@@ -79,8 +81,9 @@ class Worker:
             resources_json=json.dumps(self.resources), peer_address=self.peer_address),
             metadata=self.metadata, wait_for_ready=True, timeout=120)
         self.worker_id = reply.worker_id
-        # The master may be a new one (or have dropped this worker): its versions and layouts are not ours.
+        # The master may be a new one (or have dropped this worker): its versions, layouts and stream are not ours.
         self.parameters, self.versions, self._ahead = {}, {}, None
+        self._close_steps()
         self._layout, self._results = (0, pb.TaskHeader()), {}
         if self.peers is not None:
             self.peers.close()
@@ -161,6 +164,7 @@ class Worker:
         finally:
             self._stop.set()
             self._calls.shutdown(wait=False, cancel_futures=True)
+            self._close_steps()
             if self.peers is not None:
                 self.peers.close()
             if self.peer_address:
@@ -242,7 +246,7 @@ class Worker:
         task = None
         if second is None:
             try:
-                reply = self.stub.Sync(pb.SyncRequest(update=first, next=self._task_request()), metadata=self.metadata)
+                reply = self._sync(pb.SyncRequest(update=first, next=self._task_request()))
             except grpc.RpcError as exc:
                 if exc.code() != grpc.StatusCode.NOT_FOUND:
                     raise
@@ -256,6 +260,31 @@ class Worker:
         if not pushed.accepted:
             log.warning("update for step %d not accepted: %s", header.step, pushed.reason)
         return task
+
+    def _sync(self, request: pb.SyncRequest) -> pb.SyncReply:
+        """A Sync on this worker's stream to the master (Steps: opened at the first, kept open for
+        the job, since a message on it costs the master less than a call)."""
+        if self._steps is None:
+            requests = queue.SimpleQueue()
+            self._steps = requests, self.stub.Steps(iter(requests.get, None), metadata=self.metadata)
+        requests, replies = self._steps
+        requests.put(request)
+        try:
+            return next(replies)
+        except grpc.RpcError:
+            self._close_steps()
+            raise
+        except StopIteration:  # the master answers every request until it ends the stream with an error
+            self._close_steps()
+            raise RuntimeError("the master closed this worker's stream without an error") from None
+
+    def _close_steps(self) -> None:
+        """End the Steps stream, if one is open."""
+        if self._steps is not None:
+            requests, replies = self._steps
+            self._steps = None
+            requests.put(None)
+            replies.cancel()
 
     # ------------------------------------------------------------ the reduce on the workers
 

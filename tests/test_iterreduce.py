@@ -9,7 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest_runtime import SLOW_SOFTMAX, SOFTMAX, InProcessJob, blobs, events, load_npz, records, simulate
+from conftest_runtime import (DELAY_ENV, SLOW_SOFTMAX, SOFTMAX, InProcessJob, blobs, events, load_npz, records,
+                              simulate)
 from iterreduce import checkpoint, wire
 from iterreduce.program import Program, Step, Update, shard_seed, step_from_json, step_to_json, weighted_average
 from iterreduce.proto import iterreduce_pb2 as pb
@@ -195,6 +196,7 @@ def test_wrong_or_missing_token_is_refused_and_the_job_still_completes(jobs, tmp
         assert_refused(lambda: stub.PushUpdate(iter([header]), metadata=md, timeout=5))
         assert_refused(lambda: stub.Sync(pb.SyncRequest(update=header, next=pb.TaskRequest(worker_id="worker-0#1")),
                                          metadata=md, timeout=5))
+        assert_refused(lambda: next(stub.Steps(iter([pb.SyncRequest(update=header)]), metadata=md, timeout=5)))
 
     for md in bad_metadata:  # before any worker exists
         try_everything(md)
@@ -617,6 +619,51 @@ def test_small_tasks_and_pushes_are_one_message_each_and_one_call_a_step(jobs, t
     # Its tasks came back with its pushes: it fetched only its first, and after waiting (WAIT), if ever.
     waits = sum(kind == pb.TaskHeader.WAIT for *_, kind in real)
     assert fetched.count(fake) == 1 and len([w for w in fetched if w != fake]) == 1 + waits
+
+
+def test_a_worker_syncs_on_one_stream_which_ends_when_the_master_drops_it(jobs, tmp_path, monkeypatch):
+    # A call costs the master about twice a message on an open stream: a worker keeps one stream
+    # (Steps) for all its syncs. Dropped, its next sync ends that stream (NOT_FOUND), and the
+    # process registers again as a new worker.
+    from iterreduce.master import Master
+
+    streams = []  # [worker id, requests carried, ended] of each stream
+    steps = Master.Steps
+
+    def counting(self, request_iterator, context):
+        stream = [None, 0, False]
+        streams.append(stream)
+
+        def noted():
+            for request in request_iterator:
+                stream[0] = stream[0] or request.update.header.worker_id
+                stream[1] += 1
+                yield request
+        try:
+            yield from steps(self, noted(), context)
+        finally:
+            stream[2] = True
+
+    monkeypatch.setattr(Master, "Steps", counting)
+    monkeypatch.setenv(DELAY_ENV, "0.02")  # steps long enough for the drop to land mid-job
+    job = make_job(jobs, tmp_path, n_shards=2, rows=200, workers=2, program=SLOW_SOFTMAX,
+                   program_config={"n_classes": 3, "epochs": 12})
+    job.add_worker("a")
+    job.add_worker("b")
+    job.start()
+    job.wait_for(lambda: job.master.current >= 3, what="step 3")
+    with job.master.lock:
+        (victim,) = [w for w in job.master.workers.values() if w.name == "a" and w.alive]
+        job.master._drop(victim, "dropped by the test")
+    job.wait(timeout=60)
+    assert [r["step"] for r in records(tmp_path / "out")] == list(range(12))
+    by_worker = {worker: (n, ended) for worker, n, ended in streams if worker}
+    assert len(by_worker) == len([s for s in streams if s[0]]), streams  # one stream a process incarnation
+    assert by_worker[victim.worker_id][0] >= 3 and by_worker[victim.worker_id][1]  # its syncs, then the end
+    (b,) = [w for w in by_worker if w.startswith("b#")]
+    assert by_worker[b][0] >= 12  # every step's push on the one stream
+    assert any(e["worker"].startswith("a#") and e["worker"] != victim.worker_id
+               for e in events(tmp_path / "out", "worker_registered"))  # the dropped process came back
 
 
 @pytest.mark.parametrize("workers, expected", [
