@@ -72,7 +72,7 @@ class Worker:
         # The push that ends an exchange, with the fetch of the next task, runs here while this worker
         # computes ahead (see _run_ahead); its updates wait in _ahead, with what they guessed.
         self._calls = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="push")
-        self._ahead: tuple[tuple, list[Update], float] | None = None
+        self._ahead: tuple[tuple, list[Update], float, dict] | None = None
         self._steps: tuple[queue.SimpleQueue, object] | None = None  # the open Steps stream: (requests, replies)
 
     def register(self) -> None:
@@ -139,12 +139,12 @@ class Worker:
                     return 0
                 if header.kind == pb.TaskHeader.WAIT:
                     continue
-                self._take_gathered(header)
+                ahead_s, joined = self._take_ahead(header)
+                self._take_gathered(header, joined)
                 rows = {k[len(exchange.ROWS_PREFIX):]: arrays.pop(k) for k in list(arrays)
                         if k.startswith(exchange.ROWS_PREFIX)}  # a reducer's order
                 kept = self._rows_kept(header)
                 rows = None if kept is None else {**rows, **kept}  # None: the exchange fails, the step runs as a star
-                ahead_s = self._take_ahead(header)
                 self.parameters.update(arrays)
                 self.versions.update(header.versions)
                 try:
@@ -348,7 +348,8 @@ class Worker:
         following = step_from_json(header.ahead_info_json)
         started, updates = time.perf_counter(), []
         try:
-            parameters = {**self.parameters, **exchange.join_rows(pieces)}
+            joined = exchange.join_rows(pieces)
+            parameters = {**self.parameters, **joined}
             for shard in header.shards:
                 self.status = {"state": "computing", "step": header.step + 1, "phase": following.phase,
                                "shard": shard.index, "ahead": True}
@@ -359,23 +360,24 @@ class Worker:
             return
         guess = (header.step + 1, header.ahead_info_json, header.seed, [s.index for s in header.shards],
                  header.round, len(header.reducers), sorted(names))
-        self._ahead = (guess, updates, time.perf_counter() - started)
+        self._ahead = (guess, updates, time.perf_counter() - started, joined)
 
-    def _take_ahead(self, header) -> float:
+    def _take_ahead(self, header) -> tuple[float, dict | None]:
         """Keep the updates computed ahead (:meth:`_run_ahead`) when ``header`` is the task they
         guessed: the same step, shards and seed, the parameters those of the all-gather they read
-        (every array delivered, none sent). Returns the seconds they took (0: none kept)."""
+        (every array delivered, none sent). Returns the seconds they took and the gathered arrays
+        they joined ((0, None): none kept)."""
         ahead, self._ahead = self._ahead, None
         if ahead is None:
-            return 0.0
-        guess, updates, seconds = ahead
+            return 0.0, None
+        guess, updates, seconds, joined = ahead
         task = (header.step, header.info_json, header.seed, [s.index for s in header.shards],
                 header.gathered_round, header.gathered_parts, sorted(header.gathered))
         if task != guess or header.versions:
             log.info("step %d: the updates computed ahead do not match the task; computing again", header.step)
-            return 0.0
+            return 0.0, None
         self._kept.update({(header.step, u.shard): u for u in updates})
-        return seconds
+        return seconds, joined
 
     def _send_parts(self, header, kind: int, arrays: dict, samples: dict[int, int]) -> str:
         """Send block j of ``arrays`` to reducer j (this worker's own block straight to its inbox);
@@ -508,17 +510,20 @@ class Worker:
             return None
         return {k: result[k] for k in header.rows_kept}
 
-    def _take_gathered(self, header) -> None:
-        """The arrays the master says the reducers delivered (``header.gathered``): join their parts."""
+    def _take_gathered(self, header, joined: dict | None = None) -> None:
+        """The arrays the master says the reducers delivered (``header.gathered``): join their parts,
+        unless ``joined`` holds them already (joined to compute ahead, see :meth:`_take_ahead`)."""
         if header.gathered:
-            pieces = []
-            for j in range(header.gathered_parts):
-                part = self.inbox.wait(header.gathered_round, exchange.REDUCED, j, header.gathered, timeout=0)
-                if part is None:  # the master counted a delivery that did not happen: a bug, never guess
-                    raise RuntimeError(f"round {header.gathered_round}: part {j} of {sorted(header.gathered)} "
-                                       f"is not in the inbox")
-                pieces.append(part)
-            self.parameters.update(exchange.join_rows(pieces))
+            if joined is None:
+                pieces = []
+                for j in range(header.gathered_parts):
+                    part = self.inbox.wait(header.gathered_round, exchange.REDUCED, j, header.gathered, timeout=0)
+                    if part is None:  # the master counted a delivery that did not happen: a bug, never guess
+                        raise RuntimeError(f"round {header.gathered_round}: part {j} of {sorted(header.gathered)} "
+                                           f"is not in the inbox")
+                    pieces.append(part)
+                joined = exchange.join_rows(pieces)
+            self.parameters.update(joined)
             self.versions.update(header.gathered)
         self.inbox.drop_before(header.round)
         self._kept = {key: u for key, u in self._kept.items() if key[0] == header.step}
@@ -531,8 +536,8 @@ def answered(pending: futures.Future) -> bool:
         return False
     if pending.exception() is not None:
         return True
-    task = pending.result()
-    return task is None or task[0].kind != pb.TaskHeader.WAIT
+    header, _ = pending.result()
+    return header.kind != pb.TaskHeader.WAIT
 
 
 def peak_rss_bytes() -> int:

@@ -559,9 +559,9 @@ class AheadCountingWorker(Worker):
     """Records, a task at a time, the seconds of the updates it computed ahead and kept."""
 
     def _take_ahead(self, header):
-        seconds = super()._take_ahead(header)
+        seconds, joined = super()._take_ahead(header)
         self.kept_ahead = getattr(self, "kept_ahead", []) + [(header.step, seconds)]
-        return seconds
+        return seconds, joined
 
 
 EVERY_SHARD_ONCE = sorted((epoch, shard) for epoch in range(4) for shard in range(5))  # 4 steps of 5 shards
