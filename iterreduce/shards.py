@@ -13,8 +13,12 @@ is installed, so no libhdfs is needed).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import multiprocessing
+import posixpath
+import uuid
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -70,6 +74,32 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
         path = urlparse(uri).path if scheme == "file" else uri
         return pafs.LocalFileSystem(), str(path)
     return pafs.FileSystem.from_uri(uri)
+
+
+@contextlib.contextmanager
+def open_output_file(uri: str):
+    """A stream that writes the file at ``uri`` (a path or URI), its folder made first where
+    the path has one (a bare name is a file in the current folder).
+
+    The bytes go to a hidden file beside it, moved to ``uri`` only when the ``with`` block ends
+    without an error: a failed write leaves no partial file, and an earlier file stays whole."""
+    fs, path = filesystem(uri)
+    folder, name = posixpath.split(path)
+    if folder:
+        fs.create_dir(folder, recursive=True)
+    if fs.get_file_info(path).type == pafs.FileType.Directory:
+        raise IsADirectoryError(errno.EISDIR, "a folder is there: name the file to write", uri)
+    partial = posixpath.join(folder, f".{name}.{uuid.uuid4().hex[:8]}.partial")
+    try:
+        with fs.open_output_stream(partial, compression=None) as stream:  # the bytes as given, whatever the name
+            yield stream
+        if fs.get_file_info(path).type == pafs.FileType.File:
+            fs.delete_file(path)  # HDFS renames onto no existing file
+        fs.move(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError, pa.ArrowException):
+            fs.delete_file(partial)
+        raise
 
 
 def join(base: str, name: str) -> str:

@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from .exceptions import IterReduceError, ShardError
-from .shards import TABLE_SHARD_SUFFIX, filesystem, is_table_shard
+from .shards import TABLE_SHARD_SUFFIX, filesystem, is_table_shard, open_output_file
 
 FORMATS = ("parquet", "orc")
 #: Names of Spark's and Hadoop's side files and folders (_SUCCESS, _committed_*, _started_*,
@@ -908,9 +908,7 @@ def write_table_shard(uri: str, shard: TableShard) -> None:
 
     if not is_table_shard(uri):
         raise TableError(f"{uri}: a table shard's name ends in {TABLE_SHARD_SUFFIX!r}")
-    fs, path = filesystem(uri)
-    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)  # a new local folder too (HDFS makes its own)
-    with fs.open_output_stream(path) as f:
+    with open_output_file(uri) as f:
         f.write(json.dumps(shard.to_dict()).encode())
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from iterreduce import checkpoint
 from iterreduce.checkpoint import CheckpointError
-from iterreduce.shards import ShardError, list_shards, read_shard, write_shards
+from iterreduce.shards import ShardError, list_shards, open_output_file, read_shard, write_shards
 
 pytestmark = pytest.mark.hdfs
 
@@ -171,6 +171,23 @@ def test_checkpoint_save_over_an_existing_step_on_hdfs(hdfs, base):
     assert header["v"] == 2 and arrays["a"].tolist() == [1.0, 1.0, 1.0]
     assert not [i for i in hdfs.fs().get_file_info(__import__("pyarrow.fs").fs.FileSelector(base[1]))
                 if i.base_name.endswith(".tmp")]
+
+
+def test_an_output_file_on_hdfs_replaces_an_earlier_one_only_when_finished(hdfs, base):
+    """`dbn predict --out hdfs://...`: a new folder is made, a finished write replaces the file
+    (HDFS renames never replace one), a failed one leaves the earlier file and no partial one."""
+    uri, path = base
+    target = f"{uri}/predictions/out.parquet"
+    for content in (b"first", b"second"):
+        with open_output_file(target) as stream:
+            stream.write(content)
+    with pytest.raises(RuntimeError):
+        with open_output_file(target) as stream:
+            stream.write(b"unfinished")
+            raise RuntimeError("half-way")
+    with hdfs.fs().open_input_stream(f"{path}/predictions/out.parquet") as f:
+        assert f.read() == b"second"
+    assert names_on_hdfs(hdfs, f"{path}/predictions") == ["out.parquet"]
 
 
 def test_pruning_never_removes_the_checkpoint_just_written(tmp_path):

@@ -162,7 +162,7 @@ def predict_file(model, source: str, out: str, *, mnist_dir: str | None = None, 
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from iterreduce.shards import filesystem
+    from iterreduce.shards import open_output_file
 
     X, y = load_dataset(source, split=split, mnist_dir=mnist_dir, label=label)
     proba = model.predict_proba(X)
@@ -171,11 +171,7 @@ def predict_file(model, source: str, out: str, *, mnist_dir: str | None = None, 
     predicted = best if classes is None else classes[best]
     table = pa.table({"row": pa.array(np.arange(len(best), dtype=np.int64)), "prediction": pa.array(predicted),
                       "probability": pa.array(proba[np.arange(len(best)), best].astype(np.float32))})
-    fs, path = filesystem(out)
-    parent = path.rsplit("/", 1)[0]
-    if parent:
-        fs.create_dir(parent, recursive=True)
-    with fs.open_output_stream(path) as stream:
+    with open_output_file(out) as stream:
         pq.write_table(table, stream)
     error = None  # from the probabilities above: no second pass through the network
     if y is not None:  # the labels as DBN.score takes them: class indices, or values of the model's classes

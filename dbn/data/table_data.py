@@ -190,7 +190,7 @@ def predict_table(model, data, out: str, *, table: str | None = None, filter: st
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from iterreduce.shards import filesystem
+    from iterreduce.shards import open_output_file
     from iterreduce.tables import read_columns
 
     uri = table or data.test or data.train
@@ -201,14 +201,10 @@ def predict_table(model, data, out: str, *, table: str | None = None, filter: st
     source = resolve(source, dataset)
     label = data.label if data.label in dataset.schema.names else None
     rows = wrong = 0
-    fs, path = filesystem(out)
-    parent = path.rsplit("/", 1)[0]
-    if parent:
-        fs.create_dir(parent, recursive=True)
     classes = getattr(model, "classes_", None)
     writer = None
     try:
-        with fs.open_output_stream(path) as stream:
+        with open_output_file(out) as stream:
             for piece in pieces(dataset, source.filter):
                 X, _ = read_piece(source, piece, n_features=model.n_features_in_)
                 if not len(X):
