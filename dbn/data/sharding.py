@@ -14,7 +14,7 @@ import numpy as np
 
 from iterreduce.shards import ShardError, as_float32, write_shards
 
-from .validation import DataError, check_features, check_labels, is_string_labels, label_indices
+from .validation import DataError, check_features, check_labels, integer_labels, is_string_labels, label_indices
 
 
 #: Where a data file keeps its labels unless ``[data] label`` names another: a .npz's array, a .csv's column.
@@ -59,8 +59,8 @@ def load_source(source: str, *, split: str = "train", mnist_dir: str | None = No
         else:
             raise DataError(f"{path}: unknown data format {path.suffix!r} (use .npz or .csv)")
         X = check_features(X, name=str(path))
-        if y is not None:  # class indices, or strings (label values: see label_indices)
-            y = y if is_string_labels(y) else check_labels(y, n_samples=X.shape[0], name=f"{path} labels")
+        if y is not None:  # class indices, or label values (strings, integer codes: see label_indices)
+            y = y if is_string_labels(y) else integer_labels(y, n_samples=X.shape[0], name=f"{path} labels")
     if limit is not None:
         X, y = X[:limit], (None if y is None else y[:limit])
     return X, y

@@ -7,6 +7,9 @@ from ..exceptions import DataError
 
 #: A class with fewer examples than this share of the median class is reported as rare.
 RARE_CLASS_SHARE = 0.05
+#: Integer labels are class indices 0..max, unless that makes more classes than rows by more than
+#: this: then they are codes (years, category numbers), and their sorted values are the classes.
+MAX_EMPTY_CLASSES = 1000
 
 UNIT_INTERVAL_HINT = ("scale the data (e.g. pixels / 255; in a job file [data] scale = \"min_max\") or use "
                       "visible='gaussian' for real-valued inputs")
@@ -49,12 +52,40 @@ def check_features(X, *, name: str = "X", n_features: int | None = None, unit_in
 
 
 def check_labels(y, *, n_samples: int, n_classes: int | None = None, name: str = "y") -> np.ndarray:
-    """Validate integer class labels 0..n_classes-1 for ``n_samples`` rows."""
+    """Validate integer class labels 0..n_classes-1 for ``n_samples`` rows.
+
+    Without ``n_classes``, labels that are codes (:func:`codes`) are refused: each class is an
+    output of the network, and labels such as 20240101 would make millions of them
+    (:func:`label_indices` maps codes to classes)."""
+    y = integer_labels(y, n_samples, name)
+    if y.size and y.min() < 0:
+        row = int(np.argmax(y < 0))
+        raise DataError(f"{name} has negative label {int(y[row])} at row {row}: labels must be 0..n_classes-1")
+    if n_classes is not None and y.size and y.max() >= n_classes:
+        row = int(np.argmax(y >= n_classes))
+        raise DataError(f"{name} has label {int(y[row])} at row {row}, outside the model's classes "
+                        f"0..{n_classes - 1} (n_classes = {n_classes})")
+    if n_classes is None and codes(y, n_samples):
+        row = int(np.argmax(y))
+        raise DataError(f"{name} has label {int(y[row])} at row {row}: as a class index it would make "
+                        f"{int(y[row]) + 1:,} classes for {n_samples:,} rows. Labels that are codes need a "
+                        f"map to classes 0..K-1: cut the data with `dbn shard`, which maps them, or write "
+                        f"labels 0..K-1")
+    return y
+
+
+def codes(y: np.ndarray, n_samples: int) -> bool:
+    """Whether non-negative integer labels ``y`` are codes (years, category numbers) rather than
+    class indices: as indices 0..max they would make more classes than there are rows by more
+    than :data:`MAX_EMPTY_CLASSES`."""
+    return bool(y.size) and int(y.min()) >= 0 and int(y.max()) + 1 > n_samples + MAX_EMPTY_CLASSES
+
+
+def integer_labels(y, n_samples: int, name: str = "y") -> np.ndarray:
+    """``y`` as int64 labels, one per row, of any value (class indices or codes, checked by
+    :func:`label_indices`); floats must be whole (a NaN is a missing label)."""
     y = np.asarray(_to_host(y))
-    if y.ndim != 1:
-        raise DataError(f"{name} must be 1-D (one label per sample), got shape {y.shape}")
-    if y.shape[0] != n_samples:
-        raise DataError(f"{name} has {y.shape[0]} labels but X has {n_samples} samples")
+    _check_shape(y, n_samples, name)
     if y.dtype.kind == "f":
         if not np.all(np.isfinite(y)):
             row = int(np.argmax(~np.isfinite(y)))
@@ -64,15 +95,14 @@ def check_labels(y, *, n_samples: int, n_classes: int | None = None, name: str =
             raise DataError(f"{name} must hold integer class labels, got {y[row]} at row {row}")
     elif y.dtype.kind not in "iub":
         raise DataError(f"{name} must hold integer class labels, got dtype {y.dtype}")
-    y = y.astype(np.int64)
-    if y.size and y.min() < 0:
-        row = int(np.argmax(y < 0))
-        raise DataError(f"{name} has negative label {int(y[row])} at row {row}: labels must be 0..n_classes-1")
-    if n_classes is not None and y.size and y.max() >= n_classes:
-        row = int(np.argmax(y >= n_classes))
-        raise DataError(f"{name} has label {int(y[row])} at row {row}, outside the model's classes "
-                        f"0..{n_classes - 1} (n_classes = {n_classes})")
-    return y
+    return y.astype(np.int64)
+
+
+def _check_shape(y: np.ndarray, n_samples: int, name: str) -> None:
+    if y.ndim != 1:
+        raise DataError(f"{name} must be 1-D (one label per sample), got shape {y.shape}")
+    if y.shape[0] != n_samples:
+        raise DataError(f"{name} has {y.shape[0]} labels but X has {n_samples} samples")
 
 
 def is_string_labels(y) -> bool:
@@ -88,10 +118,12 @@ def label_indices(y, *, n_samples: int, n_classes: int | None = None, classes=No
     classes they index, a sorted :class:`~iterreduce.tables.LabelMap` (None: class i is i).
 
     Integer labels are class indices 0..n_classes-1 (:func:`check_labels`); ``classes``, when
-    given, is returned with them. String labels are label values, as a table's are: they index
-    ``classes`` (a LabelMap or a sequence of the values, e.g. a model's ``classes_``) when given,
-    else their own sorted distinct values; a null or a value that is not a class raises
-    :class:`DataError` naming it and its row.
+    given, is returned with them. Without ``classes`` and ``n_classes``, integer codes
+    (:func:`codes`: years, category numbers) are label values instead. String labels are
+    always label values: they index ``classes`` (a LabelMap or a sequence of the values, e.g. a
+    model's ``classes_``) when given. Label values without ``classes`` are classed by their
+    sorted distinct values, as a table's labels are. A null or a value that is not a class
+    raises :class:`DataError` naming it and its row.
     """
     from iterreduce.exceptions import IterReduceError
     from iterreduce.tables import LabelMap
@@ -99,19 +131,23 @@ def label_indices(y, *, n_samples: int, n_classes: int | None = None, classes=No
     host = np.asarray(_to_host(y))
     if classes is not None and not isinstance(classes, LabelMap):
         classes = LabelMap(tuple(v.item() if isinstance(v, np.generic) else v for v in classes))
-    if not is_string_labels(host):
-        return check_labels(host, n_samples=n_samples, n_classes=n_classes, name=name), classes
-    if host.ndim != 1:
-        raise DataError(f"{name} must be 1-D (one label per sample), got shape {host.shape}")
-    if host.shape[0] != n_samples:
-        raise DataError(f"{name} has {host.shape[0]} labels but X has {n_samples} samples")
-    values = [v.decode() if isinstance(v, bytes) else v for v in host.tolist()]
-    if None in values:
-        raise DataError(f"{name} has no label at row {values.index(None)} (a null)")
+    strings = is_string_labels(host)
+    if strings:
+        _check_shape(host, n_samples, name)
+        values = [v.decode() if isinstance(v, bytes) else v for v in host.tolist()]
+        if None in values:
+            raise DataError(f"{name} has no label at row {values.index(None)} (a null)")
+    else:
+        labels = integer_labels(host, n_samples, name)
+        if classes is not None:  # integers beside known classes are their indices (a job's encoded labels)
+            return check_labels(labels, n_samples=n_samples, n_classes=n_classes or len(classes), name=name), classes
+        if n_classes is not None or not codes(labels, n_samples):
+            return check_labels(labels, n_samples=n_samples, n_classes=n_classes, name=name), None
+        values = labels.tolist()
     try:
         classes = LabelMap(tuple(sorted(set(values)))) if classes is None else classes
         indices = classes.encode(values, where=name)
-    except IterReduceError as exc:  # a value that is not a class, or integer classes
+    except IterReduceError as exc:  # a value that is not a class, or labels of the other type
         raise DataError(str(exc)) from None
     if n_classes is not None and len(classes) != n_classes:
         raise DataError(f"{name}: {len(classes)} label classes ({_some(classes.classes)}) but n_classes = "
