@@ -8,6 +8,7 @@ catches those still works.
 """
 
 from iterreduce.exceptions import DataError as RuntimeDataError
+from iterreduce.exceptions import JobFailed
 
 
 class DBNError(Exception):
@@ -38,3 +39,9 @@ class BackendError(DBNError, RuntimeError):
 
 class UsageError(DBNError):
     """A request the command cannot carry out, e.g. a missing optional package."""
+
+
+class TrainingDiverged(DBNError, JobFailed):
+    """Training that went to NaN or infinity (a learning rate too high for the data): stopped at
+    the first epoch it shows, naming the layer, the epoch and the setting to lower. A job
+    failure of the runtime's too, so a distributed job ends with this message."""

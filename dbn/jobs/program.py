@@ -30,6 +30,7 @@ from iterreduce.shards import read_labels, read_shard, same_classes, shard_class
 from ..data.table_data import STATS, attach_inputs, merge_stats_arrays, scaler_from, stats_arrays
 from ..data.validation import UNIT_INTERVAL_HINT, check_features, check_labels, class_warnings
 from ..exceptions import DataError
+from ..model.divergence import check_arrays
 from ..model import state
 from . import view
 from ..model.estimator import DBN
@@ -214,9 +215,18 @@ class DBNProgram(Program):
         return {"valid_error": float(np.mean(predicted != self._validation.labels))}
 
     def after_step(self, step, parameters, metrics):
-        """Early stopping (``early_stopping_patience``, scored on ``validation``) as one process
-        does it: after each fine-tuning epoch, the best network so far, the epochs since it, and
-        whether to stop (never during the top-layer-only epochs), kept as master state."""
+        """Stop a job whose training diverged (:mod:`dbn.model.divergence`: the arrays the step
+        trained hold NaN or infinity). Then early stopping (``early_stopping_patience``, scored on
+        ``validation``) as one process does it: after each fine-tuning epoch, the best network
+        so far, the epochs since it, and whether to stop (never during the top-layer-only
+        epochs), kept as master state."""
+        trained = {name: parameters[name] for name in step.arrays}
+        if trained and step.phase == "pretrain":
+            layer = step.info["layer"]
+            check_arrays(trained, "pretrain", step.info["epoch"], layer=layer, rate=self.model._pretrain_rates()[layer],
+                         gaussian=layer == 0 and self.model.visible == "gaussian")
+        elif trained and step.phase == "finetune":
+            check_arrays(trained, "finetune", step.info["epoch"], rate=step.info["learning_rate"])
         patience = self.config.get("early_stopping_patience")
         if patience is None or "valid_error" not in metrics:
             return parameters

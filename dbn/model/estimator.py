@@ -10,6 +10,7 @@ import numpy as np
 
 from . import persist, preprocess, state
 from .base import Estimator
+from .divergence import check_epoch
 from .network import Network
 from .rbm import RBM
 from ..data.validation import DataError, check_features, check_labels, is_string_labels, label_indices
@@ -48,6 +49,12 @@ def _check_range(name: str, value, rule: str) -> None:
         raise ValueError(f"{name} must be {what}{' (or None)' if name in _NULLABLE else ''}, got {value!r}")
 
 
+#: The RBMs' learning rate (Hinton's rbm.m) ...
+LEARNING_RATE = 0.1
+#: ... and a first RBM's with Gaussian visible units: one or two orders of magnitude lower
+#: (Hinton's practical guide, 13.2); standardised data of 50 features diverged to NaN at 0.1.
+GAUSSIAN_LEARNING_RATE = 0.001
+
 class DBN(Estimator):
     """A stack of RBMs, fine-tuned as a classifier with a softmax output layer.
 
@@ -63,7 +70,8 @@ class DBN(Estimator):
     cd_k, persistent, pretrain_epochs, pretrain_learning_rate, momentum,
     final_momentum, momentum_epoch, weight_cost, pretrain_batch_size :
         RBM pre-training, see :class:`dbn.model.rbm.RBM`. ``pretrain_learning_rate``
-        may be a list with one rate per layer.
+        may be a list with one rate per layer; None (the default): 0.1 a layer, but
+        :data:`GAUSSIAN_LEARNING_RATE` for Gaussian visible units, which diverge at 0.1.
     finetune_epochs, finetune_learning_rate, finetune_lr_decay, finetune_momentum,
     finetune_final_momentum, finetune_momentum_epochs, finetune_weight_cost, finetune_batch_size :
         SGD with momentum on the cross-entropy; the learning rate is multiplied by
@@ -120,7 +128,7 @@ class DBN(Estimator):
         cd_k: int = 1,
         persistent: bool = False,
         pretrain_epochs: int = 50,
-        pretrain_learning_rate: float | list = 0.1,
+        pretrain_learning_rate: float | list | None = None,
         # One schedule: momentum until epoch momentum_epoch, final_momentum from then on.
         momentum: float = 0.5, final_momentum: float = 0.9, momentum_epoch: int = 5,
         weight_cost: float = 2e-4,
@@ -187,6 +195,9 @@ class DBN(Estimator):
     def _pretrain_rates(self) -> list:
         """One pre-training learning rate per hidden layer."""
         rate, n = self.pretrain_learning_rate, len(self.hidden_layers)
+        if rate is None:
+            first = GAUSSIAN_LEARNING_RATE if self.visible == "gaussian" else LEARNING_RATE
+            return [first] + [LEARNING_RATE] * (n - 1)
         rates = list(rate) if isinstance(rate, (list, tuple)) else [rate] * n
         if len(rates) != n:
             raise ValueError(f"pretrain_learning_rate has {len(rates)} values for {n} hidden layers")
@@ -242,6 +253,8 @@ class DBN(Estimator):
                     "reconstruction_error": stats.reconstruction_error,
                     "samples": stats.n_samples, "seconds": time.perf_counter() - start,
                 })
+                check_epoch(stats.reconstruction_error, "reconstruction error", "pretrain", epoch, layer=layer,
+                            rate=rbm.learning_rate, gaussian=rbm.visible == "gaussian")
             self.rbms_.append(rbm)
             if layer + 1 < len(self.hidden_layers):
                 data = rbm._hidden_probs(data)
@@ -318,6 +331,7 @@ class DBN(Estimator):
                 else:
                     since_best += 1
             self._report(record)
+            check_epoch(stats.loss, "the loss", "finetune", epoch, rate=learning_rate)
             if self.early_stopping_patience is not None and since_best >= self.early_stopping_patience and not top_only:
                 break
         if best_state is not None and self.early_stopping_patience is not None:
