@@ -185,7 +185,9 @@ class LocalCluster:
         when = f" {when}" if when else ""
         if code == EXIT_DATA_ERROR:  # the data's fault, named in error.txt; not the master's
             return LocalJobError(self._failure(STOPPED_ON_BAD_DATA))
-        if code >= 0:
+        if code >= 0 and (self.out / "error.txt").exists():  # a job failure the master explained
+            return LocalJobError(self._failure("the job failed"))
+        if code >= 0:  # a crash: its log's last line is the best reason there is
             return LocalJobError(self._failure(f"the master failed{when} (exit {code})"))
         # Killed from outside: its log's last line says nothing about why, and a resume can go on.
         directory = self.config.checkpoint_dir

@@ -76,6 +76,7 @@ def test_a_distributed_job_stops_at_the_superstep_that_diverged(tmp_path, capsys
     out = tmp_path / "out"
     assert main(["train", str(tmp_path / "job.toml"), "--out", str(out), "--quiet", "--no-ui", "--local", "2"]) == 2
     err = capsys.readouterr().err
+    assert err.startswith("dbn: error: the job failed: pre-training diverged")  # explained: no "master failed"
     found = re.search(r"pre-training diverged: layer 1's rbm\.0\.\w+ holds NaN or infinity in epoch (\d+): lower "
                       r"\[model\] pretrain_learning_rate for layer 1 \(0\.1 now\)", err)
     assert found, err
