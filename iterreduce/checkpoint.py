@@ -12,7 +12,6 @@ asks :func:`latest` for the newest checkpoint *of its own job* (``fingerprint``)
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import logging
@@ -22,7 +21,7 @@ import zipfile
 import numpy as np
 import pyarrow.fs as pafs
 
-from .shards import filesystem, join
+from .shards import filesystem, join, open_output_file
 from .exceptions import CheckpointError
 
 log = logging.getLogger("iterreduce.checkpoint")
@@ -43,19 +42,11 @@ def save(directory: str, step: int, header: dict, arrays: dict, keep: int = 2) -
     """Write checkpoint ``step`` under ``directory`` (any URI); keep the newest ``keep`` of this
     job (checkpoints whose header has the same ``fingerprint``; other jobs' are never pruned)."""
     fs, path = filesystem(directory)
-    fs.create_dir(path, recursive=True)
     name = f"ckpt-{step:09d}.npz"
-    tmp = join(path, f".{name}.tmp")
-    final = join(path, name)
-    try:
-        with fs.open_output_stream(tmp, compression=None) as out:  # the bytes as given, whatever the name
+    try:  # written whole or not at all (a rerun's checkpoint of this step is replaced)
+        with open_output_file(join(directory, name), resolve=filesystem) as out:
             out.write(_encode({**header, "step": step}, arrays))
-        if fs.get_file_info(final).type != pafs.FileType.NotFound:
-            fs.delete_file(final)  # a rerun's: HDFS renames never replace a file
-        fs.move(tmp, final)  # rename: readers never see half a checkpoint
-    except OSError as exc:  # a full disk, a quota, lost permissions: leave no partial file behind
-        with contextlib.suppress(OSError):
-            fs.delete_file(tmp)
+    except OSError as exc:  # a full disk, a quota, lost permissions: no partial file is left behind
         kept = [n for n in _list(fs, path) if n != name]
         raise CheckpointError(f"{join(directory, name)}: cannot write the checkpoint ({exc}); free space there "
                               f"or choose another output directory" +

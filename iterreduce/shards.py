@@ -77,19 +77,21 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
 
 
 @contextlib.contextmanager
-def open_output_file(uri: str):
+def open_output_file(uri: str, *, resolve=None):
     """A stream that writes the file at ``uri`` (a path or URI), its folder made first where
     the path has one (a bare name is a file in the current folder).
 
-    The bytes go to a hidden file beside it, moved to ``uri`` only when the ``with`` block ends
-    without an error: a failed write leaves no partial file, and an earlier file stays whole."""
-    fs, path = filesystem(uri)
+    The bytes go to a hidden ``.tmp`` file beside it, moved to ``uri`` only when the ``with``
+    block ends without an error: a failed write leaves no partial file, readers never see half
+    a file, and an earlier file stays whole. ``resolve`` (default :func:`filesystem`) maps
+    ``uri`` to its file system and path."""
+    fs, path = (resolve or filesystem)(uri)
     folder, name = posixpath.split(path)
     if folder:
         fs.create_dir(folder, recursive=True)
     if fs.get_file_info(path).type == pafs.FileType.Directory:
         raise IsADirectoryError(errno.EISDIR, "a folder is there: name the file to write", uri)
-    partial = posixpath.join(folder, f".{name}.{uuid.uuid4().hex[:8]}.partial")
+    partial = posixpath.join(folder, f".{name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         with fs.open_output_stream(partial, compression=None) as stream:  # the bytes as given, whatever the name
             yield stream

@@ -55,6 +55,7 @@ LEARNING_RATE = 0.1
 #: (Hinton's practical guide, 13.2); standardised data of 50 features diverged to NaN at 0.1.
 GAUSSIAN_LEARNING_RATE = 0.001
 
+
 class DBN(Estimator):
     """A stack of RBMs, fine-tuned as a classifier with a softmax output layer.
 
