@@ -178,8 +178,8 @@ def cmd_evaluate(args) -> int:
 def cmd_predict(args) -> int:
     from .data.sharding import predict_file
     from .data.table_data import predict_table
+    from .jobs.run import load_classifier
     from .jobs.spec import load_spec
-    from .model.estimator import DBN
 
     spec = load_spec(args.job)
     keep = tuple(name for name in (args.keep or "").split(",") if name)
@@ -187,11 +187,11 @@ def cmd_predict(args) -> int:
         if keep or args.filter:
             raise UsageError(f"{args.job}: [data] features names no columns, so the data is a file whose every "
                              f"column is a feature: --keep and --filter are for tables")
-        model = DBN.load(args.model, device=args.device)
+        model = load_classifier(args.model, device=args.device)
         record = predict_file(model, args.table or spec.data.test or spec.data.train, args.out,
                               mnist_dir=spec.data.mnist_dir, label=spec.data.label)
     else:
-        model = DBN.load(args.model, device=args.device)
+        model = load_classifier(args.model, device=args.device)
         record = predict_table(model, spec.data, args.out, table=args.table, filter=args.filter, keep=keep)
     error = "" if record["error"] is None else f"  (error {100 * record['error']:.2f} % against '{record['label']}')"
     print(to_json(record) if args.json else f"{record['rows']} rows of {record['table']} predicted -> {args.out}{error}")

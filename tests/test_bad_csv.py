@@ -106,3 +106,16 @@ def test_labels_named_elsewhere_are_found_on_every_path(tmp_path, capsys):
                 [data, "'nope' ([data] label;", "target" if data.endswith(".csv") else "arrays: ['X', 'labels']"])
     refused(capsys, ["evaluate", str(out / "model.npz"), "--data", str(tmp_path / "data.csv")],
             ["column 'target' is not numeric", "'label' unless [data] label or --label names another"])
+
+
+@pytest.mark.parametrize("where", [(), ("--local", "2", "--no-ui")])
+def test_features_named_for_a_csv_say_that_a_csv_is_read_whole(tmp_path, capsys, where):
+    """``[data] features`` selects a table's columns; on a .csv (an id column to leave out) it
+    once ended in pyarrow's "Parquet magic bytes not found in footer"."""
+    (tmp_path / "data.csv").write_text("id,a,b,label\n" + "\n".join(f"u{i},{r}" for i, r in enumerate(GOOD_ROWS)) + "\n")
+    path = job(tmp_path, "data.csv")
+    path.write_text(path.read_text().replace("[data]\n", "[data]\nfeatures = ['a', 'b']\nlabel = 'label'\n"))
+    refused(capsys, ["train", str(path), "--out", str(tmp_path / "out"), "--quiet", *where],
+            ["data.csv: [data] features names the columns of a table", "every column but the label is a feature",
+             "or write the data as Parquet"])
+    assert not (tmp_path / "out").exists()

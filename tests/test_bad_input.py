@@ -86,6 +86,19 @@ def test_one_dimensional_X(fitted):
         small_dbn().fit(np.zeros(10), np.zeros(10, dtype=int))
 
 
+def test_the_common_wrong_shapes_say_how_to_fix_them():
+    X = np.zeros((6, 2, 4))  # images, not flattened
+    with pytest.raises(DataError, match=r"got shape \(6, 2, 4\): one sample per row.*X.reshape\(6, -1\)"):
+        small_dbn().fit(X, np.zeros(6, dtype=int))
+    X, y = np.zeros((6, N_FEATURES)), np.array([0, 1, 2, 0, 1, 2])
+    with pytest.raises(DataError, match=r"got shape \(6, 1\): a column of labels; pass y.ravel\(\)"):
+        small_dbn().fit(X, y[:, None])
+    with pytest.raises(DataError, match=r"got shape \(6, 3\): one-hot rows; pass the class indices, y.argmax"):
+        small_dbn().fit(X, np.eye(3)[y])
+    with pytest.raises(DataError, match=r"got shape \(6, 3\)$"):  # two labels a row: no hint fits
+        small_dbn().fit(X, np.ones((6, 3)))
+
+
 def test_non_numeric_X():
     with pytest.raises(DataError, match="numeric"):
         small_dbn().fit(np.array([["a", "b"], ["c", "d"]]), [0, 1])

@@ -119,6 +119,14 @@ def test_overrides_parse_command_line_strings(tmp_path):
     assert cfg.job.name == "42" and cfg.output.dir == "out/here" and cfg.data.limit == 100
 
 
+def test_a_string_override_quoted_as_in_the_job_file_loses_its_quotes(tmp_path):
+    # --set 'data.features="x*"' once searched for columns named '"x*"', quotes and all.
+    cfg = load_spec(None, {"data.features": '"x*"', "job.name": "'run 1'", "data.filter": "split == 'train'",
+                           "output.dir": '"unclosed'})
+    assert cfg.data.features == "x*" and cfg.job.name == "run 1"
+    assert cfg.data.filter == "split == 'train'" and cfg.output.dir == '"unclosed'  # not a quoted string: as given
+
+
 def test_parse_override():
     assert parse_override("model.dropout = 0.5") == ("model.dropout", "0.5")
     assert parse_override("data.train=a=b.npz") == ("data.train", "a=b.npz")

@@ -75,35 +75,42 @@ def load_dataset(source: str, *, split: str = "train", mnist_dir: str | None = N
     when a model is tested."""
     X, y = load_source(source, split=split, mnist_dir=mnist_dir, limit=limit, label=label)
     if labels and y is None:
-        raise DataError(f"{source}: no labels (a .npz's array {label or NPZ_LABELS!r}, a CSV's column "
-                        f"{label or CSV_LABELS!r}; [data] label or --label names another): training and evaluation "
-                        f"need them")
+        raise _no_labels(source, label)
     return as_float32(X), y
 
 
+def _no_labels(source: str, label: str | None) -> DataError:
+    return DataError(f"{source}: no labels (a .npz's array {label or NPZ_LABELS!r}, a CSV's column "
+                     f"{label or CSV_LABELS!r}; [data] label or --label names another), but a classifier is "
+                     f"fine-tuned and tested on labels ([model] finetune_epochs = 0 pre-trains only, without them)")
+
+
 def load_shards(uri: str, *, limit: int | None = None, n_classes: int | None = None,
-                unit_interval: bool = False):
+                unit_interval: bool = False, labels: bool = True):
     """``(X, y, classes)``: the features and class indices of every Parquet shard under ``uri``
     (a directory or URI), in order, and the label classes the shards were written with
     (:func:`iterreduce.shards.shard_classes`), for training in one process on the shards a job
     names; the first ``limit`` rows only. Each shard is checked as a worker would: a label
     outside ``0..n_classes-1``, or (with ``unit_interval``) a feature outside [0, 1], is an
-    error naming its shard and row."""
+    error naming its shard and row. ``labels=False`` (pre-training only) reads shards without
+    labels too, and then gives ``y`` None."""
     from iterreduce.shards import list_shards, read_shard, shard_classes
 
     uris = list_shards(uri)
-    parts = [read_shard(shard, i, need_labels=True) for i, shard in enumerate(uris)]
+    parts = [read_shard(shard, i, need_labels=labels) for i, shard in enumerate(uris)]
+    labels = labels or all(part.labels is not None for part in parts)
     for part in parts:
         check_features(part.features, name=part.uri, unit_interval=unit_interval)
-        check_labels(part.labels, n_samples=part.rows, n_classes=n_classes, name=f"{part.uri}: 'label'")
+        if labels:
+            check_labels(part.labels, n_samples=part.rows, n_classes=n_classes, name=f"{part.uri}: 'label'")
     widths = {part.features.shape[1]: part.uri for part in parts}
     if len(widths) > 1:
         raise ShardError(f"{uri}: shards disagree on the feature count: " +
                          ", ".join(f"{name} has {width}" for width, name in sorted(widths.items())))
     classes = shard_classes(uris)  # after the rows: their errors name the row and column
     X = np.concatenate([part.features for part in parts])
-    y = np.concatenate([part.labels for part in parts])
-    return (X, y, classes) if limit is None else (X[:limit], y[:limit], classes)
+    y = np.concatenate([part.labels for part in parts]) if labels else None
+    return (X, y, classes) if limit is None else (X[:limit], None if y is None else y[:limit], classes)
 
 
 def _read_csv(path: Path, label: str | None = None):
@@ -138,10 +145,13 @@ def _read_csv(path: Path, label: str | None = None):
     return X.astype(np.float32), y
 
 
-def shard_dataset(source: str, out: str, n_shards: int, **kwargs) -> list[str]:
+def shard_dataset(source: str, out: str, n_shards: int, *, labels: bool = False, **kwargs) -> list[str]:
     """Write ``source`` as ``n_shards`` Parquet shards under ``out`` (a path or URI); string
-    labels are written as class indices, their classes kept in every shard's metadata."""
+    labels are written as class indices, their classes kept in every shard's metadata.
+    ``labels=True`` (a job that fine-tunes) refuses a source without labels before writing."""
     X, y = load_source(source, **kwargs)
+    if labels and y is None:
+        raise _no_labels(source, kwargs.get("label"))
     if n_shards < 1 or n_shards > X.shape[0]:
         raise ShardError(f"{out}: cannot cut {X.shape[0]} rows into {n_shards} shards")
     if X.dtype != np.uint8:

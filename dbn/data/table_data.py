@@ -36,6 +36,10 @@ def source_of(data, test: bool = False) -> TableSource:
     (``train``, ``filter``), or with ``test`` the test table (``test``, ``test_filter``)."""
     features = data.features if isinstance(data.features, str) else tuple(data.features)
     uri, filter_ = (data.test, data.test_filter) if test else (data.train, data.filter)
+    if str(uri).lower().endswith((".csv", ".npz")):
+        raise DataError(f"{uri}: [data] features names the columns of a table (Parquet or ORC files), but this is "
+                        f"a data file, read whole: every column but the label is a feature. Unset [data] features "
+                        f"(and drop the columns that are not features), or write the data as Parquet")
     return TableSource(uri, features, data.label, data.format, filter_)
 
 

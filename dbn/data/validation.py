@@ -27,7 +27,8 @@ def check_features(X, *, name: str = "X", n_features: int | None = None, unit_in
     if X.dtype.kind not in "biuf":
         raise DataError(f"{name} must be numeric, got dtype {X.dtype}")
     if X.ndim != 2:
-        raise DataError(f"{name} must be 2-D (samples x features), got shape {X.shape}")
+        hint = f": one sample per row, e.g. images flattened, X.reshape({X.shape[0]}, -1)" if X.ndim > 2 else ""
+        raise DataError(f"{name} must be 2-D (samples x features), got shape {X.shape}{hint}")
     if X.shape[0] == 0:
         raise DataError(f"{name} is empty: it has no samples")
     if n_features is not None and X.shape[1] != n_features:
@@ -85,7 +86,7 @@ def integer_labels(y, n_samples: int, name: str = "y") -> np.ndarray:
     """``y`` as int64 labels, one per row, of any value (class indices or codes, checked by
     :func:`label_indices`); floats must be whole (a NaN is a missing label)."""
     y = np.asarray(_to_host(y))
-    _check_shape(y, n_samples, name)
+    check_label_shape(y, n_samples, name)
     if y.dtype.kind == "f":
         if not np.all(np.isfinite(y)):
             row = int(np.argmax(~np.isfinite(y)))
@@ -98,11 +99,23 @@ def integer_labels(y, n_samples: int, name: str = "y") -> np.ndarray:
     return y.astype(np.int64)
 
 
-def _check_shape(y: np.ndarray, n_samples: int, name: str) -> None:
-    if y.ndim != 1:
-        raise DataError(f"{name} must be 1-D (one label per sample), got shape {y.shape}")
-    if y.shape[0] != n_samples:
-        raise DataError(f"{name} has {y.shape[0]} labels but X has {n_samples} samples")
+def check_label_shape(y, n_samples: int, name: str = "y") -> None:
+    """Refuse labels that are not one per sample, saying how to get them from the common
+    shapes: a column (n, 1), one-hot rows (n, K)."""
+    shape = np.shape(y)
+    if len(shape) != 1:
+        hint = ""
+        if len(shape) == 2 and shape[1] == 1:
+            hint = ": a column of labels; pass y.ravel()"
+        elif len(shape) == 2 and _one_hot(np.asarray(y)):
+            hint = ": one-hot rows; pass the class indices, y.argmax(axis=1)"
+        raise DataError(f"{name} must be 1-D (one label per sample), got shape {shape}{hint}")
+    if shape[0] != n_samples:
+        raise DataError(f"{name} has {shape[0]} labels but X has {n_samples} samples")
+
+
+def _one_hot(y: np.ndarray) -> bool:
+    return y.dtype.kind in "biuf" and bool(((y == 0) | (y == 1)).all()) and bool((y.sum(axis=1) == 1).all())
 
 
 def is_string_labels(y) -> bool:
@@ -133,7 +146,7 @@ def label_indices(y, *, n_samples: int, n_classes: int | None = None, classes=No
         classes = LabelMap(tuple(v.item() if isinstance(v, np.generic) else v for v in classes))
     strings = is_string_labels(host)
     if strings:
-        _check_shape(host, n_samples, name)
+        check_label_shape(host, n_samples, name)
         values = [v.decode() if isinstance(v, bytes) else v for v in host.tolist()]
         if None in values:
             raise DataError(f"{name} has no label at row {values.index(None)} (a null)")

@@ -111,7 +111,7 @@ class DBNProgram(Program):
         returns the class counts and warnings about rare classes for the log."""
         self._classes = shard_classes(shards)  # a table's or string labels' values, the same in every shard
         unlabelled = [s["uri"] for s in shards if not s["labels"]]
-        if self.model.finetune_epochs > 0 and unlabelled:
+        if self.model.fine_tunes and unlabelled:
             raise DataError(f"{unlabelled[0]}: no 'label' column, but fine-tuning needs labels "
                             f"({len(unlabelled)} of {len(shards)} shards have none)")
         widths = {s["features"] for s in shards}

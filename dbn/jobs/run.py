@@ -110,8 +110,8 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
     try:
         figures = launcher.train(spec, out, on_record or (lambda record: None))
     except Exception:
-        if created and [p.name for p in out.iterdir()] == [CONFIG_FILE]:  # bad input: leave no trace
-            shutil.rmtree(out)
+        if created and [p.relative_to(out) for p in out.rglob("*") if not p.is_dir()] == [Path(CONFIG_FILE)]:
+            shutil.rmtree(out)  # bad input, found before anything but (empty) folders was written: leave no trace
         raise
     train_seconds = time.perf_counter() - start
     model = DBN.load(out / MODEL_FILE, device="cpu")
@@ -241,6 +241,16 @@ def _differences(earlier: dict, now: dict) -> list[tuple[str, object, object]]:
     return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if counts(k) and a.get(k) != b.get(k)]
 
 
+def load_classifier(path: str | Path, *, device: str = "cpu", use: str = "predict") -> DBN:
+    """The model file at ``path``, refused when it is a pre-trained stack without a classifier
+    (a job with ``finetune_epochs = 0``), which has nothing to ``use`` ("evaluate", "predict")."""
+    model = DBN.load(path, device=device)
+    if model.network_ is None:
+        raise ModelFileError(f"{path}: a pre-trained stack without a classifier (finetune_epochs = 0): nothing to "
+                             f"{use}; DBN.load(...).transform(rows) gives its features")
+    return model
+
+
 def evaluate_model(model: DBN | str | Path, data: str, *, mnist_dir: str | None = None, device: str = "cpu",
                    table=None, label: str | None = None) -> dict:
     """Test error of ``model`` (a DBN, or a model file loaded onto ``device``) on ``data``
@@ -249,9 +259,7 @@ def evaluate_model(model: DBN | str | Path, data: str, *, mnist_dir: str | None 
     to the model, which scales and maps them as it was trained)."""
     path = None if isinstance(model, DBN) else str(model)
     if path is not None:
-        model = DBN.load(path, device=device)
-        if model.network_ is None:
-            raise ModelFileError(f"{path}: a pre-trained stack without a classifier: nothing to evaluate")
+        model = load_classifier(path, device=device, use="evaluate")
     if table is not None:
         X, y = raw_table_rows(table)
     else:
@@ -324,18 +332,21 @@ class InProcess:
             table = prepare(spec.data, spec.model.visible)
             source = spec.data.train
             X, y = read_table(table)
-            if y is None:
-                raise DataError(f"{source}: [data] label names no column, but training needs labels")
-            n_classes = n_classes or len(table.classes)
+            if y is None and spec.fine_tunes:
+                raise DataError(f"{source}: [data] label names no column, but fine-tuning needs labels "
+                                f"([model] finetune_epochs = 0 pre-trains only)")
+            n_classes = n_classes or (len(table.classes) if table.classes is not None else None)
         elif spec.cluster.shards:  # the job names its data as shards: train on those, never on [data] train
             source = spec.cluster.shards
             X, y, classes = load_shards(source, limit=spec.data.limit, n_classes=n_classes,
-                                        unit_interval=spec.model.visible == "bernoulli" and not spec.scaling())
+                                        unit_interval=spec.model.visible == "bernoulli" and not spec.scaling(),
+                                        labels=spec.fine_tunes)
         else:
             source = spec.data.train
             X, y = load_dataset(source, split="train", mnist_dir=spec.data.mnist_dir, limit=spec.data.limit,
-                                labels=True, label=spec.data.label)
-            y, classes = label_indices(y, n_samples=X.shape[0], n_classes=n_classes, name=f"{source} labels")
+                                labels=spec.fine_tunes, label=spec.data.label)
+            if spec.fine_tunes:
+                y, classes = label_indices(y, n_samples=X.shape[0], n_classes=n_classes, name=f"{source} labels")
         if classes is not None:
             n_classes = n_classes or len(classes)
         if table is not None:  # a table's rows come scaled from read_table, its labels mapped
@@ -355,7 +366,7 @@ class InProcess:
                                   f"validation_fraction both set: choose one validation set")
             validation = load_validation(spec.cluster.validation, n_features=X.shape[1], classes=classes,
                                          scaler=scaler)  # rows as the network sees them, class indices
-        counts = np.bincount(y, minlength=n_classes or 0)
+        y = y if spec.fine_tunes else None  # pre-training only: labels play no part, as on workers
         model = DBN(**spec.dbn_params())
         if scaler is not None or classes is not None:  # before training: every class gets an output
             attach_inputs(model, classes, scaler)
@@ -368,13 +379,18 @@ class InProcess:
                    "where": f"{X.shape[0]} x {X.shape[1]} -> {self.describe(spec)}", "output": str(out),
                    "device": model.backend.device, "n_train": int(X.shape[0]), "n_features": int(X.shape[1]),
                    "config": spec.to_dict()})
-            write({"event": "data", "rows": int(X.shape[0]), "classes": counts.tolist(),
-                   "warnings": class_warnings(counts, name=f"the labels of {source}")})
+            if y is None:
+                write({"event": "data", "rows": int(X.shape[0])})
+            else:
+                counts = np.bincount(y, minlength=n_classes or 0)
+                write({"event": "data", "rows": int(X.shape[0]), "classes": counts.tolist(),
+                       "warnings": class_warnings(counts, name=f"the labels of {source}")})
             model.callback = epochs = _EpochRecords(write)
             try:
                 model.pretrain(X)
                 pretrain_seconds = epochs.elapsed()
-                model.finetune(X, y, validation_data=validation)
+                if spec.fine_tunes:
+                    model.finetune(X, y, validation_data=validation)
             except KeyboardInterrupt:
                 write({"event": "interrupted", "after": epochs.where, "elapsed": epochs.elapsed()})
                 raise Interrupted(f"after {epochs.where}; no model written; progress so far is in "
@@ -501,7 +517,7 @@ def local_shards(spec: JobSpec, out: Path, n_shards: int) -> str:
         marker.write_text(json.dumps(source))
         return str(shards)
     shard_dataset(spec.data.train, str(shards), n_shards, split="train", mnist_dir=spec.data.mnist_dir,
-                  limit=spec.data.limit, label=spec.data.label)
+                  limit=spec.data.limit, label=spec.data.label, labels=spec.fine_tunes)
     marker.write_text(json.dumps(source))
     return str(shards)
 

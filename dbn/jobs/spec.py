@@ -258,6 +258,12 @@ class JobSpec:
             doc[section] = {**doc[section], **table}
         return JobSpec.from_dict(doc, origin=self.source or "job spec")
 
+    @property
+    def fine_tunes(self) -> bool:
+        """Whether the job fine-tunes a classifier, and so needs labels (:attr:`dbn.DBN.fine_tunes`);
+        else it pre-trains only."""
+        return DBN(**self.dbn_params()).fine_tunes
+
     def dbn_params(self) -> dict:
         """Keyword arguments for ``DBN(...)`` (without callback)."""
         params = dataclasses.asdict(self.model)
@@ -282,12 +288,17 @@ class JobSpec:
     def check_distributed(self) -> None:
         """Refuse the ``[model]`` settings workers cannot honour, rather than ignore them: held-out
         rows (a distributed job scores ``[cluster] validation``, a shard, after each fine-tuning
-        epoch) and early stopping without that shard."""
+        epoch), early stopping without that shard, and fine-tuning on a table whose label
+        column is not named."""
         m, where = self.model, self.source or "the job"
         if m.validation_fraction:
             raise ConfigError(f"{where}: [model] validation_fraction = {m.validation_fraction} holds out rows in "
                               f"one process only: on workers name a labelled validation shard in [cluster] "
                               f"validation (e.g. cut by `dbn shard`), or train in one process (no --local)")
+        if self.data.features is not None and not self.cluster.shards and self.data.label is None \
+                and self.fine_tunes:  # known before the table's shares are written
+            raise ConfigError(f"{where}: the table {self.data.train} has no label column named ([data] label), "
+                              f"but fine-tuning needs labels ([model] finetune_epochs = 0 pre-trains only)")
         if m.early_stopping_patience is not None and not self.cluster.validation:
             raise ConfigError(f"{where}: [model] early_stopping_patience needs a validation set: on workers name a "
                               f"labelled shard in [cluster] validation (scored after each fine-tuning epoch)")
@@ -441,6 +452,8 @@ def _check(origin: str, section: str, key: str, value, parse_strings: bool = Fal
         value = _parse_literal(value, _accepts(hint, type(None)))
         if hint is tuple and isinstance(value, int):  # --layers 500: one hidden layer
             value = [value]
+    elif parse_strings and isinstance(value, str) and value[:1] in ("'", '"'):
+        value = _quoted(value)
     try:
         value = _convert(value, hint)
     except TypeError as exc:
@@ -489,6 +502,16 @@ def _parse_literal(text: str, nullable: bool):
         except tomllib.TOMLDecodeError:
             pass
     return text
+
+
+def _quoted(text: str) -> str:
+    """A string setting given quoted as in the job file (``--set 'job.name="run 1"'``) without
+    its quotes; any other text as it is."""
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+    return value if isinstance(value, str) else text
 
 
 def _convert(value, hint):

@@ -101,7 +101,7 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
         if not dry_run:
             log(f"sharding {cfg.data.train} into {opts.workers} shards under {shards}")
             uris = shard_dataset(cfg.data.train, shards, opts.workers, split="train", label=cfg.data.label,
-                                 mnist_dir=cfg.data.mnist_dir, limit=cfg.data.limit)
+                                 mnist_dir=cfg.data.mnist_dir, limit=cfg.data.limit, labels=cfg.fine_tunes)
     elif not dry_run:
         uris = list_shards(shards)
     hosts = hosts or (locality.block_hosts(uris) if uris else {})

@@ -228,10 +228,22 @@ class DBN(Estimator):
 
     # ------------------------------------------------------------ training
 
-    def fit(self, X, y, *, validation_data=None) -> "DBN":
-        """Pre-train on ``X``, then fine-tune on ``(X, y)`` (``validation_data``: see :meth:`finetune`)."""
+    @property
+    def fine_tunes(self) -> bool:
+        """Whether :meth:`fit` fine-tunes a classifier (and so needs labels): ``finetune_epochs > 0``.
+        With 0 it pre-trains only: an unsupervised feature extractor (:meth:`transform`)."""
+        return self.finetune_epochs > 0
+
+    def fit(self, X, y=None, *, validation_data=None) -> "DBN":
+        """Pre-train on ``X``, then fine-tune on ``(X, y)`` (``validation_data``: see :meth:`finetune`);
+        with ``finetune_epochs=0`` pre-train only, without labels (``y`` is not used)."""
         self.validate_params()
         X = self._check_X(X, fitted=False)
+        if not self.fine_tunes:
+            return self.pretrain(X)
+        if y is None:
+            raise ValueError(f"y is None, but fine-tuning ({self.finetune_epochs} epochs) needs labels; "
+                             f"finetune_epochs=0 pre-trains only")
         label_indices(y, n_samples=X.shape[0], n_classes=self.n_classes, classes=getattr(self, "classes_", None))
         self.pretrain(X)
         return self.finetune(X, y, validation_data=validation_data)
@@ -462,7 +474,8 @@ class DBN(Estimator):
 
     def _require_classifier(self) -> None:
         if self.network_ is None:
-            raise RuntimeError("this DBN has no classifier yet: call fit() or finetune() first")
+            raise RuntimeError("this DBN has no classifier: it is pre-trained only (finetune_epochs=0; transform() "
+                               "gives its features), or not fitted yet: call fit() or finetune() first")
 
     # --------------------------------------------------------------- state
 

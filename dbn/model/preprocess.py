@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..data.validation import check_label_shape
 from ..exceptions import DataError
 
 if TYPE_CHECKING:
@@ -107,10 +108,7 @@ def encode_labels(classes: np.ndarray, y, n_samples: int, name: str = "y") -> np
 
     if type(y).__module__.startswith("cupy"):
         y = y.get()
-    if isinstance(y, np.ndarray) and y.ndim != 1:
-        raise DataError(f"{name} must be 1-D (one label per sample), got shape {y.shape}")
-    if len(y) != n_samples:
-        raise DataError(f"{name} has {len(y)} labels but X has {n_samples} samples")
+    check_label_shape(y, n_samples, name)
     try:
         return LabelMap(tuple(classes.tolist())).encode(y, where=name)
     except ShardError as exc:  # a value that is not a class, or labels of the other type
