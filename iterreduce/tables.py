@@ -339,7 +339,16 @@ def _feature_kind(type_: pa.DataType) -> str | None:
 def _is_label_type(type_: pa.DataType) -> bool:
     if pa.types.is_dictionary(type_):  # categorical: judged by its values
         type_ = type_.value_type
-    return pa.types.is_integer(type_) or pa.types.is_string(type_) or pa.types.is_large_string(type_)
+    return (pa.types.is_integer(type_) or pa.types.is_boolean(type_) or pa.types.is_string(type_)
+            or pa.types.is_large_string(type_))
+
+
+def _label_values(column: pa.Array) -> pa.Array:
+    """A label column's values as classes are made of: a categorical one decoded, booleans
+    (a yes/no outcome) as the integers 0 and 1, as NumPy reads them from a .npz."""
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    return column.cast(pa.int64()) if pa.types.is_boolean(column.type) else column
 
 
 def _check_label(schema: pa.Schema, name: str, where: str, found_in=lambda name: "") -> None:
@@ -347,7 +356,7 @@ def _check_label(schema: pa.Schema, name: str, where: str, found_in=lambda name:
     if not _is_label_type(type_):
         found = found_in(name)
         raise ShardError(f"{where}: label column {name!r} is {type_}{f' ({found})' if found else ''}: "
-                         f"labels must be integers or strings (one value per class)")
+                         f"labels must be integers, strings or booleans (one value per class)")
 
 
 def _check_filter(text: str, schema: pa.Schema, where: str) -> None:
@@ -660,8 +669,7 @@ class LabelMap:
             values = values.combine_chunks()
         if not isinstance(values, pa.Array):
             values = pa.array(np.asarray(values).tolist() if isinstance(values, np.ndarray) else values)
-        if pa.types.is_dictionary(values.type):
-            values = values.dictionary_decode()
+        values = _label_values(values)
         strings = isinstance(self.classes[0], str)
         if len(values) and not (_is_label_type(values.type) and strings != pa.types.is_integer(values.type)):
             raise ShardError(f"{where}: labels of type {values.type}, but the classes are "
@@ -710,9 +718,7 @@ def label_classes(source: TableSource, dataset: ds.FileSystemDataset | None = No
         table = _read_rows(source, piece, fragment, schema, [source.label])
         column = _non_null(table.column(source.label).combine_chunks(), source.label, piece.path,
                            table.column(ROW).to_numpy())
-        if pa.types.is_dictionary(column.type):
-            column = column.dictionary_decode()
-        classes.update(pc.unique(column).to_pylist())
+        classes.update(pc.unique(_label_values(column)).to_pylist())
     try:
         return LabelMap(tuple(sorted(classes)))
     except TypeError:  # integers in some files, strings in others

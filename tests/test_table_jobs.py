@@ -273,6 +273,17 @@ def test_dbn_predict_writes_a_tables_predictions_beside_its_ids(tmp_path, animal
     assert len(set(ids)) == len(ids) == len(rows["test"][1])
     probability = written.column("probability").to_numpy()
     assert ((1 / len(ANIMALS) <= probability) & (probability <= 1)).all()
+    # The label column kept beside the prediction (it once made pyarrow's "exists 2 times"); a kept
+    # column named as one predict writes is refused.
+    assert main(["predict", str(tmp_path / "out" / "model.npz"), str(tmp_path / "job.toml"), "--out", str(out),
+                 "--keep", "id,animal", "--device", "cpu"]) == 0
+    written = pq.read_table(out)
+    assert written.column_names == ["id", "animal", "prediction", "probability"]
+    assert written.column("animal").to_pylist() == list(rows["test"][1])
+    capsys.readouterr()
+    assert main(["predict", str(tmp_path / "out" / "model.npz"), str(tmp_path / "job.toml"), "--out", str(out),
+                 "--keep", "id,probability"]) == 2
+    assert "'probability' would clash with the column of that name that predict writes" in capsys.readouterr().err
     # A job file that names no table columns names a data file (tests/test_string_labels.py): MNIST's
     # images do not fit this model's features, which the error says; with --keep it is refused.
     plain = tmp_path / "plain.toml"
@@ -292,3 +303,30 @@ def test_an_orc_table_trains_in_place_too(tmp_path):
     assert result["test_error"] < 0.1
     X_test, y_test = rows["test"]
     assert np.mean(model.predict(X_test) != y_test) == pytest.approx(result["test_error"])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_boolean_label_column_is_classes_0_and_1(tmp_path, capsys, workers):
+    """A yes/no outcome (``is_fraud``) as Spark writes it, a boolean column: its classes are 0 and 1,
+    as NumPy reads a .npz's booleans; it was refused ("labels must be integers or strings")."""
+    rng = np.random.default_rng(0)
+    y = rng.random(400) < 0.5
+    X = np.clip(0.5 + 0.4 * (2 * y[:, None] - 1) * (np.arange(6) < 3) + rng.normal(0, 0.1, (400, 6)), 0, 1)
+    root = tmp_path / "table"
+    root.mkdir()
+    pq.write_table(pa.table({"id": np.arange(400), **{f"x{i}": X[:, i] for i in range(6)}, "is_fraud": y}),
+                   root / "part-0.parquet")
+    job = tmp_path / "job.toml"
+    job.write_text(f"[data]\ntrain = '{root}'\ntest = '{root}'\nfeatures = 'x*'\nlabel = 'is_fraud'\n"
+                   "[model]\nhidden_layers = [8]\npretrain_epochs = 2\nfinetune_epochs = 10\n[job]\ndevice = 'cpu'\n")
+    out = tmp_path / "out"
+    assert main(["train", str(job), "--out", str(out), "--quiet", "--no-ui", "--local", str(workers)]) == 0
+    result = json.loads((out / "result.json").read_text())
+    model = DBN.load(out / "model.npz", device="cpu")
+    assert model.classes_.tolist() == [0, 1] and result["test_error"] < 0.1
+    capsys.readouterr()
+    assert main(["predict", str(out / "model.npz"), str(job), "--out", str(tmp_path / "p.parquet"), "--keep",
+                 "is_fraud", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["error"] == pytest.approx(result["test_error"])
+    written = pq.read_table(tmp_path / "p.parquet")
+    assert written.column("is_fraud").to_pylist() == y.tolist()  # kept as stored

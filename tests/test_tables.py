@@ -340,7 +340,7 @@ def test_columns_resolve_in_schema_order(spark_table):
     (dict(features="pixel_*"), ["no column matches features = 'pixel_*'"]),
     (dict(features="f[0-6]", filter="cuntry == 'NL'"), ["no column 'cuntry'", "'country'"]),
     (dict(features="f[0-6]", filter="country > 3"), ["filter 'country > 3'", "country is string"]),
-    (dict(features="f[0-6]", label="f4"), ["label column 'f4' is double", "integers or strings"]),
+    (dict(features="f[0-6]", label="f4"), ["label column 'f4' is double", "integers, strings or booleans"]),
 ])
 def test_resolve_names_what_is_missing_or_wrong(spark_table, source, words):
     root, _ = spark_table

@@ -17,6 +17,8 @@ from iterreduce.shards import ShardError, as_float32, write_shards
 from .validation import DataError, check_features, check_labels, integer_labels, is_string_labels, label_indices
 
 
+#: What ``dbn predict`` writes for each row, beside its number or the columns it keeps: the label, its probability.
+PREDICTION_COLUMNS = ("prediction", "probability")
 #: Where a data file keeps its labels unless ``[data] label`` names another: a .npz's array, a .csv's column.
 NPZ_LABELS, CSV_LABELS = "y", "label"
 
@@ -179,8 +181,8 @@ def predict_file(model, source: str, out: str, *, mnist_dir: str | None = None, 
     best = proba.argmax(axis=1)
     classes = getattr(model, "classes_", None)
     predicted = best if classes is None else classes[best]
-    table = pa.table({"row": pa.array(np.arange(len(best), dtype=np.int64)), "prediction": pa.array(predicted),
-                      "probability": pa.array(proba[np.arange(len(best)), best].astype(np.float32))})
+    table = pa.table({"row": pa.array(np.arange(len(best), dtype=np.int64)), PREDICTION_COLUMNS[0]: pa.array(predicted),
+                      PREDICTION_COLUMNS[1]: pa.array(proba[np.arange(len(best)), best].astype(np.float32))})
     with open_output_file(out) as stream:
         pq.write_table(table, stream)
     error = None  # from the probabilities above: no second pass through the network

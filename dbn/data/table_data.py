@@ -24,6 +24,7 @@ from iterreduce.tables import (TABLE_SHARD_SUFFIX, FeatureStats, LabelMap, Scale
                                assign, label_classes, open_dataset, pieces, read_piece, resolve,
                                write_table_shard)
 
+from .sharding import PREDICTION_COLUMNS
 from .validation import DataError
 
 #: ``[data] scale``: how features are mapped before training. "auto": to [0, 1] by each
@@ -197,6 +198,10 @@ def predict_table(model, data, out: str, *, table: str | None = None, filter: st
     from iterreduce.shards import open_output_file
     from iterreduce.tables import read_columns
 
+    taken = [name for name in PREDICTION_COLUMNS if name in keep]
+    if taken:
+        raise DataError(f"--keep {','.join(keep)}: {', '.join(map(repr, taken))} would clash with the column of "
+                        f"that name that predict writes")
     uri = table or data.test or data.train
     if filter is None:
         filter = data.test_filter if uri == data.test else data.filter if uri == data.train else None
@@ -213,16 +218,17 @@ def predict_table(model, data, out: str, *, table: str | None = None, filter: st
                 X, _ = read_piece(source, piece, n_features=model.n_features_in_)
                 if not len(X):
                     continue
-                columns = read_columns(source, piece, list(keep) + ([label] if label else []))
+                columns = read_columns(source, piece, list(dict.fromkeys([*keep, *([label] if label else [])])))
                 proba = model.predict_proba(X)
                 best = proba.argmax(axis=1)
                 predicted = best if classes is None else classes[best]
                 if label:
                     truth = columns.column(label).to_numpy(zero_copy_only=False)
+                    truth = truth.astype(np.int64) if truth.dtype == bool else truth  # as the classes read them
                     wrong += int(np.sum(np.asarray(predicted).astype(str) != truth.astype(str)))
                 batch = pa.table({**{name: columns.column(name) for name in keep},
-                                  "prediction": pa.array(predicted),
-                                  "probability": pa.array(proba[np.arange(len(best)), best].astype(np.float32))})
+                                  PREDICTION_COLUMNS[0]: pa.array(predicted),
+                                  PREDICTION_COLUMNS[1]: pa.array(proba[np.arange(len(best)), best].astype(np.float32))})
                 if writer is None:
                     writer = pq.ParquetWriter(stream, batch.schema)
                 writer.write_table(batch)
