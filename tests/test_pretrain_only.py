@@ -100,3 +100,11 @@ def test_a_table_without_a_label_column_is_refused_before_its_shares_are_written
     spec = load_spec(tmp_path / "job.toml", {"cluster.workers": 2, "model.finetune_epochs": 0})
     spec.check_distributed()  # pre-training only: no label needed
     load_spec(tmp_path / "job.toml", {"cluster.workers": 2, "data.label": "y"}).check_distributed()
+
+
+def test_the_summary_line_speaks_of_pre_training_only_when_there_was_some():
+    from dbn.jobs.progress import summary_line
+
+    result = {"test_error": 0.1, "layers": [12, 8, 3], "wall_seconds": 4.0, "model": "m.npz", "sync_fraction": 0.8}
+    assert "80.0 % of pre-training in sync" in summary_line({**result, "epochs": {"pretrain": 2, "finetune": 2}})
+    assert "in sync" not in summary_line({**result, "epochs": {"pretrain": 0, "finetune": 2}})

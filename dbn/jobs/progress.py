@@ -126,5 +126,7 @@ def summary_line(result: dict) -> str:
         head = f"test error {100 * result['test_error']:.2f} %"
     else:
         head = "pre-trained only: no classifier to test" if result["layers"][-1] is None else "no test set"
-    sync = "" if result.get("sync_fraction") is None else f", {100 * result['sync_fraction']:.1f} % of pre-training in sync"
+    pretrained = result.get("epochs", {}).get("pretrain") != 0  # else the share is of preparing the data alone
+    sync = "" if result.get("sync_fraction") is None or not pretrained else \
+        f", {100 * result['sync_fraction']:.1f} % of pre-training in sync"
     return f"{head}  ({result['wall_seconds']:.0f} s{sync})  model: {result['model']}"
