@@ -719,6 +719,9 @@ def label_classes(source: TableSource, dataset: ds.FileSystemDataset | None = No
         column = _non_null(table.column(source.label).combine_chunks(), source.label, piece.path,
                            table.column(ROW).to_numpy())
         classes.update(pc.unique(_label_values(column)).to_pylist())
+    if not classes:  # not a null among them (that raised): no rows
+        raise ShardError(f"{source.uri}: no row passes the filter {source.filter!r}" if source.filter
+                         else f"{source.uri}: the table has no rows")
     try:
         return LabelMap(tuple(sorted(classes)))
     except TypeError:  # integers in some files, strings in others

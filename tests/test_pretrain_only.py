@@ -108,3 +108,24 @@ def test_the_summary_line_speaks_of_pre_training_only_when_there_was_some():
     result = {"test_error": 0.1, "layers": [12, 8, 3], "wall_seconds": 4.0, "model": "m.npz", "sync_fraction": 0.8}
     assert "80.0 % of pre-training in sync" in summary_line({**result, "epochs": {"pretrain": 2, "finetune": 2}})
     assert "in sync" not in summary_line({**result, "epochs": {"pretrain": 0, "finetune": 2}})
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("test, words", [
+    ("missing.npz", "missing.npz: no such data file"),
+    ("unlabelled.csv", "unlabelled.csv: no labels"),
+    ("images.npz", "must be 2-D (samples x features), got shape (200, 3, 4)"),
+])
+def test_a_test_set_that_cannot_be_tested_is_refused_before_training(tmp_path, capsys, workers, test, words):
+    """``[data] test`` was first read after training: a typo in its name ended a finished
+    training (hours for the main job) with an error and no result."""
+    X, y = data()
+    np.savez(tmp_path / "data.npz", X=X, y=y)
+    np.savez(tmp_path / "images.npz", X=X.reshape(200, 3, 4), y=y)
+    write_csv(tmp_path / "unlabelled.csv", X)
+    (tmp_path / "job.toml").write_text(f"[data]\ntrain = 'data.npz'\ntest = '{test}'\n" + JOB.format(ft=2))
+    out = tmp_path / "out"
+    assert main(["train", str(tmp_path / "job.toml"), "--out", str(out), "--no-ui",
+                 *(["--local", str(workers)] if workers else [])]) == 2
+    assert words in capsys.readouterr().err
+    assert not out.exists()

@@ -330,3 +330,17 @@ def test_a_boolean_label_column_is_classes_0_and_1(tmp_path, capsys, workers):
     assert json.loads(capsys.readouterr().out)["error"] == pytest.approx(result["test_error"])
     written = pq.read_table(tmp_path / "p.parquet")
     assert written.column("is_fraud").to_pylist() == y.tolist()  # kept as stored
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("setting", ["filter", "test_filter"])
+def test_a_filter_that_keeps_no_row_is_named(tmp_path, animals, capsys, workers, setting):
+    """A filter that keeps no row once ended in "label classes: none (an empty label column?)",
+    naming neither the table nor the filter; the test table's, after the whole training."""
+    root, _ = animals
+    job = job_file(tmp_path, root, workers)
+    job.write_text(job.read_text().replace(f'{setting} = "split == ', f'{setting} = "x0 > 1e9 and split == '))
+    assert main(["train", str(job), "--quiet", "--no-ui", *(["--local", str(workers)] if workers else [])]) == 2
+    err = capsys.readouterr().err
+    assert f"{root}: no row passes the filter \"x0 > 1e9 and split == " in err, err
+    assert not (tmp_path / "out").exists()  # refused before training: nothing written

@@ -164,6 +164,16 @@ def raw_table_rows(data) -> tuple[np.ndarray, np.ndarray]:
     """The rows of the test table (``[data] test`` and ``test_filter``) as they are stored:
     float32 features of ``[data] features`` and the label column's values, for a model that
     scales and maps them itself (:func:`attach_inputs`). Errors name the file, column and row."""
+    table = open_test_table(data)
+    X, y = read_table(table, scaled=False)
+    return X, table.classes.decode(y)
+
+
+def open_test_table(data) -> TableShard:
+    """The test table (``[data] test`` and ``test_filter``) as one :class:`TableShard`, checked
+    without reading its features: the columns there, a label column, rows that pass the filter
+    (one pass over the label column). A job calls it before training, so that a typo in the
+    test table's name or filter does not wait for the end of training to show."""
     source = source_of(data, test=True)
     uri = source.uri
     dataset = open_dataset(source)
@@ -171,9 +181,9 @@ def raw_table_rows(data) -> tuple[np.ndarray, np.ndarray]:
     if source.label is None:
         raise DataError(f"{uri}: [data] label names no column, but testing needs labels")
     found = pieces(dataset, source.filter)
-    classes = label_classes(source, dataset)
-    X, y = read_table(TableShard(source, tuple(found), _width(source, found), classes), scaled=False)
-    return X, classes.decode(y)
+    if not found:
+        raise DataError(f"{uri}: no data file of the table passes the filter {source.filter!r}")
+    return TableShard(source, tuple(found), _width(source, found), label_classes(source, dataset))
 
 
 def attach_inputs(model, classes: LabelMap | None, scaler: Scaler | None):

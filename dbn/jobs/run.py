@@ -42,7 +42,8 @@ from iterreduce.shards import TABLE_SHARD_SUFFIX, filesystem, join, list_shards,
 
 from .. import __version__
 from ..data.sharding import load_dataset, load_shards, load_validation, shard_dataset
-from ..data.table_data import attach_inputs, prepare, raw_table_rows, read_table, scaler_of, table_shards
+from ..data.table_data import (attach_inputs, open_test_table, prepare, raw_table_rows, read_table, scaler_of,
+                               table_shards)
 from ..data.validation import check_features, class_warnings, label_indices
 from ..exceptions import ConfigError, DataError, ModelFileError, UsageError
 from ..model import flops
@@ -100,6 +101,7 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
     ``overwrite`` lets the run replace another job's run in the output folder (see
     :func:`claim_output`).
     """
+    check_test_data(spec)
     out = Path(launcher.output_dir(spec)).resolve()
     created = not out.exists()
     claim_output(out, spec, resume=getattr(launcher, "resume", False), overwrite=overwrite)
@@ -140,6 +142,20 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
             log.write({"event": "summary", **result})
     prune_previous(out)  # only now: this run has its own model, result and log
     return result
+
+
+def check_test_data(spec: JobSpec) -> None:
+    """Refuse ``[data] test`` before training rather than after it, where a missing file, a
+    file without labels or a test filter that keeps no row used to end a finished training
+    without a result: a table is checked without reading its features (:func:`open_test_table`),
+    a data file is read (and let go). Nothing to check for a job that pre-trains only."""
+    data = spec.data
+    if data.test is None or not spec.fine_tunes:
+        return
+    if data.features is not None:
+        open_test_table(data)
+    else:
+        load_dataset(data.test, split="test", mnist_dir=data.mnist_dir, labels=True, label=data.label)
 
 
 #: Runs of fewer flops (about 2 minutes on 2 cores) report no ratio to the limit: measuring
