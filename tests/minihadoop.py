@@ -360,7 +360,8 @@ class MiniHadoop:
                                           stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + self.startup_timeout
         ready = conf / "ready"
-        while not ready.is_file():
+        # The JVM creates the file, then writes it: wait for its four addresses, not for the file alone.
+        while len(ready.read_text().split() if ready.is_file() else ()) < 4:
             if b"java.net.BindException" in self.log_file.read_bytes():  # the JVM does not exit on it
                 raise _PortTaken()
             if self._proc.poll() is not None:

@@ -77,7 +77,9 @@ def test_dbn_to_state_and_back_predicts_the_same(fitted, mnist_small):
 
 def test_finetune_start_is_the_pretrained_stack_plus_the_softmax_layer(mnist_small):
     x, y = mnist_small[0][:200], mnist_small[1][:200]
-    model = DBN([12, 6], pretrain_epochs=1, finetune_epochs=0, device="cpu").fit(x, y)  # the network as it starts
+    model = DBN([12, 6], pretrain_epochs=1, finetune_epochs=0, device="cpu").fit(x)  # pre-training only
+    assert model.network_ is None
+    model.finetune(x, y)  # no epochs: the network as it starts
     start = model.network_.get_state()
     pretrained = model.get_state(increments=False)
     for i in range(2):

@@ -81,7 +81,7 @@ def test_dry_run_without_env_names_the_archive_it_would_pack(capsys):
     (["--set", "yarn.queues=x"], "unknown key 'queues' (did you mean 'queue'?)"),
     (["--principal", "me@X"], "Kerberos needs both --principal and --keytab"),
     (["--set", "cluster.validation=runs/valid.parquet"], "[cluster] validation must be a URI every container"),
-    (["--set", "data.train=/data/events", "--set", "data.features=x*"],
+    (["--set", "data.train=/data/events", "--set", "data.features=x*", "--set", "data.label=y"],
      "[data] train (a table the workers read in place) must be a URI every container can reach"),
     (["--set", "model.validation_fraction=0.1"], "validation_fraction = 0.1 holds out rows in one process only"),
     (["--set", "model.early_stopping_patience=2"], "early_stopping_patience needs a validation set"),

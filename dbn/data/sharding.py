@@ -155,7 +155,8 @@ def shard_dataset(source: str, out: str, n_shards: int, *, labels: bool = False,
     if labels and y is None:
         raise _no_labels(source, kwargs.get("label"))
     if n_shards < 1 or n_shards > X.shape[0]:
-        raise ShardError(f"{out}: cannot cut {X.shape[0]} rows into {n_shards} shards")
+        raise ShardError(f"{source}: cannot cut {X.shape[0]} rows into {n_shards} shards (a job cuts one a "
+                         f"worker: at most {X.shape[0]} workers)")
     if X.dtype != np.uint8:
         X = X.astype(np.float32)
     classes = None
