@@ -115,6 +115,7 @@ def test_the_summary_line_speaks_of_pre_training_only_when_there_was_some():
     ("missing.npz", "missing.npz: no such data file"),
     ("unlabelled.csv", "unlabelled.csv: no labels"),
     ("images.npz", "must be 2-D (samples x features), got shape (200, 3, 4)"),
+    ("wide.npz", "wide.npz: 15 features a row, but the training data"),
 ])
 def test_a_test_set_that_cannot_be_tested_is_refused_before_training(tmp_path, capsys, workers, test, words):
     """``[data] test`` was first read after training: a typo in its name ended a finished
@@ -122,6 +123,7 @@ def test_a_test_set_that_cannot_be_tested_is_refused_before_training(tmp_path, c
     X, y = data()
     np.savez(tmp_path / "data.npz", X=X, y=y)
     np.savez(tmp_path / "images.npz", X=X.reshape(200, 3, 4), y=y)
+    np.savez(tmp_path / "wide.npz", X=np.hstack([X, X[:, :3]]), y=y)
     write_csv(tmp_path / "unlabelled.csv", X)
     (tmp_path / "job.toml").write_text(f"[data]\ntrain = 'data.npz'\ntest = '{test}'\n" + JOB.format(ft=2))
     out = tmp_path / "out"

@@ -41,7 +41,7 @@ from iterreduce.local import PREVIOUS, RUN_FILES, gpu_count, local_processes, pr
 from iterreduce.shards import TABLE_SHARD_SUFFIX, filesystem, join, list_shards, shard_info
 
 from .. import __version__
-from ..data.sharding import load_dataset, load_shards, load_validation, shard_dataset
+from ..data.sharding import load_dataset, load_shards, load_source, load_validation, shard_dataset
 from ..data.table_data import (attach_inputs, open_test_table, prepare, raw_table_rows, read_table, scaler_of,
                                table_shards)
 from ..data.validation import check_features, class_warnings, label_indices
@@ -146,16 +146,29 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
 
 def check_test_data(spec: JobSpec) -> None:
     """Refuse ``[data] test`` before training rather than after it, where a missing file, a
-    file without labels or a test filter that keeps no row used to end a finished training
-    without a result: a table is checked without reading its features (:func:`open_test_table`),
-    a data file is read (and let go). Nothing to check for a job that pre-trains only."""
+    file without labels, a test filter that keeps no row or rows of another width than the
+    training data's used to end a finished training without a result. A table is checked
+    without reading its features (:func:`open_test_table`), a data file is read (and let go);
+    so is the training data for its width when only that tells it. Nothing to check for a
+    job that pre-trains only."""
     data = spec.data
     if data.test is None or not spec.fine_tunes:
         return
     if data.features is not None:
-        open_test_table(data)
+        width = open_test_table(data).n_features
     else:
-        load_dataset(data.test, split="test", mnist_dir=data.mnist_dir, labels=True, label=data.label)
+        width = load_dataset(data.test, split="test", mnist_dir=data.mnist_dir, labels=True,
+                             label=data.label)[0].shape[1]
+    if spec.cluster.shards:
+        train, trained = spec.cluster.shards, shard_info(list_shards(spec.cluster.shards))[0]["features"]
+    elif data.features is not None:
+        train, trained = data.train, prepare(data, spec.model.visible, statistics=False).n_features
+    else:
+        train = data.train
+        trained = load_source(train, split="train", mnist_dir=data.mnist_dir, label=data.label)[0].shape[1]
+    if width != trained:
+        raise DataError(f"{data.test}: {width} features a row, but the training data {train} has {trained}: "
+                        f"the model could not test it ([data] test)")
 
 
 #: Runs of fewer flops (about 2 minutes on 2 cores) report no ratio to the limit: measuring
