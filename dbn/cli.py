@@ -3,7 +3,7 @@
     dbn train [JOB.toml] [--local N [--resume]] [--overwrite] [--quick] [--json] [--set section.key=value ...]
     dbn submit [JOB.toml] [--workers N] [--dry-run] [--wait]; dbn status|logs|kill APP_ID
     dbn mnist [--quick] [--local N] [--yarn --hdfs-out URI] [--sweep] [--overwrite];  dbn shard SOURCE OUT --shards N
-    dbn evaluate MODEL.npz;  dbn predict MODEL.npz JOB.toml --out PRED.parquet;  dbn bench rbm|all [--device gpu]
+    dbn evaluate MODEL.npz;  dbn predict|transform MODEL.npz JOB.toml --out OUT.parquet;  dbn bench rbm|all [--device gpu]
 
 Errors in the input (configuration, data, model files, devices, the cluster) print
 ``dbn: error: <message>`` and exit with status 2; ``--debug`` shows the traceback.
@@ -180,6 +180,7 @@ def cmd_predict(args) -> int:
     from .data.table_data import predict_table
     from .jobs.run import load_classifier
     from .jobs.spec import load_spec
+    from .model.estimator import DBN
 
     spec = load_spec(args.job)
     keep = tuple(name for name in (args.keep or "").split(",") if name)
@@ -187,14 +188,17 @@ def cmd_predict(args) -> int:
         if keep or args.filter:
             raise UsageError(f"{args.job}: [data] features names no columns, so the data is a file whose every "
                              f"column is a feature: --keep and --filter are for tables")
-        model = load_classifier(args.model, device=args.device)
+    features = args.command == "transform"  # the rows' features, from any model; else predictions, from a classifier
+    model = DBN.load(args.model, device=args.device) if features else load_classifier(args.model, device=args.device)
+    if spec.data.features is None:
         record = predict_file(model, args.table or spec.data.test or spec.data.train, args.out,
-                              mnist_dir=spec.data.mnist_dir, label=spec.data.label)
+                              mnist_dir=spec.data.mnist_dir, label=spec.data.label, features=features)
     else:
-        model = load_classifier(args.model, device=args.device)
-        record = predict_table(model, spec.data, args.out, table=args.table, filter=args.filter, keep=keep)
+        record = predict_table(model, spec.data, args.out, table=args.table, filter=args.filter, keep=keep,
+                               features=features)
     error = "" if record["error"] is None else f"  (error {100 * record['error']:.2f} % against '{record['label']}')"
-    print(to_json(record) if args.json else f"{record['rows']} rows of {record['table']} predicted -> {args.out}{error}")
+    done = "transformed" if features else "predicted"
+    print(to_json(record) if args.json else f"{record['rows']} rows of {record['table']} {done} -> {args.out}{error}")
     return 0
 
 
@@ -337,17 +341,23 @@ def build_parser() -> argparse.ArgumentParser:
              ("--device", {"choices": DEVICES, "default": "auto",
                            "help": "where the model runs: cpu, gpu, or auto (gpu when one is usable; the default)"}),
              json_)
+    def rows_out(what: str) -> tuple:  # dbn predict's and dbn transform's arguments
+        return (("model", {"type": Path, "help": "model file written by dbn train (model.npz)"}),
+                ("job", {"help": "the job file the model was trained with (its [data] features)"}),
+                ("--out", {"required": True, "help": "Parquet file to write (a path, or hdfs://, s3:// URI)"}),
+                ("--table", {"help": "the table or data file (default: [data] test, else [data] train)"}),
+                ("--filter", {"help": "its rows (default: the job's filter for that table)"}),
+                ("--keep", {"metavar": "COL,...", "help": f"columns copied beside the {what}, e.g. an id"}),
+                ("--device", {"choices": DEVICES, "default": "auto",
+                              "help": "where the model runs: cpu, gpu, or auto (gpu when one is usable; the default)"}),
+                json_)
+
     _command(sub, "predict", [common], "predict the rows of a table (or a data file) with a saved model, as "
              "the job file names its columns; the predictions go to a Parquet file", cmd_predict,
-             ("model", {"type": Path, "help": "model file written by dbn train (model.npz)"}),
-             ("job", {"help": "the job file the model was trained with (its [data] features)"}),
-             ("--out", {"required": True, "help": "Parquet file to write (a path, or hdfs://, s3:// URI)"}),
-             ("--table", {"help": "the table or data file (default: [data] test, else [data] train)"}),
-             ("--filter", {"help": "its rows (default: the job's filter for that table)"}),
-             ("--keep", {"metavar": "COL,...", "help": "columns copied beside the predictions, e.g. an id"}),
-             ("--device", {"choices": DEVICES, "default": "auto",
-                           "help": "where the model runs: cpu, gpu, or auto (gpu when one is usable; the default)"}),
-             json_)
+             *rows_out("predictions"))
+    _command(sub, "transform", [common], "the features a saved model (a classifier or a pre-trained stack) gives "
+             "the rows of a table (or a data file): its top hidden layer's activations, in a Parquet file's "
+             "'features' column", cmd_predict, *rows_out("features"))
     bench = sub.add_parser("bench", parents=[common], help="speed benchmarks",
                            description="Speed benchmarks: `dbn bench rbm --help`, `dbn bench all --help`.")
     what = bench.add_subparsers(dest="bench", metavar="WHAT", required=True, help="what to measure")

@@ -131,3 +131,43 @@ def test_a_test_set_that_cannot_be_tested_is_refused_before_training(tmp_path, c
                  *(["--local", str(workers)] if workers else [])]) == 2
     assert words in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_dbn_transform_writes_the_features_of_a_pre_trained_stack_or_a_classifier(tmp_path, capsys):
+    """`dbn transform MODEL JOB --out F --keep id`: what a pre-trained-only job is for, from the
+    command line: each row's top hidden activations, beside its kept columns, in a column that
+    another job can read as its features."""
+    X, y = data()
+    table = tmp_path / "table"
+    table.mkdir()
+    pq.write_table(pa.table({"id": np.arange(200) + 1000, **{f"x{i}": X[:, i] for i in range(12)}, "y": y}),
+                   table / "part-0.parquet")
+    (tmp_path / "job.toml").write_text(f"[data]\ntrain = '{table}'\nfeatures = 'x*'\n" + JOB.format(ft=0))
+    for ft in (0, 3):
+        out = tmp_path / f"out-{ft}"
+        assert main(["train", str(tmp_path / "job.toml"), "--out", str(out), "--quiet", "--no-ui",
+                     "--set", f"model.finetune_epochs={ft}", "--set", "data.label=y"]) == 0
+        capsys.readouterr()
+        assert main(["transform", str(out / "model.npz"), str(tmp_path / "job.toml"), "--out",
+                     str(tmp_path / f"features-{ft}.parquet"), "--keep", "id"]) == 0
+        assert f"200 rows of {table} transformed" in capsys.readouterr().out
+        written = pq.read_table(tmp_path / f"features-{ft}.parquet")
+        assert written.column_names == ["id", "features"]
+        assert written.column("id").to_pylist() == list(range(1000, 1200))
+        features = np.stack(written.column("features").to_numpy(zero_copy_only=False))
+        np.testing.assert_allclose(features, DBN.load(out / "model.npz", device="cpu").transform(X), atol=1e-6)
+    # The features feed another job as its array column.
+    (tmp_path / "next.toml").write_text(f"[data]\ntrain = '{tmp_path / 'features-0.parquet'}'\nfeatures = 'features'\n"
+                                        + JOB.format(ft=0))
+    assert main(["train", str(tmp_path / "next.toml"), "--out", str(tmp_path / "next"), "--quiet", "--no-ui"]) == 0
+    assert DBN.load(tmp_path / "next" / "model.npz", device="cpu").n_features_in_ == 8
+    # A data file: each row's number and its features; a kept column may not take the written one's name.
+    np.savez(tmp_path / "data.npz", X=X, y=y)
+    (tmp_path / "file.toml").write_text("[data]\ntrain = 'data.npz'\n" + JOB.format(ft=0))
+    assert main(["transform", str(tmp_path / "out-0" / "model.npz"), str(tmp_path / "file.toml"), "--out",
+                 str(tmp_path / "f.parquet")]) == 0
+    assert pq.read_table(tmp_path / "f.parquet").column_names == ["row", "features"]
+    capsys.readouterr()
+    assert main(["transform", str(tmp_path / "out-0" / "model.npz"), str(tmp_path / "job.toml"), "--out",
+                 str(tmp_path / "g.parquet"), "--keep", "id,features"]) == 2
+    assert "'features' would clash with the column of that name that transform writes" in capsys.readouterr().err

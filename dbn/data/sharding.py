@@ -19,6 +19,24 @@ from .validation import DataError, check_features, check_labels, integer_labels,
 
 #: What ``dbn predict`` writes for each row, beside its number or the columns it keeps: the label, its probability.
 PREDICTION_COLUMNS = ("prediction", "probability")
+#: What ``dbn transform`` writes instead: the top hidden layer's activations, a fixed-size list of
+#: float32 as the shards' features are (so that another job can read them as its features).
+FEATURES_COLUMNS = ("features",)
+
+
+def output_columns(model, X, *, features: bool = False) -> dict:
+    """The columns that ``dbn predict`` (or with ``features``, ``dbn transform``) writes for the
+    raw rows ``X``: ``prediction`` and its ``probability``, or the ``features``."""
+    import pyarrow as pa
+
+    if features:
+        top = np.ascontiguousarray(model.transform(X), dtype=np.float32)
+        return {FEATURES_COLUMNS[0]: pa.FixedSizeListArray.from_arrays(pa.array(top.ravel()), top.shape[1])}
+    proba = model.predict_proba(X)
+    best = proba.argmax(axis=1)
+    classes = getattr(model, "classes_", None)
+    return {PREDICTION_COLUMNS[0]: pa.array(best if classes is None else classes[best]),
+            PREDICTION_COLUMNS[1]: pa.array(proba[np.arange(len(best)), best].astype(np.float32))}
 #: Where a data file keeps its labels unless ``[data] label`` names another: a .npz's array, a .csv's column.
 NPZ_LABELS, CSV_LABELS = "y", "label"
 
@@ -166,36 +184,34 @@ def shard_dataset(source: str, out: str, n_shards: int, *, labels: bool = False,
 
 
 def predict_file(model, source: str, out: str, *, mnist_dir: str | None = None, split: str = "test",
-                 label: str | None = None) -> dict:
+                 label: str | None = None, features: bool = False) -> dict:
     """Predict every row of a data file (``source``: "mnist" (its ``split``), a .npz or a .csv,
     read as :func:`load_dataset` reads it) with ``model`` and write one Parquet file at ``out``
     (any URI): each row's number in the file (``row``), its ``prediction`` (a label value of the
-    model's classes) and that class's ``probability``. Returns the rows written, and the error
-    where the file has labels."""
+    model's classes) and that class's ``probability``; with ``features``, its ``features``
+    instead (:func:`output_columns`). Returns the rows written, and the error of the
+    predictions where the file has labels."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from iterreduce.shards import open_output_file
 
     X, y = load_dataset(source, split=split, mnist_dir=mnist_dir, label=label)
-    proba = model.predict_proba(X)
-    best = proba.argmax(axis=1)
-    classes = getattr(model, "classes_", None)
-    predicted = best if classes is None else classes[best]
-    table = pa.table({"row": pa.array(np.arange(len(best), dtype=np.int64)), PREDICTION_COLUMNS[0]: pa.array(predicted),
-                      PREDICTION_COLUMNS[1]: pa.array(proba[np.arange(len(best)), best].astype(np.float32))})
+    columns = output_columns(model, X, features=features)
+    table = pa.table({"row": pa.array(np.arange(len(X), dtype=np.int64)), **columns})
     with open_output_file(out) as stream:
         pq.write_table(table, stream)
-    error = None  # from the probabilities above: no second pass through the network
-    if y is not None:  # the labels as DBN.score takes them: class indices, or values of the model's classes
+    error = None
+    if y is not None and not features:  # the labels as DBN.score takes them: class indices, or the classes' values
         from ..model.preprocess import encode_labels
 
-        name = f"{source} labels"
-        truth = (check_labels(y, n_samples=len(best), n_classes=model.n_classes_, name=name) if classes is None
-                 else encode_labels(classes, y, len(best), name=name))
-        error = float(np.mean(best != truth))
-    return {"table": source, "filter": None, "rows": int(len(best)), "out": out, "error": error,
-            "label": None if y is None else label or (NPZ_LABELS if source.endswith(".npz") else CSV_LABELS)}
+        name, classes = f"{source} labels", getattr(model, "classes_", None)
+        truth = (check_labels(y, n_samples=len(X), n_classes=model.n_classes_, name=name) if classes is None
+                 else encode_labels(classes, y, len(X), name=name))
+        predicted = columns[PREDICTION_COLUMNS[0]].to_numpy(zero_copy_only=False)
+        error = float(np.mean(predicted != (truth if classes is None else classes[truth])))
+    return {"table": source, "filter": None, "rows": int(len(X)), "out": out, "error": error,
+            "label": None if error is None else label or (NPZ_LABELS if source.endswith(".npz") else CSV_LABELS)}
 
 
 def load_validation(uri: str, *, n_features: int, classes=None, scaler=None) -> tuple[np.ndarray, np.ndarray]:

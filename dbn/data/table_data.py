@@ -24,7 +24,7 @@ from iterreduce.tables import (TABLE_SHARD_SUFFIX, FeatureStats, LabelMap, Scale
                                assign, label_classes, open_dataset, pieces, read_piece, resolve,
                                write_table_shard)
 
-from .sharding import PREDICTION_COLUMNS
+from .sharding import FEATURES_COLUMNS, PREDICTION_COLUMNS, output_columns
 from .validation import DataError
 
 #: ``[data] scale``: how features are mapped before training. "auto": to [0, 1] by each
@@ -195,32 +195,34 @@ def attach_inputs(model, classes: LabelMap | None, scaler: Scaler | None):
 
 
 def predict_table(model, data, out: str, *, table: str | None = None, filter: str | None = None,
-                  keep: tuple[str, ...] = ()) -> dict:
+                  keep: tuple[str, ...] = (), features: bool = False) -> dict:
     """Predict every row of a table with ``model`` (which scales raw rows and answers in its
     labels) and write the predictions as one Parquet file at ``out`` (any URI): the ``keep``
-    columns as stored, ``prediction`` and its ``probability``. The table is ``table`` (default
-    ``[data] test``, else ``train``) with ``filter`` (default that table's filter from the job);
-    its columns are the job's ``[data] features``. Reads and writes a piece at a time.
-    Returns the rows written, and the error where the table has the label column."""
+    columns as stored, ``prediction`` and its ``probability``; with ``features``, the rows'
+    ``features`` instead (:func:`~dbn.data.sharding.output_columns`). The table is ``table``
+    (default ``[data] test``, else ``train``) with ``filter`` (default that table's filter from
+    the job); its columns are the job's ``[data] features``. Reads and writes a piece at a
+    time. Returns the rows written, and the error of the predictions where the table has the
+    label column."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     from iterreduce.shards import open_output_file
     from iterreduce.tables import read_columns
 
-    taken = [name for name in PREDICTION_COLUMNS if name in keep]
+    written = FEATURES_COLUMNS if features else PREDICTION_COLUMNS
+    taken = [name for name in written if name in keep]
     if taken:
         raise DataError(f"--keep {','.join(keep)}: {', '.join(map(repr, taken))} would clash with the column of "
-                        f"that name that predict writes")
+                        f"that name that {'transform' if features else 'predict'} writes")
     uri = table or data.test or data.train
     if filter is None:
         filter = data.test_filter if uri == data.test else data.filter if uri == data.train else None
     source = dataclasses.replace(source_of(data), uri=uri, label=None, filter=filter)
     dataset = open_dataset(source)
     source = resolve(source, dataset)
-    label = data.label if data.label in dataset.schema.names else None
+    label = data.label if data.label in dataset.schema.names and not features else None
     rows = wrong = 0
-    classes = getattr(model, "classes_", None)
     writer = None
     try:
         with open_output_file(out) as stream:
@@ -229,16 +231,13 @@ def predict_table(model, data, out: str, *, table: str | None = None, filter: st
                 if not len(X):
                     continue
                 columns = read_columns(source, piece, list(dict.fromkeys([*keep, *([label] if label else [])])))
-                proba = model.predict_proba(X)
-                best = proba.argmax(axis=1)
-                predicted = best if classes is None else classes[best]
+                outputs = output_columns(model, X, features=features)
                 if label:
                     truth = columns.column(label).to_numpy(zero_copy_only=False)
                     truth = truth.astype(np.int64) if truth.dtype == bool else truth  # as the classes read them
+                    predicted = outputs[PREDICTION_COLUMNS[0]].to_numpy(zero_copy_only=False)
                     wrong += int(np.sum(np.asarray(predicted).astype(str) != truth.astype(str)))
-                batch = pa.table({**{name: columns.column(name) for name in keep},
-                                  PREDICTION_COLUMNS[0]: pa.array(predicted),
-                                  PREDICTION_COLUMNS[1]: pa.array(proba[np.arange(len(best)), best].astype(np.float32))})
+                batch = pa.table({**{name: columns.column(name) for name in keep}, **outputs})
                 if writer is None:
                     writer = pq.ParquetWriter(stream, batch.schema)
                 writer.write_table(batch)

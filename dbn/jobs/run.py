@@ -276,7 +276,7 @@ def load_classifier(path: str | Path, *, device: str = "cpu", use: str = "predic
     model = DBN.load(path, device=device)
     if model.network_ is None:
         raise ModelFileError(f"{path}: a pre-trained stack without a classifier (finetune_epochs = 0): nothing to "
-                             f"{use}; DBN.load(...).transform(rows) gives its features")
+                             f"{use}; `dbn transform` (or DBN.load(...).transform(rows)) gives its features")
     return model
 
 
