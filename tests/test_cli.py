@@ -386,8 +386,8 @@ def test_one_process_trains_on_the_shards_the_job_names(tmp_path, capsys):
     assert result["n_train"] == 240 and result["layers"] == [N_FEATURES, 8, N_CLASSES]
 
     write_shards(np.zeros((4, N_FEATURES), np.float32), None, str(tmp_path / "unlabelled"), 2)
-    assert main(["train", "--set", f"cluster.shards={tmp_path / 'unlabelled'}", "--set", "data.test=none",
-                 "--layers", "8", "--out", str(tmp_path / "u"), "--quiet"]) == 2
+    assert main(["train", "--set", f"cluster.shards={tmp_path / 'unlabelled'}", "--layers", "8",
+                 "--out", str(tmp_path / "u"), "--quiet"]) == 2
     assert "part-00000.parquet: no 'label' column" in capsys.readouterr().err
     assert not (tmp_path / "u").exists()
 

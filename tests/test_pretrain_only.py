@@ -171,3 +171,14 @@ def test_dbn_transform_writes_the_features_of_a_pre_trained_stack_or_a_classifie
     assert main(["transform", str(tmp_path / "out-0" / "model.npz"), str(tmp_path / "job.toml"), "--out",
                  str(tmp_path / "g.parquet"), "--keep", "id,features"]) == 2
     assert "'features' would clash with the column of that name that transform writes" in capsys.readouterr().err
+
+
+def test_training_data_faults_come_before_the_test_sets_width(tmp_path, capsys):
+    """The default test set (MNIST's 784 pixels) against 12-wide unlabelled data: the error is
+    the training data's missing labels, which the user must fix first, not the width."""
+    X, _ = data()
+    np.savez(tmp_path / "data.npz", X=X)
+    assert main(["train", "--set", f"data.train={tmp_path / 'data.npz'}", "--layers", "8", "--out",
+                 str(tmp_path / "out"), "--quiet", "--no-ui"]) == 2
+    err = capsys.readouterr().err
+    assert "data.npz: no labels" in err and "features a row" not in err

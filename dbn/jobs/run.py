@@ -41,7 +41,7 @@ from iterreduce.local import PREVIOUS, RUN_FILES, gpu_count, local_processes, pr
 from iterreduce.shards import TABLE_SHARD_SUFFIX, filesystem, join, list_shards, shard_info
 
 from .. import __version__
-from ..data.sharding import load_dataset, load_shards, load_source, load_validation, shard_dataset
+from ..data.sharding import load_dataset, load_shards, load_validation, shard_dataset
 from ..data.table_data import (attach_inputs, open_test_table, prepare, raw_table_rows, read_table, scaler_of,
                                table_shards)
 from ..data.validation import check_features, class_warnings, label_indices
@@ -160,12 +160,16 @@ def check_test_data(spec: JobSpec) -> None:
         width = load_dataset(data.test, split="test", mnist_dir=data.mnist_dir, labels=True,
                              label=data.label)[0].shape[1]
     if spec.cluster.shards:
-        train, trained = spec.cluster.shards, shard_info(list_shards(spec.cluster.shards))[0]["features"]
+        shards = shard_info(list_shards(spec.cluster.shards))
+        if not all(s["labels"] for s in shards):
+            return  # training shards without labels: the launcher refuses them first, naming them
+        train, trained = spec.cluster.shards, shards[0]["features"]
     elif data.features is not None:
         train, trained = data.train, prepare(data, spec.model.visible, statistics=False).n_features
-    else:
+    else:  # read as the launchers read it: its own faults (no labels) are named first
         train = data.train
-        trained = load_source(train, split="train", mnist_dir=data.mnist_dir, label=data.label)[0].shape[1]
+        trained = load_dataset(train, split="train", mnist_dir=data.mnist_dir, labels=True,
+                               label=data.label)[0].shape[1]
     if width != trained:
         raise DataError(f"{data.test}: {width} features a row, but the training data {train} has {trained}: "
                         f"the model could not test it ([data] test)")
