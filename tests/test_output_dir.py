@@ -136,18 +136,28 @@ def test_overwrite_keeps_the_earlier_model_until_the_new_one_is_written(job, mon
 
 
 @pytest.mark.parametrize("local", [False, True], ids=["in-process", "local-cluster"])
-def test_a_failing_run_leaves_the_model_byte_identical(job, tmp_path, capsys, local):
+@pytest.mark.parametrize("fault", ["no labels", "out of range"])
+def test_a_failing_run_leaves_the_model_byte_identical(job, tmp_path, capsys, local, fault):
+    """Bad data found before the run claims the folder (no labels: the pre-flight that reads the
+    data beside the test set) leaves the whole folder as it was; found after (values outside
+    [0, 1], which training checks), the model and result stay and config and log are set aside."""
     config, out = job
     assert train(config, out) == 0
     earlier = snapshot(out)
-    np.savez(tmp_path / "no_labels.npz", X=np.zeros((30, 24), np.float32))
+    if fault == "no labels":
+        np.savez(tmp_path / "bad.npz", X=np.zeros((30, 24), np.float32))
+    else:
+        np.savez(tmp_path / "bad.npz", X=np.full((30, 24), 5, np.float32), y=np.arange(30) % 3)
     flags = ["--local", "2"] if local else []
-    assert train(config, out, "--overwrite", "--set", f"data.train={tmp_path / 'no_labels.npz'}", *flags) == 2
+    assert train(config, out, "--overwrite", "--set", f"data.train={tmp_path / 'bad.npz'}", *flags) == 2
     err = capsys.readouterr().err
-    assert err.startswith("dbn: error: ") and ("label" in err or "no array y" in err)
+    assert err.startswith("dbn: error: ") and ("no labels" in err if fault == "no labels" else "Bernoulli visible units need [0, 1]" in err), err
     assert (out / "model.npz").read_bytes() == earlier["model.npz"]
     assert (out / "result.json").read_bytes() == earlier["result.json"]
-    assert snapshot(out / "previous" / "1") == earlier  # config and log were set aside, not deleted
+    if fault == "no labels":
+        assert snapshot(out) == earlier and not (out / "previous").exists()  # not touched at all
+    else:
+        assert snapshot(out / "previous" / "1") == earlier  # config and log were set aside, not deleted
 
 
 # ----------------------------------------------------------- the same job again
