@@ -22,6 +22,8 @@ PREDICTION_COLUMNS = ("prediction", "probability")
 #: What ``dbn transform`` writes instead: the top hidden layer's activations, a fixed-size list of
 #: float32 as the shards' features are (so that another job can read them as its features).
 FEATURES_COLUMNS = ("features",)
+#: Where a data file keeps its labels unless ``[data] label`` names another: a .npz's array, a .csv's column.
+NPZ_LABELS, CSV_LABELS = "y", "label"
 
 
 def output_columns(model, X, *, features: bool = False) -> dict:
@@ -37,8 +39,6 @@ def output_columns(model, X, *, features: bool = False) -> dict:
     classes = getattr(model, "classes_", None)
     return {PREDICTION_COLUMNS[0]: pa.array(best if classes is None else classes[best]),
             PREDICTION_COLUMNS[1]: pa.array(proba[np.arange(len(best)), best].astype(np.float32))}
-#: Where a data file keeps its labels unless ``[data] label`` names another: a .npz's array, a .csv's column.
-NPZ_LABELS, CSV_LABELS = "y", "label"
 
 
 def load_source(source: str, *, split: str = "train", mnist_dir: str | None = None,
@@ -95,11 +95,12 @@ def load_dataset(source: str, *, split: str = "train", mnist_dir: str | None = N
     when a model is tested."""
     X, y = load_source(source, split=split, mnist_dir=mnist_dir, limit=limit, label=label)
     if labels and y is None:
-        raise _no_labels(source, label)
+        raise no_labels(source, label)
     return as_float32(X), y
 
 
-def _no_labels(source: str, label: str | None) -> DataError:
+def no_labels(source: str, label: str | None) -> DataError:
+    """The error for a data file without labels where a classifier needs them."""
     return DataError(f"{source}: no labels (a .npz's array {label or NPZ_LABELS!r}, a CSV's column "
                      f"{label or CSV_LABELS!r}; [data] label or --label names another), but a classifier is "
                      f"fine-tuned and tested on labels ([model] finetune_epochs = 0 pre-trains only, without them)")
@@ -171,7 +172,7 @@ def shard_dataset(source: str, out: str, n_shards: int, *, labels: bool = False,
     ``labels=True`` (a job that fine-tunes) refuses a source without labels before writing."""
     X, y = load_source(source, **kwargs)
     if labels and y is None:
-        raise _no_labels(source, kwargs.get("label"))
+        raise no_labels(source, kwargs.get("label"))
     if n_shards < 1 or n_shards > X.shape[0]:
         raise ShardError(f"{source}: cannot cut {X.shape[0]} rows into {n_shards} shards (a job cuts one a "
                          f"worker: at most {X.shape[0]} workers)")

@@ -114,18 +114,31 @@ def scaler_from(arrays: dict, kind: str | None) -> Scaler | None:
     return stats.min_max_scaler() if kind == "min_max" else stats.standardizer()
 
 
-def prepare(data, visible: str, *, statistics: bool = True) -> TableShard:
-    """The whole table as one :class:`TableShard`: resolved columns, the pieces the filter
-    keeps, the label classes and (unless ``statistics=False``: a distributed job gathers them
-    on its workers) the feature scaler from one pass over the rows. Raises
-    :class:`~iterreduce.exceptions.ShardError` naming the file, column and row of bad data."""
-    source = source_of(data)
+def _opened(data, test: bool = False):
+    """``(source, dataset, pieces)`` of the training (or ``test``) table: its columns resolved,
+    the pieces its filter keeps, none of them an error naming the table."""
+    source = source_of(data, test=test)
     dataset = open_dataset(source)
     source = resolve(source, dataset)
     found = pieces(dataset, source.filter)
     if not found:
         raise DataError(f"{source.uri}: no data file of the table passes the filter {source.filter!r}"
                         if source.filter else f"{source.uri}: the table has no rows")
+    return source, dataset, found
+
+
+def table_width(data) -> int:
+    """Features per row of the training table, from its first piece with rows."""
+    source, _, found = _opened(data)
+    return _width(source, found)
+
+
+def prepare(data, visible: str, *, statistics: bool = True) -> TableShard:
+    """The whole table as one :class:`TableShard`: resolved columns, the pieces the filter
+    keeps, the label classes and (unless ``statistics=False``: a distributed job gathers them
+    on its workers) the feature scaler from one pass over the rows. Raises
+    :class:`~iterreduce.exceptions.ShardError` naming the file, column and row of bad data."""
+    source, dataset, found = _opened(data)
     classes = label_classes(source, dataset) if source.label is not None else None
     n_features = _width(source, found)
     if not statistics:
@@ -174,15 +187,9 @@ def open_test_table(data) -> TableShard:
     without reading its features: the columns there, a label column, rows that pass the filter
     (one pass over the label column). A job calls it before training, so that a typo in the
     test table's name or filter does not wait for the end of training to show."""
-    source = source_of(data, test=True)
-    uri = source.uri
-    dataset = open_dataset(source)
-    source = resolve(source, dataset)
+    source, dataset, found = _opened(data, test=True)
     if source.label is None:
-        raise DataError(f"{uri}: [data] label names no column, but testing needs labels")
-    found = pieces(dataset, source.filter)
-    if not found:
-        raise DataError(f"{uri}: no data file of the table passes the filter {source.filter!r}")
+        raise DataError(f"{source.uri}: [data] label names no column, but testing needs labels")
     return TableShard(source, tuple(found), _width(source, found), label_classes(source, dataset))
 
 

@@ -41,9 +41,9 @@ from iterreduce.local import PREVIOUS, RUN_FILES, gpu_count, local_processes, pr
 from iterreduce.shards import TABLE_SHARD_SUFFIX, filesystem, join, list_shards, shard_info
 
 from .. import __version__
-from ..data.sharding import load_dataset, load_shards, load_validation, shard_dataset
+from ..data.sharding import load_dataset, load_shards, load_source, load_validation, no_labels, shard_dataset
 from ..data.table_data import (attach_inputs, open_test_table, prepare, raw_table_rows, read_table, scaler_of,
-                               table_shards)
+                               table_shards, table_width)
 from ..data.validation import check_features, class_warnings, label_indices
 from ..exceptions import ConfigError, DataError, ModelFileError, UsageError
 from ..model import flops
@@ -149,8 +149,8 @@ def check_test_data(spec: JobSpec) -> None:
     file without labels, a test filter that keeps no row or rows of another width than the
     training data's used to end a finished training without a result. A table is checked
     without reading its features (:func:`open_test_table`), a data file is read (and let go);
-    so is the training data for its width when only that tells it. Nothing to check for a
-    job that pre-trains only."""
+    so is the training data for its width when only that tells it (a table's first piece,
+    shards' footers). Nothing to check for a job that pre-trains only."""
     data = spec.data
     if data.test is None or not spec.fine_tunes:
         return
@@ -165,11 +165,13 @@ def check_test_data(spec: JobSpec) -> None:
             return  # training shards without labels: the launcher refuses them first, naming them
         train, trained = spec.cluster.shards, shards[0]["features"]
     elif data.features is not None:
-        train, trained = data.train, prepare(data, spec.model.visible, statistics=False).n_features
-    else:  # read as the launchers read it: its own faults (no labels) are named first
+        train, trained = data.train, table_width(data)
+    else:
         train = data.train
-        trained = load_dataset(train, split="train", mnist_dir=data.mnist_dir, labels=True,
-                               label=data.label)[0].shape[1]
+        X, y = load_source(train, split="train", mnist_dir=data.mnist_dir, label=data.label)  # no float32 copy
+        if y is None:  # the training data's own fault, named first
+            raise no_labels(train, data.label)
+        trained = X.shape[1]
     if width != trained:
         raise DataError(f"{data.test}: {width} features a row, but the training data {train} has {trained}: "
                         f"the model could not test it ([data] test)")
