@@ -71,6 +71,9 @@ def test_gpu_cd_step_matches_naive_reference(naive_cd, visible, cd_k, persistent
         return result
 
     rbm.backend.uniform = recording_uniform  # the instance attribute shadows the method
+    # Python-level recording sees only eager steps; test_gpu_graphs.py checks that the graphed
+    # steps give the same bits as these.
+    rbm.backend.graphs = False
     stats = rbm.train_epoch(X, 0, batches=range(3))
     n_drawn = len(drawn)
     order = rbm._epoch_order(n, 0)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import kernels
+from .graphs import graphs_enabled
 from ..exceptions import BackendError
 
 DEVICES = ("cpu", "gpu", "auto")
@@ -73,6 +74,8 @@ class Backend:
             self.xp = cupy
         else:
             self.xp = np
+        # Training steps on the GPU run as CUDA graphs (dbn.model.graphs) unless switched off.
+        self.graphs = self.device == "gpu" and graphs_enabled()
         self.reseed(seed)
 
     def __repr__(self) -> str:
@@ -82,9 +85,18 @@ class Backend:
         """Restart the device's random stream from ``seed`` (distributed steps seed each step)."""
         if self.device == "gpu":
             self._rng = self.xp.random.default_rng(seed)
-            self._uniform = CurandUniform(seed)
+            if getattr(self, "_uniform", None) is None:
+                self._uniform = PhiloxUniform(seed)
+            else:  # in place: graphs captured with this backend read the generator's device state
+                self._uniform.reseed(seed)
         else:
             self._rng = np.random.default_rng(seed)
+
+    @property
+    def random_state(self):
+        """The device array that holds the GPU generator's key and draw number (None on the CPU):
+        a captured graph reads it, so its address is part of the graph's key."""
+        return self._uniform.state if self.device == "gpu" else None
 
     def asarray(self, x, dtype=None):
         """Copy ``x`` to the device (no copy when it is already there in ``dtype``)."""
@@ -142,6 +154,13 @@ class Backend:
             return kernels.sigmoid_(out, bias)
         return kernels.gpu_sigmoid_(out, bias)
 
+    def matmul(self, a, b, out=None):
+        """``a @ b`` (into ``out`` when given). On the GPU cuBLAS is called directly
+        (:func:`dbn.model.kernels.gpu_matmul`), so a step can be captured as a CUDA graph."""
+        if self.device == "cpu":
+            return np.matmul(a, b, out=out)
+        return kernels.gpu_matmul(a, b, out)
+
     def momentum_step(self, param, inc, grad, momentum: float, decay: float = 0.0) -> None:
         """In place: ``inc = momentum * inc + grad - decay * param``, then ``param += inc``."""
         kernels.momentum_step_(param, inc, grad, momentum, decay, xp=self.xp)
@@ -152,48 +171,40 @@ class Backend:
             self.xp.cuda.get_current_stream().synchronize()
 
 
-class CurandUniform:
-    """Uniform numbers from cuRAND's Philox generator, written in place into CuPy arrays.
+class PhiloxUniform:
+    """Uniform [0, 1) numbers from a counter-based generator whose counter lives on the GPU.
 
-    Not ``cupy.random.Generator.random(out=...)``: in CuPy 14.2 that wrote one value into
-    every element (seen on an H100 on 2026-11-24), which silently turned Gibbs sampling and
-    dropout masks into one coin per minibatch. cuRAND's numbers lie in (0, 1]: a sample
-    ``u < p`` is 1 with probability p, a dropout ``u >= p`` keeps a unit with 1 - p.
+    Each call fills ``out`` with Philox4x32-10 of (element index, draw number) under the
+    seed's key (:data:`dbn.model.kernels.PHILOX_SOURCE`), then a one-thread kernel advances
+    the draw number in device memory. The host holds no state that changes between calls,
+    so a training step captured in a CUDA graph (:mod:`dbn.model.graphs`) draws fresh
+    numbers on every replay; cuRAND's host API would bake one draw into the graph.
+    Values are ``(bits >> 8) * 2**-24``, the CPU's float32 formula: a sample ``u < p`` is 1
+    with probability p, a dropout ``u >= p`` keeps a unit with 1 - p.
+
+    (Not ``cupy.random.Generator.random(out=...)``: in CuPy 14.2 that wrote one value into
+    every element, seen on an H100 on 2026-11-24.)
     """
 
-    def __init__(self, seed: int | None):
-        from cupy.cuda import curand
-
-        self._curand = curand
-        self._generator = curand.createGenerator(curand.CURAND_RNG_PSEUDO_PHILOX4_32_10)
-        # Any seed NumPy accepts (None: fresh entropy), folded into cuRAND's 64-bit seed.
-        state = np.random.SeedSequence(seed).generate_state(1, np.uint64)[0]
-        curand.setPseudoRandomGeneratorSeed(self._generator, int(state))
-
-    def fill(self, out):
-        """Fill the float32 or float64 CuPy array ``out`` and return it."""
+    def __init__(self, seed: int | None = None):
         import cupy
 
-        if not out.flags.c_contiguous:
-            out[...] = self.fill(cupy.empty(out.shape, out.dtype))
-            return out
-        curand = self._curand
-        curand.setStream(self._generator, cupy.cuda.get_current_stream().ptr)
-        if out.dtype == np.float32:
-            curand.generateUniform(self._generator, out.data.ptr, out.size)
-        elif out.dtype == np.float64:
-            curand.generateUniformDouble(self._generator, out.data.ptr, out.size)
-        else:
-            raise BackendError(f"uniform numbers are float32 or float64, not {out.dtype}")
-        return out
+        self.state = cupy.zeros(2, dtype=cupy.uint64)  # [key, draw number], updated in place
+        self.reseed(seed)
 
-    def __del__(self):
-        generator, self._generator = getattr(self, "_generator", None), None
-        if generator is not None:
-            try:
-                self._curand.destroyGenerator(generator)
-            except Exception:  # interpreter shutdown: the CUDA context may be gone already
-                pass
+    def reseed(self, seed: int | None) -> None:
+        """Restart the stream: any seed NumPy accepts (None: fresh entropy), folded into a 64-bit key."""
+        key = np.random.SeedSequence(seed).generate_state(1, np.uint64)[0]
+        self.state.set(np.array([key, 0], dtype=np.uint64))  # in place: captured graphs keep the address
+
+    def fill(self, out):
+        """Fill the float32 or float64 CuPy array ``out`` (any strides) and return it."""
+        if out.dtype not in (np.float32, np.float64):
+            raise BackendError(f"uniform numbers are float32 or float64, not {out.dtype}")
+        gpu = kernels.gpu_kernels()
+        gpu["philox_uniform"](self.state, out)
+        gpu["philox_advance"]((1,), (1,), (self.state,))
+        return out
 
 
 def get_backend(device: str = "auto", dtype: str = "float32", seed: int | None = None) -> Backend:

@@ -23,6 +23,8 @@ CUDA's tanh; arrays they cannot take (not contiguous) go through CuPy expression
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 
 _f32 = np.float32
@@ -238,6 +240,26 @@ def uniform_float32_(bit_generator, out: np.ndarray) -> np.ndarray:
 
 _gpu_kernels: dict | None = None
 
+#: Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011): ten
+#: rounds of two 32-bit multiplies that turn a 128-bit counter and a 64-bit key into four
+#: random words. Element ``i`` of a draw takes word ``i % 4`` of block ``i // 4``; the counter
+#: is (block, draw number), so every element of every draw gets its own numbers.
+PHILOX_SOURCE = r"""
+__device__ __forceinline__ unsigned int dbn_philox_word(unsigned long long block, unsigned long long draw,
+                                                        unsigned long long key, unsigned int word) {
+    unsigned int c0 = (unsigned int)block, c1 = (unsigned int)(block >> 32);
+    unsigned int c2 = (unsigned int)draw, c3 = (unsigned int)(draw >> 32);
+    unsigned int k0 = (unsigned int)key, k1 = (unsigned int)(key >> 32);
+    for (int round = 0; round < 10; ++round) {
+        unsigned int hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+        unsigned int hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+        c0 = hi1 ^ c1 ^ k0; c1 = lo1; c2 = hi0 ^ c3 ^ k1; c3 = lo0;
+        k0 += 0x9E3779B9u; k1 += 0xBB67AE85u;
+    }
+    return word == 0 ? c0 : word == 1 ? c1 : word == 2 ? c2 : c3;
+}
+"""
+
 
 def gpu_kernels() -> dict:
     """The fused passes as CuPy ``ElementwiseKernel`` s, built on first use (CuPy compiles
@@ -259,8 +281,97 @@ def gpu_kernels() -> dict:
             "sigmoid_backward": ek("T a, T kept, T scale", "T delta",
                                    "T d = kept != (T)0 ? delta : (T)0; delta = (d * scale) * (a * ((T)1 - a))",
                                    "dbn_sigmoid_backward"),
+            # state = [key, draw number] in device memory (dbn.model.backend.PhiloxUniform).
+            "philox_uniform": ek("raw uint64 state", "T out",
+                                 "unsigned long long e = i;"
+                                 "out = (T)(dbn_philox_word(e >> 2, state[1], state[0], (unsigned int)(e & 3)) >> 8)"
+                                 " * (T)5.9604644775390625e-08",  # 2**-24
+                                 "dbn_philox_uniform", preamble=PHILOX_SOURCE),
+            # One thread: draw number += 1, after the fill on the same stream.
+            "philox_advance": cupy.RawKernel('extern "C" __global__ void dbn_philox_advance('
+                                             "unsigned long long* state) { state[1] += 1; }", "dbn_philox_advance"),
         }
     return _gpu_kernels
+
+
+def gpu_matmul(a, b, out=None):
+    """``out = a @ b`` for 2-D float32 or float64 CuPy arrays, through cuBLAS's gemm called
+    directly; ``a`` and ``b`` may be transposed views of C-contiguous arrays, ``out`` (new
+    when None) is C-contiguous. Other arrays go through ``cupy.matmul``.
+
+    Why not ``cupy.matmul``: CuPy 14 refuses every cuBLAS call while a stream is being
+    captured into a CUDA graph (its ``setStream`` raises), and the products are most of a
+    training step (:mod:`dbn.model.graphs`). Eager steps call this too, so a graphed step
+    and an eager one give the same bits."""
+    import cupy
+
+    gemm = _gemm().get(a.dtype.char)
+    if gemm is None or a.ndim != 2 or b.ndim != 2 or b.dtype != a.dtype or a.shape[1] != b.shape[0] \
+            or (out is not None and (not out.flags.c_contiguous or out.dtype != a.dtype)):
+        return cupy.matmul(a, b, out=out)
+    m, k = a.shape
+    n = b.shape[1]
+    if out is None:
+        out = cupy.empty((m, n), dtype=a.dtype)
+    if k == 0 or m == 0 or n == 0:
+        out.fill(0)
+        return out
+    # Row-major out (m x n) is column-major out^T (n x m) = b^T a^T: cuBLAS gets b first.
+    b, op_b, ld_b = _column_major_transpose(b)
+    a, op_a, ld_a = _column_major_transpose(a)
+    lib = _gemm()["lib"]
+    handle = cupy.cuda.device.get_cublas_handle()
+    _check_cublas(lib.cublasSetStream_v2(handle, cupy.cuda.get_current_stream().ptr), "cublasSetStream")
+    one, zero = _GEMM_SCALARS[a.dtype.char]
+    _check_cublas(gemm(handle, op_b, op_a, n, m, k, ctypes.addressof(one), b.data.ptr, ld_b,
+                       a.data.ptr, ld_a, ctypes.addressof(zero), out.data.ptr, n), "cublas gemm")
+    return out
+
+
+def _column_major_transpose(x):
+    """``(x, op, ld)`` such that cuBLAS's ``op`` of the column-major matrix at ``x`` with
+    leading dimension ``ld`` is ``x.T``; ``x`` copied when it is neither C- nor F-contiguous."""
+    import cupy
+
+    if x.flags.c_contiguous:  # row-major r x c is column-major c x r = x.T
+        return x, _CUBLAS_OP_N, max(x.shape[1], 1)
+    if x.flags.f_contiguous:  # a transposed view: column-major r x c = x, transposed by cuBLAS
+        return x, _CUBLAS_OP_T, max(x.shape[0], 1)
+    x = cupy.ascontiguousarray(x)
+    return x, _CUBLAS_OP_N, max(x.shape[1], 1)
+
+
+_CUBLAS_OP_N, _CUBLAS_OP_T = 0, 1
+_GEMM_SCALARS = {"f": (ctypes.c_float(1.0), ctypes.c_float(0.0)), "d": (ctypes.c_double(1.0), ctypes.c_double(0.0))}
+_gemm_table: dict | None = None
+
+
+def _gemm() -> dict:
+    """cuBLAS's sgemm and dgemm from the library CuPy loaded (found in this process's memory map)."""
+    global _gemm_table
+    if _gemm_table is None:
+        import cupy
+
+        cupy.cuda.device.get_cublas_handle()  # loads the library
+        paths = []
+        try:
+            with open("/proc/self/maps") as maps:
+                paths = [line.split()[-1] for line in maps if line.rstrip().split("/")[-1].startswith("libcublas.so")]
+        except OSError:
+            pass
+        lib = ctypes.CDLL(paths[0] if paths else "libcublas.so")
+        pointer, integer = ctypes.c_void_p, ctypes.c_int
+        lib.cublasSetStream_v2.argtypes = [pointer, pointer]
+        for name in ("cublasSgemm_v2", "cublasDgemm_v2"):
+            getattr(lib, name).argtypes = [pointer, integer, integer, integer, integer, integer, pointer, pointer,
+                                           integer, pointer, integer, pointer, pointer, integer]
+        _gemm_table = {"lib": lib, "f": lib.cublasSgemm_v2, "d": lib.cublasDgemm_v2}
+    return _gemm_table
+
+
+def _check_cublas(status: int, what: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"{what} failed with cuBLAS status {status}")
 
 
 def gpu_fusable(*arrays) -> bool:

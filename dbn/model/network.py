@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import kernels
+from .graphs import StepGraphs
 from .backend import Backend
 from .minibatch import minibatches
 from .state import NET_KEYS, net_name
@@ -29,7 +30,8 @@ class FinetuneStats:
 
 def clip_columns(w, max_norm: float, xp=np) -> None:
     """In place: scale every column of ``w`` longer than ``max_norm`` (Euclidean) back to it."""
-    norms = xp.sqrt(xp.einsum("ij,ij->j", w, w))
+    # CuPy's einsum is a batched cuBLAS product, which a CUDA graph cannot capture (kernels.gpu_matmul).
+    norms = xp.sqrt(xp.einsum("ij,ij->j", w, w) if xp is np else (w * w).sum(axis=0))
     w *= xp.minimum(1, max_norm / xp.maximum(norms, xp.finfo(w.dtype).tiny)).astype(w.dtype)
 
 
@@ -55,12 +57,13 @@ class Network:
         self.weights_inc = [xp.zeros_like(w) for w in self.weights]
         self.biases_inc = [xp.zeros_like(b) for b in self.biases]
         self._buffers: dict[tuple, object] = {}
+        self._graphs = StepGraphs()
 
-    def _buffer(self, name: str, shape: tuple):
+    def _buffer(self, name: str, shape: tuple, dtype=None):
         """A work array that every step with this shape reuses (no allocation per step)."""
-        key = (name, shape)
+        key = (name, shape, dtype)
         if key not in self._buffers:
-            self._buffers[key] = self.backend.empty(shape)
+            self._buffers[key] = self.backend.empty(shape, dtype)
         return self._buffers[key]
 
     @property
@@ -116,7 +119,7 @@ class Network:
                 uniforms = be.uniform(self._buffer("uniforms", a.shape))
                 a = kernels.dropout(a, uniforms, p, out=self._buffer(f"dropped input {i}", a.shape), xp=xp)
             inputs.append(a)
-            z = xp.matmul(a, w)
+            z = be.matmul(a, w)
             if i < last:
                 be.sigmoid(z, out=z, bias=b)
             else:  # softmax over classes, stabilised
@@ -146,11 +149,11 @@ class Network:
         xp = self.backend.xp
         grads_w, grads_b = [None] * len(self.weights), [None] * len(self.weights)
         for i in reversed(range(lowest, len(self.weights))):
-            grad_w = xp.matmul(inputs[i].T, delta)
+            grad_w = self.backend.matmul(inputs[i].T, delta)
             grad_b = delta.sum(axis=0)
             if i > lowest:
                 # Back through layer i's (dropped-out) input to the sigmoid below it.
-                delta = xp.matmul(delta, self.weights[i].T)
+                delta = self.backend.matmul(delta, self.weights[i].T)
                 dropped = inputs[i] is not activations[i]
                 kernels.sigmoid_backward_(delta, activations[i], inputs[i] if dropped else None,
                                           1.0 / (1.0 - dropout[i]) if dropped else 1.0, xp=xp)
@@ -211,11 +214,18 @@ class Network:
         n_batches = n // batch
         batches = range(n_batches) if batches is None else batches
         order = np.random.default_rng([seed, epoch, 1]).permutation(n)
-        every = xp.arange(batch)
         layers = range(len(self.weights))[train_layers]
-        total_loss, errors = 0.0, 0
+        # Fixed buffers: the step reads and writes the same addresses every time (a CUDA graph
+        # replays them); loss and error count are summed on the device until the epoch ends.
+        rows_buffer = self._buffer("rows", (batch, X.shape[1]))
+        labels_buffer = self._buffer("labels", (batch,), np.int64)
+        every = self._buffer("every", (batch,), np.int64)
+        every[...] = xp.arange(batch)
+        total_loss, errors = self._buffer("loss", ()), self._buffer("errors", (), np.int64)
+        total_loss[...] = 0
+        errors[...] = 0
 
-        def step(j, step_w, step_b):  # layer j's update, as soon as backprop is past it
+        def update(j, step_w, step_b):  # layer j's update, as soon as backprop is past it
             if j not in layers:
                 return
             be.momentum_step(self.weights[j], self.weights_inc[j], step_w, momentum, learning_rate * weight_cost)
@@ -223,16 +233,25 @@ class Network:
             if max_norm:
                 clip_columns(self.weights[j], max_norm, xp)
 
-        for rows, labels in minibatches(X, order, batch, batches, be.empty((batch, X.shape[1])), be, labels=y):
-            acts, inputs = self._forward(rows, dropout, train=True)
+        def step():
+            acts, inputs = self._forward(rows_buffer, dropout, train=True)
             probs = acts[-1]
-            # Summed on the device: no transfer (and no wait for the GPU) until the epoch ends.
-            total_loss = total_loss - xp.sum(xp.log(xp.maximum(probs[every, labels], 1e-30)))
-            errors = errors + (probs.argmax(axis=1) != labels).sum()
+            xp.subtract(total_loss, xp.sum(xp.log(xp.maximum(probs[every, labels_buffer], 1e-30))), out=total_loss)
+            xp.add(errors, (probs.argmax(axis=1) != labels_buffer).sum(), out=errors)
             # delta = -lr * (probs - targets) / B: the gradients come out as steps.
             delta = probs.copy()
-            delta[every, labels] -= 1
+            delta[every, labels_buffer] -= 1
             delta *= -learning_rate / batch
-            self._backward(acts, inputs, delta, dropout, lowest=min(layers, default=0), apply=step)
+            self._backward(acts, inputs, delta, dropout, lowest=min(layers, default=0), apply=update)
+
+        if be.graphs:
+            arrays = [*self.weights, *self.biases, *self.weights_inc, *self.biases_inc, be.random_state]
+            key = (batch, learning_rate, momentum, weight_cost, max_norm, tuple(dropout), tuple(layers),
+                   *(a.data.ptr for a in arrays))
+            eager_step = step
+            step = lambda: self._graphs.run(key, eager_step)  # noqa: E731
+        for rows, labels in minibatches(X, order, batch, batches, rows_buffer, be, labels=y):
+            labels_buffer[...] = labels
+            step()
         n_seen = len(batches) * batch
         return FinetuneStats(epoch, n_seen, float(total_loss) / max(n_seen, 1), int(errors) / max(n_seen, 1))

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import Estimator
+from .graphs import StepGraphs
 from .minibatch import chunks, minibatches
 from .state import RBM_KEYS, is_increment, logit
 from ..data.validation import check_features
@@ -212,10 +213,12 @@ class RBM(Estimator):
         batch = min(self.batch_size, n)
         batches = range(n // batch) if batches is None else batches
         momentum = self.momentum if epoch < self.momentum_epoch else self.final_momentum
-        v0 = self._buffers_for(batch)["V"][:batch]
-        error = 0.0
-        for _ in minibatches(X, self._epoch_order(n, epoch), batch, batches, v0, self.backend):
-            error = error + self._cd_step(batch, momentum)
+        buf = self._buffers_for(batch)
+        error = buf["error"]  # summed on the device: no wait for the GPU until the epoch ends
+        error[...] = 0
+        step = self._step(batch, momentum)
+        for _ in minibatches(X, self._epoch_order(n, epoch), batch, batches, buf["V"][:batch], self.backend):
+            step()
         n_seen = len(batches) * batch
         stats = EpochStats(epoch, n_seen, float(error) / max(n_seen, 1))
         self.history_.append(stats)
@@ -234,13 +237,33 @@ class RBM(Estimator):
                 "h_sample": be.empty((batch, nh)),
                 "diff": be.empty((batch, nv)),
                 "grad": be.empty((nv, nh)),
+                "error": be.zeros(()),
+                "graphs": StepGraphs(),
             }
         return self._buffers[batch]
 
+    def _step(self, B: int, momentum: float):
+        """The function that runs one CD step on the minibatch in the ``V`` buffer and adds its
+        reconstruction error to the ``error`` buffer: on the GPU a CUDA graph
+        (:mod:`dbn.model.graphs`), keyed by everything the graph bakes in."""
+        buf = self._buffers_for(B)
+        xp, error = self.backend.xp, buf["error"]
+
+        def step():
+            xp.add(error, self._cd_step(B, momentum), out=error)
+
+        # A persistent chain is a new array each step: no fixed address for a graph.
+        if not self.backend.graphs or self.persistent:
+            return step
+        arrays = [getattr(self, key + "_") for key in RBM_KEYS] + [self.backend.random_state]
+        key = (momentum, self.learning_rate, self.weight_cost, self.cd_k, self.visible,
+               *(a.data.ptr for a in arrays))
+        graphs = buf["graphs"]
+        return lambda: graphs.run(key, step)
+
     def _visible(self, h, out):
         """Visible units given hidden states ``h``: probabilities, or Gaussian means."""
-        xp = self.backend.xp
-        xp.matmul(h, self.weights_.T, out=out)
+        self.backend.matmul(h, self.weights_.T, out=out)
         if self.visible == "bernoulli":
             return self.backend.sigmoid(out, out=out, bias=self.visible_bias_)
         out += self.visible_bias_  # Gaussian units: the mean, as the practical guide recommends
@@ -248,7 +271,7 @@ class RBM(Estimator):
 
     def _hidden(self, v, out):
         """Hidden unit probabilities given visible states ``v``."""
-        self.backend.xp.matmul(v, self.weights_, out=out)
+        self.backend.matmul(v, self.weights_, out=out)
         return self.backend.sigmoid(out, out=out, bias=self.hidden_bias_)
 
     def _cd_step(self, B: int, momentum: float):
@@ -285,7 +308,7 @@ class RBM(Estimator):
         scale = self.learning_rate / B
         h0 *= scale
         hk *= -scale
-        grad = xp.matmul(V.T, H, out=buf["grad"])
+        grad = be.matmul(V.T, H, out=buf["grad"])
         grad_hidden = H.sum(axis=0)
         grad_visible = scale * (v0.sum(axis=0) - vk.sum(axis=0))
 
