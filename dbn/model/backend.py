@@ -61,6 +61,12 @@ class Backend:
     seed : int or None
         Seeds the device's random numbers and the host generator used for
         shuffling. The same seed gives the same numbers on the same device.
+
+    Attributes
+    ----------
+    graphs : bool
+        Whether training steps run as CUDA graphs (:mod:`dbn.model.graphs`): on the GPU
+        unless ``DBN_CUDA_GRAPHS=0``; settable, e.g. to compare with eager steps.
     """
 
     def __init__(self, device: str = "auto", dtype: str = "float32", seed: int | None = None):
