@@ -9,6 +9,8 @@ every machine; the rest need CuPy and a GPU.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -53,6 +55,23 @@ def test_each_key_gets_its_own_graph_and_old_ones_are_dropped(monkeypatch):
     assert g.replays == 2 * (graphs.StepGraphs.MAX_GRAPHS + 3)  # the first of each key runs eagerly
     assert len(g._graphs) == graphs.StepGraphs.MAX_GRAPHS
     assert list(g._graphs) == list(range(3, graphs.StepGraphs.MAX_GRAPHS + 3))  # the newest kept
+
+
+def test_a_new_setting_or_a_replaced_array_gets_a_graph_of_its_own(monkeypatch):
+    """A graph bakes in host values and addresses: a step bound to other ones must not replay it."""
+    monkeypatch.setattr(graphs, "_capture", FakeGraph)
+
+    class Array:
+        def __init__(self, address):
+            self.data = SimpleNamespace(ptr=address)
+
+    g, runs = graphs.StepGraphs(), []
+    bound = [g.bind(lambda tag=tag: runs.append(tag), settings, [Array(address)])
+             for tag, settings, address in [("a", (0.1,), 1), ("b", (0.1,), 2), ("c", (0.2,), 1), ("a2", (0.1,), 1)]]
+    for step in bound:
+        step(), step()
+    assert len(g._graphs) == 3  # "a2" is "a" again: same settings, same address
+    assert runs == ["a", "a", "b", "b", "c", "c", "a", "a"]  # the same key replays the graph captured from a
 
 
 def test_a_step_that_cannot_be_captured_runs_eagerly(monkeypatch):

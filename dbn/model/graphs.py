@@ -43,7 +43,8 @@ class StepGraphs:
     """Training steps captured as CUDA graphs, one per key.
 
     ``run(key, step)`` runs ``step()`` (a function of no arguments that only queues device
-    work) and returns nothing; ``replays`` counts the steps that ran as a graph.
+    work) and returns nothing; :meth:`bind` makes the key. ``replays`` counts the steps that
+    ran as a graph.
     """
 
     #: Graphs kept; the least recently used goes first (keys of replaced arrays are never used again).
@@ -52,6 +53,13 @@ class StepGraphs:
     def __init__(self):
         self._graphs: dict = {}
         self.replays = 0
+
+    def bind(self, step, settings: tuple, arrays):
+        """A function of no arguments that runs ``step`` as a graph keyed by ``settings`` (the
+        host values it bakes in) and the device addresses of ``arrays`` (what it reads and
+        writes that could be replaced by a new array)."""
+        key = (*settings, *(a.data.ptr for a in arrays))
+        return lambda: self.run(key, step)
 
     def run(self, key, step) -> None:
         entry = self._graphs.pop(key, None)

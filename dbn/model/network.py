@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import kernels
-from .graphs import StepGraphs
 from .backend import Backend
+from .graphs import StepGraphs
 from .minibatch import minibatches
 from .state import NET_KEYS, net_name
 
@@ -245,11 +245,9 @@ class Network:
             self._backward(acts, inputs, delta, dropout, lowest=min(layers, default=0), apply=update)
 
         if be.graphs:
-            arrays = [*self.weights, *self.biases, *self.weights_inc, *self.biases_inc, be.random_state]
-            key = (batch, learning_rate, momentum, weight_cost, max_norm, tuple(dropout), tuple(layers),
-                   *(a.data.ptr for a in arrays))
-            eager_step = step
-            step = lambda: self._graphs.run(key, eager_step)  # noqa: E731
+            step = self._graphs.bind(step, (batch, learning_rate, momentum, weight_cost, max_norm, tuple(dropout),
+                                            tuple(layers)),
+                                     [*self.weights, *self.biases, *self.weights_inc, *self.biases_inc, be.random_state])
         for rows, labels in minibatches(X, order, batch, batches, rows_buffer, be, labels=y):
             labels_buffer[...] = labels
             step()

@@ -255,11 +255,8 @@ class RBM(Estimator):
         # A persistent chain is a new array each step: no fixed address for a graph.
         if not self.backend.graphs or self.persistent:
             return step
-        arrays = [getattr(self, key + "_") for key in RBM_KEYS] + [self.backend.random_state]
-        key = (momentum, self.learning_rate, self.weight_cost, self.cd_k, self.visible,
-               *(a.data.ptr for a in arrays))
-        graphs = buf["graphs"]
-        return lambda: graphs.run(key, step)
+        return buf["graphs"].bind(step, (momentum, self.learning_rate, self.weight_cost, self.cd_k, self.visible),
+                                  [getattr(self, key + "_") for key in RBM_KEYS] + [self.backend.random_state])
 
     def _visible(self, h, out):
         """Visible units given hidden states ``h``: probabilities, or Gaussian means."""
