@@ -241,7 +241,7 @@ def cmd_yarn(args) -> int:
         st = yarn.status(client, args.app_id)
         print(to_json(vars(st)) if args.json else st.describe())
     elif args.command == "logs":
-        print(yarn.logs(client, args.app_id))
+        print(yarn.logs(client, args.app_id, show=lambda line: print(line, file=sys.stderr)))
     else:
         yarn.kill(client, args.app_id)
         print(f"killed {args.app_id}")

@@ -44,7 +44,8 @@ def resolve_device(device: str) -> str:
     if device == "gpu" and not gpu_available():
         raise BackendError(
             "device='gpu' needs CuPy and a CUDA device: install the extra "
-            "(pip install 'dbn-yarn[gpu]') on a machine with a GPU, or use device='cpu'"
+            "(pip install 'dbn-yarn[gpu]', or 'dbn-yarn[gpu-cuda13]' for CUDA 13) on a machine with a GPU, "
+            "or use device='cpu'"
         )
     return device
 

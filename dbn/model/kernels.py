@@ -347,7 +347,9 @@ _gemm_table: dict | None = None
 
 
 def _gemm() -> dict:
-    """cuBLAS's sgemm and dgemm from the library CuPy loaded (found in this process's memory map)."""
+    """cuBLAS's sgemm and dgemm from the library CuPy loaded (found in this process's memory
+    map), by dtype char; empty where there is no such library (CuPy on ROCm, say): the
+    products then go through ``cupy.matmul`` and steps are not captured."""
     global _gemm_table
     if _gemm_table is None:
         import cupy
@@ -359,13 +361,16 @@ def _gemm() -> dict:
                 paths = [line.split()[-1] for line in maps if line.rstrip().split("/")[-1].startswith("libcublas.so")]
         except OSError:
             pass
-        lib = ctypes.CDLL(paths[0] if paths else "libcublas.so")
-        pointer, integer = ctypes.c_void_p, ctypes.c_int
-        lib.cublasSetStream_v2.argtypes = [pointer, pointer]
-        for name in ("cublasSgemm_v2", "cublasDgemm_v2"):
-            getattr(lib, name).argtypes = [pointer, integer, integer, integer, integer, integer, pointer, pointer,
-                                           integer, pointer, integer, pointer, pointer, integer]
-        _gemm_table = {"lib": lib, "f": lib.cublasSgemm_v2, "d": lib.cublasDgemm_v2}
+        try:
+            lib = ctypes.CDLL(paths[0] if paths else "libcublas.so")
+            pointer, integer = ctypes.c_void_p, ctypes.c_int
+            lib.cublasSetStream_v2.argtypes = [pointer, pointer]
+            for name in ("cublasSgemm_v2", "cublasDgemm_v2"):
+                getattr(lib, name).argtypes = [pointer, integer, integer, integer, integer, integer, pointer,
+                                               pointer, integer, pointer, integer, pointer, pointer, integer]
+            _gemm_table = {"lib": lib, "f": lib.cublasSgemm_v2, "d": lib.cublasDgemm_v2}
+        except (OSError, AttributeError):
+            _gemm_table = {}
     return _gemm_table
 
 

@@ -244,23 +244,56 @@ def ended_badly(st: Status) -> str:
     return f"{st.app_id} ended {st.final_status}: {st.diagnostics or 'no diagnostics'}; its logs (`yarn logs -applicationId {st.app_id}`) say why"
 
 
-def logs(client: skein.Client, app_id: str) -> str:
+#: How long after an application's end :func:`logs` waits for YARN to aggregate its logs
+#: (the NodeManagers upload them once the containers are gone: seconds, on a busy cluster more).
+AGGREGATION_WAIT = 120.0
+
+
+def logs(client: skein.Client, app_id: str, show=None, poll: float = 3.0) -> str:
     """The application's container logs, one section per container.
 
     skein reads aggregated logs where Hadoop up to 3.2 writes them; Hadoop 3.3+ writes them
     into ``bucket-*`` folders that skein 0.8 does not know, and only the cluster's own
     ``yarn logs`` reads both (and running containers' logs too), so that is the fallback.
+    An application that ended less than :data:`AGGREGATION_WAIT` seconds ago may not have
+    its logs aggregated yet: then this waits for them, telling ``show(line)`` once.
     """
+    told = False
+    while True:
+        text, why = _logs_once(client, app_id)
+        if text is not None:
+            return text
+        ended = _seconds_since_end(client, app_id)
+        if ended is None or ended > AGGREGATION_WAIT:
+            raise YarnError(f"{app_id}: no logs ({why}); log aggregation may still be running: try again in a "
+                            f"minute")
+        if show is not None and not told:
+            show(f"{app_id} ended {ended:.0f} s ago: waiting up to {AGGREGATION_WAIT:.0f} s for YARN to "
+                 f"aggregate its logs")
+            told = True
+        time.sleep(poll)
+
+
+def _logs_once(client: skein.Client, app_id: str) -> tuple[str | None, str]:
+    """The logs through skein, else through ``yarn logs``; or None and why neither had them."""
     try:
         parts = client.application_logs(app_id)
-        return "\n".join(f"===== {container} =====\n{text}" for container, text in sorted(parts.items()))
+        return "\n".join(f"===== {container} =====\n{text}" for container, text in sorted(parts.items())), ""
     except (skein.exceptions.DriverError, ValueError, KeyError) as exc:
         reason = str(exc)
     text, why = _yarn_logs(app_id)
-    if text is None:
-        raise YarnError(f"{app_id}: no logs (skein: {reason}; yarn logs: {why}); log aggregation may still "
-                        f"be running: try again in a minute")
-    return text
+    return text, f"skein: {reason}; yarn logs: {why}"
+
+
+def _seconds_since_end(client: skein.Client, app_id: str) -> float | None:
+    """Seconds since the application ended; None while it runs, or when YARN does not know it."""
+    try:
+        report = client.application_report(app_id)
+    except (skein.exceptions.DriverError, ValueError, KeyError):
+        return None
+    if str(report.state) not in TERMINAL_STATES or report.finish_time is None:
+        return None
+    return max(0.0, time.time() - report.finish_time.timestamp())  # skein's naive local time
 
 
 def _yarn_logs(app_id: str, timeout: float = 300) -> tuple[str | None, str]:
