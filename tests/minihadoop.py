@@ -387,7 +387,10 @@ def processes_of(directory: Path) -> list[int]:
         with contextlib.suppress(OSError, ValueError):
             if int(proc.name) == os.getpid() or (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
                 continue
-            if mark in (proc / "cmdline").read_bytes() or mark in (proc / "environ").read_bytes():
+            cmdline = (proc / "cmdline").read_bytes()
+            if b"multiprocessing.resource_tracker" in cmdline:  # ours: it inherits our environment, naming
+                continue                                         # the cluster, and must outlive it
+            if mark in cmdline or mark in (proc / "environ").read_bytes():
                 found.append(int(proc.name))
     return found
 
