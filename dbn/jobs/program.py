@@ -283,6 +283,7 @@ class DBNWorker(WorkerProgram):
         self.stream = bool(config.get("stream"))
         self._inputs: dict[tuple[int, int], object] = {}  # (shard, layer) -> that layer's input: device array or RowFile
         self._rbms: dict[tuple[int, int], RBM] = {}
+        self._nets: dict[int, Network] = {}
         self._labels: dict[int, object] = {}
         self._spill_dir: str | None = None
         self._scaled_shards: set[int] = set()  # shards whose rows _scale has scaled in place
@@ -416,7 +417,11 @@ class DBNWorker(WorkerProgram):
         data = self._input(shard, 0, parameters)
         if shard.index not in self._labels:  # on the device with in-memory data, streamed with the rows
             self._labels[shard.index] = shard.labels if isinstance(data, RowFile) else be.asarray(shard.labels, dtype=np.int64)
-        net = Network.from_state(parameters, len(self.layers) + 1, be)
+        net = self._nets.get(shard.index)  # kept: set_state reuses its arrays, buffers and CUDA graphs
+        if net is None:
+            net = self._nets[shard.index] = Network.from_state(parameters, len(self.layers) + 1, be)
+        else:
+            net.set_state(parameters)
         be.reseed(seed)
         order_seed = int(np.random.SeedSequence([m.seed, 10_000, shard.index]).generate_state(1)[0])
         stats = net.train_epoch(

@@ -113,6 +113,15 @@ class Backend:
         """A device copy of ``x`` that the caller owns (for state that is updated in place)."""
         return self.xp.array(x, dtype=dtype or self.dtype, copy=True)
 
+    def load(self, target, value):
+        """``value`` (host or device) as a device array of the backend dtype: written into
+        ``target`` in place when ``target`` has its shape (the address stays, so buffers and
+        captured CUDA graphs that read it stay valid), else a new copy."""
+        if target is None or tuple(target.shape) != np.shape(value):
+            return self.copy(value)
+        target[...] = self.xp.asarray(value, dtype=target.dtype)
+        return target
+
     def to_numpy(self, x) -> np.ndarray:
         """A host NumPy copy of a device array (a copy on the CPU too, so it never
         changes when training goes on)."""

@@ -88,14 +88,16 @@ class Network:
 
     def set_state(self, state: dict) -> "Network":
         """Load parameters (and increments, zero when absent) from flat names onto the device;
-        other names in ``state`` are ignored."""
-        be, xp = self.backend, self.backend.xp
+        other names in ``state`` are ignored. Arrays whose shapes match are overwritten in
+        place (buffers and captured CUDA graphs that read them stay valid)."""
+        be = self.backend
         for i in range(len(self.weights)):
-            self.weights[i] = be.copy(state[net_name(i, "weights")])
-            self.biases[i] = be.copy(state[net_name(i, "biases")])
+            self.weights[i] = be.load(self.weights[i], state[net_name(i, "weights")])
+            self.biases[i] = be.load(self.biases[i], state[net_name(i, "biases")])
             for key, param in (("weights_inc", self.weights[i]), ("biases_inc", self.biases[i])):
                 name = net_name(i, key)
-                getattr(self, key)[i] = be.copy(state[name]) if name in state else xp.zeros_like(param)
+                increments = getattr(self, key)
+                increments[i] = be.load(increments[i], state[name] if name in state else np.zeros(param.shape))
         return self
 
     # ------------------------------------------------------------- forward

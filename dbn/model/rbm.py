@@ -153,20 +153,28 @@ class RBM(Estimator):
         return {key: self.backend.to_numpy(getattr(self, key + "_")) for key in RBM_KEYS}
 
     def set_state(self, state: dict) -> "RBM":
-        """Load parameters (and increments, zero when absent) onto the device."""
-        be = self.backend
-        self.weights_ = be.copy(state["weights"])
-        if self.weights_.ndim != 2 or self.weights_.shape[1] != self.n_hidden:
-            raise ValueError(
-                f"state weights have shape {self.weights_.shape}, expected (n_visible, {self.n_hidden})"
-            )
-        self.visible_bias_ = be.copy(state["visible_bias"])
-        self.hidden_bias_ = be.copy(state["hidden_bias"])
-        self._reset_increments()
+        """Load parameters (and increments, zero when absent) onto the device. Arrays whose
+        shapes match are overwritten in place, so a worker that loads each superstep's state
+        keeps its buffers and its captured CUDA graphs (:mod:`dbn.model.graphs`)."""
+        be, xp = self.backend, self.backend.xp
+        shape = np.shape(state["weights"])
+        if len(shape) != 2 or shape[1] != self.n_hidden:
+            raise ValueError(f"state weights have shape {shape}, expected (n_visible, {self.n_hidden})")
+        if getattr(self, "weights_", None) is None or self.weights_.shape != shape:
+            self._buffers.clear()  # sized by n_visible
         for key in RBM_KEYS:
-            if is_increment(key) and key in state:
-                setattr(self, key + "_", be.copy(state[key]))
-        self._buffers.clear()
+            current = getattr(self, key + "_", None)
+            if key in state:
+                setattr(self, key + "_", be.load(current, state[key]))
+            elif is_increment(key):  # zero, shaped as its parameter
+                param = getattr(self, key.removesuffix("_inc") + "_")
+                if current is None or current.shape != param.shape:
+                    current = xp.empty_like(param)
+                current[...] = 0
+                setattr(self, key + "_", current)
+            else:
+                raise KeyError(f"state has no {key!r}")
+        self._chain = None
         return self
 
     def _check(self, X, fitted: bool = True):
