@@ -16,6 +16,7 @@ import pytest
 
 import dbn
 from dbn import RBM
+from dbn.exceptions import BackendError
 from dbn.model import graphs
 from dbn.model.backend import Backend
 from dbn.model.network import Network
@@ -83,13 +84,23 @@ def test_a_step_that_cannot_be_captured_runs_eagerly(monkeypatch):
     assert len(runs) == 5 and g.replays == 0
 
 
-@pytest.mark.parametrize("value,enabled", [(None, True), ("1", True), ("0", False), (" 0 ", False)])
+@pytest.mark.parametrize("value,enabled", [(None, True), ("1", True), ("", True), ("Yes", True), ("0", False),
+                                           (" 0 ", False), ("false", False), ("OFF", False), ("no", False)])
 def test_the_environment_switch(monkeypatch, value, enabled):
     if value is None:
         monkeypatch.delenv(graphs.ENV_SWITCH, raising=False)
     else:
         monkeypatch.setenv(graphs.ENV_SWITCH, value)
     assert graphs.graphs_enabled() is enabled
+
+
+@pytest.mark.parametrize("value", ["2", "disable", "0.5"])
+def test_an_unclear_environment_switch_is_refused_by_name(monkeypatch, value):
+    monkeypatch.setenv(graphs.ENV_SWITCH, value)
+    with pytest.raises(BackendError, match=f"DBN_CUDA_GRAPHS='{value}': expected 1 or 0"):
+        graphs.graphs_enabled()
+    with pytest.raises(BackendError, match="DBN_CUDA_GRAPHS"):
+        Backend("cpu")  # every backend reads it, so a typo shows on any machine
 
 
 def test_the_cpu_never_uses_graphs():

@@ -103,6 +103,32 @@ def test_a_failed_attempt_holds_no_run(job, capsys):
     assert (out / "previous" / "1" / "log.jsonl").read_text() == '{"event": "start"}\n'
 
 
+@pytest.mark.parametrize("where", [(), ("--local", "2")])
+def test_an_unclear_environment_setting_is_refused_before_anything_is_written(job, capsys, monkeypatch, where):
+    config, out = job
+    monkeypatch.setenv("DBN_CUDA_GRAPHS", "perhaps")
+    assert train(config, out, *where) == 2
+    assert "DBN_CUDA_GRAPHS='perhaps'" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_a_folder_with_only_the_config_and_empty_files_is_no_trace(tmp_path, monkeypatch):
+    """A run that fails before writing anything is removed whole: config.json, folders and
+    empty files (a log opened before the failure) are not a trace; anything else is."""
+    from dbn.jobs import run as run_module
+
+    out = tmp_path / "out"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "config.json").write_text("{}")
+    (out / "log.jsonl").write_text("")
+    assert run_module._nothing_but_config(out)
+    (out / "log.jsonl").write_text('{"event": "start"}\n')
+    assert not run_module._nothing_but_config(out)
+    (out / "log.jsonl").write_text("")
+    (out / "checkpoints" / "config.json").write_text("{}")  # a config.json elsewhere is something
+    assert not run_module._nothing_but_config(out)
+
+
 def test_settings_of_where_a_job_runs_do_not_make_another_job(job):
     config, out = job
     assert train(config, out) == 0

@@ -47,7 +47,7 @@ from ..data.table_data import (attach_inputs, open_test_table, prepare, raw_tabl
 from ..data.validation import check_features, class_warnings, label_indices
 from ..exceptions import ConfigError, DataError, ModelFileError, UsageError
 from ..model import flops
-from ..model.backend import Backend, resolve_device
+from ..model.backend import Backend, check_environment, resolve_device
 from ..model.estimator import DBN
 from ..model.persist import atomic_write
 from .memory import check_one_process, plan as plan_memory
@@ -101,6 +101,7 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
     ``overwrite`` lets the run replace another job's run in the output folder (see
     :func:`claim_output`).
     """
+    check_environment()
     check_test_data(spec)
     out = Path(launcher.output_dir(spec)).resolve()
     created = not out.exists()
@@ -112,8 +113,8 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
     try:
         figures = launcher.train(spec, out, on_record or (lambda record: None))
     except Exception:
-        if created and [p.relative_to(out) for p in out.rglob("*") if not p.is_dir()] == [Path(CONFIG_FILE)]:
-            shutil.rmtree(out)  # bad input, found before anything but (empty) folders was written: leave no trace
+        if created and _nothing_but_config(out):
+            shutil.rmtree(out)  # bad input, found before anything was written: leave no trace
         raise
     train_seconds = time.perf_counter() - start
     model = DBN.load(out / MODEL_FILE, device="cpu")
@@ -203,6 +204,12 @@ def flop_figures(out: Path, model: DBN, spec: JobSpec, train_seconds: float, *, 
     limit = total / (sgemm * 1e9) if sgemm else None
     return {"flops": total, "sgemm_gflops": sgemm, "flop_limit_seconds": limit, "train_wall_seconds": train_seconds,
             "ratio_to_limit": train_seconds / limit if limit else None}
+
+
+def _nothing_but_config(out: Path) -> bool:
+    """Whether ``out`` holds only its config.json, folders and empty files (a log opened
+    before training failed, say)."""
+    return all(path == out / CONFIG_FILE or path.stat().st_size == 0 for path in out.rglob("*") if path.is_file())
 
 
 def claim_output(out: Path, spec: JobSpec, *, resume: bool = False, overwrite: bool = False) -> Path | None:

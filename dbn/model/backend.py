@@ -30,6 +30,12 @@ def _import_cupy():
     return cupy
 
 
+def check_environment() -> None:
+    """Refuse environment settings the backends read that hold unclear values (for a job's
+    pre-flight, before anything is written)."""
+    graphs_enabled()
+
+
 def gpu_available() -> bool:
     """True when CuPy is installed and sees at least one CUDA device."""
     return _import_cupy() is not None
@@ -82,7 +88,7 @@ class Backend:
         else:
             self.xp = np
         # Training steps on the GPU run as CUDA graphs (dbn.model.graphs) unless switched off.
-        self.graphs = self.device == "gpu" and graphs_enabled()
+        self.graphs = graphs_enabled() and self.device == "gpu"  # read on every device: a typo shows anywhere
         self.reseed(seed)
 
     def __repr__(self) -> str:

@@ -34,9 +34,18 @@ _SEEN_ONCE = "seen once"
 _EAGER = "eager"
 
 
+_OFF, _ON = ("0", "false", "no", "off"), ("", "1", "true", "yes", "on")
+
+
 def graphs_enabled() -> bool:
-    """Whether GPU training steps may run as CUDA graphs (``DBN_CUDA_GRAPHS`` is not "0")."""
-    return os.environ.get(ENV_SWITCH, "1").strip() != "0"
+    """Whether GPU training steps may run as CUDA graphs: yes unless ``DBN_CUDA_GRAPHS`` is
+    0, false, no or off; a value that is neither is refused, naming it."""
+    value = os.environ.get(ENV_SWITCH, "").strip().lower()
+    if value in _OFF or value in _ON:
+        return value not in _OFF
+    from ..exceptions import BackendError
+
+    raise BackendError(f"{ENV_SWITCH}={os.environ[ENV_SWITCH]!r}: expected 1 or 0 (also true/false, yes/no, on/off)")
 
 
 class StepGraphs:
