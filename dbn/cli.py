@@ -344,7 +344,8 @@ def build_parser() -> argparse.ArgumentParser:
     def rows_out(what: str) -> tuple:  # dbn predict's and dbn transform's arguments
         return (("model", {"type": Path, "help": "model file written by dbn train (model.npz)"}),
                 ("job", {"help": "the job file the model was trained with (its [data] features)"}),
-                ("--out", {"required": True, "help": "Parquet file to write (a path, or hdfs://, s3:// URI)"}),
+                ("--out", {"required": True, "help": "file to write: Parquet, or CSV when the name ends in .csv "
+                                                     "(a path, or hdfs://, s3:// URI)"}),
                 ("--table", {"help": "the table or data file (default: [data] test, else [data] train)"}),
                 ("--filter", {"help": "its rows (default: the job's filter for that table)"}),
                 ("--keep", {"metavar": "COL,...", "help": f"columns copied beside the {what}, e.g. an id"}),
@@ -353,11 +354,11 @@ def build_parser() -> argparse.ArgumentParser:
                 json_)
 
     _command(sub, "predict", [common], "predict the rows of a table (or a data file) with a saved model, as "
-             "the job file names its columns; the predictions go to a Parquet file", cmd_predict,
+             "the job file names its columns; the predictions go to a Parquet (or .csv) file", cmd_predict,
              *rows_out("predictions"))
     _command(sub, "transform", [common], "the features a saved model (a classifier or a pre-trained stack) gives "
              "the rows of a table (or a data file): its top hidden layer's activations, in a Parquet file's "
-             "'features' column", cmd_predict, *rows_out("features"))
+             "'features' column (a .csv file's features_0, features_1, ...)", cmd_predict, *rows_out("features"))
     bench = sub.add_parser("bench", parents=[common], help="speed benchmarks",
                            description="Speed benchmarks: `dbn bench rbm --help`, `dbn bench all --help`.")
     what = bench.add_subparsers(dest="bench", metavar="WHAT", required=True, help="what to measure")

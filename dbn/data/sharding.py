@@ -41,6 +41,64 @@ def output_columns(model, X, *, features: bool = False) -> dict:
             PREDICTION_COLUMNS[1]: pa.array(proba[np.arange(len(best)), best].astype(np.float32))}
 
 
+#: Endings of ``--out`` that name another format than the two written: refused, not written as Parquet.
+OTHER_FORMATS = (".tsv", ".txt", ".json", ".jsonl", ".npz", ".npy", ".orc", ".avro", ".feather", ".arrow",
+                 ".xlsx", ".xls", ".gz", ".zip")
+
+
+def output_format(out: str) -> str:
+    """How ``dbn predict`` and ``dbn transform`` write ``out``: "csv" for a name ending in .csv,
+    else "parquet"; a name ending like another format (:data:`OTHER_FORMATS`) is refused."""
+    name = str(out).rstrip("/").rsplit("/", 1)[-1].lower()
+    if name.endswith(".csv"):
+        return "csv"
+    if name.endswith(OTHER_FORMATS):
+        raise DataError(f"--out {out}: the rows are written as Parquet (.parquet, or any other name) or as CSV "
+                        f"(.csv), not as {'.' + name.rsplit('.', 1)[-1]}")
+    return "parquet"
+
+
+class RowsWriter:
+    """Writes the tables of ``dbn predict`` / ``dbn transform`` one after another into ``stream``,
+    as Parquet or CSV (:func:`output_format`). CSV has no list columns: a fixed-size list
+    column (``features``) becomes one float column per element, ``features_0``, ``features_1``..."""
+
+    def __init__(self, stream, fmt: str):
+        self.stream, self.format, self._writer = stream, fmt, None
+
+    def write(self, table) -> None:
+        import pyarrow as pa
+
+        if self.format == "csv":
+            columns = {}
+            for name, column in zip(table.column_names, table.columns):
+                if pa.types.is_fixed_size_list(column.type):
+                    values = column.combine_chunks().flatten().to_numpy().reshape(len(column), -1)
+                    columns.update({f"{name}_{j}": values[:, j] for j in range(values.shape[1])})
+                else:
+                    columns[name] = column
+            table = pa.table(columns)
+        if self._writer is None:
+            if self.format == "csv":
+                import pyarrow.csv as pacsv
+
+                self._writer = pacsv.CSVWriter(self.stream, table.schema)
+            else:
+                import pyarrow.parquet as pq
+
+                self._writer = pq.ParquetWriter(self.stream, table.schema)
+        self._writer.write_table(table)
+
+    @property
+    def empty(self) -> bool:
+        return self._writer is None
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+
 def load_source(source: str, *, split: str = "train", mnist_dir: str | None = None,
                 limit: int | None = None, label: str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """Features and labels from ``source`` ("mnist", a .npz or a .csv file). ``label`` names the
@@ -187,21 +245,23 @@ def shard_dataset(source: str, out: str, n_shards: int, *, labels: bool = False,
 def predict_file(model, source: str, out: str, *, mnist_dir: str | None = None, split: str = "test",
                  label: str | None = None, features: bool = False) -> dict:
     """Predict every row of a data file (``source``: "mnist" (its ``split``), a .npz or a .csv,
-    read as :func:`load_dataset` reads it) with ``model`` and write one Parquet file at ``out``
-    (any URI): each row's number in the file (``row``), its ``prediction`` (a label value of the
+    read as :func:`load_dataset` reads it) with ``model`` and write one Parquet (or, for a name
+    ending in .csv, CSV: :func:`output_format`) file at ``out`` (any URI): each row's number in the file (``row``), its ``prediction`` (a label value of the
     model's classes) and that class's ``probability``; with ``features``, its ``features``
     instead (:func:`output_columns`). Returns the rows written, and the error of the
     predictions where the file has labels."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from iterreduce.shards import open_output_file
 
+    fmt = output_format(out)
     X, y = load_dataset(source, split=split, mnist_dir=mnist_dir, label=label)
     columns = output_columns(model, X, features=features)
     table = pa.table({"row": pa.array(np.arange(len(X), dtype=np.int64)), **columns})
     with open_output_file(out) as stream:
-        pq.write_table(table, stream)
+        writer = RowsWriter(stream, fmt)
+        writer.write(table)
+        writer.close()
     error = None
     if y is not None and not features:  # the labels as DBN.score takes them: class indices, or the classes' values
         from ..model.preprocess import encode_labels

@@ -24,7 +24,7 @@ from iterreduce.tables import (TABLE_SHARD_SUFFIX, FeatureStats, LabelMap, Scale
                                assign, label_classes, open_dataset, pieces, read_piece, resolve,
                                write_table_shard)
 
-from .sharding import FEATURES_COLUMNS, PREDICTION_COLUMNS, output_columns
+from .sharding import FEATURES_COLUMNS, PREDICTION_COLUMNS, RowsWriter, output_columns, output_format
 from .validation import DataError
 
 #: ``[data] scale``: how features are mapped before training. "auto": to [0, 1] by each
@@ -204,7 +204,8 @@ def attach_inputs(model, classes: LabelMap | None, scaler: Scaler | None):
 def predict_table(model, data, out: str, *, table: str | None = None, filter: str | None = None,
                   keep: tuple[str, ...] = (), features: bool = False) -> dict:
     """Predict every row of a table with ``model`` (which scales raw rows and answers in its
-    labels) and write the predictions as one Parquet file at ``out`` (any URI): the ``keep``
+    labels) and write the predictions as one Parquet file (CSV for a name ending in .csv) at
+    ``out`` (any URI): the ``keep``
     columns as stored, ``prediction`` and its ``probability``; with ``features``, the rows'
     ``features`` instead (:func:`~dbn.data.sharding.output_columns`). The table is ``table``
     (default ``[data] test``, else ``train``) with ``filter`` (default that table's filter from
@@ -212,11 +213,11 @@ def predict_table(model, data, out: str, *, table: str | None = None, filter: st
     time. Returns the rows written, and the error of the predictions where the table has the
     label column."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     from iterreduce.shards import open_output_file
     from iterreduce.tables import read_columns
 
+    fmt = output_format(out)
     written = FEATURES_COLUMNS if features else PREDICTION_COLUMNS
     taken = [name for name in written if name in keep]
     if taken:
@@ -233,6 +234,7 @@ def predict_table(model, data, out: str, *, table: str | None = None, filter: st
     writer = None
     try:
         with open_output_file(out) as stream:
+            writer = RowsWriter(stream, fmt)
             for piece in pieces(dataset, source.filter):
                 X, _ = read_piece(source, piece, n_features=model.n_features_in_)
                 if not len(X):
@@ -244,15 +246,11 @@ def predict_table(model, data, out: str, *, table: str | None = None, filter: st
                     truth = truth.astype(np.int64) if truth.dtype == bool else truth  # as the classes read them
                     predicted = outputs[PREDICTION_COLUMNS[0]].to_numpy(zero_copy_only=False)
                     wrong += int(np.sum(np.asarray(predicted).astype(str) != truth.astype(str)))
-                batch = pa.table({**{name: columns.column(name) for name in keep}, **outputs})
-                if writer is None:
-                    writer = pq.ParquetWriter(stream, batch.schema)
-                writer.write_table(batch)
+                writer.write(pa.table({**{name: columns.column(name) for name in keep}, **outputs}))
                 rows += len(X)
-            if writer is None:
+            if writer.empty:
                 raise DataError(f"{uri}: no row to predict (filter {filter!r})" if filter else f"{uri}: no row to predict")
             writer.close()
-            writer = None
     finally:
         if writer is not None:
             writer.close()
