@@ -333,3 +333,26 @@ def test_a_bad_model_value_is_blamed_on_where_it_was_set(tmp_path):
         with pytest.raises(ConfigError) as err:
             load_spec(path, overrides)
         assert str(err.value).startswith(blamed) and "finetune_final_momentum must be in [0, 1)" in str(err.value)
+
+
+@pytest.mark.parametrize("workers,settings,expected", [
+    (0, {}, (0.0, 0.0, False)),            # in this process: nothing to average
+    (1, {}, (0.0, 0.0, False)),
+    (2, {}, (0.5, 0.5, True)),
+    (4, {}, (0.75, 0.7, True)),
+    (10, {}, (0.9, 0.7, True)),
+    (10, {"block_momentum": 0.0, "pretrain_block_momentum": 0.0}, (0.0, 0.0, False)),  # plain averaging, asked for
+    (10, {"block_momentum": 0.3}, (0.3, 0.7, True)),
+    (10, {"block_nesterov": False}, (0.9, 0.7, False)),
+])
+def test_block_momentum_unset_follows_the_worker_count(workers, settings, expected):
+    """Plain averaging of N shards once an epoch makes N times fewer effective updates; unset
+    block settings take the values that gave one process's accuracy (issue 14; digits)."""
+    from dbn.jobs.spec import load_spec
+
+    values = {"cluster.workers": workers, **{f"cluster.{k}": v for k, v in settings.items()}}
+    spec = load_spec(None, values)
+    resolved = spec.cluster.block_settings()
+    assert (resolved["block_momentum"], resolved["pretrain_block_momentum"], resolved["block_nesterov"]) == expected
+    config = spec.program_config()
+    assert {k: config[k] for k in resolved} == resolved  # what the workers and master train with

@@ -48,8 +48,8 @@ def mnist_config(*, out: str, workers: int, quick: bool = False, seed: int = 0, 
                  layers: tuple[int, ...] | None = None, overrides: dict | None = None) -> JobSpec:
     """The paper's job (or its ``quick`` reduction) for ``workers`` workers, writing to ``out``.
 
-    With several workers, fine-tuning uses block momentum 1 - 1/N (at most 0.9) and
-    pre-training 1 - 1/N (at most 0.7), Nesterov's variant, unless ``overrides`` set them:
+    With several workers the block momentum follows the worker count, as in every job
+    (:meth:`~dbn.jobs.spec.ClusterSection.block_settings`), unless ``overrides`` set it:
     plain averaging of N shards slows SGD N-fold (measured on MNIST, 10 workers; see
     benchmarks/RESULTS.md). For the same reason the full run pre-trains 100 epochs a layer
     and fine-tunes 150 on several workers, and the quick run on more than QUICK_WORKERS
@@ -66,10 +66,7 @@ def mnist_config(*, out: str, workers: int, quick: bool = False, seed: int = 0, 
         values["model.pretrain_epochs"] = factor * QUICK["model.pretrain_epochs"]
         values["model.finetune_epochs"] = factor * QUICK["model.finetune_epochs"]
         values["model.finetune_lr_decay"] = PAPER["model.finetune_lr_decay"] ** (1 / factor)
-    values.update({"output.dir": out, "cluster.workers": workers, "job.seed": seed, "job.name": "mnist",
-                   "cluster.block_momentum": min(0.9, 1 - 1 / workers),
-                   "cluster.pretrain_block_momentum": min(0.7, 1 - 1 / workers),
-                   "cluster.block_nesterov": workers > 1})
+    values.update({"output.dir": out, "cluster.workers": workers, "job.seed": seed, "job.name": "mnist"})
     if data_dir:
         values["data.mnist_dir"] = data_dir
     if layers:

@@ -120,15 +120,28 @@ class ClusterSection:
     max_restarts: int = 3  # restarts allowed per worker before it is given up
     heartbeat_timeout: float = 10.0  # seconds of silence after which a worker is presumed lost
     float16_wire: bool = False  # send parameters as float16 (half the bytes, not bit-exact)
-    block_momentum: float = 0.0  # fine-tuning: momentum over the averaged per-sync deltas (BMUF); 0: plain averaging
-    pretrain_block_momentum: float = 0.0  # the same for RBM pre-training (0: plain averaging)
+    block_momentum: float | None = None  # fine-tuning: momentum over the averaged per-sync deltas (BMUF); 0: plain averaging; unset: block_settings()
+    pretrain_block_momentum: float | None = None  # the same for RBM pre-training; unset: block_settings()
     block_learning_rate: float = 1.0  # fine-tuning: each sync moves this many times the averaged delta (BMUF's zeta)
     pretrain_block_learning_rate: float = 1.0  # the same for RBM pre-training
-    block_nesterov: bool = False  # both phases: workers start from the block momentum's look-ahead point (BMUF-NBM)
+    block_nesterov: bool | None = None  # both phases: workers start from the block momentum's look-ahead point (BMUF-NBM); unset: block_settings()
     validation: str | None = None  # a labelled Parquet shard the master scores after each fine-tuning epoch
     stream: str = "auto"  # workers' data: "auto" streams it from local disk when it would not fit in memory; "always"; "never"
     reduce: str = "auto"  # who averages the updates: "master"; "workers" (each its rows); "auto": workers on YARN from 8 workers
     ui: bool = True  # the live page while the job runs (locally on 127.0.0.1; on YARN behind the tracking URL)
+
+    def block_settings(self) -> dict:
+        """The block momentum a job trains with. Unset settings follow the worker count N:
+        1 - 1/N (at most 0.9) for fine-tuning and 1 - 1/N (at most 0.7) for pre-training,
+        Nesterov's variant wherever a block momentum is on. Plain averaging of N shards once
+        per epoch makes N times fewer effective updates; these values gave one process's
+        accuracy on MNIST (benchmarks/RESULTS.md, issue 14) and on scikit-learn's digits. One
+        worker (or none): plain averaging."""
+        n = max(self.workers, 1)
+        momentum = self.block_momentum if self.block_momentum is not None else min(0.9, 1 - 1 / n)
+        pretrain = self.pretrain_block_momentum if self.pretrain_block_momentum is not None else min(0.7, 1 - 1 / n)
+        nesterov = self.block_nesterov if self.block_nesterov is not None else bool(momentum or pretrain)
+        return {"block_momentum": momentum, "pretrain_block_momentum": pretrain, "block_nesterov": nesterov}
 
 
 @dataclass(frozen=True)
@@ -315,10 +328,8 @@ class JobSpec:
         master counts the classes in the shards' labels when the job starts)."""
         params = {k: v for k, v in self.dbn_params().items() if k != "device"}
         c = self.cluster
-        return {**params, "sync_every": c.sync_every, "block_momentum": c.block_momentum,
-                "pretrain_block_momentum": c.pretrain_block_momentum, "block_learning_rate": c.block_learning_rate,
-                "pretrain_block_learning_rate": c.pretrain_block_learning_rate, "block_nesterov": c.block_nesterov,
-                "validation": c.validation,
+        return {**params, "sync_every": c.sync_every, **c.block_settings(), "block_learning_rate": c.block_learning_rate,
+                "pretrain_block_learning_rate": c.pretrain_block_learning_rate, "validation": c.validation,
                 "stream": stream, "scale": self.scaling()}
 
     def scaling(self) -> str | None:
@@ -465,7 +476,7 @@ def _check(origin: str, section: str, key: str, value, parse_strings: bool = Fal
         raise ConfigError(f"{where} {key}: must be >= 0, got {value!r}")
     if key in ("worker_vcores", "max_attempts") and value < 1:
         raise ConfigError(f"{where} {key}: must be >= 1, got {value!r}")
-    if key in ("block_momentum", "pretrain_block_momentum") and not 0 <= value < 1:
+    if key in ("block_momentum", "pretrain_block_momentum") and value is not None and not 0 <= value < 1:
         raise ConfigError(f"{where} {key}: must be in [0, 1), got {value!r}")
     if key in ("block_learning_rate", "pretrain_block_learning_rate") and not value > 0:
         raise ConfigError(f"{where} {key}: must be > 0 (1: the plain average's step), got {value!r}")
