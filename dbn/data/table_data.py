@@ -205,9 +205,8 @@ def predict_table(model, data, out: str, *, table: str | None = None, filter: st
                   keep: tuple[str, ...] = (), features: bool = False) -> dict:
     """Predict every row of a table with ``model`` (which scales raw rows and answers in its
     labels) and write the predictions as one Parquet file (CSV for a name ending in .csv) at
-    ``out`` (any URI): the ``keep``
-    columns as stored, ``prediction`` and its ``probability``; with ``features``, the rows'
-    ``features`` instead (:func:`~dbn.data.sharding.output_columns`). The table is ``table``
+    ``out`` (any URI): the ``keep`` columns as stored, ``prediction`` and its ``probability``;
+    with ``features``, the rows' ``features`` instead (:func:`~dbn.data.sharding.output_columns`). The table is ``table``
     (default ``[data] test``, else ``train``) with ``filter`` (default that table's filter from
     the job); its columns are the job's ``[data] features``. Reads and writes a piece at a
     time. Returns the rows written, and the error of the predictions where the table has the

@@ -87,8 +87,9 @@ class Backend:
             self.xp = cupy
         else:
             self.xp = np
-        # Training steps on the GPU run as CUDA graphs (dbn.model.graphs) unless switched off.
-        self.graphs = graphs_enabled() and self.device == "gpu"  # read on every device: a typo shows anywhere
+        # GPU training steps run as CUDA graphs (dbn.model.graphs) unless switched off; the
+        # switch is read on every device, so a typo in it shows anywhere.
+        self.graphs = graphs_enabled() and self.device == "gpu"
         self.reseed(seed)
 
     def __repr__(self) -> str:

@@ -18,8 +18,8 @@ What a captured step may do, and how the callers keep to it:
 
 The first run of a key is eager (CuPy compiles its kernels, cuBLAS sets up), the second
 captures and launches, later ones replay. A capture that fails falls back to running the
-step eagerly, with a warning. ``DBN_CUDA_GRAPHS=0`` in the environment turns graphs off
-(for A/B timings and as an escape hatch).
+step eagerly, with a warning. ``DBN_CUDA_GRAPHS=0`` (or false, no, off) in the environment
+turns graphs off (for A/B timings and as an escape hatch).
 """
 
 from __future__ import annotations
