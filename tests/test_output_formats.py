@@ -15,6 +15,7 @@ import pytest
 
 from dbn.cli import main
 from dbn.data.sharding import output_format
+from test_cli import job  # noqa: F401 - the fixture: a tiny job on a generated .npz
 from test_table_jobs import animals, train  # noqa: F401 - the fixture, and a trained table job
 
 
@@ -55,15 +56,10 @@ def test_features_to_csv_are_one_column_each(tmp_path, capsys, trained):
     np.testing.assert_allclose(np.column_stack([c.to_numpy() for c in csv.columns]), features, rtol=1e-6)
 
 
-def test_a_data_file_predicts_to_csv_too(tmp_path, capsys):
-    from test_cli import make_dataset
-
-    make_dataset(tmp_path / "train.npz")
-    job = tmp_path / "job.toml"
-    job.write_text("[data]\ntrain = 'train.npz'\n[model]\nhidden_layers = [8]\npretrain_epochs = 1\n"
-                   "finetune_epochs = 1\n[job]\ndevice = 'cpu'\n")
-    assert main(["train", str(job), "--out", str(tmp_path / "run"), "--quiet"]) == 0
-    assert main(["predict", str(tmp_path / "run" / "model.npz"), str(job), "--out", str(tmp_path / "p.csv")]) == 0
+def test_a_data_file_predicts_to_csv_too(tmp_path, capsys, job):  # noqa: F811 - test_cli's job on a .npz
+    config, out = job
+    assert main(["train", str(config), "--out", str(out), "--quiet"]) == 0
+    assert main(["predict", str(out / "model.npz"), str(config), "--out", str(tmp_path / "p.csv")]) == 0
     table = pacsv.read_csv(tmp_path / "p.csv")
     assert table.column_names == ["row", "prediction", "probability"]
     assert table.column("row").to_pylist() == list(range(table.num_rows)) and table.num_rows > 0

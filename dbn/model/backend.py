@@ -129,6 +129,14 @@ class Backend:
         target[...] = self.xp.asarray(value, dtype=target.dtype)
         return target
 
+    def zeroed(self, target, like):
+        """Zeros shaped as ``like``: ``target`` set to zero in place when it has that shape, else a
+        new array (an increment a loaded state leaves out, as :meth:`load` keeps addresses)."""
+        if target is None or target.shape != like.shape:
+            return self.xp.zeros_like(like)
+        target[...] = 0
+        return target
+
     def to_numpy(self, x) -> np.ndarray:
         """A host NumPy copy of a device array (a copy on the CPU too, so it never
         changes when training goes on)."""

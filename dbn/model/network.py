@@ -97,7 +97,7 @@ class Network:
             for key, param in (("weights_inc", self.weights[i]), ("biases_inc", self.biases[i])):
                 name = net_name(i, key)
                 increments = getattr(self, key)
-                increments[i] = be.load(increments[i], state[name] if name in state else np.zeros(param.shape))
+                increments[i] = be.load(increments[i], state[name]) if name in state else be.zeroed(increments[i], param)
         return self
 
     # ------------------------------------------------------------- forward

@@ -156,7 +156,7 @@ class RBM(Estimator):
         """Load parameters (and increments, zero when absent) onto the device. Arrays whose
         shapes match are overwritten in place, so a worker that loads each superstep's state
         keeps its buffers and its captured CUDA graphs (:mod:`dbn.model.graphs`)."""
-        be, xp = self.backend, self.backend.xp
+        be = self.backend
         shape = np.shape(state["weights"])
         if len(shape) != 2 or shape[1] != self.n_hidden:
             raise ValueError(f"state weights have shape {shape}, expected (n_visible, {self.n_hidden})")
@@ -167,11 +167,7 @@ class RBM(Estimator):
             if key in state:
                 setattr(self, key + "_", be.load(current, state[key]))
             elif is_increment(key):  # zero, shaped as its parameter
-                param = getattr(self, key.removesuffix("_inc") + "_")
-                if current is None or current.shape != param.shape:
-                    current = xp.empty_like(param)
-                current[...] = 0
-                setattr(self, key + "_", current)
+                setattr(self, key + "_", be.zeroed(current, getattr(self, key.removesuffix("_inc") + "_")))
             else:
                 raise KeyError(f"state has no {key!r}")
         self._chain = None
