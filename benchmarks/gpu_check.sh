@@ -5,7 +5,8 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
 #       -d .whl grpcio==<.venv's> protobuf==<.venv's> tomli-w     # what the GPU image lacks
 #   mkdir -p shared/data && cp -r ../shared/data/mnist shared/data/
-#   bash benchmarks/gpu_check.sh [quick]                          # quick: no MNIST run
+#   bash benchmarks/gpu_check.sh [PART...]   # parts: tests bench mnist scaling; default: tests bench mnist
+#   (scaling: the local mini-cluster on 1 and 8 CPU workers, with each run's log.jsonl kept)
 set -u
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
@@ -25,10 +26,16 @@ step() { echo "=== $* ($(date +%T))"; }
 
 nvidia-smi -L; python3 -c 'import cupy, numpy; print("cupy", cupy.__version__, "numpy", numpy.__version__)'
 
+PARTS=" ${*:-tests bench mnist} "
+want() { [[ $PARTS == *" $1 "* ]]; }
+
+if want tests; then
 step tests
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_graphs.py tests/test_gpu.py \
     tests/test_random_streams.py tests/test_rbm.py tests/test_network.py 2>&1 | tail -40 | tee "$OUT/tests.log"
+fi
 
+if want bench; then
 step "bench rbm, batch 100"
 timeout 60 dbn bench rbm --device gpu --seconds 3 2>&1 | tee "$OUT/bench100.log"
 for graphs in 1 0; do
@@ -38,9 +45,24 @@ for graphs in 1 0; do
 done
 step "bench all"
 timeout 60 dbn bench all --device gpu --mapping one-process --seconds 1.5 2>&1 | tee "$OUT/bench-all.log"
+fi
 
-[ "${1:-}" = quick ] && exit 0
+if want mnist; then
 step "MNIST, 1 process on the GPU, 50 RBM epochs a layer"
 timeout 260 dbn mnist --local 1 --device gpu --epochs 50 --no-ui --out /tmp/mnist-gpu 2>&1 | tail -25 | tee "$OUT/mnist.log"
 cp /tmp/mnist-gpu/result.json "$OUT/mnist-result.json" 2>/dev/null
+fi
+
+if want scaling; then
+step "CPU scaling, ${SCALING_WORKERS:=1,8} workers"
+lscpu | grep -E "^(Model name|Socket|Core|Thread|NUMA)" > "$OUT/lscpu.txt"
+rm -rf /tmp/scaling
+export ITERREDUCE_LOG_LEVEL=DEBUG  # the master's log gets each step's compute seconds by worker
+timeout 200 python3 benchmarks/cpu_scaling.py --workers "$SCALING_WORKERS" --epochs 3 --finetune-epochs 3 \
+    --out /tmp/scaling 2>&1 | tee "$OUT/scaling${SCALING_TAG:-}.log"
+for run in /tmp/scaling/w*; do
+    keep="$OUT/scaling${SCALING_TAG:-}/${run##*/}"
+    mkdir -p "$keep" && cp "$run"/log.jsonl "$run"/result.json "$run"/logs/master.log "$keep/"
+done
+fi
 step done

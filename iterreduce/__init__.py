@@ -7,5 +7,19 @@ what a superstep is. The same code runs as a local mini-cluster of processes
 (:mod:`.local`) or in YARN containers (:mod:`.yarn`). It knows nothing about DBNs.
 """
 
+import os
+
 #: Environment variables that set a process's BLAS and OpenMP threads (read when the library loads).
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+#: Environment variable with the log level of a master or worker process (default INFO; DEBUG
+#: adds, e.g., each superstep's compute seconds by worker to the master's log).
+LOG_LEVEL_VAR = "ITERREDUCE_LOG_LEVEL"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+
+def log_level() -> str:
+    """The log level :data:`LOG_LEVEL_VAR` names, INFO when unset; ValueError names a wrong one."""
+    level = os.environ.get(LOG_LEVEL_VAR, "").strip().upper() or "INFO"
+    if level not in LOG_LEVELS:
+        raise ValueError(f"{LOG_LEVEL_VAR}={os.environ[LOG_LEVEL_VAR]!r}: not a log level ({', '.join(LOG_LEVELS)})")
+    return level

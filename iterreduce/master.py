@@ -38,7 +38,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from . import checkpoint, exchange, runlog, wire
+from . import checkpoint, exchange, log_level, runlog, wire
 from .lifeline import follow_launcher
 from .program import MASTER_ONLY, MASTER_STATE, Program, Update, load_class, master_side, step_to_json
 from .proto import iterreduce_pb2 as pb
@@ -688,6 +688,9 @@ class Master(pb_grpc.MasterServicer):
             reducers, self.reducers = len(self.reducers), []
             updates = sorted(self.results.values(), key=lambda u: u.shard)
             compute = max(self.compute_s.values(), default=0.0)
+            fastest = min(self.compute_s.values(), default=0.0)
+            log.debug("step %d: compute seconds by worker %s", index,
+                      {w: round(s, 4) for w, s in sorted(self.compute_s.items())})
         if not updates:
             raise JobFailed(f"step {index} ({step.phase}): no shard reported")
         if step.arrays:
@@ -707,7 +710,8 @@ class Master(pb_grpc.MasterServicer):
         record = self._log.write(runlog.step_record(
             index, len(self.steps), step.phase, {**dict(step.info), **self.program.summarize(step, updates), **metrics},
             shards=len(updates), shards_total=len(self.shards),
-            seconds=elapsed, compute_seconds=compute, reduce_seconds=evaluated - reduce_start, reducers=reducers))
+            seconds=elapsed, compute_seconds=compute, reduce_seconds=evaluated - reduce_start, reducers=reducers,
+            compute_seconds_min=fastest))
         for listener in self.listeners:
             listener(record)
 
@@ -949,7 +953,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="iterreduce.master")
     ap.add_argument("job", help="JSON file with the MasterConfig fields (the token may come from $ITERREDUCE_TOKEN)")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s master %(levelname)s %(message)s")
+    logging.basicConfig(level=log_level(), format="%(asctime)s master %(levelname)s %(message)s")
     follow_launcher()
     try:
         job = json.loads(Path(args.job).read_text())

@@ -15,7 +15,7 @@ from concurrent import futures
 import grpc
 import numpy as np
 
-from . import exchange, wire
+from . import exchange, log_level, wire
 from .lifeline import follow_launcher
 from .master import keep_freed_memory
 from .program import Update, WorkerProgram, load_class, master_side, shard_seed, step_from_json
@@ -558,7 +558,7 @@ def main(argv=None) -> int:
     ap.add_argument("--peer-host", help="serve the Peer service on this host (the master may then have this "
                                         "worker reduce its rows of each update); default: serve none")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.name} %(levelname)s %(message)s")
+    logging.basicConfig(level=log_level(), format=f"%(asctime)s {args.name} %(levelname)s %(message)s")
     follow_launcher()
     token = os.environ.get("ITERREDUCE_TOKEN", "")
     try:

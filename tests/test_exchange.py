@@ -591,6 +591,7 @@ def test_workers_compute_the_next_step_while_the_master_ends_one_and_keep_the_bi
     recs = records(job.output)
     assert all(r["sync_seconds"] >= 0.19 and r["seconds"] >= 0.2 for r in recs[1:]), recs
     assert recs[0]["seconds"] < 0.2
+    assert all(0 < r["compute_seconds_min"] <= r["compute_seconds"] for r in recs), recs  # fastest, slowest of 3
 
 
 class LateAheadWorker(AheadCountingWorker):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -161,3 +163,40 @@ def test_every_float32_kernel_compiles_to_a_vector_loop(name):
     fresh(*_example_arguments(name))
     llvm_ir = next(iter(fresh.inspect_llvm().values()))
     assert re.search(r"<(4|8|16) x float>", llvm_ir), f"{name} has no vector loop over float32"
+
+
+def _call_every_kernel():
+    """Each float32 kernel once, through the functions training calls (so with their types)."""
+    x, bias = np.zeros((2, 8), np.float32), np.zeros(8, np.float32)
+    kernels.sigmoid_(x)
+    kernels.sigmoid_(x, bias)
+    kernels.momentum_step_(x, np.zeros_like(x), np.zeros_like(x), 0.9, 2e-4)
+    kept = np.ones_like(x)
+    kernels.dropout(x, kept, 0.5, out=np.zeros_like(x))
+    kernels.sigmoid_backward_(np.zeros_like(x), x, kept, 2.0)
+    kernels.uniform_float32_(np.random.PCG64(0), x)
+
+
+def test_every_kernel_loads_from_the_disk_cache_in_the_next_process(tmp_path):
+    """A kernel numba cannot find in its cache compiles again in every worker process (0.2 s
+    each, more with 8 at once) and saves one more file each time: one kernel held the element
+    sigmoid in a closure cell, whose pickled bytes (part of the cache key) change per process."""
+    import inspect
+    import os
+    import subprocess
+    import sys
+
+    child = f"from dbn.model import kernels\nimport numpy as np\n{inspect.getsource(_call_every_kernel)}\n_call_every_kernel()"
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), NUMBA_DEBUG_CACHE="1")
+
+    def run() -> str:
+        done = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=300,
+                              cwd=Path(__file__).resolve().parents[1])
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    first, second = run(), run()
+    n = len(kernels.kernels())
+    assert first.count("data saved") == n
+    assert second.count("data loaded") == n and "data saved" not in second, second
+    assert len(list(tmp_path.rglob("*.nbc"))) == n

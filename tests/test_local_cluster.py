@@ -376,3 +376,27 @@ def test_master_sigkill_then_resume_is_bit_identical_on_a_table(tmp_path, monkey
     assert {"scaler.offset", "rbm.0.weights"} <= set(a)
     for k in a:
         assert a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k]), k
+
+
+def test_the_log_level_variable_reaches_master_and_workers(tmp_path, monkeypatch):
+    """ITERREDUCE_LOG_LEVEL=debug: the master's log names each step's compute seconds by worker
+    (whose spread is the time the others waited); a level that does not exist stops the job
+    with the variable and the value named, not a traceback."""
+    from iterreduce import LOG_LEVEL_VAR
+
+    X, y = blobs(300, d=4, k=3)
+    write_shards(X, y, str(tmp_path / "shards"), 2)
+    monkeypatch.setenv(LOG_LEVEL_VAR, "debug")
+    run_job(program=SOFTMAX, program_config={"n_classes": 3, "epochs": 2}, shards=str(tmp_path / "shards"),
+            workers=2, output=str(tmp_path / "out"))
+    lines = [ln for ln in (tmp_path / "out" / "logs" / "master.log").read_text().splitlines()
+             if "compute seconds by worker" in ln]
+    assert [ln.split("step ")[1].split(":")[0] for ln in lines] == ["0", "1"]
+    assert all("worker-0#" in ln and "worker-1#" in ln for ln in lines), lines
+    recs = records(tmp_path / "out")
+    assert all(0 < r["compute_seconds_min"] <= r["compute_seconds"] for r in recs), recs
+
+    monkeypatch.setenv(LOG_LEVEL_VAR, "loud")
+    with pytest.raises(LocalJobError, match=f"{LOG_LEVEL_VAR}='loud': not a log level"):
+        run_job(program=SOFTMAX, program_config={"n_classes": 3, "epochs": 2}, shards=str(tmp_path / "shards"),
+                workers=2, output=str(tmp_path / "out2"), timeout=60)

@@ -97,6 +97,21 @@ def test_build_spec_needs_a_python():
         build_spec("x", "/tmp/job.json", YarnOptions())
 
 
+def test_a_log_level_set_at_submit_reaches_every_container(monkeypatch):
+    from iterreduce import LOG_LEVEL_VAR
+
+    opts = YarnOptions(env_archive="/tmp/env.tar.gz")
+    monkeypatch.delenv(LOG_LEVEL_VAR, raising=False)
+    spec = build_spec("x", "/tmp/job.json", opts)
+    assert LOG_LEVEL_VAR not in spec.master.env and LOG_LEVEL_VAR not in spec.services["worker"].env
+    monkeypatch.setenv(LOG_LEVEL_VAR, "debug")
+    spec = build_spec("x", "/tmp/job.json", opts)
+    assert spec.master.env[LOG_LEVEL_VAR] == spec.services["worker"].env[LOG_LEVEL_VAR] == "DEBUG"
+    monkeypatch.setenv(LOG_LEVEL_VAR, "chatty")
+    with pytest.raises(ValueError, match=f"{LOG_LEVEL_VAR}='chatty': not a log level"):
+        build_spec("x", "/tmp/job.json", opts)
+
+
 def test_spec_yaml_round_trip():
     spec = build_spec("x", "/tmp/job.json", YarnOptions(env_archive="/tmp/env.tar.gz", worker_nodes=["h1", "h2"]))
     again = skein.ApplicationSpec.from_yaml(spec.to_yaml())

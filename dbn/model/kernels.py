@@ -75,8 +75,13 @@ def _compile():
     # error_model="numpy": a division is a plain IEEE division (no Python zero check), so loops vectorise.
     jit = njit(cache=True, error_model="numpy", nogil=True)
 
+    # The element sigmoid is a module global, not a closure cell: numba keys a cached kernel by
+    # the pickled values of its closure cells, and a dispatcher pickles differently in every
+    # process, so a kernel holding one in a cell was compiled anew (and saved again) each time.
+    global _sig
+
     @njit(inline="always", error_model="numpy")
-    def sig(v):
+    def _sig(v):
         x = v * half
         x = x if x < clamp else clamp  # also maps NaN to the clamp value: NaN inputs are refused earlier
         x = x if x > -clamp else -clamp
@@ -88,13 +93,13 @@ def _compile():
     @jit
     def sigmoid_flat(x):
         for i in range(x.shape[0]):
-            x[i] = sig(x[i])
+            x[i] = _sig(x[i])
 
     @jit
     def sigmoid_bias(x, bias):
         for i in range(x.shape[0]):
             for j in range(x.shape[1]):
-                x[i, j] = sig(x[i, j] + bias[j])
+                x[i, j] = _sig(x[i, j] + bias[j])
 
     @jit
     def momentum_step(param, inc, grad, momentum, decay):
@@ -127,6 +132,7 @@ def _compile():
 
 
 _kernels: dict | None = None
+_sig = None  # the element sigmoid the float32 kernels inline (set by _compile)
 
 
 def kernels() -> dict | None:

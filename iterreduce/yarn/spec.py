@@ -9,12 +9,13 @@ installed on the nodes). Validation is skein's own: a bad value raises skein's
 
 from __future__ import annotations
 
+import os
 import shlex
 from dataclasses import dataclass, field
 
 import skein
 
-from .. import THREAD_VARS
+from .. import LOG_LEVEL_VAR, THREAD_VARS, log_level
 from ..exceptions import AppSpecError
 from .envpack import ENV_DIR
 
@@ -75,7 +76,12 @@ def build_spec(name: str, job_file: str, opts: YarnOptions, device: str = "cpu")
     if not opts.python:
         files[ENV_DIR] = skein.File(source=opts.env_archive, type="archive")
     threads = str(max(1, opts.worker_vcores))
-    worker_env = {"ITERREDUCE_DEVICE": "gpu" if opts.worker_gpus else device, **{var: threads for var in THREAD_VARS}}
+    try:  # a log level set where the job is submitted holds in its containers too
+        log_env = {LOG_LEVEL_VAR: log_level()} if os.environ.get(LOG_LEVEL_VAR, "").strip() else {}
+    except ValueError as exc:
+        raise AppSpecError(str(exc)) from None
+    worker_env = {"ITERREDUCE_DEVICE": "gpu" if opts.worker_gpus else device, **{var: threads for var in THREAD_VARS},
+                  **log_env}
     try:
         worker = skein.Service(
             resources=skein.Resources(memory=opts.worker_memory, vcores=opts.worker_vcores, gpus=opts.worker_gpus),
@@ -85,7 +91,7 @@ def build_spec(name: str, job_file: str, opts: YarnOptions, device: str = "cpu")
             nodes=list(opts.worker_nodes), relax_locality=bool(opts.worker_nodes))
         master = skein.Master(
             resources=skein.Resources(memory=opts.master_memory, vcores=opts.master_vcores),
-            script=_script(opts, "master"), files=files, env={"JAVA_TOOL_OPTIONS": AM_JAVA_OPTIONS})
+            script=_script(opts, "master"), files=files, env={"JAVA_TOOL_OPTIONS": AM_JAVA_OPTIONS, **log_env})
         spec = skein.ApplicationSpec(
             name=name, queue=opts.queue, node_label=opts.node_label, max_attempts=opts.max_attempts,
             file_systems=list(opts.file_systems), tags=list(opts.tags) or ["iterreduce"],
