@@ -627,19 +627,23 @@ class Master(pb_grpc.MasterServicer):
         self._wait_for_workers()
         job_start = time.perf_counter()
         index = start - 1
-        while index + 1 < len(self.steps) and not self.program.finished(self.parameters):
-            index += 1
-            self._run_step(index)
-            stopping = self.program.finished(self.parameters)
-            if stopping:
-                self._event("stopped", step=index + 1, of=len(self.steps))
-            if self.config.checkpoint_dir and ((index + 1) % self.config.checkpoint_every == 0
-                                               or index + 1 == len(self.steps) or stopping):
-                path = checkpoint.save(self.config.checkpoint_dir, index + 1,
-                                       {"n_steps": len(self.steps), "seed": self.config.seed,
-                                        "program": self.config.program, "fingerprint": self.fingerprint},
-                                       self.parameters, keep=self.config.checkpoint_keep)
-                self._event("checkpoint", step=index + 1, path=path)
+        writer = checkpoint.Writer(on_saved=lambda step, path: self._event("checkpoint", step=step, path=path))
+        try:
+            while index + 1 < len(self.steps) and not self.program.finished(self.parameters):
+                index += 1
+                self._run_step(index)
+                stopping = self.program.finished(self.parameters)
+                if stopping:
+                    self._event("stopped", step=index + 1, of=len(self.steps))
+                if self.config.checkpoint_dir and ((index + 1) % self.config.checkpoint_every == 0
+                                                   or index + 1 == len(self.steps) or stopping):
+                    writer.save(self.config.checkpoint_dir, index + 1,
+                                {"n_steps": len(self.steps), "seed": self.config.seed,
+                                 "program": self.config.program, "fingerprint": self.fingerprint},
+                                self.parameters, keep=self.config.checkpoint_keep)
+            writer.flush()
+        finally:
+            writer.close()
         self.program.finalize(self.parameters, str(self.out))
         with self.lock:
             self.done = True
@@ -707,6 +711,8 @@ class Master(pb_grpc.MasterServicer):
         if changed:
             self._new_version(changed)
         self.parameters = kept
+        log.debug("step %d: %.4f s to reduced, %.4f s of it reducing; %.4f s evaluating and bookkeeping after",
+                  index, elapsed, evaluated - reduce_start, time.perf_counter() - evaluated)
         record = self._log.write(runlog.step_record(
             index, len(self.steps), step.phase, {**dict(step.info), **self.program.summarize(step, updates), **metrics},
             shards=len(updates), shards_total=len(self.shards),

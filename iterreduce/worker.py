@@ -157,10 +157,13 @@ class Worker:
                         worker_id=self.worker_id, step=header.step, shard=self.status.get("shard", -1),
                         message=str(exc)), metadata=self.metadata, timeout=30)
                     continue
+                pushing = time.perf_counter()
                 if header.reducers:
                     task = self._exchange(header, updates, rows)
                 else:
                     task = self._push(header, updates)
+                log.debug("step %d: compute %.4f s, push (and the next task with it) %.4f s", header.step,
+                          self.compute_s, time.perf_counter() - pushing)
         finally:
             self._stop.set()
             self._calls.shutdown(wait=False, cancel_futures=True)

@@ -136,6 +136,46 @@ def test_checkpoint_keeps_0d_arrays(tmp_path):
     assert arrays["lr"].shape == ()
 
 
+def test_the_checkpoint_writer_writes_in_the_background_one_at_a_time(tmp_path):
+    """The master's writer: the same files as save(), written while the caller goes on, each
+    started only once the one before is complete, and reported when complete."""
+    import threading
+
+    gate, saved = threading.Event(), []
+
+    def on_saved(step, uri):
+        gate.wait(10)  # holds the first write "in flight" until the test lets it end
+        saved.append((step, uri, sorted(p.name for p in tmp_path.iterdir())))
+
+    writer = checkpoint.Writer(on_saved=on_saved)
+    arrays = {"w": np.arange(6.0).reshape(2, 3)}
+    writer.save(str(tmp_path), 1, {"seed": 1}, arrays)  # returns at once: the caller computes on
+    arrays["w"] = np.zeros(3)  # the master replaces parameters in its dict: the write keeps what it was given
+    assert saved == []
+    threading.Timer(0.2, gate.set).start()
+    writer.save(str(tmp_path), 2, {"seed": 1}, arrays)  # waits for checkpoint 1, then starts 2
+    assert [step for step, _, _ in saved] == [1]
+    assert writer.flush() == str(tmp_path / "ckpt-000000002.npz")
+    assert saved[1] == (2, str(tmp_path / "ckpt-000000002.npz"), ["ckpt-000000001.npz", "ckpt-000000002.npz"])
+    assert writer.flush() is None  # nothing in flight
+    header, first = checkpoint.load(str(tmp_path / "ckpt-000000001.npz"))
+    assert header == {"seed": 1, "step": 1} and np.array_equal(first["w"], np.arange(6.0).reshape(2, 3))
+    writer.close()
+
+
+def test_a_failed_background_checkpoint_is_raised_by_the_next_save_and_flush(tmp_path):
+    (tmp_path / "file").write_text("")
+    writer = checkpoint.Writer()
+    writer.save(str(tmp_path / "file" / "ckpt"), 1, {}, {"w": np.zeros(2)})  # a directory under a file
+    with pytest.raises(checkpoint.CheckpointError, match="cannot write the checkpoint"):
+        writer.save(str(tmp_path / "ok"), 2, {}, {"w": np.zeros(2)})
+    writer.save(str(tmp_path / "file" / "ckpt"), 3, {}, {"w": np.zeros(2)})
+    with pytest.raises(checkpoint.CheckpointError, match="ckpt-000000003.npz: cannot write"):
+        writer.flush()
+    writer.save(str(tmp_path / "file" / "ckpt"), 4, {}, {"w": np.zeros(2)})
+    writer.close()  # a failing job reports its own error: close waits, raises nothing
+
+
 def test_checkpoint_unreadable(tmp_path):
     bad = tmp_path / "ckpt-000000004.npz"
     bad.write_bytes(b"not a zip")
