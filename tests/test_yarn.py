@@ -291,7 +291,9 @@ def test_a_worker_killed_with_sigkill_is_restarted_and_rejoins_with_its_shards(y
 def test_a_killed_application_master_resumes_from_the_newest_checkpoint(yarn, env_archive, tmp_path, capsys):
     output = yarn.hadoop.uri("/user/test/attempts")
     app_id = submit(capsys, job_file(tmp_path, output, env=env_archive, epochs=10))
-    yarn.wait_step(app_id, 4)
+    # Checkpoints are written while the next step computes: once step 5 is done, the checkpoint
+    # taken after step 3 (ckpt 4) is complete; the one after step 4 may still be on its way.
+    yarn.wait_step(app_id, 5)
     am_container = f"container_{app_id.removeprefix('application_')}_01_000001"
     groups = {os.getpgid(pid) for pid in yarn.pids(am_container, "com.anaconda.skein.ApplicationMaster")}
     assert len(groups) == 1, groups  # the container's launch script and skein's JVM, in one process group
