@@ -217,8 +217,8 @@ class Master(pb_grpc.MasterServicer):
         self._failed_exchanges = 0               # in a row; at EXCHANGE_TRIES the master reduces from then on
         self._log = runlog.RunLog(runlog.log_path(self.out))
         # Before any worker starts: refuse data the program cannot use, and log what it found.
-        facts = self.program.check_shards(self.shards)
-        self._event("data", shards=len(self.shards), rows=sum(s["rows"] for s in self.shards), **facts)
+        facts = self.program.check_shards(self.shards)  # its "rows" win: a program may read them (a filter)
+        self._event("data", **{"shards": len(self.shards), "rows": sum(s["rows"] for s in self.shards), **facts})
         self.heartbeat_interval, self.heartbeat_timeout = heartbeat_timing(
             config.heartbeat_interval, config.heartbeat_timeout, config.workers)
         if self.heartbeat_interval > config.heartbeat_interval:

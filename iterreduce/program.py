@@ -81,7 +81,8 @@ class Program(ABC):
         :class:`~iterreduce.exceptions.DataError` naming the shard. ``shards`` as for
         :meth:`initial_parameters`, plus ``ranges``, the smallest and largest feature value
         and label from the footers (:func:`iterreduce.shards.footer_ranges`). Returns facts
-        about the data for the log's ``data`` event (e.g. class counts); default: none."""
+        about the data for the log's ``data`` event (e.g. class counts; ``rows`` replaces the
+        stored rows the master counted, where the program read how many it trains on); default: none."""
         return {}
 
     @abstractmethod

@@ -251,9 +251,14 @@ def test_replace_checks_the_changed_values_too():
 def test_master_config_is_the_runtime_part_of_the_spec():
     spec = load_spec(None, {"cluster.workers": 3, "cluster.heartbeat_timeout": 7.5, "cluster.float16_wire": True,
                             "job.seed": 9, "model.n_classes": 10})
-    config = spec.master_config(shards=["a.parquet"], output="out")
+    config = spec.master_config(shards=["a.parquet", "b.parquet", "c.parquet"], output="out")
     assert (config.workers, config.heartbeat_timeout, config.float16_wire, config.seed) == (3, 7.5, True, 9)
     assert config.program_config == spec.program_config() and config.program_config["n_classes"] == 10
+    # The block momentum follows the shards averaged, where fewer than the workers asked (a small table).
+    assert config.program_config["block_momentum"] == pytest.approx(2 / 3)
+    one = spec.master_config(shards=["a.parquet"], output="out").program_config
+    assert (one["block_momentum"], one["pretrain_block_momentum"], one["block_nesterov"]) == (0.0, 0.0, False)
+    assert spec.master_config(shards="dir", output="out", n_shards=1).program_config == one
     assert load_spec(None).program_config()["n_classes"] is None  # the master counts them
     assert config.token == ""  # the launcher's to set; never in a file
 

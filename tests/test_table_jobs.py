@@ -16,8 +16,7 @@ from conftest import MNIST_DIR
 
 from dbn import DBN
 from dbn.cli import main
-from dbn.data.table_data import raw_table_rows, read_table
-from dbn.jobs.spec import load_spec
+from dbn.data.table_data import read_table
 from iterreduce.shards import list_shards, read_shard, write_shards
 from iterreduce.tables import FeatureStats, read_table_shard
 
@@ -228,7 +227,7 @@ def good_rows(n: int = 20) -> dict:
 def test_a_bad_column_is_named_with_its_file_before_training(tmp_path, capsys, change, words):
     columns = good_rows()
     change(columns)
-    path = write_one_file(tmp_path / "table", pa.table(columns))
+    write_one_file(tmp_path / "table", pa.table(columns))
     job = job_file(tmp_path, tmp_path / "table", 2, test=False)
     assert main(["train", str(job), "--local", "2", "--quiet", "--no-ui"]) != 0
     message = capsys.readouterr().err
@@ -344,3 +343,74 @@ def test_a_filter_that_keeps_no_row_is_named(tmp_path, animals, capsys, workers,
     err = capsys.readouterr().err
     assert f"{root}: no row passes the filter \"x0 > 1e9 and split == " in err, err
     assert not (tmp_path / "out").exists()  # refused before training: nothing written
+
+
+def _small_table(root: Path, rows: int = 300, row_group_size: int | None = None) -> None:
+    """Two classes on 6 features in [0, 1], a ``split`` column (stored, not a folder) that
+    marks two thirds of the rows for training, in one Parquet file."""
+    rng = np.random.default_rng(1)
+    y = rng.integers(0, 2, rows)
+    X = np.clip(0.5 + 0.35 * (2 * y[:, None] - 1) * (np.arange(6) < 3) + rng.normal(0, 0.1, (rows, 6)), 0, 1)
+    split = np.where(np.arange(rows) % 3 == 0, "test", "train")
+    root.mkdir()
+    pq.write_table(pa.table({**{f"x{i}": X[:, i] for i in range(6)}, "label": y, "split": split}),
+                   root / "part-0.parquet", row_group_size=row_group_size)
+
+
+def _small_job(tmp_path: Path, root: Path, batch: int) -> Path:
+    job = tmp_path / "job.toml"
+    job.write_text(f"[data]\ntrain = '{root}'\ntest = '{root}'\nfeatures = 'x*'\nlabel = 'label'\n"
+                   "filter = \"split == 'train'\"\ntest_filter = \"split == 'test'\"\n"
+                   f"[model]\nhidden_layers = [8]\npretrain_epochs = 2\nfinetune_epochs = 20\n"
+                   f"pretrain_batch_size = {batch}\nfinetune_batch_size = {batch}\n"
+                   f"[output]\ndir = '{tmp_path / 'out'}'\n[job]\ndevice = 'cpu'\n")
+    return job
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_a_filter_on_a_stored_column_trains_on_workers_too(tmp_path, capsys, workers):
+    """A filter on an ordinary column (not a partition folder) keeps fewer rows than the pieces
+    store: the workers' label check compared the two and stopped every such job ("'label' has
+    200 labels but X has 300 samples"). The log counts the rows that pass."""
+    _small_table(tmp_path / "table", row_group_size=100)
+    job = _small_job(tmp_path, tmp_path / "table", batch=5)  # 13 minibatches an epoch of 67 rows: no warning
+    args = ["train", str(job), "--quiet", "--no-ui", "--json", *(["--local", str(workers)] if workers else [])]
+    assert main(args) == 0, capsys.readouterr().err
+    result = json.loads(capsys.readouterr().out.splitlines()[-1])  # after the log's records
+    assert result["test_error"] < 0.1 and result["n_test"] == 100
+    data = [json.loads(line) for line in (tmp_path / "out" / "log.jsonl").read_text().splitlines()
+            if json.loads(line).get("event") == "data"]
+    assert data[-1]["rows"] == 200 and sum(data[-1]["classes"]) == 200 and data[-1]["warnings"] == []
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_few_minibatches_an_epoch_are_warned_of_with_a_batch_size_that_makes_more(tmp_path, capsys, workers):
+    """The paper's batch of 100 on a small table (200 training rows, 100 a shard on 2 workers)
+    makes one or two updates an epoch and learns next to nothing; the job says so at its start,
+    of the smallest shard on workers (3 row groups of 100 stored rows, 67 of each pass the filter)."""
+    _small_table(tmp_path / "table", row_group_size=100)
+    job = _small_job(tmp_path, tmp_path / "table", batch=100)
+    assert main(["train", str(job), "--no-ui", *(["--local", str(workers)] if workers else [])]) == 0
+    err = capsys.readouterr().err
+    rows, made, suggested = (200, 2, 20) if not workers else (67, 1, 6)  # shards: 2 pieces, 1 piece of 67
+    assert (f"{rows} rows make few minibatches an epoch (pretrain_batch_size 100 makes {made} (2 epochs: "
+            f"{2 * made} updates); finetune_batch_size 100 makes {made} (20 epochs: {20 * made} updates)), "
+            f"too few updates to learn much: a smaller batch trains more, e.g. [model] "
+            f"pretrain_batch_size = {suggested}, finetune_batch_size = {suggested}") in err, err
+
+
+def test_fewer_pieces_than_workers_asked_is_said_and_the_block_momentum_follows_the_shards(tmp_path, capsys):
+    """A table of one row group makes one shard, whatever --local asks: the job says it trains on
+    one worker and why, and averages as one worker does (no block momentum: 1 - 1/1)."""
+    _small_table(tmp_path / "table")  # one row group
+    job = _small_job(tmp_path, tmp_path / "table", batch=10)
+    assert main(["train", str(job), "--no-ui", "--local", "3", "--json"]) == 0
+    captured = capsys.readouterr()
+    assert ("local mini-cluster of 1 worker, not the 3 asked (the table has 1 piece, a worker's unit of work "
+            "(a Parquet row group, an ORC file): write it in smaller row groups or more files to train on more "
+            "workers)") in captured.err, captured.err
+    result = json.loads(captured.out.splitlines()[-1])
+    assert result["shards"] == 1 and result["block_momentum"] == 0.0
+    job_json = json.loads((tmp_path / "out" / "job.json").read_text())
+    assert job_json["program_config"]["block_momentum"] == 0.0
+    assert job_json["program_config"]["block_nesterov"] is False

@@ -7,6 +7,9 @@ from ..exceptions import DataError
 
 #: A class with fewer examples than this share of the median class is reported as rare.
 RARE_CLASS_SHARE = 0.05
+#: Fewer minibatches than this an epoch (on the smallest shard) draw a warning: the paper's batch
+#: of 100 on a few hundred rows makes a handful of updates, and the model learns next to nothing.
+FEW_MINIBATCHES = 10
 #: Integer labels are class indices 0..max, unless that makes more classes than rows by more than
 #: this: then they are codes (years, category numbers), and their sorted values are the classes.
 MAX_EMPTY_CLASSES = 1000
@@ -170,6 +173,24 @@ def label_indices(y, *, n_samples: int, n_classes: int | None = None, classes=No
 
 def _some(values, shown: int = 5) -> str:
     return ", ".join(map(repr, values[:shown])) + (", ..." if len(values) > shown else "")
+
+
+def minibatch_warnings(rows: int, model, *, name: str = "the data", fine_tunes: bool = True) -> list[str]:
+    """A warning when ``rows`` (one shard's, the smallest) make fewer than :data:`FEW_MINIBATCHES`
+    minibatches an epoch at ``model``'s batch sizes (a :class:`dbn.DBN`'s pre-training and, when
+    ``fine_tunes``, fine-tuning), with the batch size that would make that many."""
+    phases = [("pretrain_batch_size", model.pretrain_batch_size, model.pretrain_epochs)]
+    if fine_tunes:
+        phases.append(("finetune_batch_size", model.finetune_batch_size, model.finetune_epochs))
+    few = [(key, batch, epochs) for key, batch, epochs in phases if epochs and rows // min(batch, rows) < FEW_MINIBATCHES]
+    if not few or rows < 2:
+        return []
+    made = "; ".join(f"{key} {batch} makes {rows // min(batch, rows)} ({epochs} epochs: "
+                     f"{epochs * (rows // min(batch, rows))} updates)" for key, batch, epochs in few)
+    smaller = max(1, rows // FEW_MINIBATCHES)
+    settings = ", ".join(f"{key} = {smaller}" for key, _, _ in few)
+    return [f"{name}: {rows} rows make few minibatches an epoch ({made}), too few updates to learn much: "
+            f"a smaller batch trains more, e.g. [model] {settings}"]
 
 
 def class_warnings(counts, *, name: str = "the labels") -> list[str]:

@@ -28,7 +28,7 @@ from iterreduce.tables import FeatureStats
 from iterreduce.shards import read_labels, read_shard, same_classes, shard_classes, shard_info, spill_shard
 
 from ..data.table_data import STATS, attach_inputs, merge_stats_arrays, scaler_from, stats_arrays
-from ..data.validation import UNIT_INTERVAL_HINT, check_features, check_labels, class_warnings
+from ..data.validation import UNIT_INTERVAL_HINT, check_features, check_labels, class_warnings, minibatch_warnings
 from ..exceptions import DataError
 from ..model.divergence import check_arrays
 from ..model import state
@@ -133,19 +133,29 @@ class DBNProgram(Program):
                 raise DataError(f"{valid['uri']}: the validation shard needs a 'label' column and "
                                 f"{shards[0]['features']} features per row, as the training shards have")
             same_classes(valid, shards[0])
+        rows = {s["uri"]: s["rows"] for s in shards}  # as stored; a table's filter may keep fewer
         if unlabelled:  # pre-training only: a placeholder output layer
             self.n_classes = 1
-            return {}
+            return {"warnings": self._minibatch_warnings(rows, fine_tunes=False)}
         counts = np.zeros(self.config.get("n_classes") or 0, dtype=np.int64)
         for s in shards:
-            labels = check_labels(read_labels(s["uri"]), n_samples=s["rows"], n_classes=self.config.get("n_classes"),
+            labels = read_labels(s["uri"])  # of the rows the shard trains on: its table's filter applied
+            labels = check_labels(labels, n_samples=labels.shape[0], n_classes=self.config.get("n_classes"),
                                   name=f"{s['uri']}: 'label'")
+            rows[s["uri"]] = labels.shape[0]
             found = np.bincount(labels)
             counts = np.pad(counts, (0, max(0, found.size - counts.size)))
             counts[:found.size] += found
         known = 0 if self._classes is None else len(self._classes)
         self.n_classes = self.config.get("n_classes") or max(counts.size, known)
-        return {"classes": counts.tolist(), "warnings": class_warnings(counts, name="the shards' labels")}
+        return {"rows": sum(rows.values()), "classes": counts.tolist(),
+                "warnings": class_warnings(counts, name="the shards' labels") + self._minibatch_warnings(rows)}
+
+    def _minibatch_warnings(self, rows: dict[str, int], fine_tunes: bool = True) -> list[str]:
+        """:func:`minibatch_warnings` for the smallest shard (``rows``: shard URI -> rows)."""
+        uri = min(rows, key=rows.get)
+        name = f"{uri} (the smallest of {len(rows)} shards)" if len(rows) > 1 else uri
+        return minibatch_warnings(rows[uri], self.model, name=name, fine_tunes=fine_tunes)
 
     def initial_parameters(self, seed, shards):
         if self.n_classes is None:  # check_shards counts the classes (the master calls it first)

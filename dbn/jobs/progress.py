@@ -110,7 +110,7 @@ class ProgressPrinter:
 
 def data_lines(rec: dict) -> str:
     """A ``data`` event: rows, shards, the examples of each class, then one line per warning."""
-    where = f" in {rec['shards']} shards" if rec.get("shards") else ""
+    where = f" in {rec['shards']} shard{'s' if rec['shards'] > 1 else ''}" if rec.get("shards") else ""
     line = f"data: {rec['rows']} rows{where}"
     if rec.get("classes"):
         counts, shown = rec["classes"], 20

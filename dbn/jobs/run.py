@@ -44,7 +44,7 @@ from .. import __version__
 from ..data.sharding import load_dataset, load_shards, load_source, load_validation, no_labels, shard_dataset
 from ..data.table_data import (attach_inputs, open_test_table, prepare, raw_table_rows, read_table, scaler_of,
                                table_shards, table_width)
-from ..data.validation import check_features, class_warnings, label_indices
+from ..data.validation import check_features, class_warnings, label_indices, minibatch_warnings
 from ..exceptions import ConfigError, DataError, ModelFileError, UsageError
 from ..model import flops
 from ..model.backend import Backend, check_environment, resolve_device
@@ -132,7 +132,8 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
         "wall_seconds": time.perf_counter() - start, **figures,
         "seed": spec.job.seed, "device": resolve_device(spec.job.device), "device_name": device_name(spec.job.device),
         "workers": spec.cluster.workers, "sync_every": spec.cluster.sync_every,
-        "block_momentum": spec.cluster.block_settings()["block_momentum"], "model": str(out / MODEL_FILE),
+        "block_momentum": spec.cluster.block_settings(figures.get("shards"))["block_momentum"],
+        "model": str(out / MODEL_FILE),
         **flop_result,
         "params": spec.dbn_params(), "version": __version__, "commit": commit, "date": time.strftime("%Y-%m-%d"),
         **(extra or {}),
@@ -421,12 +422,13 @@ class InProcess:
                    "where": f"{X.shape[0]} x {X.shape[1]} -> {self.describe(spec)}", "output": str(out),
                    "device": model.backend.device, "n_train": int(X.shape[0]), "n_features": int(X.shape[1]),
                    "config": spec.to_dict()})
+            batches = minibatch_warnings(int(X.shape[0]), model, name=str(source), fine_tunes=y is not None)
             if y is None:
-                write({"event": "data", "rows": int(X.shape[0])})
+                write({"event": "data", "rows": int(X.shape[0]), "warnings": batches})
             else:
                 counts = np.bincount(y, minlength=n_classes or 0)
                 write({"event": "data", "rows": int(X.shape[0]), "classes": counts.tolist(),
-                       "warnings": class_warnings(counts, name=f"the labels of {source}")})
+                       "warnings": class_warnings(counts, name=f"the labels of {source}") + batches})
             model.callback = epochs = _EpochRecords(write)
             try:
                 model.pretrain(X)
@@ -488,9 +490,19 @@ class LocalCluster:
         return min(spec.cluster.processes or local_processes(shards, gpus or None), spec.cluster.workers, shards)
 
     def describe(self, spec: JobSpec, shards: int | None = None) -> str:
+        """Where the job trains, e.g. "local mini-cluster of 10 workers in 2 processes"; with
+        fewer ``shards`` than workers asked, why the job has fewer workers."""
         workers = spec.cluster.workers
-        processes = self.processes(spec, shards or workers)
-        return f"local mini-cluster of {workers} workers" + (f" in {processes} processes" if processes != workers else "")
+        shards = workers if shards is None else shards
+        processes = self.processes(spec, shards)
+        text = (f"local mini-cluster of {_count(min(workers, shards), 'worker')}"
+                + (f" in {_count(processes, 'process', 'processes')}" if processes != min(workers, shards) else ""))
+        if shards < workers:  # a table with fewer row groups, or a shard folder with fewer shards
+            why = (f"{spec.cluster.shards} holds {_count(shards, 'shard')}" if spec.cluster.shards else
+                   f"the table has {_count(shards, 'piece')}, a worker's unit of work (a Parquet row group, an "
+                   f"ORC file): write it in smaller row groups or more files to train on more workers")
+            text += f", not the {workers} asked ({why})"
+        return text
 
     def train(self, spec: JobSpec, out: Path, on_record: OnRecord) -> dict:
         workers = spec.cluster.workers
@@ -521,6 +533,11 @@ class LocalCluster:
             raise Interrupted(f"checkpoints are in {out / 'checkpoints'}: continue with the same command "
                               f"and --resume") from None
         return {**cluster_figures(out), "shards": len(uris), "processes": config.workers, "memory": memory}
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    """"1 worker", "2 workers"."""
+    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def available_memory() -> int:

@@ -130,14 +130,15 @@ class ClusterSection:
     reduce: str = "auto"  # who averages the updates: "master"; "workers" (each its rows); "auto": workers on YARN from 8 workers
     ui: bool = True  # the live page while the job runs (locally on 127.0.0.1; on YARN behind the tracking URL)
 
-    def block_settings(self) -> dict:
-        """The block momentum a job trains with. Unset settings follow the worker count N:
+    def block_settings(self, shards: int | None = None) -> dict:
+        """The block momentum a job trains with. Unset settings follow N, the shards averaged
+        (``shards``; unknown: the workers asked, one shard each):
         1 - 1/N (at most 0.9) for fine-tuning and 1 - 1/N (at most 0.7) for pre-training,
         Nesterov's variant wherever a block momentum is on. Plain averaging of N shards once
         per epoch makes N times fewer effective updates; these values gave one process's
         accuracy on MNIST (benchmarks/RESULTS.md, issue 14) and on scikit-learn's digits. One
         worker (or none): plain averaging."""
-        n = max(self.workers, 1)
+        n = max(self.workers if shards is None else shards, 1)
         momentum = self.block_momentum if self.block_momentum is not None else min(0.9, 1 - 1 / n)
         pretrain = self.pretrain_block_momentum if self.pretrain_block_momentum is not None else min(0.7, 1 - 1 / n)
         nesterov = self.block_nesterov if self.block_nesterov is not None else bool(momentum or pretrain)
@@ -286,14 +287,16 @@ class JobSpec:
         return {**params, "device": self.job.device, "seed": self.job.seed}
 
     def master_config(self, *, shards, output: str, token: str = "", stream: bool = False,
-                      on_yarn: bool = False) -> MasterConfig:
-        """The runtime's part of this job: the master's configuration for ``shards`` (a
-        directory URI or a list of shard URIs) writing to ``output``, its workers streaming
-        their data from local disk or not (:func:`dbn.jobs.memory.plan` decides), on YARN or
-        on the local mini-cluster. The token is the launcher's to set (it never goes into a file)."""
+                      on_yarn: bool = False, n_shards: int | None = None) -> MasterConfig:
+        """The runtime's part of this job: the master's configuration for ``shards`` (a list of
+        shard URIs, or a directory URI whose shards number ``n_shards`` when known) writing to
+        ``output``, its workers streaming their data from local disk or not
+        (:func:`dbn.jobs.memory.plan` decides), on YARN or on the local mini-cluster. The
+        token is the launcher's to set (it never goes into a file)."""
         self.check_distributed()
         c = self.cluster
-        return MasterConfig(program=PROGRAM, program_config=self.program_config(stream), shards=shards,
+        n_shards = len(shards) if isinstance(shards, (list, tuple)) else n_shards
+        return MasterConfig(program=PROGRAM, program_config=self.program_config(stream, n_shards), shards=shards,
                             workers=c.workers, token=token, output=output, seed=self.job.seed,
                             heartbeat_timeout=c.heartbeat_timeout, float16_wire=c.float16_wire,
                             reduce=self.reduce_on(on_yarn), name=self.job.name or "", ui=c.ui)
@@ -323,12 +326,13 @@ class JobSpec:
             return self.cluster.reduce
         return "workers" if on_yarn and self.cluster.workers >= REDUCE_ON_WORKERS_FROM else "master"
 
-    def program_config(self, stream: bool = False) -> dict:
-        """The DBN program's configuration for the runtime (``[model] n_classes`` unset: the
-        master counts the classes in the shards' labels when the job starts)."""
+    def program_config(self, stream: bool = False, n_shards: int | None = None) -> dict:
+        """The DBN program's configuration for the runtime on ``n_shards`` shards (unknown: one a
+        worker); ``[model] n_classes`` unset: the master counts the classes in the shards'
+        labels when the job starts."""
         params = {k: v for k, v in self.dbn_params().items() if k != "device"}
         c = self.cluster
-        return {**params, "sync_every": c.sync_every, **c.block_settings(), "block_learning_rate": c.block_learning_rate,
+        return {**params, "sync_every": c.sync_every, **c.block_settings(n_shards), "block_learning_rate": c.block_learning_rate,
                 "pretrain_block_learning_rate": c.pretrain_block_learning_rate, "validation": c.validation,
                 "stream": stream, "scale": self.scaling()}
 

@@ -118,7 +118,8 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
                                 budget_name="[yarn] worker_memory", exchange=cfg.reduce_on(True) == "workers")
         if stream:
             log("the workers' data will not fit their memory: they stream it from local disk")
-    master = cfg.master_config(shards=shards, output=output, stream=stream, on_yarn=True).to_dict()
+    master = cfg.master_config(shards=shards, output=output, stream=stream, on_yarn=True,
+                               n_shards=len(uris) if uris else None).to_dict()
     del master["token"]  # each application master attempt makes its own
     job = {"master": master, "slot_hosts": slot_hosts, "spec": cfg.to_dict()}
     text = json.dumps(job, indent=2)
