@@ -557,3 +557,32 @@ label = "animal"
     predicted = model.predict(X_test)
     assert set(predicted) <= set(ANIMALS)
     assert np.mean(predicted != y_test) == pytest.approx(result["test_error"])
+
+
+def test_a_table_of_fewer_pieces_than_workers_asks_yarn_for_one_container_a_shard(yarn, env_archive, tmp_path):
+    """A small table written as one row group makes one shard: the submission asks for one
+    worker container, not the three the job names (the others would wait, holding memory),
+    its master waits for that one, and it averages as one worker does."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from dbn.jobs.spec import load_spec
+    from dbn.jobs.yarn import prepare
+
+    rng = np.random.default_rng(0)
+    local = tmp_path / "small"
+    local.mkdir()
+    pq.write_table(pa.table({**{f"x{i}": rng.random(50) for i in range(4)}, "label": rng.integers(0, 2, 50)}),
+                   local / "part-0.parquet")
+    upload(yarn.hadoop.fs(), local, "/warehouse/small")
+    output = yarn.hadoop.uri("/user/test/small-job")
+    path = Path(job_file(tmp_path, output, env=env_archive, workers=3))
+    path.write_text(re.sub(r'\[data\]\ntrain = "[^"]*"\n', f'[data]\ntrain = "{yarn.hadoop.uri("/warehouse/small")}"\n'
+                           f'features = "x*"\nlabel = "label"\n', path.read_text()))
+    said = []
+    submission = prepare(load_spec(str(path)), log=said.append)
+    assert submission.spec.services["worker"].instances == 1
+    assert submission.job["master"]["workers"] == 1
+    assert submission.job["master"]["program_config"]["block_momentum"] == 0.0
+    assert "1 shard for the 3 workers asked (the table's pieces, Parquet row groups or ORC files, are a " \
+           "worker's units of work): starting 1" in said, said

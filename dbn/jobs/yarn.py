@@ -104,6 +104,11 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
                                  mnist_dir=cfg.data.mnist_dir, limit=cfg.data.limit, labels=cfg.fine_tunes)
     elif not dry_run:
         uris = list_shards(shards)
+    if uris and len(uris) < opts.workers:  # no container to hold idle: one worker a shard
+        log(f"{len(uris)} shard{'s' if len(uris) > 1 else ''} for the {opts.workers} workers asked ("
+            + ("the table's pieces, Parquet row groups or ORC files, are a worker's units of work" if table
+               else f"{shards} holds {len(uris)}") + f"): starting {len(uris)}")
+        opts.workers = len(uris)
     hosts = hosts or (locality.block_hosts(uris) if uris else {})
     slot_hosts = locality.slot_hosts(uris, opts.workers, hosts) if hosts else []
     opts.worker_nodes = sorted({h for slot in slot_hosts for h in slot})
@@ -120,6 +125,7 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
             log("the workers' data will not fit their memory: they stream it from local disk")
     master = cfg.master_config(shards=shards, output=output, stream=stream, on_yarn=True,
                                n_shards=len(uris) if uris else None).to_dict()
+    master["workers"] = opts.workers  # the containers started (fewer where the shards are fewer)
     del master["token"]  # each application master attempt makes its own
     job = {"master": master, "slot_hosts": slot_hosts, "spec": cfg.to_dict()}
     text = json.dumps(job, indent=2)
