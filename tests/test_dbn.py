@@ -265,3 +265,20 @@ def test_finetune_schedule_decays_the_rate_and_ramps_the_momentum():
 def test_bad_finetune_recipe_values_are_refused_by_name(params, named):
     with pytest.raises(ValueError, match=named):
         DBN([8], **params).validate_params()
+
+
+def test_fit_warns_when_the_rows_make_few_minibatches_an_epoch():
+    """sklearn users fit a DBN on a few hundred rows with the paper's batch of 100: a handful of
+    updates an epoch, and a model at chance level. fit says so and with what batch size."""
+    import warnings
+
+    X = (np.random.default_rng(0).random((150, 20)) < 0.3).astype(np.float32)
+    y = np.arange(150) % 2
+    model = DBN(hidden_layers=[8], pretrain_epochs=1, finetune_epochs=2, device="cpu")
+    with pytest.warns(UserWarning, match=r"X: 150 rows make few minibatches an epoch \(pretrain_batch_size 100 "
+                                         r"makes 1 \(1 epoch: 1 update\); finetune_batch_size 100 makes 1 \(2 epochs: "
+                                         r"2 updates\)\), .* e\.g\. DBN\(pretrain_batch_size=15, finetune_batch_size=15\)"):
+        model.fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # 10 minibatches of 15 an epoch: nothing to say
+        model.set_params(pretrain_batch_size=15, finetune_batch_size=15).fit(X, y)

@@ -175,22 +175,30 @@ def _some(values, shown: int = 5) -> str:
     return ", ".join(map(repr, values[:shown])) + (", ..." if len(values) > shown else "")
 
 
-def minibatch_warnings(rows: int, model, *, name: str = "the data", fine_tunes: bool = True) -> list[str]:
+def minibatch_warnings(rows: int, model, *, name: str = "the data", fine_tunes: bool = True,
+                       python: bool = False) -> list[str]:
     """A warning when ``rows`` (one shard's, the smallest) make fewer than :data:`FEW_MINIBATCHES`
     minibatches an epoch at ``model``'s batch sizes (a :class:`dbn.DBN`'s pre-training and, when
-    ``fine_tunes``, fine-tuning), with the batch size that would make that many."""
+    ``fine_tunes``, fine-tuning), with the batch size that would make that many: as a job file's
+    ``[model]`` settings, or with ``python`` as the estimator's arguments."""
     phases = [("pretrain_batch_size", model.pretrain_batch_size, model.pretrain_epochs)]
     if fine_tunes:
         phases.append(("finetune_batch_size", model.finetune_batch_size, model.finetune_epochs))
-    few = [(key, batch, epochs) for key, batch, epochs in phases if epochs and rows // min(batch, rows) < FEW_MINIBATCHES]
+    few = [(key, batch, epochs, rows // min(batch, rows)) for key, batch, epochs in phases
+           if epochs and rows and rows // min(batch, rows) < FEW_MINIBATCHES]
     if not few or rows < 2:
         return []
-    made = "; ".join(f"{key} {batch} makes {rows // min(batch, rows)} ({epochs} epochs: "
-                     f"{epochs * (rows // min(batch, rows))} updates)" for key, batch, epochs in few)
+
+    def count(n: int, what: str) -> str:
+        return f"{n} {what}{'' if n == 1 else 's'}"
+
+    made = "; ".join(f"{key} {batch} makes {n} ({count(epochs, 'epoch')}: {count(epochs * n, 'update')})"
+                     for key, batch, epochs, n in few)
     smaller = max(1, rows // FEW_MINIBATCHES)
-    settings = ", ".join(f"{key} = {smaller}" for key, _, _ in few)
+    settings = (f"DBN({', '.join(f'{key}={smaller}' for key, *_ in few)})" if python
+                else "[model] " + ", ".join(f"{key} = {smaller}" for key, *_ in few))
     return [f"{name}: {rows} rows make few minibatches an epoch ({made}), too few updates to learn much: "
-            f"a smaller batch trains more, e.g. [model] {settings}"]
+            f"a smaller batch trains more, e.g. {settings}"]
 
 
 def class_warnings(counts, *, name: str = "the labels") -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numbers
 import time
+import warnings
 from typing import Callable
 
 import numpy as np
@@ -13,7 +14,8 @@ from .base import Estimator
 from .divergence import check_epoch
 from .network import Network
 from .rbm import RBM
-from ..data.validation import DataError, check_features, check_labels, is_string_labels, label_indices
+from ..data.validation import (DataError, check_features, check_labels, is_string_labels, label_indices,
+                               minibatch_warnings)
 from ..exceptions import ModelFileError
 
 
@@ -239,6 +241,8 @@ class DBN(Estimator):
         with ``finetune_epochs=0`` pre-train only, without labels (``y`` is not used)."""
         self.validate_params()
         X = self._check_X(X, fitted=False)
+        for message in minibatch_warnings(X.shape[0], self, name="X", fine_tunes=self.fine_tunes, python=True):
+            warnings.warn(message, UserWarning, stacklevel=2)
         if not self.fine_tunes:
             return self.pretrain(X)
         if y is None:
