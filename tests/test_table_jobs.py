@@ -406,9 +406,9 @@ def test_fewer_pieces_than_workers_asked_is_said_and_the_block_momentum_follows_
     job = _small_job(tmp_path, tmp_path / "table", batch=10)
     assert main(["train", str(job), "--no-ui", "--local", "3", "--json"]) == 0
     captured = capsys.readouterr()
-    assert ("local mini-cluster of 1 worker, not the 3 asked (the table has 1 piece, a worker's unit of work "
-            "(a Parquet row group, an ORC file): write it in smaller row groups or more files to train on more "
-            "workers)") in captured.err, captured.err
+    assert ("local mini-cluster of 1 worker: 1 shard for the 3 workers asked (the table has 1 piece, a worker's "
+            "unit of work (a Parquet row group, an ORC file): write it in smaller row groups or more files to train "
+            "on more workers)") in captured.err, captured.err
     result = json.loads(captured.out.splitlines()[-1])
     assert result["shards"] == 1 and result["block_momentum"] == 0.0
     job_json = json.loads((tmp_path / "out" / "job.json").read_text())

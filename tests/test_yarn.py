@@ -584,5 +584,6 @@ def test_a_table_of_fewer_pieces_than_workers_asks_yarn_for_one_container_a_shar
     assert submission.spec.services["worker"].instances == 1
     assert submission.job["master"]["workers"] == 1
     assert submission.job["master"]["program_config"]["block_momentum"] == 0.0
-    assert "1 shard for the 3 workers asked (the table's pieces, Parquet row groups or ORC files, are a " \
-           "worker's units of work): starting 1" in said, said
+    assert ("1 shard for the 3 workers asked (the table has 1 piece, a worker's unit of work (a Parquet row group, "
+            "an ORC file): write it in smaller row groups or more files to train on more workers): starting 1 worker "
+            "container") in said, said

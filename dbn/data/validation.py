@@ -188,11 +188,7 @@ def minibatch_warnings(rows: int, model, *, name: str = "the data", fine_tunes: 
            if epochs and rows and rows // min(batch, rows) < FEW_MINIBATCHES]
     if not few or rows < 2:
         return []
-
-    def count(n: int, what: str) -> str:
-        return f"{n} {what}{'' if n == 1 else 's'}"
-
-    made = "; ".join(f"{key} {batch} makes {n} ({count(epochs, 'epoch')}: {count(epochs * n, 'update')})"
+    made = "; ".join(f"{key} {batch} makes {n} ({counted(epochs, 'epoch')}: {counted(epochs * n, 'update')})"
                      for key, batch, epochs, n in few)
     smaller = max(1, rows // FEW_MINIBATCHES)
     settings = (f"DBN({', '.join(f'{key}={smaller}' for key, *_ in few)})" if python
@@ -231,6 +227,11 @@ def class_warnings(counts, *, name: str = "the labels") -> list[str]:
         warnings.append(f"{name}: {present.size} classes for {int(counts.sum())} rows, most with one example: "
                         f"is this an ID column rather than the label?")
     return warnings
+
+
+def counted(n: int, one: str, many: str | None = None) -> str:
+    """"1 worker", "2 workers" ("1 process", "2 processes" with ``many``)."""
+    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def listing(items, shown: int = 10) -> str:

@@ -11,6 +11,7 @@ import json
 import sys
 import time
 
+from ..data.validation import counted
 from .spec import JobSpec
 
 
@@ -110,7 +111,7 @@ class ProgressPrinter:
 
 def data_lines(rec: dict) -> str:
     """A ``data`` event: rows, shards, the examples of each class, then one line per warning."""
-    where = f" in {rec['shards']} shard{'s' if rec['shards'] > 1 else ''}" if rec.get("shards") else ""
+    where = f" in {counted(rec['shards'], 'shard')}" if rec.get("shards") else ""
     line = f"data: {rec['rows']} rows{where}"
     if rec.get("classes"):
         counts, shown = rec["classes"], 20

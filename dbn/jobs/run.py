@@ -44,7 +44,7 @@ from .. import __version__
 from ..data.sharding import load_dataset, load_shards, load_source, load_validation, no_labels, shard_dataset
 from ..data.table_data import (attach_inputs, open_test_table, prepare, raw_table_rows, read_table, scaler_of,
                                table_shards, table_width)
-from ..data.validation import check_features, class_warnings, label_indices, minibatch_warnings
+from ..data.validation import check_features, class_warnings, counted, label_indices, minibatch_warnings
 from ..exceptions import ConfigError, DataError, ModelFileError, UsageError
 from ..model import flops
 from ..model.backend import Backend, check_environment, resolve_device
@@ -491,18 +491,13 @@ class LocalCluster:
 
     def describe(self, spec: JobSpec, shards: int | None = None) -> str:
         """Where the job trains, e.g. "local mini-cluster of 10 workers in 2 processes"; with
-        fewer ``shards`` than workers asked, why the job has fewer workers."""
-        workers = spec.cluster.workers
-        shards = workers if shards is None else shards
-        processes = self.processes(spec, shards)
-        text = (f"local mini-cluster of {_count(min(workers, shards), 'worker')}"
-                + (f" in {_count(processes, 'process', 'processes')}" if processes != min(workers, shards) else ""))
-        if shards < workers:  # a table with fewer row groups, or a shard folder with fewer shards
-            why = (f"{spec.cluster.shards} holds {_count(shards, 'shard')}" if spec.cluster.shards else
-                   f"the table has {_count(shards, 'piece')}, a worker's unit of work (a Parquet row group, an "
-                   f"ORC file): write it in smaller row groups or more files to train on more workers")
-            text += f", not the {workers} asked ({why})"
-        return text
+        fewer ``shards`` than workers asked, one worker a shard, and why."""
+        workers = spec.cluster.workers if shards is None else min(spec.cluster.workers, shards)
+        processes = self.processes(spec, workers)
+        text = f"local mini-cluster of {counted(workers, 'worker')}" + (
+            f" in {counted(processes, 'process', 'processes')}" if processes != workers else "")
+        fewer = spec.fewer_shards(workers)
+        return f"{text}: {fewer}" if fewer else text
 
     def train(self, spec: JobSpec, out: Path, on_record: OnRecord) -> dict:
         workers = spec.cluster.workers
@@ -533,11 +528,6 @@ class LocalCluster:
             raise Interrupted(f"checkpoints are in {out / 'checkpoints'}: continue with the same command "
                               f"and --resume") from None
         return {**cluster_figures(out), "shards": len(uris), "processes": config.workers, "memory": memory}
-
-
-def _count(n: int, one: str, many: str | None = None) -> str:
-    """"1 worker", "2 workers"."""
-    return f"{n} {one if n == 1 else many or one + 's'}"
 
 
 def available_memory() -> int:

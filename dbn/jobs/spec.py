@@ -49,6 +49,7 @@ from iterreduce.master import REDUCE_CHOICES, MasterConfig
 from iterreduce.tables import FORMATS
 
 from ..data.table_data import SCALINGS, scale_kind
+from ..data.validation import counted
 from ..exceptions import ConfigError
 from .memory import STREAM_CHOICES
 from ..model.backend import DEVICES
@@ -300,6 +301,17 @@ class JobSpec:
                             workers=c.workers, token=token, output=output, seed=self.job.seed,
                             heartbeat_timeout=c.heartbeat_timeout, float16_wire=c.float16_wire,
                             reduce=self.reduce_on(on_yarn), name=self.job.name or "", ui=c.ui)
+
+    def fewer_shards(self, shards: int) -> str | None:
+        """Why the job trains on fewer workers than ``[cluster] workers``, when its data makes
+        only ``shards`` shards (one worker each): e.g. "1 shard for the 3 workers asked (...)"."""
+        workers = self.cluster.workers
+        if shards >= workers:
+            return None
+        why = (f"{self.cluster.shards} holds {counted(shards, 'shard')}" if self.cluster.shards else
+               f"the table has {counted(shards, 'piece')}, a worker's unit of work (a Parquet row group, an ORC "
+               f"file): write it in smaller row groups or more files to train on more workers")
+        return f"{counted(shards, 'shard')} for the {workers} workers asked ({why})"
 
     def check_distributed(self) -> None:
         """Refuse the ``[model]`` settings workers cannot honour, rather than ignore them: held-out

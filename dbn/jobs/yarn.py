@@ -28,6 +28,7 @@ from iterreduce.yarn.spec import YarnOptions, build_spec
 
 from ..data.sharding import shard_dataset
 from ..data.table_data import table_shards
+from ..data.validation import counted
 from ..exceptions import ConfigError
 from .memory import plan as plan_memory
 from .spec import JobSpec
@@ -104,10 +105,9 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
                                  mnist_dir=cfg.data.mnist_dir, limit=cfg.data.limit, labels=cfg.fine_tunes)
     elif not dry_run:
         uris = list_shards(shards)
-    if uris and len(uris) < opts.workers:  # no container to hold idle: one worker a shard
-        log(f"{len(uris)} shard{'s' if len(uris) > 1 else ''} for the {opts.workers} workers asked ("
-            + ("the table's pieces, Parquet row groups or ORC files, are a worker's units of work" if table
-               else f"{shards} holds {len(uris)}") + f"): starting {len(uris)}")
+    fewer = uris and cfg.fewer_shards(len(uris))
+    if fewer:  # no container to hold idle: one worker a shard
+        log(f"{fewer}: starting {counted(len(uris), 'worker container')}")
         opts.workers = len(uris)
     hosts = hosts or (locality.block_hosts(uris) if uris else {})
     slot_hosts = locality.slot_hosts(uris, opts.workers, hosts) if hosts else []
