@@ -693,8 +693,9 @@ class Master(pb_grpc.MasterServicer):
             updates = sorted(self.results.values(), key=lambda u: u.shard)
             compute = max(self.compute_s.values(), default=0.0)
             fastest = min(self.compute_s.values(), default=0.0)
-            log.debug("step %d: compute seconds by worker %s", index,
-                      {w: round(s, 4) for w, s in sorted(self.compute_s.items())})
+            if log.isEnabledFor(logging.DEBUG):  # a dict of every worker: only when it is logged
+                log.debug("step %d: compute seconds by worker %s", index,
+                          {w: round(s, 4) for w, s in sorted(self.compute_s.items())})
         if not updates:
             raise JobFailed(f"step {index} ({step.phase}): no shard reported")
         if step.arrays:

@@ -184,9 +184,11 @@ def minibatch_warnings(rows: int, model, *, name: str = "the data", fine_tunes: 
     phases = [("pretrain_batch_size", model.pretrain_batch_size, model.pretrain_epochs)]
     if fine_tunes:
         phases.append(("finetune_batch_size", model.finetune_batch_size, model.finetune_epochs))
-    few = [(key, batch, epochs, rows // min(batch, rows)) for key, batch, epochs in phases
-           if epochs and rows and rows // min(batch, rows) < FEW_MINIBATCHES]
-    if not few or rows < 2:
+    if rows < 2:
+        return []
+    few = [(key, batch, epochs, n) for key, batch, epochs in phases
+           if epochs and (n := rows // min(batch, rows)) < FEW_MINIBATCHES]
+    if not few:
         return []
     made = "; ".join(f"{key} {batch} makes {n} ({counted(epochs, 'epoch')}: {counted(epochs * n, 'update')})"
                      for key, batch, epochs, n in few)

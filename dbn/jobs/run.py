@@ -496,7 +496,7 @@ class LocalCluster:
         processes = self.processes(spec, workers)
         text = f"local mini-cluster of {counted(workers, 'worker')}" + (
             f" in {counted(processes, 'process', 'processes')}" if processes != workers else "")
-        fewer = spec.fewer_shards(workers)
+        fewer = shards is not None and spec.fewer_shards(shards)
         return f"{text}: {fewer}" if fewer else text
 
     def train(self, spec: JobSpec, out: Path, on_record: OnRecord) -> dict:
