@@ -9,7 +9,7 @@ the speed is samples trained per second of pre-training and of fine-tuning (from
 worker count over the first, measured in the same run.
 
     python benchmarks/cpu_scaling.py [--workers 1,2,4,8] [--epochs 2] [--finetune-epochs 2]
-                                     [--threads 1] [--out DIR] [--json]
+                                     [--threads 1] [--set SECTION.KEY=VALUE ...] [--out DIR] [--json]
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ def run(workers: int, args, out: Path) -> dict:
            "--validation", "0", "--no-ui", "--quiet", "--json", "--out", str(out / f"w{workers}"), "--overwrite",
            "--set", f"cluster.processes={workers}", "--set", f"cluster.threads_per_process={args.threads}",
            "--device", "cpu"]
+    for setting in args.set:
+        cmd += ["--set", setting]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     if done.returncode:
         sys.exit(f"dbn mnist --local {workers} failed:\n{done.stderr[-3000:]}")
@@ -44,6 +46,8 @@ def main(argv=None) -> int:
     parser.add_argument("--epochs", type=int, default=2, help="RBM epochs a layer")
     parser.add_argument("--finetune-epochs", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1, help="BLAS threads per worker process")
+    parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="a setting for every run, e.g. cluster.reduce=workers (repeatable)")
     parser.add_argument("--out", help="keep the runs here (default: a temporary directory)")
     parser.add_argument("--json", action="store_true", help="JSON on stdout")
     args = parser.parse_args(argv)
@@ -65,13 +69,13 @@ def main(argv=None) -> int:
         row["speedup"] = base["train_seconds"] / row["train_seconds"]
         row["pretrain_speedup"] = row["pretrain_samples_per_s"] / base["pretrain_samples_per_s"]
         row["finetune_speedup"] = row["finetune_samples_per_s"] / base["finetune_samples_per_s"]
-    result = {"cpu_count": os.cpu_count(), "threads_per_process": args.threads, "epochs": args.epochs,
+    result = {"cpu_count": os.cpu_count(), "threads_per_process": args.threads, "settings": args.set, "epochs": args.epochs,
               "finetune_epochs": args.finetune_epochs, "rows": rows}
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         print(f"{os.cpu_count()} cores, {args.threads} BLAS thread(s) per worker; {args.epochs} RBM epochs a layer, "
-              f"{args.finetune_epochs} fine-tuning epochs, 60,000 images\n")
+              f"{args.finetune_epochs} fine-tuning epochs, 60,000 images{''.join(', ' + s for s in args.set)}\n")
         print("| workers | training s | speed-up | pre-training samples/s | x | fine-tuning samples/s | x | sync share |")
         print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for r in rows:

@@ -5,8 +5,9 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
 #       -d .whl grpcio==<.venv's> protobuf==<.venv's> tomli-w     # what the GPU image lacks
 #   mkdir -p shared/data && cp -r ../shared/data/mnist shared/data/
-#   bash benchmarks/gpu_check.sh [PART...]   # parts: tests bench mnist scaling; default: tests bench mnist
-#   (scaling: the local mini-cluster on 1 and 8 CPU workers, with each run's log.jsonl kept)
+#   bash benchmarks/gpu_check.sh [PART...]   # parts: tests bench mnist transfers scaling; default: tests bench mnist
+#   (scaling: the local mini-cluster on $SCALING_WORKERS CPU workers (1,8), $SCALING_EPOCHS epochs (3) a
+#   phase, $SCALING_ARGS added to cpu_scaling.py's; each run's logs kept in OUT/scaling$SCALING_TAG.tgz)
 set -u
 OUT=${OUT:-/tmp/gpu-check}
 mkdir -p "$OUT"
@@ -49,20 +50,29 @@ fi
 
 if want mnist; then
 step "MNIST, 1 process on the GPU, 50 RBM epochs a layer"
-timeout 260 dbn mnist --local 1 --device gpu --epochs 50 --no-ui --out /tmp/mnist-gpu 2>&1 | tail -25 | tee "$OUT/mnist.log"
+# At debug level the logs say each step's reduce, checkpoint and push seconds (kept in one tar).
+ITERREDUCE_LOG_LEVEL=DEBUG timeout 260 dbn mnist --local 1 --device gpu --epochs 50 --no-ui --out /tmp/mnist-gpu 2>&1 \
+    | tail -25 | tee "$OUT/mnist.log"
 cp /tmp/mnist-gpu/result.json "$OUT/mnist-result.json" 2>/dev/null
+tar -czf "$OUT/mnist-logs.tgz" -C /tmp/mnist-gpu log.jsonl logs 2>/dev/null
+fi
+
+if want transfers; then
+step "host <-> GPU copies of the main job's parameters"
+timeout 60 python3 benchmarks/gpu_transfers.py 2>&1 | tee "$OUT/transfers.log"
 fi
 
 if want scaling; then
 step "CPU scaling, ${SCALING_WORKERS:=1,8} workers"
 lscpu | grep -E "^(Model name|Socket|Core|Thread|NUMA)" > "$OUT/lscpu.txt"
-rm -rf /tmp/scaling
+rm -rf /tmp/scaling /tmp/scaling-kept
 export ITERREDUCE_LOG_LEVEL=DEBUG  # the master's log gets each step's compute seconds by worker
-timeout 200 python3 benchmarks/cpu_scaling.py --workers "$SCALING_WORKERS" --epochs 3 --finetune-epochs 3 \
+timeout 300 python3 benchmarks/cpu_scaling.py --workers "$SCALING_WORKERS" --epochs "${SCALING_EPOCHS:=3}" \
+    --finetune-epochs "$SCALING_EPOCHS" ${SCALING_ARGS:-} \
     --out /tmp/scaling 2>&1 | tee "$OUT/scaling${SCALING_TAG:-}.log"
-for run in /tmp/scaling/w*; do
-    keep="$OUT/scaling${SCALING_TAG:-}/${run##*/}"
-    mkdir -p "$keep" && cp "$run"/log.jsonl "$run"/result.json "$run"/logs/master.log "$keep/"
+for run in /tmp/scaling/w*; do  # each run's logs, in one tar (the device returns few files)
+    mkdir -p "/tmp/scaling-kept/${run##*/}" && cp "$run"/log.jsonl "$run"/result.json "$run"/logs/master.log "/tmp/scaling-kept/${run##*/}/"
 done
+tar -czf "$OUT/scaling${SCALING_TAG:-}.tgz" -C /tmp/scaling-kept .
 fi
 step done

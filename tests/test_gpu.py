@@ -171,3 +171,32 @@ def test_gpu_trains_as_well_as_the_cpu(mnist_small):
         assert gpu_recon[layer_end] == pytest.approx(cpu_recon[layer_end], rel=0.05)
     assert gpu_loss[-1] == pytest.approx(cpu_loss[-1], rel=0.15)
     assert gpu_score >= cpu_score - 0.03
+
+
+def test_host_copies_land_in_pinned_memory_up_to_the_limit(monkeypatch):
+    """A superstep's parameters come back through page-locked memory; views, scalars and copies
+    over the limit come back too (pageable), each an independent copy of the values."""
+    import cupy
+
+    from dbn.model import backend as backend_module
+
+    be = backend_module.Backend(DEVICE, seed=0)
+
+    def pinned(array) -> bool:  # cudaMemoryTypeHost (1): page-locked; 0 is pageable
+        return cupy.cuda.runtime.pointerGetAttributes(array.ctypes.data).type == 1
+
+    weights = cupy.arange(12, dtype=cupy.float32).reshape(3, 4)
+    for device_array in (weights, weights.T, weights[:, 1], weights[1]):
+        host = be.to_numpy(device_array)
+        assert isinstance(host, np.ndarray) and pinned(host)
+        np.testing.assert_array_equal(host, cupy.asnumpy(device_array))
+    kept = be.to_numpy(weights)
+    weights += 1  # the host copy is the copy's, not a view of device memory
+    np.testing.assert_array_equal(kept, np.arange(12, dtype=np.float32).reshape(3, 4))
+    scalar = be.to_numpy(weights.sum())
+    assert scalar.shape == () and scalar == 78
+    assert be.to_numpy(cupy.empty((0, 4), cupy.float32)).shape == (0, 4)
+    monkeypatch.setattr(backend_module, "PINNED_COPY_BYTES", 16)
+    large = be.to_numpy(weights)
+    assert not pinned(large)
+    np.testing.assert_array_equal(large, np.arange(1, 13, dtype=np.float32).reshape(3, 4))
