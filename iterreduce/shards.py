@@ -407,15 +407,16 @@ _footer_reader: ProcessPoolExecutor | None = None  # shard_info's helper process
 
 def describe_shard(uri: str) -> dict:
     """One shard's entry of :func:`shard_info`, read in this process. A table's share also
-    gives its label ``classes`` (as a dict), which the model keeps; its raw rows have no
-    footer range to check."""
+    gives its label ``classes`` (as a dict) and its feature ``columns``, which the model keeps;
+    its raw rows have no footer range to check."""
     if is_table_shard(uri):
         shard = read_table_shard(uri)
         if shard.rows == 0:
             raise ShardError(f"{uri}: shard is empty")
         return {"uri": uri, "rows": shard.rows, "features": shard.n_features, "labels": shard.source.label is not None,
                 "ranges": {FEATURES: None, LABEL: None if shard.classes is None else (0, len(shard.classes) - 1)},
-                "classes": None if shard.classes is None else shard.classes.to_dict()}
+                "classes": None if shard.classes is None else shard.classes.to_dict(),
+                "columns": list(shard.source.features)}
     with open_shard(uri) as parquet:
         rows = parquet.metadata.num_rows
         if rows == 0:

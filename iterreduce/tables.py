@@ -25,6 +25,7 @@ import difflib
 import fnmatch
 import functools
 import heapq
+import keyword
 import operator
 from dataclasses import dataclass
 
@@ -61,8 +62,8 @@ class TableError(IterReduceError, ValueError):
 class TableSource:
     """Where a table is and which columns to train on.
 
-    ``features``: a list of column names, or one string: a glob such as ``"pixel_*"`` over the
-    stored (non-partition) columns other than the label, in schema order, or one column name.
+    ``features``: a column name, a glob such as ``"pixel_*"`` over the stored (non-partition)
+    columns other than the label, in schema order, or a list of both (``["m_*", "age"]``).
     A column gives one feature (int, float or bool) or several (a list of numbers, or a Spark
     ML vector). ``label``: the class column (integers or strings), None for unlabelled data.
     ``filter``: the rows to keep, e.g. ``"year >= 2020 and country == 'NL'"`` (:func:`parse_filter`).
@@ -83,15 +84,15 @@ class TableSource:
         features = self.features
         if isinstance(features, (list, tuple)):
             if not features or not all(isinstance(f, str) and f for f in features):
-                raise TableError(f"table source: 'features' must be a non-empty list of column names, "
-                                 f"got {list(features)!r}")
+                raise TableError(f"table source: 'features' must be a non-empty list of column names or "
+                                 f"globs, got {list(features)!r}")
             twice = sorted({f for f in features if features.count(f) > 1})
             if twice:
                 raise TableError(f"table source: 'features' names {', '.join(map(repr, twice))} twice")
             object.__setattr__(self, "features", tuple(features))  # frozen, so a tuple
         elif not isinstance(features, str) or not features:
             raise TableError(f"table source: 'features' must be a column name, a glob such as 'pixel_*' "
-                             f"or a list of column names, got {features!r}")
+                             f"or a list of them, got {features!r}")
         if self.label is not None and (not isinstance(self.label, str) or not self.label):
             raise TableError(f"table source: 'label' must be a column name or absent, got {self.label!r}")
         if self.label is not None and self.label in (self.features if isinstance(self.features, tuple)
@@ -132,15 +133,18 @@ class TableSource:
 _COMPARISONS = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt,
                 ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge}
 _FILTER_HELP = ("a filter compares columns with literals (year >= 2020, country != 'NL', "
-                "day in ('2024-01-01', '2024-01-02')), joined by and, or, not")
+                "day in ('2024-01-01', '2024-01-02'), income is not None), joined by and, or, not; "
+                "a column name that is not a Python name goes in backticks (`m 3` > 0)")
 
 
 def parse_filter(text: str) -> ds.Expression:
     """The ``pyarrow.dataset`` expression of a filter such as ``"year >= 2020 and country ==
     'NL'"``. Only comparisons (``== != < <= > >=``, chained too), ``in`` / ``not in`` a literal
-    tuple or list, ``and``, ``or``, ``not``, column names and literals (strings, numbers,
-    booleans) are allowed; anything else raises :class:`TableError` naming the part. The text
-    is parsed, never evaluated."""
+    tuple or list, ``is None`` / ``is not None`` (a missing value: null, or NaN in a float
+    column), ``and``, ``or``, ``not``, column names and literals (strings, numbers, booleans)
+    are allowed; anything else raises :class:`TableError` naming the part. A column name that
+    is not a Python name goes in backticks, as in pandas' ``query``: ```m 3` is not None``.
+    The text is parsed, never evaluated."""
     return _FilterParser(text).parse()[0]
 
 
@@ -153,10 +157,36 @@ class _FilterParser:
     def __init__(self, text: str):
         self.text = text.strip()  # Python refuses leading blanks in an expression
         self.columns: list[str] = []
+        # What Python parses: each `quoted name` replaced by a placeholder name (self.quoted: -> the name).
+        self.source, self.quoted = self._unquote(self.text)
+
+    def _unquote(self, text: str) -> tuple[str, dict[str, str]]:
+        out, quoted, i, quote = [], {}, 0, None
+        while i < len(text):
+            char = text[i]
+            if quote:  # inside a string literal: copied as it is
+                out.append(text[i:i + 2] if char == "\\" else char)
+                i += 2 if char == "\\" else 1
+                quote = None if char == quote else quote
+                continue
+            if char == "`":
+                end = text.find("`", i + 1)
+                if end < 0 or end == i + 1:
+                    raise TableError(f"filter {text!r}: {'an empty' if end > 0 else 'an unclosed'} `column name` "
+                                     f"at character {i + 1}; {_FILTER_HELP}")
+                placeholder = f"__column_{len(quoted)}__"
+                quoted[placeholder] = text[i + 1:end]
+                out.append(placeholder)
+                i = end + 1
+                continue
+            quote = char if char in "'\"" else None
+            out.append(char)
+            i += 1
+        return "".join(out), quoted
 
     def parse(self) -> tuple[ds.Expression, list[str]]:
         try:
-            tree = ast.parse(self.text, mode="eval")
+            tree = ast.parse(self.source, mode="eval")
         except SyntaxError as exc:
             raise TableError(f"filter {self.text!r}: not an expression ({exc.msg}); {_FILTER_HELP}") from None
         return self.condition(tree.body), list(dict.fromkeys(self.columns))
@@ -179,16 +209,20 @@ class _FilterParser:
                 raise self.not_allowed(left, "expected a column name before 'in'")
             test = self.operand(left).isin(self.literals(right))
             return ~test if isinstance(op, ast.NotIn) else test
-        if type(op) not in _COMPARISONS:  # is, is not: operators carry no source position
-            word = {ast.Is: "is", ast.IsNot: "is not"}.get(type(op), type(op).__name__)
-            raise TableError(f"filter {self.text!r}: {word!r} is not allowed (comparisons are == != < <= > >=); "
-                             f"{_FILTER_HELP}")
+        if isinstance(op, (ast.Is, ast.IsNot)):
+            if not isinstance(left, ast.Name):
+                raise self.not_allowed(left, "expected a column name before 'is'")
+            if not (isinstance(right, ast.Constant) and right.value is None):
+                raise self.not_allowed(right, "'is' and 'is not' take None: a missing value")
+            missing = self.operand(left).is_null(nan_is_null=True)
+            return ~missing if isinstance(op, ast.IsNot) else missing
         return _COMPARISONS[type(op)](self.operand(left), self.operand(right))
 
     def operand(self, node: ast.AST) -> ds.Expression:
         if isinstance(node, ast.Name):
-            self.columns.append(node.id)
-            return pc.field(node.id)
+            name = self.quoted.get(node.id, node.id)
+            self.columns.append(name)
+            return pc.field(name)
         return pc.scalar(self.literal(node))
 
     def literal(self, node: ast.AST):
@@ -209,7 +243,9 @@ class _FilterParser:
         return values
 
     def not_allowed(self, node: ast.AST, hint: str) -> TableError:
-        part = ast.get_source_segment(self.text, node) or type(node).__name__
+        part = ast.get_source_segment(self.source, node) or type(node).__name__
+        for placeholder, name in self.quoted.items():
+            part = part.replace(placeholder, f"`{name}`")
         return TableError(f"filter {self.text!r}: {part!r} is not allowed here ({hint}); {_FILTER_HELP}")
 
 
@@ -277,24 +313,32 @@ def _file_with_column(dataset: ds.FileSystemDataset, name: str) -> str:
 
 def _feature_columns(source: TableSource, schema: pa.Schema, stored: list[str], where: str,
                      found_in=lambda name: "") -> list[str]:
-    """The feature columns of ``source`` in ``schema``, each checked to be numeric: a glob is
-    matched against ``stored`` (the file's own columns), leaving out the label."""
-    if isinstance(source.features, tuple):
-        names = list(source.features)
-    elif any(char in source.features for char in GLOB_CHARS):
-        names = [name for name in stored if fnmatch.fnmatchcase(name, source.features) and name != source.label]
-        if not names:
-            raise ShardError(f"{where}: no column matches features = {source.features!r} "
-                             f"({_some_columns(stored)})")
-    else:
-        names = [source.features]
+    """The feature columns of ``source`` in ``schema``, each checked to be numeric. Each entry of
+    ``source.features`` (one string, or each of a list) names a column or, where no column has
+    that name and it holds a glob character, is a glob over ``stored`` (the file's own columns)
+    in their order, leaving out the label and the columns an earlier entry gave."""
+    entries = source.features if isinstance(source.features, tuple) else (source.features,)
+    names: list[str] = []
+    for entry in entries:
+        if entry in schema.names or not any(char in entry for char in GLOB_CHARS):
+            names.append(entry)
+            continue
+        matched = [name for name in stored if fnmatch.fnmatchcase(name, entry) and name != source.label]
+        if not matched:
+            raise ShardError(f"{where}: no column matches features = {entry!r} ({_some_columns(stored)})")
+        names += [name for name in matched if name not in names]
     for name in names:
         kind = _feature_kind(_column_type(schema, name, where))
         if kind is None:
             found = found_in(name)
-            raise ShardError(f"{where}: feature column {name!r} is {schema.field(name).type}"
-                             f"{f' ({found})' if found else ''}: features must be numbers (int, float, bool), "
-                             f"lists of numbers, or Spark ML vectors")
+            type_ = schema.field(name).type
+            categories = (pa.types.is_string(type_) or pa.types.is_large_string(type_)
+                          or pa.types.is_dictionary(type_))
+            hint = (": a column of categories; encode it as numbers first (one 0/1 column a category, as "
+                    "Spark ML's OneHotEncoder writes), or leave it out of the features" if categories else "")
+            raise ShardError(f"{where}: feature column {name!r} is {type_}{f' ({found})' if found else ''}: "
+                             f"features must be numbers (int, float, bool), lists of numbers, or Spark ML "
+                             f"vectors{hint}")
     return names
 
 
@@ -532,8 +576,14 @@ def _non_null(column: pa.Array, name: str, path: str, rows: np.ndarray) -> pa.Ar
         first = int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
         raise ShardError(f"{path}: column {name!r} is null at row {rows[first]} "
                          f"({column.null_count} null{'s' if column.null_count > 1 else ''} in rows "
-                         f"{rows[0]}..{rows[-1]})")
+                         f"{rows[0]}..{rows[-1]}){_leave_out_missing(name)}")
     return column
+
+
+def _leave_out_missing(name: str) -> str:
+    """How a filter leaves out the rows where column ``name`` is missing (null or NaN)."""
+    quoted = name if name.isidentifier() and not keyword.iskeyword(name) else f"`{name}`"
+    return f": a filter such as \"{quoted} is not None\" leaves such rows out, or fill them in first"
 
 
 def _feature_block(column: pa.Array, name: str, path: str, rows: np.ndarray) -> np.ndarray:
@@ -553,8 +603,9 @@ def _feature_block(column: pa.Array, name: str, path: str, rows: np.ndarray) -> 
     if bad.any():
         row, col = (int(i) for i in np.argwhere(bad)[0])
         where = f", value {col}" if block.shape[1] > 1 else ""
+        missing = _leave_out_missing(name) if kind == "scalar" and np.isnan(block[row, col]) else ""
         raise ShardError(f"{path}: column {name!r} holds NaN or an infinite value (or a number float32 "
-                         f"cannot hold) at row {rows[row]}{where} ({int(bad.sum())} in this piece)")
+                         f"cannot hold) at row {rows[row]}{where} ({int(bad.sum())} in this piece){missing}")
     return block
 
 

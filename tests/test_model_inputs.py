@@ -240,6 +240,8 @@ def test_a_reader_of_version_2_refuses_a_model_with_inputs(trained, tmp_path, mo
     (lambda h, a: h.update(classes=["ant", "bee"]), "classes has 2 values but the model has 3"),
     (lambda h, a: h.update(classes=["bee", "ant", "cat"]), "sorted and distinct"),
     (lambda h, a: h.update(classes="ant"), "header 'classes' must be a list"),
+    (lambda h, a: h.update(columns="x0"), "header 'columns' must be a list"),
+    (lambda h, a: h.update(columns=["x0", "x0"]), "names 'x0' twice"),
     (lambda h, a: h.update(scaler="min_max"), "header 'scaler' must be"),
     (lambda h, a: h.update(scaler={"kind": "other"}), "scaler kind must be one of"),
     (lambda h, a: a.pop("scaler.scale"), "scaler.scale"),
@@ -272,3 +274,30 @@ def test_header_holds_classes_exactly(trained, tmp_path):
     assert loaded.classes_.dtype == np.int64 and loaded.classes_.tolist() == list(big)
     Xs = scaler.transform(X)
     np.testing.assert_array_equal(loaded.predict(Xs), model.predict(Xs))
+
+
+def test_columns_are_kept_checked_and_saved(trained, tmp_path):
+    """A model trained on a table names its columns (``input_columns_``); the file keeps them
+    (as format 3, like a scaler or classes: a reader of 2 would read tables by the job file's order)."""
+    base, _, _, _, _ = trained
+    columns = ("m 0", "m 1", "age", "vec", "x[1]", "tenure")
+    model = plain_copy(base).set_inputs(columns=list(columns))
+    assert model.input_columns_ == columns and model.input_scaler_ is None and model.classes_ is None
+    path = tmp_path / "m.npz"
+    model.save(path)
+    header, _ = persist.load_arrays(path)
+    assert header["version"] == persist.INPUTS_VERSION and header["columns"] == list(columns)
+    assert DBN.load(path, device="cpu").input_columns_ == columns
+    plain_copy(base).save(path)
+    assert getattr(DBN.load(path, device="cpu"), "input_columns_", None) is None  # absent: none, as fitted
+    for bad, match in (([], "non-empty strings"), (["a", ""], "non-empty strings"), (["a", 3], "non-empty strings"),
+                       (["a", "b", "a"], "names 'a' twice"), ("abc", "sequence of column names")):
+        with pytest.raises((TypeError, ValueError), match=match):
+            plain_copy(base).set_inputs(columns=bad)
+
+
+def test_fine_tuning_keeps_the_columns_set_before(trained):
+    base, scaler, classes, X, labels = trained
+    model = DBN([8], **{**SMALL, "finetune_epochs": 1}).set_inputs(scaler=scaler, columns=["a", "b"])
+    model.fit(scaler.transform(X), labels)  # string labels: fit sets classes_, keeping the rest
+    assert model.input_columns_ == ("a", "b") and model.classes_.tolist() == list(NAMES)

@@ -414,3 +414,67 @@ def test_fewer_pieces_than_workers_asked_is_said_and_the_block_momentum_follows_
     job_json = json.loads((tmp_path / "out" / "job.json").read_text())
     assert job_json["program_config"]["block_momentum"] == 0.0
     assert job_json["program_config"]["block_nesterov"] is False
+
+
+def _column_order_tables(root: Path) -> dict[str, Path]:
+    """A table to train on (features "m 0".."m 3" and "age", a string label), and two test
+    tables of the same rows: with the columns in the same order, and reversed with one more."""
+    rng = np.random.default_rng(5)
+    n_train, n_test = 320, 160
+    X = rng.normal(size=(n_train + n_test, 4))
+    columns = {f"m {i}": X[:, i] for i in range(4)}
+    columns["age"] = rng.integers(18, 80, len(X))
+    columns["churned"] = np.where(X[:, 0] - X[:, 1] + 0.5 * X[:, 2] > 0, "yes", "no")
+    table = pa.table(columns)
+    paths = {name: root / name for name in ("train", "test", "reversed")}
+    for path in paths.values():
+        path.mkdir(parents=True)
+    pq.write_table(table.slice(0, n_train), paths["train"] / "part-0.parquet", row_group_size=n_train // 2)
+    test = table.slice(n_train)
+    pq.write_table(test, paths["test"] / "part-0.parquet")
+    reversed_ = test.select(list(reversed(test.column_names))).append_column("note", pa.array(["x"] * n_test))
+    pq.write_table(reversed_, paths["reversed"] / "part-0.parquet")
+    return paths
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_the_model_reads_its_columns_by_name_from_tables_of_another_order(tmp_path, capsys, workers):
+    """`[data] features = ["m *", "age"]` (a glob in a list) resolves against the training table;
+    the model keeps those columns and reads them by name: a test table or a table to predict
+    whose columns come in another order gives the same error and the same predictions (they
+    were read by position, and a glob expanded in each table's own order, silently wrong)."""
+    paths = _column_order_tables(tmp_path / "tables")
+    outcomes = {}
+    for test in ("test", "reversed"):
+        job = tmp_path / f"{test}.toml"
+        job.write_text(f"""
+[data]
+train = "{paths['train']}"
+test = "{paths[test]}"
+features = ["m *", "age"]
+label = "churned"
+scale = "auto"
+[model]
+hidden_layers = [16]
+pretrain_epochs = 2
+finetune_epochs = 20
+finetune_learning_rate = 0.3
+pretrain_batch_size = 16
+finetune_batch_size = 16
+[output]
+dir = "{tmp_path / ('out-' + test)}"
+[job]
+seed = 1
+device = "cpu"
+""")
+        args = ["train", str(job), "--quiet", "--no-ui"] + (["--local", str(workers)] if workers else [])
+        assert main(args) == 0
+        result = json.loads((tmp_path / f"out-{test}" / "result.json").read_text())
+        model_path = tmp_path / f"out-{test}" / "model.npz"
+        assert DBN.load(model_path, device="cpu").input_columns_ == ("m 0", "m 1", "m 2", "m 3", "age")
+        out = tmp_path / f"predicted-{test}.parquet"
+        assert main(["predict", str(model_path), str(job), "--out", str(out), "--device", "cpu"]) == 0
+        outcomes[test] = result["test_error"], pq.read_table(out).select(["prediction", "probability"])
+    assert outcomes["test"][0] < 0.25  # a model that learned something, so that a mix-up would show
+    assert outcomes["reversed"][0] == outcomes["test"][0]
+    assert outcomes["reversed"][1].equals(outcomes["test"][1])

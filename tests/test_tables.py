@@ -213,7 +213,11 @@ def test_filters_select_the_rows_python_would():
     ("country.lower() == 'nl'", "country.lower()"),
     ("year + 1 > 2020", "year + 1"),
     ("year", "year"),
-    ("year is None", "'is'"),
+    ("year is 2020", "2020"),      # 'is' takes None alone: a missing value
+    ("None is year", "None"),
+    ("`m 3 > 0", "an unclosed `column name` at character 1"),
+    ("`` > 0", "an empty `column name` at character 1"),
+    ("`m 3`.lower() == 'x'", "`m 3`.lower()"),  # the part named as written, backticks and all
     ("country == None", "None"),
     ("year in range(3)", "range(3)"),
     ("year in (a, 1)", "a"),
@@ -228,6 +232,67 @@ def test_filters_refuse_anything_else_naming_the_part(text, part):
         parse_filter(text)
     message = str(err.value)
     assert repr(text.strip()) in message and part in message
+
+
+def test_filters_take_quoted_column_names_and_missing_values():
+    """A column name that is not a Python name goes in backticks (as in pandas' query); 'is None'
+    and 'is not None' test for a missing value: a null, or NaN in a float column."""
+    table = pa.table({"m 3": [1.0, None, float("nan"), -2.0], "if": ["a", None, "b", "c"],
+                      "n": pa.array([1, None, 3, 4], pa.int64())})
+    cases = {
+        "`m 3` is not None": [0, 3],
+        "`m 3` is None": [1, 2],
+        "`m 3` > 0 or `if` is None": [0, 1],
+        "`if` in ('a', 'c') and n is not None": [0, 3],
+        "not (n is None) and `m 3` is not None": [0, 3],
+        "`if` == 'it`s'": [],  # a backtick inside a string literal is a character of the string
+    }
+    indexed = table.append_column("i", pa.array(range(4)))
+    for text, rows in cases.items():
+        assert indexed.filter(parse_filter(text)).column("i").to_pylist() == rows, text
+    assert filter_columns("`m 3` > 0 and `if` is None and `m 3` < 9") == ["m 3", "if"]
+
+
+def test_features_mix_names_and_globs_in_the_tables_order_of_columns(tmp_path):
+    table = pa.table({"b 1": [1.0], "a[1]": [2.0], "b 0": [3.0], "label": [0], "b_label": [4], "age": [5]})
+    write_parquet(table, tmp_path / part_name(0))
+    root = str(tmp_path)
+    dataset = open_dataset(TableSource(root, "age"))
+
+    def resolved(features, label="label"):
+        return list(resolve(TableSource(root, features, label=label), dataset).features)
+
+    assert resolved(["b *", "age"]) == ["b 1", "b 0", "age"]          # a glob in a list, in stored order
+    assert resolved(["age", "b*"]) == ["age", "b 1", "b 0", "b_label"]
+    assert resolved(["b 0", "b *"]) == ["b 0", "b 1"]                 # a column an entry named before: once
+    assert resolved("*", label="b_label") == ["b 1", "a[1]", "b 0", "label", "age"]  # never the label
+    assert resolved(["a[1]"]) == ["a[1]"]                              # a column's own name, glob characters and all
+    assert resolved("a[1]") == ["a[1]"]
+    with pytest.raises(ShardError, match="no column matches features = 'c\\*'"):
+        resolved(["age", "c*"])
+    X, _ = read_piece(TableSource(root, ["b *", "age"]), pieces(dataset)[0])
+    np.testing.assert_array_equal(X, [[1.0, 3.0, 5.0]])
+
+
+def test_a_missing_value_says_how_a_filter_leaves_its_rows_out(tmp_path):
+    table = pa.table({"m 3": [1.0, None, 2.0], "age": pa.array([1.0, float("nan"), 2.0]),
+                      "vec": pa.array([[1.0], [float("nan")], [1.0]], pa.list_(pa.float64()))})
+    write_parquet(table, tmp_path / part_name(0))
+    root = str(tmp_path)
+    for features, words in ((["m 3"], "column 'm 3' is null at row 1 (1 null in rows 0..2): "
+                                      "a filter such as \"`m 3` is not None\" leaves such rows out"),
+                            (["age"], "column 'age' holds NaN or an infinite value (or a number float32 cannot "
+                                      "hold) at row 1 (1 in this piece): a filter such as \"age is not None\""),
+                            (["vec"], "column 'vec' holds NaN")):
+        with pytest.raises(ShardError) as err:
+            read_every_piece(TableSource(root, features))
+        assert words in str(err.value)
+        if features == ["vec"]:  # a filter cannot see into a list: no such advice
+            assert "is not None" not in str(err.value)
+        else:  # and the advice works
+            name = features[0] if features[0].isidentifier() else f"`{features[0]}`"
+            X, _ = read_every_piece(TableSource(root, features, filter=f"{name} is not None"))[0]
+            np.testing.assert_array_equal(X, [[1.0], [2.0]])
 
 
 # ------------------------------------------------------------------ opening, pieces, assignment
@@ -358,6 +423,7 @@ def test_a_non_numeric_feature_names_its_type_and_where_it_is(spark_table, colum
         resolve(TableSource(root, ["f0", column]), open_dataset(TableSource(root, "f*")))
     message = str(err.value)
     assert f"feature column '{column}' is {type_name}" in message
+    assert "a column of categories; encode it as numbers first" in message
     if column == "name":
         assert any(path in message for _, _, path in files)  # the file it is in
     else:

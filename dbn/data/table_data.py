@@ -114,10 +114,13 @@ def scaler_from(arrays: dict, kind: str | None) -> Scaler | None:
     return stats.min_max_scaler() if kind == "min_max" else stats.standardizer()
 
 
-def _opened(data, test: bool = False):
-    """``(source, dataset, pieces)`` of the training (or ``test``) table: its columns resolved,
-    the pieces its filter keeps, none of them an error naming the table."""
+def _opened(data, test: bool = False, columns: tuple[str, ...] | None = None):
+    """``(source, dataset, pieces)`` of the training (or ``test``) table: its columns resolved
+    (``columns``, those a model reads, instead of ``[data] features`` when given), the pieces
+    its filter keeps, none of them an error naming the table."""
     source = source_of(data, test=test)
+    if columns is not None:
+        source = dataclasses.replace(source, features=tuple(columns))
     dataset = open_dataset(source)
     source = resolve(source, dataset)
     found = pieces(dataset, source.filter)
@@ -131,6 +134,12 @@ def table_width(data) -> int:
     """Features per row of the training table, from its first piece with rows."""
     source, _, found = _opened(data)
     return _width(source, found)
+
+
+def table_columns(data) -> tuple[str, ...]:
+    """The columns ``[data] features`` names in the training table (a glob expanded in its
+    order of columns): what a model trained on it reads from any other table, by name."""
+    return _opened(data)[0].features
 
 
 def prepare(data, visible: str, *, statistics: bool = True) -> TableShard:
@@ -173,32 +182,36 @@ def read_table(shard: TableShard, *, scaled: bool = True) -> tuple[np.ndarray, n
     return X, y
 
 
-def raw_table_rows(data) -> tuple[np.ndarray, np.ndarray]:
+def raw_table_rows(data, columns: tuple[str, ...] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The rows of the test table (``[data] test`` and ``test_filter``) as they are stored:
-    float32 features of ``[data] features`` and the label column's values, for a model that
-    scales and maps them itself (:func:`attach_inputs`). Errors name the file, column and row."""
-    table = open_test_table(data)
+    float32 features of ``columns`` (a model's ``input_columns_``; default ``[data] features``)
+    and the label column's values, for a model that scales and maps them itself
+    (:func:`attach_inputs`). Errors name the file, column and row."""
+    table = open_test_table(data, columns)
     X, y = read_table(table, scaled=False)
     return X, table.classes.decode(y)
 
 
-def open_test_table(data) -> TableShard:
+def open_test_table(data, columns: tuple[str, ...] | None = None) -> TableShard:
     """The test table (``[data] test`` and ``test_filter``) as one :class:`TableShard`, checked
-    without reading its features: the columns there, a label column, rows that pass the filter
-    (one pass over the label column). A job calls it before training, so that a typo in the
-    test table's name or filter does not wait for the end of training to show."""
-    source, dataset, found = _opened(data, test=True)
+    without reading its features: the columns there (``columns``, default ``[data] features``),
+    a label column, rows that pass the filter (one pass over the label column). A job calls it
+    before training, so that a typo in the test table's name or filter does not wait for the
+    end of training to show."""
+    source, dataset, found = _opened(data, test=True, columns=columns)
     if source.label is None:
         raise DataError(f"{source.uri}: [data] label names no column, but testing needs labels")
     return TableShard(source, tuple(found), _width(source, found), label_classes(source, dataset))
 
 
-def attach_inputs(model, classes: LabelMap | None, scaler: Scaler | None):
-    """Give ``model`` a table's label classes and feature scaler, so that it scales raw rows
-    and answers in the table's labels; returns it."""
-    if classes is None and scaler is None:
+def attach_inputs(model, classes: LabelMap | None, scaler: Scaler | None, columns: tuple[str, ...] | None = None):
+    """Give ``model`` a table's label classes, feature scaler and feature columns, so that it
+    scales raw rows, answers in the table's labels and reads the same columns of any table;
+    returns it."""
+    if classes is None and scaler is None and columns is None:
         return model
-    return model.set_inputs(scaler=scaler, classes=None if classes is None else np.asarray(classes.classes))
+    return model.set_inputs(scaler=scaler, classes=None if classes is None else np.asarray(classes.classes),
+                            columns=columns)
 
 
 def predict_table(model, data, out: str, *, table: str | None = None, filter: str | None = None,
@@ -208,8 +221,8 @@ def predict_table(model, data, out: str, *, table: str | None = None, filter: st
     ``out`` (any URI): the ``keep`` columns as stored, ``prediction`` and its ``probability``;
     with ``features``, the rows' ``features`` instead (:func:`~dbn.data.sharding.output_columns`). The table is ``table``
     (default ``[data] test``, else ``train``) with ``filter`` (default that table's filter from
-    the job); its columns are the job's ``[data] features``. Reads and writes a piece at a
-    time. Returns the rows written, and the error of the predictions where the table has the
+    the job); its feature columns are those the model was trained on (``input_columns_``), by
+    name, else the job's ``[data] features``. Reads and writes a piece at a time. Returns the rows written, and the error of the predictions where the table has the
     label column."""
     import pyarrow as pa
 
@@ -226,6 +239,9 @@ def predict_table(model, data, out: str, *, table: str | None = None, filter: st
     if filter is None:
         filter = data.test_filter if uri == data.test else data.filter if uri == data.train else None
     source = dataclasses.replace(source_of(data), uri=uri, label=None, filter=filter)
+    columns = getattr(model, "input_columns_", None)
+    if columns is not None:
+        source = dataclasses.replace(source, features=tuple(columns))
     dataset = open_dataset(source)
     source = resolve(source, dataset)
     label = data.label if data.label in dataset.schema.names and not features else None

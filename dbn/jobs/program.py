@@ -72,6 +72,7 @@ class DBNProgram(Program):
         self._validation = None
         self._finetune_parts = 1
         self._classes = None  # the LabelMap of a table or of string labels (from the shards), kept with the model
+        self._columns = None  # a table's feature columns (from its shares), kept with the model
 
     def _parts(self, shards, batch_size) -> int:
         sync = int(self.config.get("sync_every") or 0)
@@ -110,6 +111,7 @@ class DBNProgram(Program):
         value range Bernoulli units need) and the label columns (classes outside ``n_classes``);
         returns the class counts and warnings about rare classes for the log."""
         self._classes = shard_classes(shards)  # a table's or string labels' values, the same in every shard
+        self._columns = shards[0].get("columns")  # one resolved source: every share of a table names the same
         unlabelled = [s["uri"] for s in shards if not s["labels"]]
         if self.model.fine_tunes and unlabelled:
             raise DataError(f"{unlabelled[0]}: no 'label' column, but fine-tuning needs labels "
@@ -275,7 +277,7 @@ class DBNProgram(Program):
         model = DBN(**dbn_params(self.config), device="cpu").set_state(
             {k: v for k, v in parameters.items() if k not in STATS and not master_side(k)})
         scaler = scaler_from(parameters, self.config.get("scale"))  # gathered by the workers in the first step
-        return attach_inputs(model, self._classes, scaler)
+        return attach_inputs(model, self._classes, scaler, self._columns)
 
 
 class DBNWorker(WorkerProgram):

@@ -43,7 +43,7 @@ from iterreduce.shards import TABLE_SHARD_SUFFIX, filesystem, join, list_shards,
 from .. import __version__
 from ..data.sharding import load_dataset, load_shards, load_source, load_validation, no_labels, shard_dataset
 from ..data.table_data import (attach_inputs, open_test_table, prepare, raw_table_rows, read_table, scaler_of,
-                               table_shards, table_width)
+                               table_columns, table_shards, table_width)
 from ..data.validation import check_features, class_warnings, counted, label_indices, minibatch_warnings
 from ..exceptions import ConfigError, DataError, ModelFileError, UsageError
 from ..model import flops
@@ -156,8 +156,8 @@ def check_test_data(spec: JobSpec) -> None:
     data = spec.data
     if data.test is None or not spec.fine_tunes:
         return
-    if data.features is not None:
-        width = open_test_table(data).n_features
+    if data.features is not None:  # the test table read as the training table's columns, by name
+        width = open_test_table(data, table_columns(data)).n_features
     else:
         width = load_dataset(data.test, split="test", mnist_dir=data.mnist_dir, labels=True,
                              label=data.label)[0].shape[1]
@@ -303,8 +303,8 @@ def evaluate_model(model: DBN | str | Path, data: str, *, mnist_dir: str | None 
     path = None if isinstance(model, DBN) else str(model)
     if path is not None:
         model = load_classifier(path, device=device, use="evaluate")
-    if table is not None:
-        X, y = raw_table_rows(table)
+    if table is not None:  # read as the model's columns, by name, where it names them
+        X, y = raw_table_rows(table, getattr(model, "input_columns_", None))
     else:
         X, y = load_dataset(data, split="test", mnist_dir=mnist_dir, labels=True, label=label)
     try:
@@ -411,8 +411,9 @@ class InProcess:
                                          scaler=scaler)  # rows as the network sees them, class indices
         y = y if spec.fine_tunes else None  # pre-training only: labels play no part, as on workers
         model = DBN(**spec.dbn_params())
-        if scaler is not None or classes is not None:  # before training: every class gets an output
-            attach_inputs(model, classes, scaler)
+        columns = table.source.features if table is not None else None  # resolved: a glob's columns by name
+        if scaler is not None or classes is not None or columns is not None:  # before training: every class gets an output
+            attach_inputs(model, classes, scaler, columns)
         with runlog.RunLog(out / runlog.LOG_NAME) as log:
             def write(record: dict) -> None:
                 log.write(record)

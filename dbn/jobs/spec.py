@@ -74,7 +74,7 @@ class DataSection:
     test: str | None = None  # the same forms; a table with the training table's columns
     mnist_dir: str | None = None
     limit: int | None = None  # train on the first N rows (not for tables: use filter)
-    features: str | tuple[str, ...] | None = None  # a table's feature columns: names, a glob ("pixel_*") or one array/vector column
+    features: str | tuple[str, ...] | None = None  # a table's feature columns: names and globs ("pixel_*"), each a number, array or vector column
     label: str | None = None  # a table's label column (integers or strings)
     filter: str | None = None  # a table's rows to train on, e.g. "year >= 2020 and country == 'NL'"
     test_filter: str | None = None  # the test table's rows, e.g. "split == 'test'" (test may be the train table)

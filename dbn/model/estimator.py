@@ -108,6 +108,7 @@ class DBN(Estimator):
     history_ : list of dict        every progress record
     input_scaler_ : Scaler or None the scaler of raw rows (:meth:`set_inputs`; absent or None: none)
     classes_ : ndarray or None     the label value of each class (:meth:`set_inputs`; absent or None: 0..K-1)
+    input_columns_ : tuple or None the table columns the features come from (:meth:`set_inputs`; absent or None: none)
 
     ``fit``, ``pretrain`` and ``finetune`` take the data as the network sees it (features
     scaled, labels as class indices 0..K-1, or as strings: their sorted distinct values, or
@@ -297,7 +298,8 @@ class DBN(Estimator):
         else:  # with classes_ set, every class gets an output, those absent from y too
             n_classes = self.n_classes or (len(classes) if classes is not None else int(y.max()) + 1)
         if classes is not getattr(self, "classes_", None):
-            self.set_inputs(scaler=getattr(self, "input_scaler_", None), classes=classes)
+            self.set_inputs(scaler=getattr(self, "input_scaler_", None), classes=classes,
+                            columns=getattr(self, "input_columns_", None))
         self._check_inputs(n_classes=n_classes)
         self.n_classes_ = n_classes
         y = check_labels(y, n_samples=X.shape[0], n_classes=self.n_classes_)
@@ -370,7 +372,7 @@ class DBN(Estimator):
 
     # ----------------------------------------------------- raw rows and labels
 
-    def set_inputs(self, scaler=None, classes=None) -> "DBN":
+    def set_inputs(self, scaler=None, classes=None, columns=None) -> "DBN":
         """Attach what turned the raw table into the training data, so that the model takes raw
         rows and answers in label values; returns self. Saved with the model (:meth:`save`).
 
@@ -384,16 +386,22 @@ class DBN(Estimator):
             ``LabelMap``'s ``classes``), ``n_classes_`` of them (when fine-tuned):
             :meth:`predict` returns these values, :meth:`score` takes them as ``y``, and the
             columns of :meth:`predict_proba` are in their order. Kept as a NumPy array in ``classes_``.
+        columns : sequence of str, or None
+            The names of the table columns the features come from, in order (a column gives one
+            feature, or a list or vector column several): ``dbn predict``, ``dbn transform`` and
+            a job's test read these columns of a table, by name, whatever its order of columns
+            or the job file's ``[data] features``. Kept as a tuple in ``input_columns_``.
 
-        None for either means none (rows as given; classes 0..K-1). Set before training, they
-        are checked against the data then. Training (``fit``, ``pretrain``, ``finetune``) still
+        None for any means none (rows as given; classes 0..K-1; columns as a job file names
+        them). Set before training, the scaler and classes are checked against the data then. Training (``fit``, ``pretrain``, ``finetune``) still
         takes scaled features and class indices, as the training job makes them.
         """
         n_features = getattr(self, "n_features_in_", None) if self.rbms_ else None
         n_classes = self.network_.n_classes if self.network_ is not None else None
         scaler = None if scaler is None else preprocess.check_scaler(scaler, n_features)
         classes = None if classes is None else preprocess.check_classes(classes, n_classes)
-        self.input_scaler_, self.classes_ = scaler, classes
+        columns = None if columns is None else preprocess.check_columns(columns)
+        self.input_scaler_, self.classes_, self.input_columns_ = scaler, classes, columns
         return self
 
     def _check_inputs(self, n_features: int | None = None, n_classes: int | None = None) -> None:
@@ -517,12 +525,13 @@ class DBN(Estimator):
 
         The arrays are the learned state under the names of :mod:`dbn.model.state`
         (without momentum increments); the header holds the hyperparameters, except
-        ``callback``. A model with a scaler or classes (:meth:`set_inputs`) adds them in
+        ``callback``. A model with a scaler, classes or columns (:meth:`set_inputs`) adds them in
         the form of :mod:`dbn.model.preprocess`, as file format version 3, which older
         readers refuse rather than predict from unscaled rows; others stay version 2.
         """
         self._require_fitted()
-        inputs, input_arrays = preprocess.to_file(getattr(self, "input_scaler_", None), getattr(self, "classes_", None))
+        inputs, input_arrays = preprocess.to_file(getattr(self, "input_scaler_", None), getattr(self, "classes_", None),
+                                                  getattr(self, "input_columns_", None))
         header = {
             "params": {k: v for k, v in self.get_params().items() if k != "callback"},
             "n_features_in": self.n_features_in_,
@@ -548,9 +557,9 @@ class DBN(Estimator):
             model.set_state(arrays)
             if (model.network_ is not None) != header["has_network"]:
                 raise ValueError(f"has_network is {header['has_network']} but the arrays say otherwise")
-            scaler, classes = preprocess.from_file(header, arrays)
-            if scaler is not None or classes is not None:  # else none, as on a model just fitted
-                model.set_inputs(scaler=scaler, classes=classes)
+            scaler, classes, columns = preprocess.from_file(header, arrays)
+            if scaler is not None or classes is not None or columns is not None:  # else none, as on a model just fitted
+                model.set_inputs(scaler=scaler, classes=classes, columns=columns)
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelFileError(f"{path}: model file is inconsistent: {exc!r}") from exc
         return model

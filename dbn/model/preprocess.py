@@ -3,9 +3,11 @@
 The training job scales a table's features with an :class:`iterreduce.tables.Scaler` and maps
 its labels to class indices 0..K-1 with an :class:`iterreduce.tables.LabelMap`. A
 :class:`~dbn.model.estimator.DBN` that carries both (``DBN.set_inputs``) takes raw rows of
-the same table and gives label values. This module checks them, applies them and gives their
-model-file form: the scaler's kind and the classes (integers or strings, exactly, as JSON) in
-the header, the scaler's offset and scale as float64 arrays named :data:`SCALER_ARRAYS`.
+the same table and gives label values; it also names the table's columns it reads, so that a
+table whose columns come in another order gives it the same features. This module checks them,
+applies them and gives their model-file form: the scaler's kind, the classes (integers or
+strings, exactly, as JSON) and the columns in the header, the scaler's offset and scale as
+float64 arrays named :data:`SCALER_ARRAYS`.
 
 :mod:`iterreduce.tables` (and with it pyarrow's dataset and compute modules) is imported on
 first use, so that ``import dbn`` stays quick.
@@ -89,6 +91,20 @@ def check_classes(classes, n_classes: int | None = None) -> np.ndarray:
     return array
 
 
+def check_columns(columns) -> tuple[str, ...]:
+    """The table columns a model reads, in order (each gives one feature, or a list or vector
+    column several), checked: a non-empty sequence of distinct, non-empty strings."""
+    if isinstance(columns, (str, bytes, dict)) or not hasattr(columns, "__iter__"):
+        raise TypeError(f"columns must be a sequence of column names, got {type(columns).__name__}")
+    names = tuple(columns)
+    if not names or not all(isinstance(name, str) and name for name in names):
+        raise ValueError(f"columns must be non-empty strings, got {list(names)!r}")
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ValueError(f"columns names {', '.join(map(repr, twice))} twice")
+    return names
+
+
 # ------------------------------------------------------------------ applying them
 
 def scale(scaler: Scaler, X) -> np.ndarray:
@@ -120,10 +136,14 @@ def encode_labels(classes: np.ndarray, y, n_samples: int, name: str = "y") -> np
 
 # ------------------------------------------------------------------ model file
 
-def to_file(scaler: Scaler | None, classes: np.ndarray | None) -> tuple[dict, dict[str, np.ndarray]]:
-    """(header entries, arrays) of a model file for ``scaler`` and ``classes``: ``"scaler":
-    {"kind": ...}`` with the arrays :data:`SCALER_ARRAYS`, ``"classes": [...]``; empty for None."""
+def to_file(scaler: Scaler | None, classes: np.ndarray | None,
+            columns: tuple[str, ...] | None = None) -> tuple[dict, dict[str, np.ndarray]]:
+    """(header entries, arrays) of a model file for ``scaler``, ``classes`` and ``columns``:
+    ``"scaler": {"kind": ...}`` with the arrays :data:`SCALER_ARRAYS`, ``"classes": [...]``,
+    ``"columns": [...]``; empty for None."""
     header, arrays = {}, {}
+    if columns is not None:
+        header["columns"] = list(columns)
     if scaler is not None:
         header["scaler"] = {"kind": scaler.kind}
         arrays = {array: np.asarray(getattr(scaler, field), np.float64) for field, array in SCALER_ARRAYS.items()}
@@ -132,8 +152,8 @@ def to_file(scaler: Scaler | None, classes: np.ndarray | None) -> tuple[dict, di
     return header, arrays
 
 
-def from_file(header: dict, arrays: dict) -> tuple[Scaler | None, list | None]:
-    """The scaler and classes :func:`to_file` wrote (None where the file has none), unchecked
+def from_file(header: dict, arrays: dict) -> tuple[Scaler | None, list | None, list | None]:
+    """The scaler, classes and columns :func:`to_file` wrote (None where the file has none), unchecked
     against the model (``DBN.set_inputs`` does that). A scaler's array without the header's
     entry, or the other way round, is a ValueError (KeyError for a missing array)."""
     scaler = None
@@ -151,4 +171,7 @@ def from_file(header: dict, arrays: dict) -> tuple[Scaler | None, list | None]:
     classes = header.get("classes")
     if classes is not None and not isinstance(classes, list):
         raise ValueError(f"header 'classes' must be a list, got {classes!r}")
-    return scaler, classes
+    columns = header.get("columns")
+    if columns is not None and not isinstance(columns, list):
+        raise ValueError(f"header 'columns' must be a list, got {columns!r}")
+    return scaler, classes, columns
