@@ -38,6 +38,9 @@ LABEL = "label"
 #: Parquet metadata key of a shard written from string labels: its classes, JSON ({"classes": [...]}),
 #: label i being classes[i]. Every shard of one data set holds the same.
 CLASSES_KEY = b"iterreduce.label_classes"
+#: Parquet metadata key of a shard written from named columns (a CSV file's): their names, JSON
+#: ([...]), feature i coming from column i, so that a model reads the same columns of later files.
+COLUMNS_KEY = b"iterreduce.feature_columns"
 TABLE_SHARD_SUFFIX = ".table.json"  # a table's share, read in place (iterreduce.tables.TableShard)
 FEATURE_TYPES = (pa.float32(), pa.uint8(), pa.float64())
 
@@ -432,6 +435,7 @@ def describe_shard(uri: str) -> dict:
         ranges = footer_ranges(parquet, uri)
         has_labels = LABEL in parquet.schema_arrow.names
         classes = _classes_in(parquet.schema_arrow.metadata, uri)
+        columns = _columns_in(parquet.schema_arrow.metadata, uri, width)
     features, labels = ranges[FEATURES], ranges[LABEL]
     if features and not np.isfinite(features).all():
         raise ShardError(f"{uri}: '{FEATURES}' holds infinite values (the footer's statistics: "
@@ -442,7 +446,24 @@ def describe_shard(uri: str) -> dict:
     if classes is not None and labels and labels[1] >= len(classes["classes"]):
         raise ShardError(f"{uri}: '{LABEL}' holds class {labels[1]} but the shard's metadata names "
                          f"{len(classes['classes'])} classes")
-    return {"uri": uri, "rows": rows, "features": width, "labels": has_labels, "ranges": ranges, "classes": classes}
+    return {"uri": uri, "rows": rows, "features": width, "labels": has_labels, "ranges": ranges, "classes": classes,
+            "columns": columns}
+
+
+def _columns_in(metadata: dict | None, uri: str, width: int) -> list[str] | None:
+    """The feature columns' names a shard's Parquet metadata holds (:data:`COLUMNS_KEY`), one a
+    feature of its ``width``; None if none."""
+    text = (metadata or {}).get(COLUMNS_KEY)
+    if text is None:
+        return None
+    try:
+        columns = json.loads(text)
+    except ValueError as exc:
+        raise ShardError(f"{uri}: unreadable feature columns in its metadata ({COLUMNS_KEY.decode()}): {exc}") from None
+    if not isinstance(columns, list) or len(columns) != width or not all(isinstance(c, str) and c for c in columns):
+        raise ShardError(f"{uri}: its metadata's feature columns ({COLUMNS_KEY.decode()}) are not {width} names "
+                         f"(one a feature): {str(columns)[:200]}")
+    return columns
 
 
 def _classes_in(metadata: dict | None, uri: str) -> dict | None:
@@ -487,10 +508,11 @@ def same_classes(info: dict, reference: dict) -> None:
 
 
 def write_shards(X: np.ndarray, y: np.ndarray | None, uri: str, n_shards: int, *, prefix: str = "part",
-                 classes=None) -> list[str]:
+                 classes=None, columns: list[str] | None = None) -> list[str]:
     """Split rows of ``X`` (and class indices ``y``) into ``n_shards`` Parquet files of near-equal
     size; ``classes`` (a :class:`~iterreduce.tables.LabelMap`), the label values ``y`` index,
-    goes into every file's metadata (:data:`CLASSES_KEY`)."""
+    and ``columns``, the names of the source columns the features come from (one a feature),
+    go into every file's metadata (:data:`CLASSES_KEY`, :data:`COLUMNS_KEY`)."""
     X = np.asarray(X)
     if X.ndim != 2 or X.shape[0] == 0:
         raise ShardError(f"{uri}: need a non-empty 2-D feature matrix, got shape {X.shape}")
@@ -498,6 +520,13 @@ def write_shards(X: np.ndarray, y: np.ndarray | None, uri: str, n_shards: int, *
         raise ShardError(f"{uri}: cannot cut {X.shape[0]} rows into {n_shards} shards")
     if X.dtype not in (np.uint8, np.float32):
         X = X.astype(np.float32)
+    if columns is not None and len(columns) != X.shape[1]:
+        raise ShardError(f"{uri}: {len(columns)} column names for {X.shape[1]} features")
+    metadata = {}
+    if classes is not None:
+        metadata[CLASSES_KEY] = json.dumps(classes.to_dict()).encode()
+    if columns is not None:
+        metadata[COLUMNS_KEY] = json.dumps(list(columns)).encode()
     fs, path = filesystem(uri)
     fs.create_dir(path, recursive=True)
     # Shards of an earlier write (e.g. into more shards) would be read as part of this data set.
@@ -507,13 +536,13 @@ def write_shards(X: np.ndarray, y: np.ndarray | None, uri: str, n_shards: int, *
     written = []
     for i, rows in enumerate(np.array_split(np.arange(X.shape[0]), n_shards)):
         flat = pa.array(X[rows].reshape(-1))
-        columns = {FEATURES: pa.FixedSizeListArray.from_arrays(flat, X.shape[1])}
+        arrays = {FEATURES: pa.FixedSizeListArray.from_arrays(flat, X.shape[1])}
         if y is not None:
-            columns[LABEL] = pa.array(np.asarray(y)[rows].astype(np.int64))
+            arrays[LABEL] = pa.array(np.asarray(y)[rows].astype(np.int64))
         name = f"{prefix}-{i:05d}.parquet"
-        table = pa.table(columns)
-        if classes is not None:
-            table = table.replace_schema_metadata({CLASSES_KEY: json.dumps(classes.to_dict()).encode()})
+        table = pa.table(arrays)
+        if metadata:
+            table = table.replace_schema_metadata(metadata)
         pq.write_table(table, join(path, name), filesystem=fs, write_page_checksum=True)
         written.append(join(uri, name))
     return written

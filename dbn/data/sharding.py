@@ -100,11 +100,12 @@ class RowsWriter:
 
 
 def load_source(source: str, *, split: str = "train", mnist_dir: str | None = None,
-                limit: int | None = None, label: str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+                limit: int | None = None, label: str | None = None,
+                columns: tuple[str, ...] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """Features and labels from ``source`` ("mnist", a .npz or a .csv file). ``label`` names the
     labels (``[data] label``): a .npz's array (default ``y``; the features are ``X``) or a .csv's
-    column (default ``label``; every other column is a feature); a named one that is missing is
-    an error. Labels are class indices (checked) or strings, label values as they were in the
+    column (default ``label``; every other column is a feature, or with ``columns``, a model's
+    ``input_columns_``, those columns by name); a named one that is missing is an error. Labels are class indices (checked) or strings, label values as they were in the
     file (map them with :func:`~dbn.data.validation.label_indices`)."""
     if source == "mnist":
         from .mnist import load_mnist
@@ -133,7 +134,7 @@ def load_source(source: str, *, split: str = "train", mnist_dir: str | None = No
                     raise
                 raise DataError(f"{path}: not a readable .npz file: {exc}") from exc
         elif path.suffix == ".csv":
-            X, y = _read_csv(path, label)
+            X, y = _read_csv(path, label, columns)
         else:
             raise DataError(f"{path}: unknown data format {path.suffix!r} (use .npz or .csv)")
         X = check_features(X, name=str(path))
@@ -145,13 +146,14 @@ def load_source(source: str, *, split: str = "train", mnist_dir: str | None = No
 
 
 def load_dataset(source: str, *, split: str = "train", mnist_dir: str | None = None, limit: int | None = None,
-                 labels: bool = False, label: str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+                 labels: bool = False, label: str | None = None,
+                 columns: tuple[str, ...] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """Features ready to train on and labels, from ``source`` ("mnist", a .npz or a .csv, as
     :func:`load_source`); ``labels=True`` requires them. uint8 features (MNIST's pixels, a .npz
     of images) are intensities, read as [0, 1] as the shards read them
     (:func:`iterreduce.shards.as_float32`): the same rows in this process, on the workers and
     when a model is tested."""
-    X, y = load_source(source, split=split, mnist_dir=mnist_dir, limit=limit, label=label)
+    X, y = load_source(source, split=split, mnist_dir=mnist_dir, limit=limit, label=label, columns=columns)
     if labels and y is None:
         raise no_labels(source, label)
     return as_float32(X), y
@@ -192,10 +194,26 @@ def load_shards(uri: str, *, limit: int | None = None, n_classes: int | None = N
     return (X, y, classes) if limit is None else (X[:limit], None if y is None else y[:limit], classes)
 
 
-def _read_csv(path: Path, label: str | None = None):
-    """Features (every column but the ``label`` column, all numeric) and labels (None without
-    the column, an error when ``label`` names one that is not there; an empty cell is a null,
-    which :func:`~dbn.data.validation.label_indices` names)."""
+def csv_columns(source: str, label: str | None = None) -> list[str] | None:
+    """The feature columns of a .csv ``source`` as :func:`load_source` reads them (every column
+    but the label), from its header alone; None for other sources, whose features have no names."""
+    if not str(source).lower().endswith(".csv"):
+        return None
+    import pyarrow.csv as pacsv
+
+    path = Path(source).expanduser()
+    try:
+        with pacsv.open_csv(path) as reader:
+            names = reader.schema.names
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for bad CSV
+        raise DataError(f"{path}: not a readable CSV file: {exc}") from exc
+    return [name for name in names if name != (label or CSV_LABELS)]
+
+
+def _read_csv(path: Path, label: str | None = None, columns: tuple[str, ...] | None = None):
+    """Features (every column but the ``label`` column, or ``columns`` by name, all numeric) and
+    labels (None without the column, an error when ``label`` names one that is not there; an
+    empty cell is a null, which :func:`~dbn.data.validation.label_indices` names)."""
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
@@ -208,9 +226,14 @@ def _read_csv(path: Path, label: str | None = None):
                         f"{', ...' if len(table.column_names) > 20 else ''})")
     name = label or CSV_LABELS
     y = table.column(name).to_numpy(zero_copy_only=False) if name in table.column_names else None
-    features = [c for c in table.column_names if c != name]
+    features = [c for c in table.column_names if c != name] if columns is None else list(columns)
     if not features:
         raise DataError(f"{path}: no feature columns")
+    missing = [c for c in features if c not in table.column_names]
+    if missing:
+        shown = ", ".join(features[:10]) + (", ..." if len(features) > 10 else "")
+        raise DataError(f"{path}: no column {missing[0]!r}{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}"
+                        f": the model reads the columns it was trained on, by name ({shown})")
     for column_name in features:
         type_ = table.schema.field(column_name).type
         if not (pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_boolean(type_)
@@ -239,7 +262,7 @@ def shard_dataset(source: str, out: str, n_shards: int, *, labels: bool = False,
     classes = None
     if y is not None:
         y, classes = label_indices(y, n_samples=X.shape[0], name=f"{source} labels")
-    return write_shards(X, y, out, n_shards, classes=classes)
+    return write_shards(X, y, out, n_shards, classes=classes, columns=csv_columns(source, kwargs.get("label")))
 
 
 def predict_file(model, source: str, out: str, *, mnist_dir: str | None = None, split: str = "test",
@@ -255,7 +278,8 @@ def predict_file(model, source: str, out: str, *, mnist_dir: str | None = None, 
     from iterreduce.shards import open_output_file
 
     fmt = output_format(out)
-    X, y = load_dataset(source, split=split, mnist_dir=mnist_dir, label=label)
+    X, y = load_dataset(source, split=split, mnist_dir=mnist_dir, label=label,
+                        columns=getattr(model, "input_columns_", None))  # by name, as the model was trained
     columns = output_columns(model, X, features=features)
     table = pa.table({"row": pa.array(np.arange(len(X), dtype=np.int64)), **columns})
     with open_output_file(out) as stream:

@@ -41,7 +41,8 @@ from iterreduce.local import PREVIOUS, RUN_FILES, gpu_count, local_processes, pr
 from iterreduce.shards import TABLE_SHARD_SUFFIX, filesystem, join, list_shards, shard_info
 
 from .. import __version__
-from ..data.sharding import load_dataset, load_shards, load_source, load_validation, no_labels, shard_dataset
+from ..data.sharding import (csv_columns, load_dataset, load_shards, load_source, load_validation, no_labels,
+                              shard_dataset)
 from ..data.table_data import (attach_inputs, open_test_table, prepare, raw_table_rows, read_table, scaler_of,
                                table_columns, table_shards, table_width)
 from ..data.validation import check_features, class_warnings, counted, label_indices, minibatch_warnings
@@ -156,13 +157,15 @@ def check_test_data(spec: JobSpec) -> None:
     data = spec.data
     if data.test is None or not spec.fine_tunes:
         return
-    if data.features is not None:  # the test table read as the training table's columns, by name
+    shards = shard_info(list_shards(spec.cluster.shards)) if spec.cluster.shards else None
+    # The test data read as the model will read it: the training data's columns, by name, where they have names.
+    if data.features is not None:
         width = open_test_table(data, table_columns(data)).n_features
     else:
+        columns = shards[0].get("columns") if shards else csv_columns(data.train, data.label)
         width = load_dataset(data.test, split="test", mnist_dir=data.mnist_dir, labels=True,
-                             label=data.label)[0].shape[1]
-    if spec.cluster.shards:
-        shards = shard_info(list_shards(spec.cluster.shards))
+                             label=data.label, columns=columns)[0].shape[1]
+    if shards:
         if not all(s["labels"] for s in shards):
             return  # training shards without labels: the launcher refuses them first, naming them
         train, trained = spec.cluster.shards, shards[0]["features"]
@@ -306,7 +309,8 @@ def evaluate_model(model: DBN | str | Path, data: str, *, mnist_dir: str | None 
     if table is not None:  # read as the model's columns, by name, where it names them
         X, y = raw_table_rows(table, getattr(model, "input_columns_", None))
     else:
-        X, y = load_dataset(data, split="test", mnist_dir=mnist_dir, labels=True, label=label)
+        X, y = load_dataset(data, split="test", mnist_dir=mnist_dir, labels=True, label=label,
+                            columns=getattr(model, "input_columns_", None))  # a CSV's columns by name
     try:
         error = 1.0 - model.score(X, y)
     except DataError as exc:  # the model says "X" and "y": name the data
@@ -411,7 +415,11 @@ class InProcess:
                                          scaler=scaler)  # rows as the network sees them, class indices
         y = y if spec.fine_tunes else None  # pre-training only: labels play no part, as on workers
         model = DBN(**spec.dbn_params())
-        columns = table.source.features if table is not None else None  # resolved: a glob's columns by name
+        # The columns the features come from (a table's resolved glob, a CSV's header, the shards'
+        # record of it): the model reads them by name from later tables and files.
+        columns = (table.source.features if table is not None
+                   else shard_info(list_shards(source))[0].get("columns") if spec.cluster.shards
+                   else csv_columns(source, spec.data.label))
         if scaler is not None or classes is not None or columns is not None:  # before training: every class gets an output
             attach_inputs(model, classes, scaler, columns)
         with runlog.RunLog(out / runlog.LOG_NAME) as log:
