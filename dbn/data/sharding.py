@@ -105,8 +105,9 @@ def load_source(source: str, *, split: str = "train", mnist_dir: str | None = No
     """Features and labels from ``source`` ("mnist", a .npz or a .csv file). ``label`` names the
     labels (``[data] label``): a .npz's array (default ``y``; the features are ``X``) or a .csv's
     column (default ``label``; every other column is a feature, or with ``columns``, a model's
-    ``input_columns_``, those columns by name); a named one that is missing is an error. Labels are class indices (checked) or strings, label values as they were in the
-    file (map them with :func:`~dbn.data.validation.label_indices`)."""
+    ``input_columns_``, those columns by name); a named one that is missing is an error. Labels
+    are class indices (checked) or strings, label values as they were in the file (map them
+    with :func:`~dbn.data.validation.label_indices`)."""
     if source == "mnist":
         from .mnist import load_mnist
 

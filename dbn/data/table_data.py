@@ -222,8 +222,8 @@ def predict_table(model, data, out: str, *, table: str | None = None, filter: st
     with ``features``, the rows' ``features`` instead (:func:`~dbn.data.sharding.output_columns`). The table is ``table``
     (default ``[data] test``, else ``train``) with ``filter`` (default that table's filter from
     the job); its feature columns are those the model was trained on (``input_columns_``), by
-    name, else the job's ``[data] features``. Reads and writes a piece at a time. Returns the rows written, and the error of the predictions where the table has the
-    label column."""
+    name, else the job's ``[data] features``. Reads and writes a piece at a time. Returns the
+    rows written, and the error of the predictions where the table has the label column."""
     import pyarrow as pa
 
     from iterreduce.shards import open_output_file

@@ -420,7 +420,7 @@ class InProcess:
         columns = (table.source.features if table is not None
                    else shard_info(list_shards(source))[0].get("columns") if spec.cluster.shards
                    else csv_columns(source, spec.data.label))
-        if scaler is not None or classes is not None or columns is not None:  # before training: every class gets an output
+        if any(x is not None for x in (scaler, classes, columns)):  # before training: every class gets an output
             attach_inputs(model, classes, scaler, columns)
         with runlog.RunLog(out / runlog.LOG_NAME) as log:
             def write(record: dict) -> None:

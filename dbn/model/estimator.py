@@ -108,7 +108,7 @@ class DBN(Estimator):
     history_ : list of dict        every progress record
     input_scaler_ : Scaler or None the scaler of raw rows (:meth:`set_inputs`; absent or None: none)
     classes_ : ndarray or None     the label value of each class (:meth:`set_inputs`; absent or None: 0..K-1)
-    input_columns_ : tuple or None the table columns the features come from (:meth:`set_inputs`; absent or None: none)
+    input_columns_ : tuple or None the columns the features come from (:meth:`set_inputs`; absent or None: none)
 
     ``fit``, ``pretrain`` and ``finetune`` take the data as the network sees it (features
     scaled, labels as class indices 0..K-1, or as strings: their sorted distinct values, or
@@ -387,14 +387,16 @@ class DBN(Estimator):
             :meth:`predict` returns these values, :meth:`score` takes them as ``y``, and the
             columns of :meth:`predict_proba` are in their order. Kept as a NumPy array in ``classes_``.
         columns : sequence of str, or None
-            The names of the table columns the features come from, in order (a column gives one
-            feature, or a list or vector column several): ``dbn predict``, ``dbn transform`` and
-            a job's test read these columns of a table, by name, whatever its order of columns
-            or the job file's ``[data] features``. Kept as a tuple in ``input_columns_``.
+            The names of the columns (of a table or a CSV file) the features come from, in order
+            (a column gives one feature, or a list or vector column several): ``dbn predict``,
+            ``dbn transform``, ``dbn evaluate`` and a job's test read these columns, by name,
+            whatever the order of columns there or the job file's ``[data] features``. Kept as a
+            tuple in ``input_columns_``.
 
         None for any means none (rows as given; classes 0..K-1; columns as a job file names
-        them). Set before training, the scaler and classes are checked against the data then. Training (``fit``, ``pretrain``, ``finetune``) still
-        takes scaled features and class indices, as the training job makes them.
+        them). Set before training, the scaler and classes are checked against the data then.
+        Training (``fit``, ``pretrain``, ``finetune``) still takes scaled features and class
+        indices, as the training job makes them.
         """
         n_features = getattr(self, "n_features_in_", None) if self.rbms_ else None
         n_classes = self.network_.n_classes if self.network_ is not None else None
@@ -558,7 +560,7 @@ class DBN(Estimator):
             if (model.network_ is not None) != header["has_network"]:
                 raise ValueError(f"has_network is {header['has_network']} but the arrays say otherwise")
             scaler, classes, columns = preprocess.from_file(header, arrays)
-            if scaler is not None or classes is not None or columns is not None:  # else none, as on a model just fitted
+            if any(x is not None for x in (scaler, classes, columns)):  # else none, as on a model just fitted
                 model.set_inputs(scaler=scaler, classes=classes, columns=columns)
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelFileError(f"{path}: model file is inconsistent: {exc!r}") from exc

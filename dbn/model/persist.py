@@ -20,10 +20,11 @@ from ..exceptions import ModelFileError
 
 FORMAT = "dbn-yarn-model"
 VERSION = 2  # what save_arrays writes unless told; 2: the array names of dbn.model.state (1: network.weights.{i}, ...)
-#: 3: a model that scales its inputs, names its classes or its table's columns (dbn.model.preprocess:
-#: scaler.* arrays, "scaler", "classes" and "columns" in the header). Only such models are written as 3: a reader of version 2
-#: would ignore them and predict from unscaled rows, so it must refuse the file instead; models
-#: without them stay version 2, which every reader since 2 loads.
+#: 3: a model that scales its inputs, names its classes or its data's columns (dbn.model.preprocess:
+#: scaler.* arrays, "scaler", "classes" and "columns" in the header). Only such models are written
+#: as 3: a reader of version 2 would ignore them and predict from unscaled rows (or read columns by
+#: position), so it must refuse the file instead; models without them stay version 2, which every
+#: reader since 2 loads.
 INPUTS_VERSION = 3
 NEWEST_VERSION = INPUTS_VERSION  # the newest format this code reads
 _HEADER = "__header__"
