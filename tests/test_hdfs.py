@@ -124,10 +124,13 @@ def test_shard_info_and_labels_read_footers_and_one_column_on_hdfs(hdfs, base):
     written = write_shards(X, np.arange(40) % 5, uri, 2)
     info = shard_info(written)
     assert [{k: v for k, v in i.items() if k != "ranges"} for i in info] == [
-        {"uri": u, "rows": 20, "features": 7, "labels": True, "classes": None} for u in written]  # indices: no classes
+        {"uri": u, "rows": 20, "features": 7, "labels": True, "classes": None, "columns": None}
+        for u in written]  # indices: no classes; no column names
     assert all(i["ranges"]["label"] == (0, 4) and 0 <= i["ranges"]["features"][0] < i["ranges"]["features"][1] < 1
                for i in info)
     assert np.array_equal(read_labels(written[1]), np.arange(20, 40) % 5)
+    named = write_shards(X, None, f"{uri}-named", 1, columns=[f"c {i}" for i in range(7)])  # a CSV's names
+    assert shard_info(named)[0]["columns"] == [f"c {i}" for i in range(7)]
     with hdfs.fs().open_output_stream(f"{path}/x.parquet") as out:
         out.write(b"garbage" * 20)
     with pytest.raises(ShardError, match=f"^{uri}/x.parquet: not a readable Parquet file"):
