@@ -525,6 +525,25 @@ def read_piece(source: TableSource, piece: Piece, *, classes: LabelMap | None = 
     return features, labels
 
 
+def named_features(table: pa.Table, names, where: str = "X") -> np.ndarray:
+    """Float32 features (rows x features) of the columns ``names`` of an in-memory ``table``, by
+    name, in that order (a model's ``input_columns_``, whatever the table's order of columns),
+    each checked as :func:`read_piece` checks a file's: a number, a list of numbers or a Spark
+    ML vector a row, no null, NaN or infinity, lists of one width. Errors name ``where``, the
+    column and the row."""
+    names = list(names)
+    for name in names:
+        type_ = _column_type(table.schema, name, where)
+        if _feature_kind(type_) is None:
+            raise ShardError(f"{where}: feature column {name!r} is {type_}: features must be numbers (int, float, "
+                             f"bool), lists of numbers, or Spark ML vectors")
+    if not table.num_rows:
+        return np.zeros((0, _type_width(table.schema, names)), np.float32)
+    rows = np.arange(table.num_rows)
+    return np.hstack([_feature_block(table.column(name).combine_chunks(), name, where, rows, in_file=False)
+                      for name in names])
+
+
 def read_columns(source: TableSource, piece: Piece, names: list[str]) -> pa.Table:
     """Columns ``names`` (any type: ids, keys, the label as stored) of the piece's rows that
     pass the filter, row for row as :func:`read_piece` gives them."""
@@ -571,12 +590,13 @@ def _read_rows(source: TableSource, piece: Piece, fragment: ds.FileFragment, sch
     return table.select(columns + [ROW])
 
 
-def _non_null(column: pa.Array, name: str, path: str, rows: np.ndarray) -> pa.Array:
+def _non_null(column: pa.Array, name: str, path: str, rows: np.ndarray, in_file: bool = True) -> pa.Array:
+    """``column``, refused naming its first null (and, ``in_file``, the filter that leaves such rows out)."""
     if column.null_count:
         first = int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
         raise ShardError(f"{path}: column {name!r} is null at row {rows[first]} "
                          f"({column.null_count} null{'s' if column.null_count > 1 else ''} in rows "
-                         f"{rows[0]}..{rows[-1]}){_leave_out_missing(name)}")
+                         f"{rows[0]}..{rows[-1]}){_leave_out_missing(name) if in_file else ''}")
     return column
 
 
@@ -586,9 +606,10 @@ def _leave_out_missing(name: str) -> str:
     return f": a filter such as \"{quoted} is not None\" leaves such rows out, or fill them in first"
 
 
-def _feature_block(column: pa.Array, name: str, path: str, rows: np.ndarray) -> np.ndarray:
-    """One feature column as float32 rows x (1, or its lists' or vectors' width), checked."""
-    _non_null(column, name, path, rows)
+def _feature_block(column: pa.Array, name: str, path: str, rows: np.ndarray, in_file: bool = True) -> np.ndarray:
+    """One feature column as float32 rows x (1, or its lists' or vectors' width), checked (errors
+    of a file, ``in_file``, say how a filter leaves rows with missing values out)."""
+    _non_null(column, name, path, rows, in_file)
     kind = _feature_kind(column.type)
     with np.errstate(over="ignore"):  # a float64 float32 cannot hold becomes inf, refused just below
         if kind == "scalar":
@@ -603,7 +624,7 @@ def _feature_block(column: pa.Array, name: str, path: str, rows: np.ndarray) -> 
     if bad.any():
         row, col = (int(i) for i in np.argwhere(bad)[0])
         where = f", value {col}" if block.shape[1] > 1 else ""
-        missing = _leave_out_missing(name) if kind == "scalar" and np.isnan(block[row, col]) else ""
+        missing = _leave_out_missing(name) if in_file and kind == "scalar" and np.isnan(block[row, col]) else ""
         raise ShardError(f"{path}: column {name!r} holds NaN or an infinite value (or a number float32 "
                          f"cannot hold) at row {rows[row]}{where} ({int(bad.sum())} in this piece){missing}")
     return block

@@ -114,7 +114,9 @@ class DBN(Estimator):
     scaled, labels as class indices 0..K-1, or as strings: their sorted distinct values, or
     ``classes_`` when set, are the classes); ``transform``, ``predict_proba``, ``predict``
     and ``score`` take raw rows, which ``input_scaler_`` scales first, and ``predict`` and
-    ``score`` speak in the label values of ``classes_``.
+    ``score`` speak in the label values of ``classes_``. Rows come as an array, or as a pyarrow
+    Table or a pandas DataFrame, read by column name: ``fit`` and ``pretrain`` keep the names
+    as ``input_columns_`` (unless set before), and every later call reads those columns.
 
     The arguments of ``__init__`` are the hyperparameters, kept as given:
     :meth:`get_params` / :meth:`set_params` read and write them, :meth:`validate_params`
@@ -241,7 +243,7 @@ class DBN(Estimator):
         """Pre-train on ``X``, then fine-tune on ``(X, y)`` (``validation_data``: see :meth:`finetune`);
         with ``finetune_epochs=0`` pre-train only, without labels (``y`` is not used)."""
         self.validate_params()
-        X = self._check_X(X, fitted=False)
+        X = self._check_X(self._rows(X, record=True), fitted=False)
         for message in minibatch_warnings(X.shape[0], self, name="X", fine_tunes=self.fine_tunes, python=True):
             warnings.warn(message, UserWarning, stacklevel=2)
         if not self.fine_tunes:
@@ -256,7 +258,7 @@ class DBN(Estimator):
     def pretrain(self, X) -> "DBN":
         """Greedy layer-wise CD training; each layer learns on the one below's mean-field output."""
         self.validate_params()
-        data = self._check_X(X, fitted=False)
+        data = self._check_X(self._rows(X, record=True), fitted=False)
         self._check_inputs(n_features=data.shape[1])
         self.n_features_in_ = data.shape[1]
         self.rbms_, self.network_ = [], None
@@ -288,7 +290,7 @@ class DBN(Estimator):
             raise RuntimeError("finetune needs a pre-trained model: call pretrain() or fit() first")
         self.validate_params()
         be = self.backend
-        X = self._check_X(X)
+        X = self._check_X(self._rows(X))
         classes = getattr(self, "classes_", None)
         y, found = label_indices(y, n_samples=X.shape[0], n_classes=self.n_classes, classes=classes)
         if classes is None and found is not None:  # string labels: their sorted values are the classes
@@ -420,6 +422,7 @@ class DBN(Estimator):
     def _input_X(self, X):
         """Raw rows as the network takes them: scaled by ``input_scaler_`` when set, then checked
         as scaled (the [0, 1] of Bernoulli units is a property of what the network sees)."""
+        X = self._rows(X)
         scaler = getattr(self, "input_scaler_", None)
         if scaler is None:
             return self._check_X(X)
@@ -437,6 +440,34 @@ class DBN(Estimator):
         return preprocess.encode_labels(classes, y, n_samples)
 
     # ----------------------------------------------------------- inference
+
+    def _rows(self, X, record: bool = False):
+        """``X`` as rows: a pyarrow Table or a pandas DataFrame with column names is read by name,
+        the columns ``input_columns_`` names where set, else all of them in order, which ``record``
+        (training from scratch) keeps as ``input_columns_``; anything else is returned as it is."""
+        if type(X).__module__.partition(".")[0] not in ("pyarrow", "pandas"):
+            return X
+        import pyarrow as pa
+
+        from iterreduce.exceptions import ShardError
+        from iterreduce.tables import named_features
+
+        if isinstance(X, pa.RecordBatch):
+            X = pa.Table.from_batches([X])
+        elif not isinstance(X, pa.Table):
+            if not hasattr(X, "columns") or not all(isinstance(name, str) for name in X.columns):
+                return X  # a Series, or a DataFrame of numbered columns: by position
+            X = pa.Table.from_pandas(X, preserve_index=False)
+        columns = getattr(self, "input_columns_", None)
+        if columns is None:
+            columns = tuple(X.column_names)
+            if record:
+                self.set_inputs(scaler=getattr(self, "input_scaler_", None), classes=getattr(self, "classes_", None),
+                                columns=columns)
+        try:
+            return named_features(X, columns)
+        except ShardError as exc:  # the runtime's: the model's callers catch DataError
+            raise DataError(str(exc)) from None
 
     def _check_X(self, X, fitted: bool = True, name: str = "X"):
         n_features = getattr(self, "n_features_in_", None) if fitted else None
