@@ -328,18 +328,22 @@ def _feature_columns(source: TableSource, schema: pa.Schema, stored: list[str], 
             raise ShardError(f"{where}: no column matches features = {entry!r} ({_some_columns(stored)})")
         names += [name for name in matched if name not in names]
     for name in names:
-        kind = _feature_kind(_column_type(schema, name, where))
-        if kind is None:
-            found = found_in(name)
-            type_ = schema.field(name).type
-            categories = (pa.types.is_string(type_) or pa.types.is_large_string(type_)
-                          or pa.types.is_dictionary(type_))
-            hint = (": a column of categories; encode it as numbers first (one 0/1 column a category, as "
-                    "Spark ML's OneHotEncoder writes), or leave it out of the features" if categories else "")
-            raise ShardError(f"{where}: feature column {name!r} is {type_}{f' ({found})' if found else ''}: "
-                             f"features must be numbers (int, float, bool), lists of numbers, or Spark ML "
-                             f"vectors{hint}")
+        _check_feature_type(schema, name, where, found_in)
     return names
+
+
+def _check_feature_type(schema: pa.Schema, name: str, where: str, found_in=lambda name: "") -> None:
+    """Refuse column ``name`` of ``schema`` unless it holds features, naming its type (and where it
+    is found); a column of strings is named as one of categories."""
+    type_ = _column_type(schema, name, where)
+    if _feature_kind(type_) is not None:
+        return
+    found = found_in(name)
+    categories = pa.types.is_string(type_) or pa.types.is_large_string(type_) or pa.types.is_dictionary(type_)
+    hint = (": a column of categories; encode it as numbers first (one 0/1 column a category, as "
+            "Spark ML's OneHotEncoder writes), or leave it out of the features" if categories else "")
+    raise ShardError(f"{where}: feature column {name!r} is {type_}{f' ({found})' if found else ''}: "
+                     f"features must be numbers (int, float, bool), lists of numbers, or Spark ML vectors{hint}")
 
 
 def _column_type(schema: pa.Schema, name: str, where: str) -> pa.DataType:
@@ -533,10 +537,7 @@ def named_features(table: pa.Table, names, where: str = "X") -> np.ndarray:
     column and the row."""
     names = list(names)
     for name in names:
-        type_ = _column_type(table.schema, name, where)
-        if _feature_kind(type_) is None:
-            raise ShardError(f"{where}: feature column {name!r} is {type_}: features must be numbers (int, float, "
-                             f"bool), lists of numbers, or Spark ML vectors")
+        _check_feature_type(table.schema, name, where)
     if not table.num_rows:
         return np.zeros((0, _type_width(table.schema, names)), np.float32)
     rows = np.arange(table.num_rows)

@@ -69,3 +69,10 @@ def test_names_set_before_training_win_over_the_frames_order():
     assert model.input_columns_ == ("a", "b") and model.n_features_in_ == 2
     direct = DBN(**SMALL).fit(np.column_stack([table.column("a"), table.column("b")]), y)
     np.testing.assert_array_equal(model.rbms_[0].weights_, direct.rbms_[0].weights_)
+
+
+def test_a_frame_of_categories_is_refused_as_a_job_refuses_a_table_of_them():
+    table, y = rows(100, seed=3)
+    frame = pd.DataFrame({"a": table.column("a"), "plan": np.where(y == 1, "pro", "basic")})
+    with pytest.raises(DataError, match="X: feature column 'plan' is (large_)?string: .*a column of categories; encode it"):
+        DBN(**SMALL).fit(frame, y)
