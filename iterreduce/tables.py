@@ -20,6 +20,7 @@ source as written (an unknown key, a filter that is not allowed) are :class:`Tab
 from __future__ import annotations
 
 import ast
+import collections
 import dataclasses
 import difflib
 import fnmatch
@@ -86,7 +87,7 @@ class TableSource:
             if not features or not all(isinstance(f, str) and f for f in features):
                 raise TableError(f"table source: 'features' must be a non-empty list of column names or "
                                  f"globs, got {list(features)!r}")
-            twice = sorted({f for f in features if features.count(f) > 1})
+            twice = sorted(f for f, n in collections.Counter(features).items() if n > 1)
             if twice:
                 raise TableError(f"table source: 'features' names {', '.join(map(repr, twice))} twice")
             object.__setattr__(self, "features", tuple(features))  # frozen, so a tuple
@@ -276,7 +277,8 @@ def resolve(source: TableSource, dataset: ds.FileSystemDataset) -> TableSource:
     expanded in schema order), after checking, before any data is read, that every feature is
     numeric, the label integer or string, and the filter's columns there and comparable.
     Workers given the resolved source read the same columns from every piece."""
-    stored = [name for name in dataset.schema.names if name not in _partition_names(dataset)]
+    partitions = set(_partition_names(dataset))
+    stored = [name for name in dataset.schema.names if name not in partitions]
 
     def found_in(name: str) -> str:
         if name not in stored:
@@ -318,15 +320,17 @@ def _feature_columns(source: TableSource, schema: pa.Schema, stored: list[str], 
     that name and it holds a glob character, is a glob over ``stored`` (the file's own columns)
     in their order, leaving out the label and the columns an earlier entry gave."""
     entries = source.features if isinstance(source.features, tuple) else (source.features,)
-    names: list[str] = []
+    present = set(schema.names)  # sets, not lists: a wide table has thousands of columns
+    names: dict[str, None] = {}  # in order, each once
     for entry in entries:
-        if entry in schema.names or not any(char in entry for char in GLOB_CHARS):
-            names.append(entry)
+        if entry in present or not any(char in entry for char in GLOB_CHARS):
+            names[entry] = None
             continue
         matched = [name for name in stored if fnmatch.fnmatchcase(name, entry) and name != source.label]
         if not matched:
             raise ShardError(f"{where}: no column matches features = {entry!r} ({_some_columns(stored)})")
-        names += [name for name in matched if name not in names]
+        names.update(dict.fromkeys(name for name in matched if name not in names))
+    names = list(names)
     for name in names:
         _check_feature_type(schema, name, where, found_in)
     return names
@@ -347,7 +351,9 @@ def _check_feature_type(schema: pa.Schema, name: str, where: str, found_in=lambd
 
 
 def _column_type(schema: pa.Schema, name: str, where: str) -> pa.DataType:
-    if name not in schema.names:
+    # get_field_index is a lookup (schema.names a new list: thousands of columns made this quadratic);
+    # -1 also means a name twice, which schema.field refuses below.
+    if schema.get_field_index(name) < 0 and name not in schema.names:
         close = difflib.get_close_matches(name, schema.names, n=3)
         hint = (f"did you mean {' or '.join(map(repr, close))}?" if close else _some_columns(schema.names))
         raise ShardError(f"{where}: no column {name!r} ({hint})")

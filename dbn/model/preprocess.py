@@ -15,6 +15,7 @@ first use, so that ``import dbn`` stays quick.
 
 from __future__ import annotations
 
+import collections
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -99,7 +100,7 @@ def check_columns(columns) -> tuple[str, ...]:
     names = tuple(columns)
     if not names or not all(isinstance(name, str) and name for name in names):
         raise ValueError(f"columns must be non-empty strings, got {list(names)!r}")
-    twice = sorted({name for name in names if names.count(name) > 1})
+    twice = sorted(name for name, n in collections.Counter(names).items() if n > 1)
     if twice:
         raise ValueError(f"columns names {', '.join(map(repr, twice))} twice")
     return names
