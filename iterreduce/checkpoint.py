@@ -71,8 +71,9 @@ class Writer:
     At most one write is in flight: :meth:`save` first waits for the one before and raises the
     error it met (:class:`CheckpointError`), so a job whose checkpoints fail stops one step
     later than it did, and the checkpoint taken after step k is complete before step k + 2
-    starts (a killed master redoes at most one step more than with synchronous writes). :meth:`flush` waits for the last. ``on_saved(step, uri)`` is called from
-    the writer's thread once a checkpoint is complete. The arrays must not change in place
+    starts (a killed master redoes at most one step more than with synchronous writes).
+    :meth:`flush` waits for the last. ``on_saved(step, uri)`` is called from the writer's
+    thread once a checkpoint is complete. The arrays must not change in place
     while they are written (the master replaces its parameters, never writes into them)."""
 
     def __init__(self, on_saved: Callable[[int, str], None] | None = None):

@@ -130,16 +130,12 @@ def _opened(data, test: bool = False, columns: tuple[str, ...] | None = None):
     return source, dataset, found
 
 
-def table_width(data) -> int:
-    """Features per row of the training table, from its first piece with rows."""
+def table_layout(data) -> tuple[tuple[str, ...], int]:
+    """The columns ``[data] features`` names in the training table (a glob expanded in its order
+    of columns: what a model trained on it reads from any other table, by name), and the
+    features a row they give (from its first piece with rows)."""
     source, _, found = _opened(data)
-    return _width(source, found)
-
-
-def table_columns(data) -> tuple[str, ...]:
-    """The columns ``[data] features`` names in the training table (a glob expanded in its
-    order of columns): what a model trained on it reads from any other table, by name."""
-    return _opened(data)[0].features
+    return source.features, _width(source, found)
 
 
 def prepare(data, visible: str, *, statistics: bool = True) -> TableShard:
@@ -238,10 +234,10 @@ def predict_table(model, data, out: str, *, table: str | None = None, filter: st
     uri = table or data.test or data.train
     if filter is None:
         filter = data.test_filter if uri == data.test else data.filter if uri == data.train else None
-    source = dataclasses.replace(source_of(data), uri=uri, label=None, filter=filter)
-    columns = getattr(model, "input_columns_", None)
-    if columns is not None:
-        source = dataclasses.replace(source, features=tuple(columns))
+    columns = getattr(model, "input_columns_", None)  # the model's, by name, where it names them
+    source = source_of(data)
+    source = dataclasses.replace(source, uri=uri, label=None, filter=filter,
+                                 features=source.features if columns is None else tuple(columns))
     dataset = open_dataset(source)
     source = resolve(source, dataset)
     label = data.label if data.label in dataset.schema.names and not features else None

@@ -38,13 +38,13 @@ import numpy as np
 from iterreduce import runlog
 from iterreduce.exceptions import MasterKilled
 from iterreduce.local import PREVIOUS, RUN_FILES, gpu_count, local_processes, prune_previous, run_local, set_aside
-from iterreduce.shards import TABLE_SHARD_SUFFIX, filesystem, join, list_shards, shard_info
+from iterreduce.shards import TABLE_SHARD_SUFFIX, describe_shard, filesystem, join, list_shards, shard_info
 
 from .. import __version__
 from ..data.sharding import (csv_columns, load_dataset, load_shards, load_source, load_validation, no_labels,
                               shard_dataset)
 from ..data.table_data import (attach_inputs, open_test_table, prepare, raw_table_rows, read_table, scaler_of,
-                               table_columns, table_shards, table_width)
+                               table_layout, table_shards)
 from ..data.validation import check_features, class_warnings, counted, label_indices, minibatch_warnings
 from ..exceptions import ConfigError, DataError, ModelFileError, UsageError
 from ..model import flops
@@ -158,9 +158,10 @@ def check_test_data(spec: JobSpec) -> None:
     if data.test is None or not spec.fine_tunes:
         return
     shards = shard_info(list_shards(spec.cluster.shards)) if spec.cluster.shards else None
+    table = table_layout(data) if data.features is not None else None  # (columns, width): opened once
     # The test data read as the model will read it: the training data's columns, by name, where they have names.
-    if data.features is not None:
-        width = open_test_table(data, table_columns(data)).n_features
+    if table is not None:
+        width = open_test_table(data, table[0]).n_features
     else:
         columns = shards[0].get("columns") if shards else csv_columns(data.train, data.label)
         width = load_dataset(data.test, split="test", mnist_dir=data.mnist_dir, labels=True,
@@ -169,8 +170,8 @@ def check_test_data(spec: JobSpec) -> None:
         if not all(s["labels"] for s in shards):
             return  # training shards without labels: the launcher refuses them first, naming them
         train, trained = spec.cluster.shards, shards[0]["features"]
-    elif data.features is not None:
-        train, trained = data.train, table_width(data)
+    elif table is not None:
+        train, trained = data.train, table[1]
     else:
         train = data.train
         X, y = load_source(train, split="train", mnist_dir=data.mnist_dir, label=data.label)  # no float32 copy
@@ -418,7 +419,7 @@ class InProcess:
         # The columns the features come from (a table's resolved glob, a CSV's header, the shards'
         # record of it): the model reads them by name from later tables and files.
         columns = (table.source.features if table is not None
-                   else shard_info(list_shards(source))[0].get("columns") if spec.cluster.shards
+                   else describe_shard(list_shards(source)[0])["columns"] if spec.cluster.shards
                    else csv_columns(source, spec.data.label))
         if any(x is not None for x in (scaler, classes, columns)):  # before training: every class gets an output
             attach_inputs(model, classes, scaler, columns)
