@@ -17,13 +17,13 @@ import json
 import logging
 import re
 import time
-import zipfile
 from concurrent import futures
 from typing import Callable
 
 import numpy as np
 import pyarrow.fs as pafs
 
+from . import npzfile
 from .shards import filesystem, join, open_output_file
 from .exceptions import CheckpointError
 
@@ -117,40 +117,59 @@ def _list(fs, path) -> list[str]:
 _UNREADABLE = object()  # the fingerprint of a checkpoint whose header cannot be read: matches no job
 
 
-def _fingerprint(fs, path):
-    """The ``fingerprint`` in a checkpoint's header (None when it has none), reading only the
-    header; :data:`_UNREADABLE` for a file that is no readable checkpoint."""
+def _fingerprint(fs, path, field="fingerprint"):
+    """The ``fingerprint`` (or another ``field``, e.g. ``run``) in a checkpoint's header (None
+    when it has none), reading only the header; :data:`_UNREADABLE` for a file that is no
+    readable checkpoint."""
     try:
-        with fs.open_input_file(path) as f, zipfile.ZipFile(f) as npz, npz.open(f"{_HEADER}.npy") as member:
-            header = np.lib.format.read_array(member, allow_pickle=False)
-        return json.loads(header.tobytes().decode()).get("fingerprint")
-    except (OSError, zipfile.BadZipFile, KeyError, ValueError, AttributeError) as exc:
+        with fs.open_input_file(path) as f:
+            header = npzfile.read_npz(f, f.size(), only={_HEADER})[_HEADER]
+        return _header(header).get(field)
+    except (OSError, KeyError, ValueError, RecursionError) as exc:
         log.warning("%s: unreadable checkpoint header, ignored: %s", path, exc)
         return _UNREADABLE
 
 
-def latest(directory: str, fingerprint: str | None = None) -> str | None:
+def latest(directory: str, fingerprint: str | None = None, run: str | None = None) -> str | None:
     """URI of the newest checkpoint in ``directory``, or None.
 
     With ``fingerprint``, the newest whose header holds that fingerprint, i.e. the newest of
-    that job: checkpoints of other jobs (and unreadable files) are passed over.
+    that job: checkpoints of other jobs (and unreadable files) are passed over. With ``run``
+    too, the newest of that job whose header holds that ``run`` (the run id of the submission
+    that wrote it): another submission's checkpoints of the same job are passed over as well.
     """
+    if run is not None and fingerprint is None:
+        raise ValueError("latest: a run's checkpoints are looked up by the job's fingerprint too")
     fs, path = filesystem(directory)
     for name in reversed(_list(fs, path)):  # newest first: most often the first one is it
-        if fingerprint is None or _fingerprint(fs, join(path, name)) == fingerprint:
+        uri = join(path, name)
+        if fingerprint is None or (_fingerprint(fs, uri) == fingerprint
+                                   and (run is None or _fingerprint(fs, uri, "run") == run)):
             return join(directory, name)
     return None
 
 
 def load(uri: str) -> tuple[dict, dict[str, np.ndarray]]:
-    """Read a checkpoint; returns (header, arrays)."""
+    """Read a checkpoint; returns (header, arrays). Read through :func:`iterreduce.npzfile.read_npz`:
+    a crafted or corrupt file allocates no more than its limits allow and raises
+    :class:`CheckpointError` naming the file."""
     fs, path = filesystem(uri)
     try:
         with fs.open_input_file(path) as f:
-            data = f.read()
-        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-        header = json.loads(arrays.pop(_HEADER).tobytes().decode())
-    except (OSError, zipfile.BadZipFile, KeyError, ValueError) as exc:
+            arrays = npzfile.read_npz(f, f.size())
+        if _HEADER not in arrays:
+            raise KeyError(f"no {_HEADER} array")
+        header = _header(arrays.pop(_HEADER))
+    except (OSError, KeyError, ValueError, RecursionError) as exc:  # NpzError is a ValueError
         raise CheckpointError(f"{uri}: unreadable checkpoint: {exc}") from exc
     return header, arrays
+
+
+def _header(raw: np.ndarray) -> dict:
+    """A checkpoint's header array as the JSON object it holds; ``ValueError`` for anything else."""
+    if raw.dtype != np.uint8 or raw.ndim != 1:
+        raise ValueError(f"header of {raw.dtype} and shape {raw.shape}, not JSON text")
+    header = json.loads(raw.tobytes().decode())
+    if not isinstance(header, dict):
+        raise ValueError(f"header is a JSON {type(header).__name__}, not an object")
+    return header

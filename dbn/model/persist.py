@@ -7,13 +7,13 @@ complete, so a failed save never replaces a good model with half of one.
 from __future__ import annotations
 
 import json
-import math
 import os
 import tempfile
-import zipfile
 from pathlib import Path
 
 import numpy as np
+
+from iterreduce import durable, npzfile
 
 from . import state
 from ..exceptions import ModelFileError
@@ -31,24 +31,10 @@ _HEADER = "__header__"
 
 
 def atomic_write(path, write) -> None:
-    """Call ``write(file_object)`` on a temporary file, then rename it to ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide models from colleagues
-        os.replace(tmp, path)
-    except BaseException as exc:
-        Path(tmp).unlink(missing_ok=True)
-        if isinstance(exc, OSError) and exc.filename is None:  # e.g. a full disk: say which file
-            raise OSError(exc.errno, f"cannot write it: {exc.strerror or exc}", str(path)) from exc
-        raise
+    """Call ``write(file_object)`` on a temporary file, then rename it to ``path``, durably: the
+    file's bytes and its folder fsynced, never a moment without a file at ``path`` if one was
+    there (:func:`iterreduce.durable.write_local`, the project's one way of doing it)."""
+    durable.write_local(path, write)
 
 
 def _plain(value):
@@ -112,39 +98,14 @@ def load_arrays(path) -> tuple[dict, dict[str, np.ndarray]]:
 
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
-    """The arrays of the ``.npz`` at ``path``, each member's ``.npy`` header checked before
-    its data is read: only plain numeric arrays, and only as many bytes as the member holds."""
-    arrays = {}
-    with zipfile.ZipFile(path) as z:  # an .npz is a zip; anything else is not a model
-        for info in z.infolist():
-            if info.is_dir() or not info.filename.endswith(".npy"):
-                raise ModelFileError(f"{path}: member {info.filename!r} is not an .npy array")
-            name = info.filename[:-len(".npy")]
-            if name in arrays:
-                raise ModelFileError(f"{path}: array {name!r} is stored twice")
-            with z.open(info) as f:
-                version = np.lib.format.read_magic(f)
-                if version == (1, 0):
-                    shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-                elif version == (2, 0):
-                    shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-                else:
-                    raise ModelFileError(f"{path}: array {name!r} is in .npy format {version}, not 1.0 or 2.0")
-                if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None \
-                        or dtype.kind not in "biuf":
-                    raise ModelFileError(f"{path}: array {name!r} is of type {dtype}, not plain numbers "
-                                         f"(Python objects are never unpickled)")
-                size = math.prod(shape) * dtype.itemsize
-                if size != info.file_size - f.tell():  # before any allocation: a header may claim terabytes
-                    raise ModelFileError(f"{path}: array {name!r} claims shape {shape} of {dtype} ({size} bytes), "
-                                         f"but its member holds {info.file_size - f.tell()} bytes")
-                data = f.read(size + 1)  # to the end of the member, where zipfile checks its CRC
-            if len(data) != size:
-                raise ModelFileError(f"{path}: array {name!r} is truncated ({len(data)} of {size} bytes)")
-            array = np.frombuffer(data, dtype=dtype)
-            array = array.reshape(shape[::-1]).T if fortran else array.reshape(shape)
-            arrays[name] = array.copy()  # writable, and in C order
-    return arrays
+    """The arrays of the ``.npz`` at ``path``, through the runtime's bounded reader
+    (:func:`iterreduce.npzfile.read_npz`): only plain numeric arrays, and nothing allocated
+    beyond what the file's own bytes hold (or a deflated member may inflate to, within its limits)."""
+    with open(path, "rb") as f:
+        try:
+            return npzfile.read_npz(f, os.fstat(f.fileno()).st_size)
+        except npzfile.NpzError as exc:
+            raise ModelFileError(f"{path}: {exc}") from exc
 
 
 def _header(path: Path, raw: np.ndarray) -> dict:

@@ -1,0 +1,171 @@
+"""Reading ``.npz`` files (model files, checkpoints) with limits: a small file never makes
+the process allocate much more than it holds.
+
+An ``.npz`` is a zip of ``.npy`` members. A zip's headers declare sizes that nothing checks
+against the bytes on disk, and a deflated member inflates up to a thousand times: a 100 KB
+file of ``np.savez_compressed`` zeros declares hundreds of MB, and NumPy's own reader
+allocates it all. :func:`read_npz` checks every declaration before it allocates:
+
+- the members: at most :data:`MAX_MEMBERS`, each an ``.npy`` file, stored or deflated (no
+  other compression, no encryption), whose compressed bytes lie within the file's real size
+  and together add up to no more than it (members that overlap are refused);
+- a stored member holds as many bytes as it declares; the deflated members together inflate
+  to at most :data:`MAX_INFLATION_RATIO` times the file's size plus
+  :data:`INFLATION_ALLOWANCE`, and never to more than :data:`MAX_INFLATED_BYTES`;
+- each ``.npy`` header: format 1.0 or 2.0, a plain numeric dtype (never Python objects:
+  nothing is unpickled), and a shape whose bytes are exactly what the member declares;
+- the data is read in chunks of :data:`READ_CHUNK_BYTES` into the array itself, stopping at
+  the declared size; a member that holds more or less (or fails its CRC) is refused.
+
+Anything else raises :class:`NpzError` naming the member; callers add the file and their own
+error class (a model file's, a checkpoint's).
+"""
+
+from __future__ import annotations
+
+import math
+import zipfile
+from typing import Collection
+
+import numpy as np
+
+from .exceptions import IterReduceError
+
+#: members an .npz may hold (a model has a few per layer; a checkpoint one per parameter)
+MAX_MEMBERS = 4096
+#: deflated members may inflate to this many times the whole file's size ...
+MAX_INFLATION_RATIO = 32
+#: ... plus this much, whatever the file's size (small arrays of zeros inflate a thousand-fold)
+INFLATION_ALLOWANCE = 16 << 20
+#: and never, however large the file, to more than this in all
+MAX_INFLATED_BYTES = 1 << 31
+#: bytes read from a member at a time (inflating a member never holds more than this besides its array)
+READ_CHUNK_BYTES = 1 << 22
+#: dtype kinds a member may hold: booleans, integers, floating-point numbers
+PLAIN_KINDS = "biuf"
+_COMPRESSIONS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflated"}
+_ENCRYPTED = 0x1  # the zip flag bit of an encrypted member
+
+
+class NpzError(IterReduceError, ValueError):
+    """An ``.npz`` file that is not one of plain arrays within the limits; the message names
+    the member at fault (the caller names the file)."""
+
+
+def read_npz(file, size: int, only: Collection[str] | None = None) -> dict[str, np.ndarray]:
+    """The arrays of the ``.npz`` in ``file`` (a seekable binary file object whose real size
+    is ``size`` bytes), by name without ``.npy``; each array writable, in C order. With
+    ``only``, just the arrays of those names (every member is checked all the same).
+
+    Raises :class:`NpzError` for a file outside the limits of this module or bytes that are
+    no readable zip (whatever zipfile, zlib or NumPy raised is in its message), and
+    ``OSError`` when the file cannot be read. At most the arrays' bytes plus
+    :data:`READ_CHUNK_BYTES` (and the zip's directory, a fraction of ``size``) are allocated."""
+    try:
+        return _read(file, size, only)
+    except NpzError:
+        raise
+    except OSError:  # the file system's error (a lost disk, HDFS): not the bytes' fault
+        raise
+    except Exception as exc:  # noqa: BLE001 - zipfile, zlib and NumPy raise many types for bad bytes
+        raise NpzError(f"not a readable .npz (truncated or corrupt, or not a zip): "
+                       f"{type(exc).__name__}: {exc}") from exc
+
+
+def _read(file, size: int, only: Collection[str] | None) -> dict[str, np.ndarray]:
+    _check_directory_size(file, size)
+    with zipfile.ZipFile(file) as z:
+        infos = z.infolist()
+        _check_members(infos, size)
+        arrays: dict[str, np.ndarray] = {}
+        seen = set()
+        for info in infos:
+            name = info.filename[:-len(".npy")]
+            if name in seen:
+                raise NpzError(f"array {name!r} is stored twice")
+            seen.add(name)
+            if only is not None and name not in only:
+                continue
+            with z.open(info) as member:
+                arrays[name] = _read_member(member, name, info.file_size)
+    return arrays
+
+
+def _check_directory_size(file, size: int) -> None:
+    """Refuse a zip whose end record announces more members than :data:`MAX_MEMBERS`, before
+    zipfile builds an object for each (a directory entry is 46 bytes; its object ten times that)."""
+    try:
+        end = zipfile._EndRecData(file)  # noqa: SLF001 - the record zipfile itself reads first
+    except AttributeError:  # a Python without it: the count is checked after parsing
+        return
+    if end and end[zipfile._ECD_ENTRIES_TOTAL] > MAX_MEMBERS:  # noqa: SLF001
+        raise NpzError(f"the zip announces {end[zipfile._ECD_ENTRIES_TOTAL]} members, "  # noqa: SLF001
+                       f"at most {MAX_MEMBERS} are read")
+    if end and end[zipfile._ECD_SIZE] > size:  # noqa: SLF001
+        raise NpzError(f"the zip's directory claims {end[zipfile._ECD_SIZE]} bytes, "  # noqa: SLF001
+                       f"the file holds {size}")
+
+
+def _check_members(infos: list[zipfile.ZipInfo], size: int) -> None:
+    """Every member's declared sizes against the file's real ``size`` and the limits."""
+    if len(infos) > MAX_MEMBERS:
+        raise NpzError(f"{len(infos)} members, at most {MAX_MEMBERS} are read")
+    inflated = compressed = 0
+    for info in infos:
+        where = f"member {info.filename!r}"
+        if info.is_dir() or not info.filename.endswith(".npy"):
+            raise NpzError(f"{where} is not an .npy array")
+        if info.compress_type not in _COMPRESSIONS:
+            raise NpzError(f"{where} is compressed with zip method {info.compress_type}; "
+                           f"only stored and deflated members are read")
+        if info.flag_bits & _ENCRYPTED:
+            raise NpzError(f"{where} is encrypted")
+        if info.compress_size > size or info.header_offset + info.compress_size > size:
+            raise NpzError(f"{where} claims {info.compress_size} bytes at offset {info.header_offset}, "
+                           f"beyond the file's {size} bytes")
+        compressed += info.compress_size
+        if info.compress_type == zipfile.ZIP_STORED:
+            if info.file_size != info.compress_size:
+                raise NpzError(f"{where} is stored, yet claims {info.file_size} bytes in "
+                               f"{info.compress_size}")
+        else:
+            inflated += info.file_size
+    if compressed > size:  # members that overlap: the same bytes read many times
+        raise NpzError(f"its members claim {compressed} bytes in all, more than the file's {size}")
+    limit = min(MAX_INFLATION_RATIO * size + INFLATION_ALLOWANCE, MAX_INFLATED_BYTES)
+    if inflated > limit:
+        raise NpzError(f"its deflated members would inflate to {inflated} bytes from a file of {size}: "
+                       f"more than the {limit} bytes allowed ({MAX_INFLATION_RATIO} times the file's size "
+                       f"plus {INFLATION_ALLOWANCE}, at most {MAX_INFLATED_BYTES}); save it uncompressed "
+                       f"(numpy.savez)")
+
+
+def _read_member(member, name: str, declared: int) -> np.ndarray:
+    """One ``.npy`` member, ``declared`` bytes long: its header checked, then its data read in
+    chunks straight into the array."""
+    version = np.lib.format.read_magic(member)
+    if version == (1, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(member)
+    elif version == (2, 0):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(member)
+    else:
+        raise NpzError(f"array {name!r} is in .npy format {version}, not 1.0 or 2.0")
+    if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None or dtype.kind not in PLAIN_KINDS:
+        raise NpzError(f"array {name!r} is of type {dtype}, not plain numbers (Python objects are never unpickled)")
+    nbytes = math.prod(shape) * dtype.itemsize  # Python ints: no wrap-around for absurd shapes
+    held = declared - member.tell()
+    if nbytes != held:  # before any allocation: a header may claim terabytes
+        raise NpzError(f"array {name!r} claims shape {shape} of {dtype} ({nbytes} bytes), "
+                       f"but its member holds {held} bytes")
+    array = np.empty(shape[::-1] if fortran else shape, dtype=dtype)
+    flat = array.reshape(-1).view(np.uint8)
+    position = 0
+    while position < nbytes:
+        chunk = member.read(min(READ_CHUNK_BYTES, nbytes - position))
+        if not chunk:
+            raise NpzError(f"array {name!r} is truncated ({position} of {nbytes} bytes)")
+        flat[position:position + len(chunk)] = np.frombuffer(chunk, dtype=np.uint8)
+        position += len(chunk)
+    if member.read(1):  # zipfile stops at the declared size and checks the CRC at the end
+        raise NpzError(f"array {name!r} holds more than the {nbytes} bytes its member declares")
+    return np.ascontiguousarray(array.T) if fortran else array
