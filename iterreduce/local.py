@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from . import THREAD_VARS, checkpoint, runlog
-from .master import EXIT_DATA_ERROR, MasterConfig
+from .master import EXIT_DATA_ERROR, MasterConfig, new_run_id
 from .security import new_token
 from .shards import list_shards
 from .exceptions import STOPPED_ON_BAD_DATA, LocalJobError, MasterKilled
@@ -289,6 +289,8 @@ def run_local(config: MasterConfig, *, max_restarts: int = 3, device: str = "cpu
     The launcher completes the config: ``shards`` may be a directory URI of Parquet
     shards, an empty ``token`` gets a fresh one, and checkpoints go to OUTPUT/checkpoints
     unless ``checkpoint_dir`` says otherwise; ``resume=True`` continues from the newest.
+    A run without a ``run_id`` gets a fresh one (:func:`~iterreduce.master.new_run_id`), written
+    in each of its checkpoints.
     A new run keeps an earlier run's log and checkpoints in OUTPUT/previous/N
     (:func:`set_aside`); once it has succeeded, the newest :data:`KEEP_PREVIOUS` stay.
     """
@@ -298,6 +300,7 @@ def run_local(config: MasterConfig, *, max_restarts: int = 3, device: str = "cpu
         set_aside(out)
     shards = list_shards(config.shards) if isinstance(config.shards, str) else list(config.shards)
     config = dataclasses.replace(config, shards=shards, output=str(out), token=config.token or new_token(),
+                                 run_id=config.run_id or new_run_id(),
                                  checkpoint_dir=config.checkpoint_dir or str(out / "checkpoints"))
     cluster = LocalCluster(config, max_restarts=max_restarts, device=device,
                            threads_per_worker=threads_per_worker, on_record=on_record)

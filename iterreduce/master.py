@@ -30,6 +30,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -71,6 +72,11 @@ MISSED_HEARTBEATS = 3
 LONG_POLL_S = 5.0
 
 
+def new_run_id() -> str:
+    """A fresh run id (see :attr:`MasterConfig.run_id`): 32 random hex digits."""
+    return uuid.uuid4().hex
+
+
 def heartbeat_timing(interval: float, timeout: float, workers: int) -> tuple[float, float]:
     """The heartbeat interval the master hands its workers and the silence after which it drops
     one: ``interval`` and ``timeout`` as configured, unless ``workers`` beating every ``interval``
@@ -99,7 +105,14 @@ class MasterConfig:
     checkpoint_dir: str | None = None
     checkpoint_every: int = 1
     checkpoint_keep: int = 2
-    resume: bool = False
+    resume: bool = False      # the user's: continue from the newest checkpoint of this job, whichever run wrote it
+    #: This run's identity (a submission's, or a new local run's): written in every checkpoint it
+    #: takes, so that a restart of the same run (``resume_own``) can tell its own from another's.
+    run_id: str = ""
+    #: A restart of this same run (a new attempt of its YARN application master): continue from
+    #: the newest checkpoint of this job whose header carries ``run_id``; none: start at step 0.
+    #: Another submission's checkpoints of the same job, in the same folder, are never resumed.
+    resume_own: bool = False
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 10.0
     start_timeout: float = 300.0
@@ -605,6 +618,8 @@ class Master(pb_grpc.MasterServicer):
             # The newest of this job's checkpoints; else the newest of any, which is refused below.
             ckpt = (checkpoint.latest(self.config.checkpoint_dir, self.fingerprint)
                     or checkpoint.latest(self.config.checkpoint_dir))
+        elif self.config.resume_own and self.config.checkpoint_dir:
+            ckpt = self._own_checkpoint()
         if ckpt is None:
             if self.config.resume:
                 log.warning("resume asked for, but no checkpoint in %s: starting afresh", self.config.checkpoint_dir)
@@ -620,6 +635,19 @@ class Master(pb_grpc.MasterServicer):
         log.info("resumed from %s at step %d of %d", ckpt, header["step"], len(self.steps))
         self._event("resumed", checkpoint=ckpt, step=header["step"])
         return int(header["step"])
+
+    def _own_checkpoint(self) -> str | None:
+        """The newest checkpoint this run (``run_id``) wrote, for a restart of it: never another
+        submission's checkpoint of the same job (it would continue someone else's run)."""
+        directory = self.config.checkpoint_dir
+        if not self.config.run_id:
+            log.warning("a restart without a run id cannot tell its own checkpoints in %s from another "
+                        "submission's: starting at step 0", directory)
+            return None
+        ckpt = checkpoint.latest(directory, self.fingerprint, run=self.config.run_id)
+        if ckpt is None:
+            log.info("no checkpoint of this run (%s) in %s: starting at step 0", self.config.run_id, directory)
+        return ckpt
 
     def run(self) -> None:
         """Drive every superstep; returns when the program is finished."""
@@ -639,7 +667,8 @@ class Master(pb_grpc.MasterServicer):
                                                    or index + 1 == len(self.steps) or stopping):
                     writer.save(self.config.checkpoint_dir, index + 1,
                                 {"n_steps": len(self.steps), "seed": self.config.seed,
-                                 "program": self.config.program, "fingerprint": self.fingerprint},
+                                 "program": self.config.program, "fingerprint": self.fingerprint,
+                                 "run": self.config.run_id},
                                 self.parameters, keep=self.config.checkpoint_keep)
             writer.flush()
         finally:

@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from . import durable
 from .exceptions import IterReduceError, ShardError
 from .lifeline import follow_parent
 from .rowfile import RowFile
@@ -86,21 +87,22 @@ def open_output_file(uri: str, *, resolve=None):
 
     The bytes go to a hidden ``.tmp`` file beside it, moved to ``uri`` only when the ``with``
     block ends without an error: a failed write leaves no partial file, readers never see half
-    a file, and an earlier file stays whole. ``resolve`` (default :func:`filesystem`) maps
-    ``uri`` to its file system and path."""
+    a file, and an earlier file stays whole. The bytes are made durable and the move replaces
+    an earlier file atomically where the file system allows it (:mod:`iterreduce.durable`:
+    local disk and HDFS do). ``resolve`` (default :func:`filesystem`) maps ``uri`` to its file
+    system and path."""
     fs, path = (resolve or filesystem)(uri)
     folder, name = posixpath.split(path)
     if folder:
         fs.create_dir(folder, recursive=True)
     if fs.get_file_info(path).type == pafs.FileType.Directory:
         raise IsADirectoryError(errno.EISDIR, "a folder is there: name the file to write", uri)
-    partial = posixpath.join(folder, f".{name}.{uuid.uuid4().hex[:8]}.tmp")
+    durable.restore(fs, path)  # an earlier replacement cut short between its renames: its file back first
+    partial = durable.hidden_name(path, durable.PARTIAL_SUFFIX)
     try:
-        with fs.open_output_stream(partial, compression=None) as stream:  # the bytes as given, whatever the name
+        with durable.output_stream(fs, partial) as stream:
             yield stream
-        if fs.get_file_info(path).type == pafs.FileType.File:
-            fs.delete_file(path)  # HDFS renames onto no existing file
-        fs.move(partial, path)
+        durable.replace(fs, partial, path)
     except BaseException:
         with contextlib.suppress(OSError, pa.ArrowException):
             fs.delete_file(partial)

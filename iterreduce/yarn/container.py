@@ -5,7 +5,9 @@ publishes its address and a fresh job token in skein's key-value store, reports
 each superstep with ``set_progress`` (and the record under ``KV_PROGRESS`` for
 ``status``), checkpoints to the job's output URI (HDFS) and copies its outputs
 there at the end. A new attempt of the application master resumes from the
-newest checkpoint. A job error (bad shards, bad config, no workers) ends the
+newest checkpoint of its own submission (its run id: the application's id unless
+the job file names one), never from another submission's checkpoints of the same
+job in the same folder; without one of its own it starts at step 0. A job error (bad shards, bad config, no workers) ends the
 application FAILED with the reason as its diagnostics; an unexpected crash
 exits non-zero so YARN starts another attempt while attempts remain.
 
@@ -25,6 +27,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import socket
 import sys
 import time
@@ -35,7 +38,7 @@ import skein
 from ..exceptions import STOPPED_ON_BAD_DATA, DataError
 from ..master import JOB_ERRORS, JobFailed, Master, MasterConfig
 from ..security import TlsCredentials, from_skein, new_token
-from ..shards import filesystem, join, list_shards
+from ..shards import filesystem, join, list_shards, open_output_file
 from . import KV_ADDRESS, KV_PROGRESS, KV_SLOT, KV_TOKEN, KV_UI
 
 log = logging.getLogger("iterreduce.yarn")
@@ -62,16 +65,19 @@ def read_job(path: str) -> dict:
     return job
 
 
-def master_config(job: dict, local_out: Path, token: str, resume: bool) -> MasterConfig:
+def master_config(job: dict, local_out: Path, token: str, restart: bool, run_id: str = "") -> MasterConfig:
     """The master's configuration in a container: outputs written locally (and copied to the
-    job's output URI at the end), checkpoints straight to the job's output URI."""
+    job's output URI at the end), checkpoints straight to the job's output URI. ``run_id``:
+    this submission's identity (the job file's ``run_id`` wins); a ``restart`` (a later
+    application attempt) resumes only checkpoints carrying it. A ``resume`` in the job file is
+    the user's: the newest checkpoint of the job, whichever run wrote it."""
     fields = dict(job["master"])
     shards = fields["shards"]
     fields.update(shards=list_shards(shards) if isinstance(shards, str) else list(shards), output=str(local_out),
                   token=token, host="0.0.0.0", advertise_host=os.environ.get("NM_HOST") or socket.getfqdn(),
                   ui_host="0.0.0.0",  # YARN's web proxy, on the ResourceManager's host, must reach the page
                   checkpoint_dir=fields.get("checkpoint_dir") or join(fields["output"], "checkpoints"),
-                  resume=resume or bool(fields.get("resume")))
+                  resume=bool(fields.get("resume")), resume_own=restart, run_id=fields.get("run_id") or run_id)
     return MasterConfig.from_dict(fields, source="job file")
 
 
@@ -85,16 +91,24 @@ def app_credentials(app: skein.ApplicationClient) -> TlsCredentials:
 
 
 def upload_outputs(local_out: Path, output_uri: str) -> list[str]:
-    """Copy the master's output files (model, log, ...) to ``output_uri``; returns their URIs."""
+    """Copy the master's output files (model, log, ...) to ``output_uri``; returns their URIs.
+
+    Each is written under a hidden temporary name and moved onto its own only once whole
+    (:func:`~iterreduce.shards.open_output_file`): a crash or an error part-way leaves an
+    earlier attempt's file as it was, never a truncated one."""
     fs, base = filesystem(output_uri)
     fs.create_dir(base, recursive=True)
     written = []
     for path in sorted(local_out.iterdir()):
         if path.is_file() and not path.name.startswith("."):
-            with open(path, "rb") as src, fs.open_output_stream(join(base, path.name), compression=None) as dst:
-                dst.write(src.read())
+            with open(path, "rb") as src, open_output_file(join(output_uri, path.name)) as dst:
+                shutil.copyfileobj(src, dst, UPLOAD_CHUNK_BYTES)
             written.append(join(output_uri, path.name))
     return written
+
+
+#: Bytes copied at a time by :func:`upload_outputs`.
+UPLOAD_CHUNK_BYTES = 8 * 2**20
 
 
 def run_master(job_file: str, app: skein.ApplicationClient) -> int:
@@ -105,7 +119,7 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
     local_out = Path("output").resolve()
     try:
         tls = app_credentials(app)
-        config = master_config(job, local_out, new_token(), resume=attempt > 1)
+        config = master_config(job, local_out, new_token(), restart=attempt > 1, run_id=app.id or "")
         master = Master(config)
         master.listeners.append(lambda record: _report(app, record))
 
@@ -128,7 +142,7 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
     except Exception as exc:  # noqa: BLE001 - a crash: another attempt may get further
         reason = f"master crashed: {type(exc).__name__}: {exc}"
         if attempt < _max_attempts(app):
-            log.exception("%s; YARN will start attempt %d, which resumes from the newest checkpoint",
+            log.exception("%s; YARN will start attempt %d, which resumes from this submission's newest checkpoint",
                           reason, attempt + 1)
             return 1
     log.error(reason)

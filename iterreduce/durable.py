@@ -1,0 +1,177 @@
+"""Atomic, durable replacement of one file: the one way every writer of the project puts a
+finished file under its name, on local disk and on HDFS.
+
+The new bytes are written under a hidden temporary name in the file's own folder and moved
+onto the file's name only once complete, so a reader finds the earlier file or the new one,
+whole, and a crash or an error while writing leaves the earlier file as it was.
+
+- **Local disk** (:func:`write_local`, and :func:`replace` on pyarrow's ``LocalFileSystem``):
+  the temporary file's bytes are fsynced, ``os.replace`` (``rename(2)``: atomic on POSIX; the
+  name holds the old file or the new, never neither) moves it in, and the folder is fsynced so
+  that the rename itself survives a power cut. (pyarrow's ``LocalFileSystem.move`` is the same
+  ``rename(2)``: an existing file is replaced atomically.)
+- **HDFS through hdfs-native** (``hdfs://`` URIs, see :func:`iterreduce.shards.filesystem`):
+  the bytes are hsynced (every datanode of the write pipeline has them on disk) before the file
+  is closed, and the move is the NameNode's rename with ``OVERWRITE``: one namespace operation,
+  journaled before it returns, so a reader again finds the old file or the new, never neither.
+- **Other file systems** that refuse to rename onto an existing file (libhdfs' HDFS, object
+  stores): the earlier file is first renamed aside to a hidden backup name
+  (``.NAME.XXXXXXXX.old``), the new one moved in, then the backup deleted. Between those two
+  renames the name is missing for a moment, but the earlier bytes are whole under the backup
+  name; :func:`restore` (run before every write of that name) moves a backup that a crash left
+  behind back in place. Closing such a file is all the durability those clients offer: a
+  closed HDFS file's blocks have been acknowledged by every datanode of its pipeline.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import posixpath
+import tempfile
+import uuid
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+#: Suffixes of the hidden files a replacement makes beside its target (``.NAME.XXXXXXXX<suffix>``).
+PARTIAL_SUFFIX, BACKUP_SUFFIX = ".tmp", ".old"
+
+
+def hidden_name(path: str, suffix: str) -> str:
+    """A fresh hidden name beside ``path``: ``FOLDER/.NAME.XXXXXXXX<suffix>``."""
+    folder, name = posixpath.split(path)
+    return posixpath.join(folder, f".{name}.{uuid.uuid4().hex[:8]}{suffix}")
+
+
+def fsync_folder(folder) -> None:
+    """fsync the folder ``folder`` (local), so that a rename or a new file in it is on disk."""
+    fd = os.open(folder or ".", os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def fsync_file(path) -> None:
+    """fsync the local file ``path``'s bytes (written and closed by another writer, e.g. pyarrow)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def replace_local(partial, path) -> None:
+    """Move the finished local file ``partial`` onto ``path`` durably: its bytes fsynced, then
+    ``os.replace`` (atomic: never a moment without a file at ``path`` if one was there), then
+    the folder fsynced."""
+    fsync_file(partial)
+    os.replace(partial, path)
+    fsync_folder(os.path.dirname(os.fspath(path)))
+
+
+def write_local(path, write) -> None:
+    """Call ``write(file_object)`` on a hidden temporary file beside the local file ``path`` (its
+    folder made first), then put it in place with :func:`replace_local`. The file gets the
+    permissions a plain ``open`` would give (0666 less the umask). An error leaves no temporary
+    file and ``path`` as it was; an ``OSError`` without a file name (e.g. a full disk) is
+    raised again naming ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=PARTIAL_SUFFIX, dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide the file from colleagues
+        os.replace(tmp, path)
+        fsync_folder(path.parent)
+    except BaseException as exc:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.filename is None:  # e.g. a full disk: say which file
+            raise OSError(exc.errno, f"cannot write it: {exc.strerror or exc}", str(path)) from exc
+        raise
+
+
+def _hdfs_native(fs: pafs.FileSystem):
+    """hdfs-native's fsspec file system behind ``fs`` (a ``PyFileSystem``), or None."""
+    handler = getattr(fs, "handler", None)
+    raw = getattr(handler, "fs", None)
+    if raw is not None and type(raw).__module__.startswith("hdfs_native") and hasattr(raw, "client"):
+        return raw
+    return None
+
+
+@contextlib.contextmanager
+def output_stream(fs: pafs.FileSystem, partial: str):
+    """A stream writing the new file ``partial`` on ``fs``, its bytes made durable when the
+    ``with`` block ends without an error (hsync on HDFS through hdfs-native; local files are
+    fsynced by :func:`replace`)."""
+    raw = _hdfs_native(fs)
+    if raw is None:
+        with fs.open_output_stream(partial, compression=None) as stream:  # the bytes as given, whatever the name
+            yield stream
+        return
+    writer = raw.open(partial, "wb", overwrite=False)
+    stream = pa.PythonFile(writer, mode="w")
+    try:
+        yield stream
+        stream.flush()
+        writer.hsync()  # on disk on every datanode of the pipeline before it is renamed in
+    finally:
+        stream.close()
+
+
+def replace(fs: pafs.FileSystem, partial: str, path: str) -> None:
+    """Move the finished file ``partial`` onto ``path`` on ``fs``, replacing a file there in the
+    safest way the file system allows (see the module docstring)."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        replace_local(partial, path)
+        return
+    raw = _hdfs_native(fs)
+    if raw is not None:
+        raw.client.rename(partial, path, True)  # the NameNode's rename with OVERWRITE: atomic
+        return
+    if fs.get_file_info(path).type != pafs.FileType.File:
+        fs.move(partial, path)
+        return
+    backup = hidden_name(path, BACKUP_SUFFIX)
+    fs.move(path, backup)  # the earlier bytes stay whole under the backup name ...
+    try:
+        fs.move(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError, pa.ArrowException):
+            fs.move(backup, path)  # ... and go back where the new file could not be moved in
+        raise
+    with contextlib.suppress(OSError, pa.ArrowException):  # a backup left behind is restored or cleared later
+        fs.delete_file(backup)
+
+
+def _backups(fs: pafs.FileSystem, path: str) -> list[pafs.FileInfo]:
+    folder, name = posixpath.split(path)
+    try:
+        entries = fs.get_file_info(pafs.FileSelector(folder or ".", allow_not_found=True))
+    except FileNotFoundError:
+        return []
+    prefix = f".{name}."
+    return [e for e in entries if e.is_file and e.base_name.startswith(prefix)
+            and e.base_name.endswith(BACKUP_SUFFIX) and len(e.base_name) == len(prefix) + 8 + len(BACKUP_SUFFIX)]
+
+
+def restore(fs: pafs.FileSystem, path: str) -> str | None:
+    """Where a replacement on a file system without atomic overwrite was cut short between its two
+    renames (``path`` missing, its backup ``.NAME.XXXXXXXX.old`` there), move the newest backup
+    back to ``path``; returns the backup's path, or None. Backups beside a file that is in
+    place are left alone (the replacement that made them deletes them)."""
+    if fs.get_file_info(path).type != pafs.FileType.NotFound:
+        return None
+    found = sorted(_backups(fs, path), key=lambda e: e.mtime_ns or 0)
+    if not found:
+        return None
+    fs.move(found[-1].path, path)
+    return found[-1].path
