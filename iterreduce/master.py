@@ -120,7 +120,7 @@ class MasterConfig:
     reduce: str = "master"  # where the updates are reduced: "master", or "workers" (see iterreduce.exchange)
     name: str = ""          # the job's name, shown on its page
     ui: bool = True         # serve the job's live page (iterreduce.webui) while it runs
-    ui_host: str = "127.0.0.1"  # the page's bind address: this machine only unless told ("0.0.0.0" on YARN)
+    ui_host: str = "127.0.0.1"  # the page's bind address: this machine only (on YARN too: skein's AM proxies it)
     ui_port: int = 0
 
     def __post_init__(self):
@@ -243,6 +243,8 @@ class Master(pb_grpc.MasterServicer):
         self.listeners: list = []
         self.registrations: dict[str, int] = {}  # worker name -> processes registered under it
         self.view: ViewServer | None = None      # the live page, while serving
+        # The live page's path secret (None: none); set where a proxy alone is told it (on YARN).
+        self.view_secret: str | None = None
 
     # ------------------------------------------------------------ shards
 
@@ -871,12 +873,14 @@ class Master(pb_grpc.MasterServicer):
         return self.program.images(dict(self.parameters))
 
     def start_view(self) -> str:
-        """Serve the live page (``config.ui_host``/``ui_port``); logs a ``ui`` event with its URL."""
+        """Serve the live page (``config.ui_host``/``ui_port``, under ``view_secret`` when set);
+        logs a ``ui`` event with its URL and returns it (without the secret: the log may be read
+        by others; ``self.view.url`` has it)."""
         self.view = ViewServer(runlog.log_path(self.out), job=self.view_job(), spec=self.program.view(),
-                               workers=self.view_workers, images=self.view_images)
-        url = self.view.start(self.config.ui_host, self.config.ui_port, advertise_host=self.config.advertise_host)
-        self._event("ui", url=url)
-        return url
+                               workers=self.view_workers, images=self.view_images, secret=self.view_secret)
+        self.view.start(self.config.ui_host, self.config.ui_port, advertise_host=self.config.advertise_host)
+        self._event("ui", url=self.view.origin)
+        return self.view.origin
 
     # --------------------------------------------------------------- serve
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import struct
 import subprocess
 import sys
@@ -222,6 +223,152 @@ def test_the_server_serves_the_page_its_state_and_images_and_nothing_else(tmp_pa
         np.testing.assert_array_equal(decode_gray_png(body), png.to_gray8(np.eye(3)))
         for bad in ("images/none.png", "static/../server.py", "static/%2e%2e/server.py", "nothing", "api/other"):
             assert get(url + bad)[0] == 404, bad
+    finally:
+        server.stop()
+
+
+def ask(port: int, target: str, host: str | None = "127.0.0.1:{port}", method: str = "GET") -> tuple[int, bytes]:
+    """(status, body) of one raw request sent over a socket (urllib would quote or refuse odd targets)."""
+    import http.client
+
+    lines = [f"{method} {target} HTTP/1.1"] + ([f"Host: {host.format(port=port)}"] if host is not None else [])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(("\r\n".join(lines + ["Connection: close", "", ""])).encode("utf-8", "surrogateescape"))
+        answer = http.client.HTTPResponse(conn, method=method)
+        answer.begin()
+        return answer.status, answer.read()
+
+
+def small_log(tmp_path, steps: int = 1) -> Path:
+    log = tmp_path / "log.jsonl"
+    with runlog.RunLog(log) as run:
+        for i in range(steps):
+            run.write(step(i, 50, "train", samples=4, loss=1.0 / (i + 1)))
+    return log
+
+
+def test_odd_paths_get_404_or_400_and_static_names_come_from_the_page_folder_alone(tmp_path):
+    """``/static/view.js%00`` was a 500 with a traceback (a NUL reached the file system): names are
+    looked up in a fixed list of the page's files, and no path, however odd, gives a 5xx."""
+    from iterreduce.webui.server import STATIC_FILES
+
+    assert STATIC_FILES == {"index.html", "view.js", "view.css", "uPlot.iife.min.js", "uPlot.min.css"}
+    server = ViewServer(small_log(tmp_path), job={"name": "j"})
+    server.start()
+    try:
+        for target in ("/static/view.js%00", "/static/view.js%00.css", "/static/%00", "/static/view.js\x00",
+                       "/%ff", "/static/%c0%af", "/static/%ff.js", "//[x", "//[::1", "/static/../server.py",
+                       "/static/%2e%2e/server.py", "/static/..%2fserver.py", "/static/", "/static/uPlot.LICENSE",
+                       "/static/__init__.py", "/images/%00.png", "/images/..%2f..%2fx.png", "/api/state%00",
+                       "/" + "a" * 5000, "http://[/", "*"):
+            status, body = ask(server.port, target)
+            assert status in (400, 404), (target, status, body)
+            assert b"Traceback" not in body and b"Error" not in body, (target, body)
+        assert ask(server.port, "/static/view.js")[0] == 200 and ask(server.port, "/static/view.js?v=1")[0] == 200
+        assert ask(server.port, "/api/state", method="HEAD") == (200, b"")
+        for method in ("POST", "PUT", "DELETE", "OPTIONS", "FOO"):
+            assert ask(server.port, "/api/state", method=method)[0] == 405, method
+    finally:
+        server.stop()
+
+
+def test_the_page_answers_only_to_its_own_host_names(tmp_path):
+    """A page of another site that rebinds its DNS name to 127.0.0.1 sends its own name as ``Host``:
+    refused (421), as is a request with no ``Host`` or another port."""
+    server = ViewServer(small_log(tmp_path), job={"name": "j"})
+    server.start()
+    try:
+        for host in ("127.0.0.1:{port}", "localhost:{port}", "LocalHost:{port}", "[::1]:{port}"):
+            assert ask(server.port, "/api/state", host=host)[0] == 200, host
+        for host in ("evil.example:{port}", "evil.example", "127.0.0.1", "127.0.0.1:1{port}", "localhost.evil:{port}",
+                     "127.0.0.2:{port}", "", None, "127.0.0.1:{port}@evil.example"):
+            status, body = ask(server.port, "/api/state", host=host)
+            assert status == 421 and b'"job"' not in body, (host, status)
+        assert ask(server.port, "/", host="evil.example:{port}")[0] == 421
+    finally:
+        server.stop()
+
+
+def test_a_page_with_a_secret_is_served_under_it_alone(tmp_path):
+    """On YARN the page has a secret path that only skein's proxy is told: without it, nothing."""
+    server = ViewServer(small_log(tmp_path), job={"name": "j"}, secret="s3cr3t")
+    url = server.start()
+    try:
+        assert url == f"http://127.0.0.1:{server.port}/s3cr3t/" and server.origin == f"http://127.0.0.1:{server.port}/"
+        status, body = ask(server.port, "/s3cr3t/")
+        assert status == 200 and b"static/view.js" in body
+        assert json.loads(ask(server.port, "/s3cr3t/api/state")[1])["job"] == {"name": "j"}
+        assert ask(server.port, "/s3cr3t/static/view.js")[0] == 200
+        for target in ("/", "/api/state", "/static/view.js", "/s3cr3t", "/s3cr3T/api/state", "/s3cr3/api/state",
+                       "/s3cr3tx/api/state", "/x/s3cr3t/api/state", "/%73%33cr3t/../api/state"):
+            status, body = ask(server.port, target)
+            assert status == 404 and b'"job"' not in body, (target, status)
+    finally:
+        server.stop()
+    with pytest.raises(ValueError, match="secret"):
+        ViewServer(small_log(tmp_path), job={}, secret="a/b")
+
+
+def test_idle_connections_hold_at_most_the_cap_of_threads_and_are_closed_after_the_idle_timeout(tmp_path):
+    """200 idle connections held 202 threads for ever (keep-alive, no timeout): now at most
+    ``max_connections`` are served (the rest answered 503 and closed at once), and those are closed
+    once idle for ``idle_timeout`` seconds; the page still answers meanwhile and after."""
+    cap, idle = 8, 3.0
+    server = ViewServer(small_log(tmp_path), job={"name": "j"}, max_connections=cap, idle_timeout=idle)
+    baseline = threading.active_count()
+    server.start()
+    conns = []
+    try:
+        for _ in range(200):
+            conns.append(socket.create_connection(("127.0.0.1", server.port), timeout=idle + 10))
+        opened = time.monotonic()
+        time.sleep(0.5)
+        assert threading.active_count() <= baseline + 1 + cap  # serve_forever's thread and the cap
+        answers = []
+        for conn in conns:  # each is answered 503 at once, or served and closed once idle for `idle` s
+            answer = b""
+            while chunk := conn.recv(1024):
+                answer += chunk
+            answers.append(answer)
+        assert time.monotonic() - opened < idle + 5
+        assert sum(a.startswith(b"HTTP/1.1 503 ") for a in answers) == 200 - cap
+        assert answers.count(b"") == cap
+        deadline = time.monotonic() + 5
+        while threading.active_count() > baseline + 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert threading.active_count() == baseline + 1
+        assert ask(server.port, "/api/state")[0] == 200
+    finally:
+        for conn in conns:
+            conn.close()
+        server.stop()
+
+
+def test_the_state_and_images_are_built_once_per_new_log_record_however_many_ask(tmp_path, monkeypatch):
+    """Every ``api/state`` rebuilt the whole snapshot (0.41 s of CPU at 20,000 records): now 100
+    requests cost one build, a new record one more; the progress still moves with the clock and
+    the live workers table is read on each request."""
+    log = small_log(tmp_path, steps=3)
+    drawn, tables = [], []
+    server = ViewServer(log, job={"name": "j"}, images=lambda: drawn.append(1) or {"pic": np.eye(3)},
+                        workers=lambda: tables.append(1) or [{"name": f"worker-{len(tables)}"}],
+                        spec={"title": "T", "charts": [{"x": "step", "y": ["loss"]}], "images": {"pic": "P"}})
+    url = server.start()
+    try:
+        states = [json.loads(get(url + "api/state")[2]) for _ in range(100)]
+        pictures = {get(url + "images/pic.png")[2] for _ in range(100)}
+        assert server.builds == 1 and len(drawn) == 1 and len(pictures) == 1
+        assert len(tables) == 100 and states[-1]["workers"] == [{"name": "worker-100"}] and states[-1]["live"]
+        assert states[0]["charts"] == states[-1]["charts"] and states[-1]["progress"]["steps_done"] == 3
+        with runlog.RunLog(log) as run:
+            run.write(step(3, 50, "train", samples=4, loss=0.2))
+        state = json.loads(get(url + "api/state")[2])
+        get(url + "images/pic.png")
+        assert server.builds == 2 and len(drawn) == 2 and state["progress"]["steps_done"] == 4
+        assert state["charts"][0]["series"][0]["x"] == [0, 1, 2, 3]
+        fresh = json.loads(to_json_bytes(snapshot.build(runlog.read_records(log), job={"name": "j"}, spec=server.spec,
+                                                        workers=state["workers"], images=["pic"])))
+        assert {**state, "progress": None} == {**fresh, "progress": None}  # what a build from scratch shows
     finally:
         server.stop()
 

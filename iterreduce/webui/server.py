@@ -2,21 +2,40 @@
 
 Read-only and small: the standard library's threading HTTP server, in daemon threads
 of the process that owns the job (the master while it runs, ``dbn view`` after). Every
-address the page asks for is relative, so it works behind YARN's web proxy and skein's.
+address the page asks for is relative, so it works under a path prefix and behind YARN's
+web proxy and skein's.
 
 ====================  ==================================================
 ``/``                 the page (``static/index.html``)
-``/static/NAME``      its script, style and the plotting library (uPlot)
+``/static/NAME``      its script, style and the plotting library (uPlot): the files of
+                      ``static/`` and nothing else (:data:`STATIC_FILES`)
 ``/api/state``        :func:`iterreduce.webui.snapshot.build` as JSON
 ``/images/NAME.png``  an image the program draws from the parameters
 ====================  ==================================================
+
+Who may read it, and how much it may cost:
+
+- ``secret``: the page lives under ``/SECRET/`` only; any other path is 404. On YARN the
+  page listens on the container's loopback and only skein's application master, which
+  serves it to YARN's web proxy alone (Hadoop's proxy filter), knows the secret: a
+  process on the same node that does not come through the proxy gets nothing.
+- The ``Host`` header must name this server (``127.0.0.1:PORT``, ``localhost:PORT``,
+  ``[::1]:PORT``; on a non-loopback address also that address, this host's names and IP
+  addresses): a page of another site cannot read it through DNS rebinding (421 otherwise).
+- At most ``max_connections`` connections are served at once (one thread each; the next
+  are answered 503 and closed), and a connection idle for ``idle_timeout`` seconds is
+  closed.
+- The state and the images are built once per new log record, however many ask.
 """
 
 from __future__ import annotations
 
+import hmac
+import ipaddress
 import json
 import logging
 import math
+import socket
 import threading
 from collections.abc import Callable
 from http import HTTPStatus
@@ -32,6 +51,15 @@ log = logging.getLogger("iterreduce.webui")
 STATIC = Path(__file__).resolve().parent / "static"
 CONTENT_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8",
                  ".css": "text/css; charset=utf-8", ".png": "image/png", ".json": "application/json"}
+#: The names ``/static/NAME`` may ask for: the page's own files, fixed when the module loads (a
+#: name is looked up here, never joined to a path, so no path of the request reaches the disk).
+STATIC_FILES = frozenset(p.name for p in STATIC.iterdir() if p.is_file() and p.suffix in CONTENT_TYPES)
+#: Connections served at once (one thread each); more are answered 503 and closed.
+MAX_CONNECTIONS = 32
+#: Seconds a connection may stay silent (keep-alive or a slow client) before it is closed; more than
+#: the 30 s after which skein's proxy (Jetty's) drops its own idle connections, so that it closes first.
+IDLE_TIMEOUT = 45.0
+LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
 
 
 def _finite(value):
@@ -52,68 +80,160 @@ def to_json_bytes(obj) -> bytes:
     return json.dumps(_finite(obj), allow_nan=False, default=str).encode("utf-8")
 
 
+def _is_loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def allowed_hosts(bind_host: str, port: int, advertise_host: str | None = None) -> frozenset[str]:
+    """The ``Host`` header values (lower case, ``name:PORT``) a server bound to ``bind_host``
+    answers: the loopback names, and for any other address also it, ``advertise_host``, this
+    host's names and its IP addresses (IP literals cannot be rebound by DNS)."""
+    names = set(LOOPBACK_NAMES)
+    if not _is_loopback(bind_host):
+        names.update(n for n in (bind_host, advertise_host, socket.gethostname(), socket.getfqdn()) if n)
+        try:
+            names.update(info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None))
+        except OSError:
+            pass
+        names.discard("0.0.0.0")
+        names.discard("")
+    return frozenset(f"[{n}]:{port}".lower() if ":" in n and not n.startswith("[") else f"{n}:{port}".lower()
+                     for n in names)
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """A threading HTTP server that serves at most ``max_connections`` connections at once:
+    one more is answered 503 and closed at once, holding no thread."""
+
+    daemon_threads = True
+    allow_reuse_address = True
+    request_queue_size = 64  # the kernel's backlog: a burst of connections is accepted (and refused) fast
+
+    def __init__(self, address, handler, max_connections: int):
+        self._slots = threading.BoundedSemaphore(max_connections)
+        super().__init__(address, handler)
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            self._refuse(request)
+            return
+        try:
+            super().process_request(request, client_address)  # starts the connection's thread
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def _refuse(self, request) -> None:
+        try:
+            request.settimeout(1.0)
+            request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nRetry-After: 1\r\n"
+                            b"Connection: close\r\n\r\n")
+        except OSError:
+            pass
+        self.shutdown_request(request)
+
+
 class ViewServer:
     """Serves the live page of the job whose log is ``log_path``.
 
     ``job``: what the page says of the job (see :func:`snapshot.build`). ``spec``: the
     program's view spec (None: :func:`snapshot.default_spec`). ``workers``: returns the
     live workers table (None: derived from the log). ``images``: returns ``{name: 2-D
-    array}`` drawn from the current parameters (None: no images).
+    array}`` drawn from the current parameters (None: no images). ``secret``: serve the page
+    under ``/SECRET/`` only (see the module docstring). ``max_connections`` and
+    ``idle_timeout``: see :data:`MAX_CONNECTIONS` and :data:`IDLE_TIMEOUT`.
     """
 
     def __init__(self, log_path, *, job: dict, spec: dict | None = None,
                  workers: Callable[[], list[dict]] | None = None,
-                 images: Callable[[], dict] | None = None):
+                 images: Callable[[], dict] | None = None, secret: str | None = None,
+                 max_connections: int = MAX_CONNECTIONS, idle_timeout: float = IDLE_TIMEOUT):
+        if secret is not None and (not secret or not secret.replace("-", "").replace("_", "").isalnum()):
+            raise ValueError(f"the page's secret must be a non-empty URL-safe word, got {secret!r}")
         self.job, self.spec = job, spec
         self.workers_fn, self.images_fn = workers, images
+        self.secret, self.max_connections, self.idle_timeout = secret, max_connections, idle_timeout
         self._follower = Follower(log_path)
         self._records: list[dict] = []
         self._lock = threading.Lock()
-        self._httpd: ThreadingHTTPServer | None = None
-        self.url = ""
+        self._built: tuple[int, dict, dict] | None = None  # (records, spec, snapshot.from_log) of the newest build
+        self._pictures: tuple[int, dict[str, bytes]] | None = None  # (records, {name: PNG})
+        self.builds = 0  # how often the costly part of the state was built (one per new record)
+        self._httpd: _BoundedServer | None = None
+        self.hosts: frozenset[str] = frozenset()
+        self.url = self.origin = ""
 
     # ------------------------------------------------------------ content
 
     def records(self) -> list[dict]:
         """Every record of the log so far (tailed: each line is read once)."""
         with self._lock:
-            errors: list[str] = []
-            self._records.extend(self._follower.poll(errors))  # a foreign line is skipped, not fatal
-            for error in errors:
-                log.warning("live view: %s", error)
-            return list(self._records)
+            return list(self._poll())
+
+    def _poll(self) -> list[dict]:
+        errors: list[str] = []
+        self._records.extend(self._follower.poll(errors))  # a foreign line is skipped, not fatal
+        for error in errors:
+            log.warning("live view: %s", error)
+        return self._records
 
     def state(self) -> dict:
-        """The page's state now."""
+        """The page's state now: the part read from the log built once per new record
+        (:func:`snapshot.from_log`), the progress and the live workers table each time."""
         names = list((self.spec or {}).get("images", {})) if self.images_fn else []
         workers = self.workers_fn() if self.workers_fn else None
-        return snapshot.build(self.records(), job=self.job, spec=self.spec, workers=workers, images=names)
+        with self._lock:
+            records = self._poll()
+            if self._built is None or self._built[0] != len(records):
+                spec = snapshot.resolve_spec(records, self.job, self.spec)
+                self._built = (len(records), spec, snapshot.from_log(records, job=self.job, spec=spec, images=names))
+                self.builds += 1
+            _, spec, part = self._built
+            return {**part, **snapshot.now_part(records, job=self.job, spec=spec, workers=workers)}
 
     def image(self, name: str) -> bytes | None:
-        """PNG of image ``name``, or None when the program has no such image (yet)."""
+        """PNG of image ``name``, or None when the program has no such image (yet). The images
+        are drawn once per new log record (a step), however many ask."""
         if not self.images_fn:
             return None
-        image = self.images_fn().get(name)
-        return None if image is None else png.encode_gray(image)
+        with self._lock:
+            count = len(self._poll())
+            if self._pictures is None or self._pictures[0] != count:
+                drawn = self.images_fn()
+                self._pictures = (count, {str(k): png.encode_gray(v) for k, v in drawn.items() if v is not None})
+            return self._pictures[1].get(name)
 
     # ------------------------------------------------------------ serving
 
     def start(self, host: str = "127.0.0.1", port: int = 0, advertise_host: str | None = None) -> str:
-        """Serve in a daemon thread; returns the page's URL (``http://HOST:PORT/``)."""
+        """Serve in a daemon thread; returns the page's URL (``http://HOST:PORT/``, plus
+        ``SECRET/`` with a secret; :attr:`origin` is the URL without it)."""
         view = self
 
         class Handler(_Handler):
             server_view = view
+            timeout = self.idle_timeout  # the connection's socket timeout: a silent client is dropped
 
-        self._httpd = ThreadingHTTPServer((host, port), Handler)
-        self._httpd.daemon_threads = True
+        self._httpd = _BoundedServer((host, port), Handler, self.max_connections)
+        self.hosts = allowed_hosts(host, self.port, advertise_host)
         threading.Thread(target=self._httpd.serve_forever, name="live-view", daemon=True).start()
         shown = advertise_host or ("127.0.0.1" if host in ("", "0.0.0.0") else host)
-        self.url = f"http://{shown}:{self._httpd.server_address[1]}/"
+        self.origin = f"http://{shown}:{self.port}/"
+        self.url = self.origin + (f"{self.secret}/" if self.secret else "")
         return self.url
 
     @property
     def port(self) -> int:
+        """The port served on (0 before :meth:`start`)."""
         return self._httpd.server_address[1] if self._httpd else 0
 
     def stop(self) -> None:
@@ -123,51 +243,142 @@ class ViewServer:
             self._httpd.server_close()
             self._httpd = None
 
+    def route(self, target: str) -> str | None:
+        """The page's own path (``/``, ``/api/state``, ...) of a request target, or None when
+        it is not the page's (outside ``/SECRET/``, or not a path)."""
+        try:
+            path = unquote(urlsplit(target).path, errors="strict")
+        except (ValueError, UnicodeDecodeError):
+            return None
+        if not path.startswith("/"):
+            return None
+        if self.secret is None:
+            return path
+        first, slash, rest = path[1:].partition("/")
+        if not slash or not hmac.compare_digest(first.encode(), self.secret.encode()):
+            return None
+        return "/" + rest
+
 
 class _Handler(BaseHTTPRequestHandler):
     server_view: ViewServer
     protocol_version = "HTTP/1.1"
+    default_request_version = "HTTP/1.0"  # no HTTP/0.9 answers (a body without a status line)
+    timeout = IDLE_TIMEOUT
+
+    def parse_request(self) -> bool:
+        """The standard library's, refusing HTTP/0.x (answered 505 in HTTP/1.0, not as HTTP/0.9: a
+        body without a status line)."""
+        ok = super().parse_request()
+        if ok and not self.request_version.startswith("HTTP/1."):
+            self.request_version = "HTTP/1.0"
+            self.send_error(HTTPStatus.HTTP_VERSION_NOT_SUPPORTED)
+            return False
+        return ok
 
     def do_GET(self):  # noqa: N802 (the standard library's name)
-        path = unquote(urlsplit(self.path).path)
+        self._answer(body=True)
+
+    def do_HEAD(self):  # noqa: N802
+        self._answer(body=False)
+
+    def __getattr__(self, name: str):
+        """Any other method (``do_POST``, ``do_FOO``, ...): 405, not the standard library's 501."""
+        if name.startswith("do_"):
+            return self._not_allowed
+        raise AttributeError(name)
+
+    def _not_allowed(self) -> None:
+        self.close_connection = True
+        self.send_response(HTTPStatus.METHOD_NOT_ALLOWED)
+        self.send_header("Allow", "GET, HEAD")
+        self.send_header("Content-Length", "0")
+        self.send_header("Connection", "close")
+        self.end_headers()
+
+    def _answer(self, body: bool) -> None:
+        view = self.server_view
+        self._body = body
         try:
-            if path in ("/", "/index.html"):
-                self._file(STATIC / "index.html")
+            host = (self.headers.get("Host") or "").strip().lower()
+            if host not in view.hosts:
+                self._error(HTTPStatus.MISDIRECTED_REQUEST, "this page answers only to its own address "
+                                                            "(Host: 127.0.0.1:PORT, localhost:PORT or [::1]:PORT)")
+                return
+            path = view.route(self.path)
+            if path is None:
+                self._error(HTTPStatus.NOT_FOUND)
+            elif path in ("/", "/index.html"):
+                self._file("index.html")
             elif path.startswith("/static/"):
-                self._file(STATIC / path[len("/static/"):])
+                self._file(path[len("/static/"):])
             elif path == "/api/state":
-                self._send(to_json_bytes(self.server_view.state()), CONTENT_TYPES[".json"], cache=False)
+                self._send(to_json_bytes(view.state()), CONTENT_TYPES[".json"], cache=False)
             elif path.startswith("/images/") and path.endswith(".png"):
-                data = self.server_view.image(path[len("/images/"):-len(".png")])
+                data = view.image(path[len("/images/"):-len(".png")])
                 if data is None:
-                    self.send_error(HTTPStatus.NOT_FOUND, "no such image")
+                    self._error(HTTPStatus.NOT_FOUND, "no such image")
                 else:
                     self._send(data, CONTENT_TYPES[".png"], cache=False)
             else:
-                self.send_error(HTTPStatus.NOT_FOUND)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        except Exception:  # the job must never fail because of its page
-            log.exception("live view: %s failed", path)
+                self._error(HTTPStatus.NOT_FOUND)
+        except (BrokenPipeError, ConnectionResetError, TimeoutError):
+            self.close_connection = True
+        except Exception:  # the job must never fail because of its page; the traceback stays in the log
+            log.exception("live view: %r failed", self.path)
+            self.close_connection = True
             try:
-                self.send_error(HTTPStatus.INTERNAL_SERVER_ERROR)
+                self._error(HTTPStatus.INTERNAL_SERVER_ERROR)
             except OSError:
                 pass
 
-    def _file(self, path: Path) -> None:
-        path = path.resolve()
-        if path.parent != STATIC or not path.is_file():  # nothing outside the page's own folder
-            self.send_error(HTTPStatus.NOT_FOUND)
+    def _file(self, name: str) -> None:
+        if name not in STATIC_FILES:  # only the page's own files, by name
+            self._error(HTTPStatus.NOT_FOUND)
             return
-        self._send(path.read_bytes(), CONTENT_TYPES.get(path.suffix, "application/octet-stream"), cache=True)
+        self._send(_static_bytes(name), CONTENT_TYPES[Path(name).suffix], cache=True)
+
+    def _error(self, status: HTTPStatus, message: str | None = None, close: bool = False) -> None:
+        """An error answer: a line of text, no HTML, no traceback."""
+        status = HTTPStatus(status)
+        text = f"{status.value} {message or status.phrase}\n".encode("ascii", "backslashreplace")
+        self.send_response(status)
+        self.send_header("Content-Type", "text/plain; charset=utf-8")
+        self.send_header("Content-Length", str(len(text)))
+        self.send_header("Cache-Control", "no-store")
+        if close:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if getattr(self, "_body", True) and self.command != "HEAD":
+            self.wfile.write(text)
+
+    def send_error(self, code, message=None, explain=None):
+        """The standard library's answer to a request it cannot parse (400, 414, 431, 505, ...),
+        as :meth:`_error` writes it; the connection is closed after it."""
+        self.close_connection = True
+        if not str(getattr(self, "request_version", "")).startswith("HTTP/1."):
+            self.request_version = "HTTP/1.0"  # a status line and headers, whatever the request claimed
+        self._error(code, message, close=True)
 
     def _send(self, data: bytes, content_type: str, cache: bool) -> None:
         self.send_response(HTTPStatus.OK)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(data)))
         self.send_header("Cache-Control", "max-age=3600" if cache else "no-store")
+        self.send_header("X-Content-Type-Options", "nosniff")
         self.end_headers()
-        self.wfile.write(data)
+        if self._body:
+            self.wfile.write(data)
 
     def log_message(self, format, *args):  # noqa: A002 (the standard library's name): no line per request
         log.debug("live view: " + format, *args)
+
+
+_STATIC_BYTES: dict[str, bytes] = {}
+
+
+def _static_bytes(name: str) -> bytes:
+    """The bytes of one of :data:`STATIC_FILES` (read once)."""
+    if name not in _STATIC_BYTES:
+        _STATIC_BYTES[name] = (STATIC / name).read_bytes()
+    return _STATIC_BYTES[name]

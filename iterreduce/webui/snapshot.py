@@ -237,24 +237,47 @@ def _natural(name: str):
     return (head, int(tail)) if tail.isdigit() else (name, -1)
 
 
+def resolve_spec(records: list[dict], job: dict, spec: dict | None = None) -> dict:
+    """``spec``, or :func:`default_spec` of the records when the program gives none."""
+    return spec or default_spec(records, job.get("name", ""))
+
+
+def from_log(records: list[dict], *, job: dict, spec: dict, images: Iterable[str] = ()) -> dict:
+    """The part of the page's state that changes only when the log grows: the title, the charts,
+    synchronisation, events, images and the workers table derived from the log. The costly part
+    (it reads every record for every chart): a server builds it once per new record
+    (:class:`iterreduce.webui.server.ViewServer`)."""
+    steps = progress(records)
+    return {
+        "job": job, "title": spec.get("title") or job.get("name", ""),
+        "charts": [{"title": c.get("title", ""), "x": c.get("x_label", c.get("x", "step")), "y": list(c["y"]),
+                    "series": chart_series(steps, c)} for c in spec.get("charts", ())],
+        "sync": sync_of(records),
+        "workers": workers_from_log(records), "live": False,
+        "events": events_of(records),
+        "images": [{"name": name, "title": spec.get("images", {}).get(name, name)} for name in images],
+    }
+
+
+def now_part(records: list[dict], *, job: dict, spec: dict, workers: list[dict] | None = None,
+             now: float | None = None) -> dict:
+    """The part of the page's state that moves with the clock or the master: progress (its
+    elapsed and remaining time) and, when given, the live workers table."""
+    part = {"progress": progress_of(records, job, spec, now)}
+    if workers is not None:
+        part.update(workers=workers, live=True)
+    return part
+
+
 def build(records: list[dict], *, job: dict, spec: dict | None = None, workers: list[dict] | None = None,
           images: Iterable[str] = (), now: float | None = None) -> dict:
-    """The page's state: job, progress, charts, synchronisation, workers, events and images.
+    """The page's state: job, progress, charts, synchronisation, workers, events and images
+    (:func:`from_log` and :func:`now_part` together).
 
     ``job``: what the page says of the job (name, workers asked for, the program's config;
     ``schedule``: ``[[phase, steps], ...]`` for the time left). ``workers``: the live table,
     or None to derive it from the log.
     """
-    spec = spec or default_spec(records, job.get("name", ""))
-    steps = progress(records)
-    return {
-        "job": job, "title": spec.get("title") or job.get("name", ""),
-        "progress": progress_of(records, job, spec, now),
-        "charts": [{"title": c.get("title", ""), "x": c.get("x_label", c.get("x", "step")), "y": list(c["y"]),
-                    "series": chart_series(steps, c)} for c in spec.get("charts", ())],
-        "sync": sync_of(records),
-        "workers": workers if workers is not None else workers_from_log(records),
-        "live": workers is not None,
-        "events": events_of(records),
-        "images": [{"name": name, "title": spec.get("images", {}).get(name, name)} for name in images],
-    }
+    spec = resolve_spec(records, job, spec)
+    return {**from_log(records, job=job, spec=spec, images=images),
+            **now_part(records, job=job, spec=spec, workers=workers, now=now)}
