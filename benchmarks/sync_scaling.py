@@ -467,6 +467,10 @@ def run_clients(args) -> None:
 # --------------------------------------------------------------- peer messages
 
 
+#: the token of measure_peer_costs's two processes (loopback only; a service takes none shorter than 16 characters)
+PEER_BENCH_TOKEN = "bench-peer-costs-token"
+
+
 def peer_receiver() -> None:
     """A Peer service alone (the receiving half of :func:`measure_peer_costs`): prints its
     address, then its CPU time at each line read from stdin."""
@@ -475,7 +479,7 @@ def peer_receiver() -> None:
 
     keep_freed_memory()
     inbox = exchange.Inbox()
-    server, address = exchange.serve(inbox, "bench", "127.0.0.1", "127.0.0.1")
+    server, address = exchange.serve(inbox, PEER_BENCH_TOKEN, "127.0.0.1", "127.0.0.1")
     print(address, flush=True)
     for _ in sys.stdin:
         inbox.drop_before(1 << 62)
@@ -494,7 +498,7 @@ def measure_peer_costs(batch: int = 10) -> dict:
     receiver = subprocess.Popen([sys.executable, __file__, "--role", "peer-receiver"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE, text=True)
     address = receiver.stdout.readline().strip()
-    peers = exchange.Peers("bench", "bench")
+    peers = exchange.Peers("bench", PEER_BENCH_TOKEN)
     wait = getattr(peers, "wait", None) or peers._wait  # a --root tree's may be private
 
     def receiver_cpu() -> float:

@@ -44,7 +44,7 @@ from .lifeline import follow_launcher
 from .program import MASTER_ONLY, MASTER_STATE, Program, Update, load_class, master_side, step_to_json
 from .proto import iterreduce_pb2 as pb
 from .proto import iterreduce_pb2_grpc as pb_grpc
-from .security import TlsCredentials, TokenInterceptor, server_credentials
+from .security import TlsCredentials, TokenInterceptor, check_token, server_credentials
 from .shards import shard_info
 from .webui import ViewServer
 from .exceptions import DataError, IterReduceError, JobFailed
@@ -96,7 +96,7 @@ class MasterConfig:
     program_config: dict
     shards: list[str]
     workers: int
-    token: str
+    token: str = field(repr=False)  # never in a log, a traceback or an error message
     output: str
     seed: int = 0
     host: str = "127.0.0.1"   # the address to bind ("0.0.0.0" in a YARN container)
@@ -999,6 +999,7 @@ def main(argv=None) -> int:
         job = json.loads(Path(args.job).read_text())
         job.setdefault("token", os.environ.get("ITERREDUCE_TOKEN", ""))
         config = MasterConfig.from_dict(job, source=args.job)
+        check_token(config.token, f"{args.job}: token (or $ITERREDUCE_TOKEN)")
     except (OSError, ValueError) as exc:  # no config, so no output directory for error.txt
         log.error("job failed: %s", exc)
         return 1

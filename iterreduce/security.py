@@ -11,6 +11,8 @@ from pathlib import Path
 
 import grpc
 
+from .exceptions import IterReduceError
+
 TOKEN_KEY = "x-iterreduce-token"
 log = logging.getLogger("iterreduce.security")
 
@@ -20,32 +22,61 @@ def new_token() -> str:
     return secrets.token_urlsafe(32)
 
 
+#: the fewest characters a job token may have (:func:`new_token` makes 43): an empty or short token
+#: would let callers that present none, or guess one, through
+MIN_TOKEN_CHARS = 16
+
+
+class TokenError(IterReduceError, ValueError):
+    """A job token too short to protect a service (empty: the launcher gave none)."""
+
+
+def check_token(token: str, where: str = "job token") -> str:
+    """``token`` when it may protect a service; :class:`TokenError` naming ``where`` (and never
+    the token itself) when it is not a string of at least :data:`MIN_TOKEN_CHARS` characters."""
+    if not isinstance(token, str) or len(token) < MIN_TOKEN_CHARS:
+        length = len(token) if isinstance(token, str) else type(token).__name__
+        raise TokenError(f"{where}: job token of {length} characters: at least {MIN_TOKEN_CHARS} are needed "
+                         f"(a launcher makes one per job: iterreduce.security.new_token)")
+    return token
+
+
 class TokenInterceptor(grpc.ServerInterceptor):
-    """Rejects calls without the job's token, logging who tried and why."""
+    """Rejects calls without the job's token, logging who tried and why, before any of the
+    request is read.
+
+    gRPC runs interceptors when a call's metadata (which carries the token) has arrived and
+    before it reads a request message, but a unary handler reads the whole request, up to the
+    server's message limit, before it runs: a refused call would still make the server take in
+    its body (96 MiB raised a worker's peak memory by 300 MB). A refused call therefore gets a
+    handler that takes a request *stream* and never reads from it: gRPC reads a message of a
+    stream only when the handler asks for the next, so the body is never taken in (HTTP/2's
+    flow control stops the sender at its window) and the call ends with UNAUTHENTICATED. Raises
+    :class:`TokenError` for an empty or short ``token``."""
 
     def __init__(self, token: str):
-        self._token = token.encode()
+        self._token = check_token(token).encode()
 
-        def deny(request, context):
+        def deny(requests, context):  # never iterates ``requests``: no message is read
             context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong job token")
 
-        self._deny = grpc.unary_unary_rpc_method_handler(deny)
-        self._deny_stream = grpc.stream_unary_rpc_method_handler(lambda it, ctx: deny(None, ctx))
-        self._deny_out = grpc.unary_stream_rpc_method_handler(lambda req, ctx: deny(req, ctx))
+        def deny_stream(requests, context):
+            deny(requests, context)
+            yield  # noqa: unreachable - makes this a generator, as a streaming response handler is
+
+        self._deny = grpc.stream_unary_rpc_method_handler(deny)
+        self._deny_stream = grpc.stream_stream_rpc_method_handler(deny_stream)
 
     def intercept_service(self, continuation, details):
+        """The method's handler for a caller with the token; one that refuses, unread, otherwise."""
         given = dict(details.invocation_metadata).get(TOKEN_KEY, "")
-        if hmac.compare_digest(given.encode(), self._token):
+        if isinstance(given, str) and hmac.compare_digest(given.encode(), self._token):
             return continuation(details)
         log.warning("rejected %s: %s token", details.method, "missing" if not given else "wrong")
         handler = continuation(details)
-        if handler is None:
+        if handler is None:  # no such method: gRPC answers UNIMPLEMENTED, reading nothing
             return None
-        if handler.request_streaming:
-            return self._deny_stream
-        if handler.response_streaming:
-            return self._deny_out
-        return self._deny
+        return self._deny_stream if handler.response_streaming else self._deny
 
 
 def metadata(token: str) -> tuple:

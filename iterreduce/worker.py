@@ -22,7 +22,7 @@ from .program import Update, WorkerProgram, load_class, master_side, shard_seed,
 from .proto import iterreduce_pb2 as pb
 from .proto import iterreduce_pb2_grpc as pb_grpc
 from .exceptions import DataError
-from .security import TlsCredentials, metadata, open_channel
+from .security import TlsCredentials, TokenError, check_token, metadata, open_channel
 from .shards import ShardData
 
 log = logging.getLogger("iterreduce.worker")
@@ -564,6 +564,11 @@ def main(argv=None) -> int:
     logging.basicConfig(level=log_level(), format=f"%(asctime)s {args.name} %(levelname)s %(message)s")
     follow_launcher()
     token = os.environ.get("ITERREDUCE_TOKEN", "")
+    try:  # an empty token would let callers without one into the Peer service
+        check_token(token, "$ITERREDUCE_TOKEN")
+    except TokenError as exc:
+        log.error("%s", exc)
+        return 1
     try:
         return Worker(args.master, token, args.name, args.device, peer_host=args.peer_host).run()
     except grpc.RpcError as exc:

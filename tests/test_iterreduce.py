@@ -14,7 +14,7 @@ from conftest_runtime import (DELAY_ENV, SLOW_SOFTMAX, SOFTMAX, InProcessJob, bl
 from iterreduce import checkpoint, wire
 from iterreduce.program import Program, Step, Update, shard_seed, step_from_json, step_to_json, weighted_average
 from iterreduce.proto import iterreduce_pb2 as pb
-from iterreduce.security import TOKEN_KEY, metadata
+from iterreduce.security import TOKEN_KEY, metadata, new_token
 from iterreduce.shards import write_shards
 
 
@@ -587,13 +587,14 @@ def test_serve_and_run_announces_the_address_runs_and_stops_the_server(tmp_path)
 
     X, y = blobs(60, d=4, k=3)
     uris = write_shards(X, y, str(tmp_path / "shards"), 2)
+    token = new_token()  # a service takes no empty or short token
     master = Master(MasterConfig(program=SOFTMAX, program_config={"n_classes": 3, "epochs": 2}, shards=uris,
-                                 workers=1, token="t", output=str(tmp_path / "out"), heartbeat_interval=0.2))
+                                 workers=1, token=token, output=str(tmp_path / "out"), heartbeat_interval=0.2))
     announced, exits, threads = [], [], []
 
     def on_serving(address):  # as a launcher publishes the address, then workers dial it
         announced.append(address)
-        worker = Worker(address, "t", "worker-0")
+        worker = Worker(address, token, "worker-0")
         threads.append(threading.Thread(target=lambda: exits.append(worker.run()), daemon=True))
         threads[0].start()
 
