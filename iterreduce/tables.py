@@ -133,6 +133,14 @@ class TableSource:
 
 _COMPARISONS = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt,
                 ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge}
+#: the longest filter text read, and the deepest nesting of its parts (parentheses, not, and, or,
+#: comparisons): a filter is a few conditions, and bounding it bounds the parser's time, memory and
+#: recursion (Python's own parser and pyarrow's expressions recurse as deep as the text nests)
+MAX_FILTER_CHARS = 10_000
+MAX_FILTER_DEPTH = 50
+#: what Python's parser and pyarrow raise for a text too deep, too large or of literals out of range
+#: (a 30-digit integer, ``not`` nested 3000 deep): all become a TableError naming the filter
+_PARSE_ERRORS = (SyntaxError, ValueError, TypeError, RecursionError, MemoryError, OverflowError, pa.ArrowException)
 _FILTER_HELP = ("a filter compares columns with literals (year >= 2020, country != 'NL', "
                 "day in ('2024-01-01', '2024-01-02'), income is not None), joined by and, or, not; "
                 "a column name that is not a Python name goes in backticks (`m 3` > 0)")
@@ -155,7 +163,14 @@ def filter_columns(text: str) -> list[str]:
 
 
 class _FilterParser:
+    """Parses one filter text (see :func:`parse_filter`): any text gives an expression or a
+    :class:`TableError` naming the filter."""
+
     def __init__(self, text: str):
+        if not isinstance(text, str):
+            raise TableError(f"filter {text!r}: a {type(text).__name__}, not a text; {_FILTER_HELP}")
+        if len(text) > MAX_FILTER_CHARS:
+            raise TableError(f"filter {text[:40]!r}...: {len(text)} characters, at most {MAX_FILTER_CHARS} are read")
         self.text = text.strip()  # Python refuses leading blanks in an expression
         self.columns: list[str] = []
         # What Python parses: each `quoted name` replaced by a placeholder name (self.quoted: -> the name).
@@ -186,22 +201,34 @@ class _FilterParser:
         return "".join(out), quoted
 
     def parse(self) -> tuple[ds.Expression, list[str]]:
+        """The filter's expression and the columns it reads."""
         try:
             tree = ast.parse(self.source, mode="eval")
-        except SyntaxError as exc:
-            raise TableError(f"filter {self.text!r}: not an expression ({exc.msg}); {_FILTER_HELP}") from None
-        return self.condition(tree.body), list(dict.fromkeys(self.columns))
+        except _PARSE_ERRORS as exc:  # SyntaxError; RecursionError or MemoryError for a text nested too deep
+            why = (exc.msg if isinstance(exc, SyntaxError) else "nested too deep for Python's parser"
+                   if isinstance(exc, (RecursionError, MemoryError)) else f"{type(exc).__name__}: {exc}")
+            raise TableError(f"filter {self.text!r}: not an expression ({why}); {_FILTER_HELP}") from None
+        depth = _depth(tree.body)
+        if depth > MAX_FILTER_DEPTH:
+            raise TableError(f"filter {self.text!r}: nested {depth} deep, at most {MAX_FILTER_DEPTH}; {_FILTER_HELP}")
+        try:
+            return self.condition(tree.body), list(dict.fromkeys(self.columns))
+        except TableError:
+            raise
+        except _PARSE_ERRORS as exc:  # e.g. pyarrow's OverflowError for an integer beyond 64 bits
+            raise TableError(f"filter {self.text!r}: cannot be read ({type(exc).__name__}: {exc}); "
+                             f"{_FILTER_HELP}") from None
 
     def condition(self, node: ast.AST) -> ds.Expression:
         if isinstance(node, ast.BoolOp):
             join = operator.and_ if isinstance(node.op, ast.And) else operator.or_
-            return functools.reduce(join, [self.condition(value) for value in node.values])
+            return _balanced(join, [self.condition(value) for value in node.values])
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
             return ~self.condition(node.operand)
         if isinstance(node, ast.Compare):  # a < b < c is a < b and b < c, as in Python
             lefts = [node.left, *node.comparators[:-1]]
-            return functools.reduce(operator.and_, [self.comparison(left, op, right) for left, op, right
-                                                    in zip(lefts, node.ops, node.comparators)])
+            return _balanced(operator.and_, [self.comparison(left, op, right) for left, op, right
+                                             in zip(lefts, node.ops, node.comparators)])
         raise self.not_allowed(node, "expected a comparison, 'and', 'or' or 'not'")
 
     def comparison(self, left: ast.AST, op: ast.cmpop, right: ast.AST) -> ds.Expression:
@@ -232,7 +259,10 @@ class _FilterParser:
         if isinstance(value_node, ast.Constant):
             value = value_node.value
             if type(value) in ((int, float) if negative else (str, int, float, bool)):
-                return -value if negative else value
+                value = -value if negative else value
+                if type(value) is int and not -(1 << 63) <= value < (1 << 63):
+                    raise self.not_allowed(node, "an integer beyond 64 bits (-2**63 to 2**63 - 1)")
+                return value
         raise self.not_allowed(node, "expected a column name or a literal string, number or boolean")
 
     def literals(self, node: ast.AST) -> list:
@@ -244,10 +274,29 @@ class _FilterParser:
         return values
 
     def not_allowed(self, node: ast.AST, hint: str) -> TableError:
+        """The error that names ``node``'s text in the filter, with ``hint``."""
         part = ast.get_source_segment(self.source, node) or type(node).__name__
         for placeholder, name in self.quoted.items():
             part = part.replace(placeholder, f"`{name}`")
         return TableError(f"filter {self.text!r}: {part!r} is not allowed here ({hint}); {_FILTER_HELP}")
+
+
+def _depth(tree: ast.AST) -> int:
+    """How deep ``tree``'s nodes nest (walked without recursion: the tree may be deeper than Python's stack)."""
+    deepest, stack = 0, [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return deepest
+
+
+def _balanced(join, items: list):
+    """``items`` joined by ``join`` as a balanced tree (a and b and ... of n terms nests log n deep,
+    not n: pyarrow evaluates an expression by recursion)."""
+    while len(items) > 1:
+        items = [join(items[i], items[i + 1]) if i + 1 < len(items) else items[i] for i in range(0, len(items), 2)]
+    return items[0]
 
 
 # ------------------------------------------------------------------ opening and checking

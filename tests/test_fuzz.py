@@ -1077,3 +1077,275 @@ def test_model_loader_gives_a_working_model_or_a_model_file_error(model_files, m
         assert set(loaded) == set(saved)
         for name, array in saved.items():
             np.testing.assert_array_equal(loaded[name], array, err_msg=name)
+
+
+# ====================================================================== .npz files: the bounded reader
+
+#: the central directory entry's fields a crafted zip may lie in: (offset in the entry, struct format)
+DIRECTORY_FIELDS = {"compress_type": (10, "<H"), "crc": (16, "<I"), "compress_size": (20, "<I"),
+                    "file_size": (24, "<I"), "header_offset": (42, "<I"), "flag_bits": (8, "<H")}
+
+
+@st.composite
+def crafted_npz(draw) -> Sample:
+    """An .npz of a few small arrays (stored or deflated: a checkpoint's ``__checkpoint__`` header
+    among them), then maybe with .npy headers that lie, zip directory fields rewritten (sizes,
+    offsets, compression, flags), directory entries repeated (members that overlap), or bytes mutated."""
+    arrays = draw(st.dictionaries(st.sampled_from(["w", "b", "v.0", "__checkpoint__"]),
+                                  st.sampled_from([np.zeros((3, 2), np.float32), np.arange(5.0), np.ones(0),
+                                                   np.eye(4, dtype=np.int64), np.float64(2.0), np.zeros(2000)]),
+                                  max_size=3))
+    if draw(st.booleans()):
+        arrays["__checkpoint__"] = np.frombuffer(json.dumps(draw(st.sampled_from(
+            [{"fingerprint": "f", "step": 1}, {}, [1], "x", None]))).encode(), np.uint8)
+    members = {f"{name}.npy": npy_bytes(array) for name, array in arrays.items()}
+    done = []
+    for name in list(members):
+        how = draw(st.sampled_from(["keep", "keep", "keep", "huge", "descr", "fortran", "truncate"]))
+        if how == "huge":
+            shape = draw(st.sampled_from([f"({2**40},)", "(1000, 1000, 1000)", "(2000,)", "(-1,)", "()"]))
+            members[name] = npy_with_header(members[name], shape=shape)
+        elif how == "descr":
+            members[name] = npy_with_header(members[name], descr=draw(st.sampled_from(["'|O'", "'<U2'", "'<f8'"])))
+        elif how == "fortran":
+            members[name] = npy_with_header(members[name], fortran="True")
+        elif how == "truncate":
+            members[name] = members[name][:draw(st.integers(0, len(members[name])))]
+        if how != "keep":
+            done.append(f"{name}: {how}")
+    compression = draw(st.sampled_from([zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED, zipfile.ZIP_BZIP2]))
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", compression=compression) as z:
+        for name, content in members.items():
+            z.writestr(name, content)
+    data = bytearray(out.getvalue())
+    directory = data.find(b"PK\x01\x02")
+    for _ in range(draw(st.integers(0, 2)) if directory >= 0 else 0):
+        field = draw(st.sampled_from(sorted(DIRECTORY_FIELDS)))
+        offset, fmt = DIRECTORY_FIELDS[field]
+        bits = 8 * struct.calcsize(fmt)
+        value = draw(st.sampled_from([0, 1, 8, 12, 14, 99, 2**bits - 1, len(data), len(data) * 1000])
+                     | st.integers(0, 2**bits - 1)) % 2**bits
+        data[directory + offset:directory + offset + struct.calcsize(fmt)] = struct.pack(fmt, value)
+        done.append(f"first directory entry's {field} = {value}")
+    if directory >= 0 and draw(st.integers(0, 4)) == 0:  # the first entry repeated: members that overlap
+        end = data.rfind(b"PK\x05\x06")
+        entry_end = data.find(b"PK\x01\x02", directory + 4)
+        entry = bytes(data[directory:entry_end if 0 < entry_end < end else end])
+        copies = draw(st.integers(2, 50))
+        record = bytearray(data[end:])
+        if len(record) >= 22:
+            count = struct.unpack("<H", record[10:12])[0] + copies
+            record[8:10] = record[10:12] = struct.pack("<H", min(count, 0xFFFF))
+            record[12:16] = struct.pack("<I", struct.unpack("<I", record[12:16])[0] + len(entry) * copies)
+            data = data[:end] + entry * copies + record
+            done.append(f"first directory entry repeated {copies} times")
+    if draw(st.integers(0, 3)) == 0:
+        mutation, how = draw(mutated(bytes(data)))
+        data = bytearray(mutation)
+        done.append(how)
+    return Sample(bytes(data), f"{sorted(arrays)} (compression {compression}){': ' if done else ''}{'; '.join(done)}")
+
+
+@fuzz()
+@given(sample=crafted_npz())
+@example(sample=Sample(b"PK\x05\x06" + bytes(18), "an empty zip"))
+def test_npz_reader_gives_arrays_within_the_limits_or_an_npz_error(sample):
+    """``iterreduce.npzfile.read_npz``: any bytes give arrays whose bytes the limits allow, or
+    an NpzError; peak allocation (tracemalloc sees NumPy's) stays within the same bound."""
+    import tracemalloc
+
+    from iterreduce import npzfile
+
+    size = len(sample.data)
+    bound = npzfile.MAX_INFLATION_RATIO * size + npzfile.INFLATION_ALLOWANCE
+    tracemalloc.start()
+    try:
+        with within("read_npz"):
+            arrays = npzfile.read_npz(io.BytesIO(sample.data), size)
+    except npzfile.NpzError as exc:
+        outcome(exc)
+        assert str(exc).strip()
+        return
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    outcome("read")
+    assert peak < bound + 4 * npzfile.READ_CHUNK_BYTES, f"peak {peak} bytes from a file of {size}"
+    assert sum(a.nbytes for a in arrays.values()) <= bound
+    for name, array in arrays.items():
+        assert array.dtype.kind in npzfile.PLAIN_KINDS and array.flags.c_contiguous and array.flags.writeable, name
+
+
+def zero_bomb(megabytes: int) -> Sample:
+    """A checkpoint whose one array is ``megabytes`` MiB of deflated zeros: a few KiB on disk."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr("__checkpoint__.npy", npy_bytes(np.frombuffer(b'{"fingerprint": "f"}', np.uint8)))
+        z.writestr("w.npy", npy_bytes(np.zeros(megabytes << 18, np.float32)))
+    return Sample(out.getvalue(), f"{megabytes} MiB of zeros, deflated")
+
+
+@fuzz()
+@given(sample=crafted_npz())
+@example(sample=zero_bomb(64))  # loaded whole by np.load before the bounded reader
+def test_checkpoint_loader_gives_a_checkpoint_or_a_checkpoint_error(sample, tmp_path_factory):
+    """``iterreduce.checkpoint.load``: a checkpoint within the reader's limits, or a
+    CheckpointError naming the file; ``latest`` passes over what it cannot read."""
+    from iterreduce import checkpoint, npzfile
+    from iterreduce.exceptions import CheckpointError
+
+    path = tmp_path_factory.mktemp("ckpt", numbered=True) / "ckpt-000000001.npz"
+    path.write_bytes(sample.data)
+    try:
+        with within(f"checkpoint.load({str(path)!r})"):
+            header, arrays = checkpoint.load(str(path))
+    except CheckpointError as exc:
+        check_error_names(exc, str(path))
+        outcome(exc, str(path))
+    else:
+        outcome("loaded")
+        assert isinstance(header, dict) and "__checkpoint__" not in arrays
+        limit = npzfile.MAX_INFLATION_RATIO * len(sample.data) + npzfile.INFLATION_ALLOWANCE
+        assert sum(a.nbytes for a in arrays.values()) <= limit
+    with within(f"checkpoint.latest({str(path.parent)!r})"):  # an unreadable one is passed over, never an error
+        found = checkpoint.latest(str(path.parent), "f")
+    assert found in (None, str(path))
+
+
+# ====================================================================== filters
+
+FILTER_COLUMNS = ["a", "b", "c", "`m 3`", "`x`", "`", "None", "True", "__column_0__"]
+FILTER_LITERALS = st.one_of(
+    st.integers(-(2**70), 2**70).map(str), st.floats(allow_nan=False).map(repr), st.sampled_from(
+        ["'NL'", '"x"', "'\\x00'", "True", "None", "1e999", "-1", "0x10", "1_000", "'", "b'x'", "f'{a}'", "...",
+         "1" * 30, "9" * 5000, "2**70", "[]", "()", "(1,)", "[1, 'x']", "{1}", "lambda: 1", "__import__('os')"]))
+FILTER_OPS = ["==", "!=", "<", "<=", ">", ">=", "in", "not in", "is", "is not", "and", "or", "not", "+", "-", "*",
+              "(", ")", "[", "]", ",", ":", "=", ";", "\n", "\\", "#", "@", "if", "else", "`"]
+
+
+@st.composite
+def filter_texts(draw) -> str:
+    """Filter texts: sequences of column names, literals and operators (often valid, more often
+    not), random text, and prefixes repeated thousands of times (deep nesting)."""
+    kind = draw(st.sampled_from(["valid", "tokens", "tokens", "text", "deep"]))
+    if kind == "valid":  # conditions joined by and, or, not: mostly parsed, some of mismatched types
+        conditions = draw(st.lists(st.tuples(st.sampled_from(FILTER_COLUMNS[:5]), st.sampled_from(FILTER_OPS[:6]),
+                                             FILTER_LITERALS), min_size=1, max_size=4))
+        joins = draw(st.lists(st.sampled_from([" and ", " or ", " and not ", " or not "]),
+                              min_size=len(conditions), max_size=len(conditions)))
+        return "".join(f"{join if i else ''}{' '.join(c)}" for i, (join, c) in enumerate(zip(joins, conditions)))
+    if kind == "text":
+        return draw(st.text(max_size=80))
+    if kind == "deep":
+        prefix = draw(st.sampled_from(["not ", "-", "(", "[", "~", "a < ", "not (", "a == 1 and ", "a in ("]))
+        return prefix * draw(st.integers(0, 4000)) + draw(st.sampled_from(["a == 1", "1", "a", ""]))
+    parts = draw(st.lists(st.one_of(st.sampled_from(FILTER_COLUMNS), FILTER_LITERALS, st.sampled_from(FILTER_OPS)),
+                          max_size=12))
+    return " ".join(parts)
+
+
+FILTER_SCHEMA = pa.schema([("a", pa.int64()), ("b", pa.float64()), ("c", pa.string()), ("m 3", pa.int8()),
+                           ("x", pa.bool_())])
+
+
+@fuzz()
+@given(text=filter_texts())
+@example(text="a == " + "1" * 30)             # OverflowError escaped (issue 36)
+@example(text="not " * 3000 + "a == 1")       # RecursionError escaped (issue 36)
+@example(text="not " * 2400 + "a == 1")       # within the length limit: Python's parser recursion
+@example(text="-" * 9000 + "1 == a")          # MemoryError from Python's parser
+@example(text="a == 1 and " * 900 + "a == 1")  # a long flat chain: nested log n deep, not n
+@example(text="a == 18446744073709551615")    # a uint64 literal pyarrow refuses
+def test_filter_parser_gives_an_expression_or_a_table_error(text):
+    """``parse_filter``, ``filter_columns`` and the check against a table's types (where pyarrow
+    evaluates the expression): any text gives a result or the runtime's own error naming the filter."""
+    from iterreduce import tables
+    from iterreduce.exceptions import IterReduceError
+
+    try:
+        with within("parse_filter"):
+            expression = tables.parse_filter(text)
+            columns = tables.filter_columns(text)
+            tables._check_filter(text, FILTER_SCHEMA, "table")
+    except IterReduceError as exc:  # TableError for the text; ShardError for columns or types the table lacks
+        assert isinstance(exc, (tables.TableError, ShardError)), type(exc)
+        assert "filter" in str(exc), str(exc)
+        outcome(exc)
+        return
+    outcome("parsed")
+    assert isinstance(expression, pa.compute.Expression) and set(columns) <= set(FILTER_SCHEMA.names)
+
+
+# ====================================================================== job files
+
+JOB_KEYS = {
+    "data": ["train", "test", "mnist_dir", "limit", "features", "label", "filter", "format", "scale", "nonsense"],
+    "model": ["hidden_layers", "pretrain_epochs", "finetune_epochs", "dropout", "cd_k", "pretrain_learning_rate",
+              "visible", "pretrain_batch_size", "early_stopping_patience", "seed", "callback"],
+    "output": ["dir", "plots", "checkpoint_every"],
+    "job": ["name", "seed", "device"],
+    "cluster": ["workers", "shards", "reduce", "stream", "heartbeat_timeout", "sync_every", "max_restarts"],
+    "yarn": ["queue", "worker_memory", "worker_vcores", "keytab", "file_systems", "max_attempts"],
+    "source": ["x"], "nonsense": ["x"], "": ["x"],
+}
+TOML_SCALARS = st.one_of(
+    st.integers(-(2**63), 2**63 - 1), st.sampled_from([0, 1, -1, 2**63 - 1, 10**18]), st.floats(),
+    st.booleans(), st.text(max_size=8),
+    st.sampled_from(["mnist", "../../etc", "a/b", "..", "run 1", "x*", "a == 1", "not " * 3000 + "a == 1",
+                     "a == " + "1" * 30, "hdfs://nn/x", "cpu", "gpu", "auto", "workers", "master", "", "\x00"]))
+TOML_VALUES = st.recursive(TOML_SCALARS, lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(st.text(max_size=3), inner, max_size=2), max_leaves=5)
+
+
+@st.composite
+def job_files(draw) -> Sample:
+    """The bytes of a job file: TOML of known and unknown sections, keys and values of any type,
+    maybe mutated; or TOML text that nests deep or holds huge numbers; or random bytes."""
+    kind = draw(st.sampled_from(["toml", "toml", "toml", "deep", "bytes"]))
+    if kind == "bytes":
+        data = draw(st.binary(max_size=200))
+        return Sample(data, f"bytes {data!r}")
+    if kind == "deep":
+        text = draw(st.sampled_from(["a = " + "[" * 3000, "[model]\nhidden_layers = " + "[" * 500 + "]" * 500,
+                                     "x = " + "{y=" * 2000, "[data]\nlimit = 1" + "0" * 5000, "[data]\nlimit = 1e99999",
+                                     "[" + "a." * 5000 + "b]", "[model]\n" + "cd_k = 1\n" * 3]))
+        return Sample(text.encode(), f"text {text[:60]!r}")
+    doc = {}
+    for section in draw(st.lists(st.sampled_from(sorted(JOB_KEYS)), max_size=4, unique=True)):
+        keys = draw(st.lists(st.sampled_from(JOB_KEYS[section]) | st.text(max_size=5), max_size=4, unique=True))
+        doc[section] = {key: draw(TOML_VALUES) for key in keys}
+    import tomli_w
+
+    data = tomli_w.dumps(doc).encode()
+    how = f"TOML {doc!r}"[:300]
+    if draw(st.integers(0, 3)) == 0:
+        data, mutation = draw(mutated(data))
+        how += f", {mutation}"
+    return Sample(data, how)
+
+
+@fuzz()
+@given(sample=job_files())
+@example(sample=Sample(b"a = " + b"[" * 3000, "arrays nested 3000 deep"))  # RecursionError escaped tomllib
+@example(sample=Sample(b"[data]\nlimit = 1" + b"0" * 5000, "a 5001-digit integer"))  # ValueError escaped
+@example(sample=Sample(b'[job]\nname = "../../outside"', "a name that leaves the output folder"))
+def test_job_file_reader_gives_a_spec_or_a_config_error(sample, tmp_path_factory):
+    """``dbn.jobs.spec.load_spec``: any bytes give a JobSpec whose job's name is a safe file name,
+    or a DBNError (ConfigError) naming the file, the section or the option at fault."""
+    from dbn.jobs import spec as job_spec
+
+    path = tmp_path_factory.mktemp("jobs", numbered=True) / "job.toml"
+    path.write_bytes(sample.data)
+    try:
+        with within(f"load_spec({str(path)!r})"):
+            loaded = job_spec.load_spec(path)
+    except DBNError as exc:
+        assert str(exc).strip()
+        assert str(path) in str(exc) or str(exc).startswith("[job] name"), str(exc)
+        outcome(exc, str(path))
+        return
+    outcome("loaded")
+    assert isinstance(loaded, job_spec.JobSpec)
+    assert job_spec.name_problem(loaded.job.name) is None
+    assert Path(loaded.output.dir).name  # runs/<name>: a folder of its own

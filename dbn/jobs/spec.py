@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import inspect
+import re
 import tomllib
 import types
 import typing
@@ -164,11 +165,30 @@ class YarnSection:
     keytab: str | None = None  # Kerberos keytab file
 
 
+#: what a job's name may be: it names files and folders (runs/<name>, the YARN submission's
+#: folder, the application), so one safe path component: letters, digits, _ . - + = , @ and
+#: spaces, starting with a letter, digit or _ (never "/", "\\", ":", "..", a control character)
+JOB_NAME = re.compile(r"[^\W][\w .+=,@-]{0,99}")
+
+
+def name_problem(name) -> str | None:
+    """Why ``name`` cannot be a job's name (None when it can)."""
+    if not isinstance(name, str) or not JOB_NAME.fullmatch(name) or ".." in name or name != name.strip():
+        return (f"{name!r} cannot name a job's files: use up to 100 letters, digits, spaces and _ . - + = , @ "
+                f"(starting with a letter, digit or _; no '/', '\\', ':' or '..')")
+    return None
+
+
 @dataclass(frozen=True)
 class JobSection:
-    name: str | None = None  # None -> the config file's stem, or "mnist"
+    name: str | None = None  # None -> the config file's stem, or "mnist"; a safe file name (JOB_NAME)
     seed: int = _DBN_SIG.parameters["seed"].default
     device: str = _DBN_SIG.parameters["device"].default
+
+    def __post_init__(self):
+        problem = None if self.name is None else name_problem(self.name)
+        if problem:  # the last guard: load_spec names the file or option at fault before this
+            raise ConfigError(f"[job] name {problem}")
 
 
 SECTIONS = {"data": DataSection, "model": ModelSection, "output": OutputSection, "job": JobSection,
@@ -229,7 +249,11 @@ class JobSpec:
                 )
             values[section][key] = _check("command line", section, key, value, parse_strings=True)
         job = values["job"]
-        job.setdefault("name", Path(source).stem if source else "mnist")
+        if "name" not in job:
+            job["name"] = Path(source).stem if source else "mnist"
+            problem = name_problem(job["name"])
+            if problem:
+                raise ConfigError(f"{origin}: [job] name: the job file's name {problem}; set [job] name")
         values["output"].setdefault("dir", str(Path("runs") / job["name"]))
         spec = cls(**{name: kind(**values[name]) for name, kind in SECTIONS.items()}, source=source)
         try:
@@ -428,18 +452,30 @@ def load_recipe(path) -> dict[str, Any]:
     return {f"model.{key}": _check(str(path), "model", key, value) for key, value in table.items()}
 
 
+#: the largest job file read: a job file is a few hundred bytes of settings
+MAX_JOB_FILE_BYTES = 1 << 20
+
+
 def _read_toml(path: Path) -> dict:
+    """The TOML document at ``path``; any bytes give a dict or a :class:`ConfigError` naming the file."""
     try:
         with open(path.expanduser(), "rb") as f:
-            return tomllib.load(f)
+            data = f.read(MAX_JOB_FILE_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read config file: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    if len(data) > MAX_JOB_FILE_BYTES:
+        raise ConfigError(f"{path}: more than {MAX_JOB_FILE_BYTES} bytes: too large for a job file")
+    try:
+        return tomllib.loads(data.decode())
     except UnicodeDecodeError as exc:
         raise ConfigError(f"{path}: not a text file: {exc.reason}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    except (RecursionError, MemoryError, ValueError) as exc:  # arrays nested thousands deep, a 5000-digit integer
+        raise ConfigError(f"{path}: invalid TOML: {'nested too deep' if not isinstance(exc, ValueError) else exc}"
+                          ) from None
 
 
 def parse_override(item: str) -> tuple[str, str]:
@@ -485,6 +521,8 @@ def _check(origin: str, section: str, key: str, value, parse_strings: bool = Fal
         value = _convert(value, hint)
     except TypeError as exc:
         raise ConfigError(f"{where} {key}: expected {exc}, got {_describe(value)}") from None
+    if (section, key) == ("job", "name") and value is not None and name_problem(value):
+        raise ConfigError(f"{where} name: {name_problem(value)}")
     choices = CHOICES.get((section, key))
     if choices is not None and value not in choices:
         raise ConfigError(f"{where} {key}: must be one of {', '.join(map(repr, choices))}, got {value!r}")
