@@ -287,6 +287,16 @@ def test_the_page_answers_only_to_its_own_host_names(tmp_path):
         assert ask(server.port, "/", host="evil.example:{port}")[0] == 421
     finally:
         server.stop()
+    # Bound to every address (`dbn view --host 0.0.0.0`): also this host's names and any IP address.
+    server = ViewServer(small_log(tmp_path), job={"name": "j"})
+    server.start("0.0.0.0")
+    try:
+        for host in ("127.0.0.1:{port}", f"{socket.gethostname()}:{{port}}", "10.1.2.3:{port}", "[fe80::1]:{port}"):
+            assert ask(server.port, "/api/state", host=host)[0] == 200, host
+        for host in ("evil.example:{port}", "10.1.2.3:1{port}", "10.1.2.3", None):
+            assert ask(server.port, "/api/state", host=host)[0] == 421, host
+    finally:
+        server.stop()
 
 
 def test_a_page_with_a_secret_is_served_under_it_alone(tmp_path):

@@ -27,6 +27,7 @@ from browser import console_errors, needs_browser, start_browser, wait_for
 from dbn import DBN
 from dbn.cli import main
 from iterreduce.yarn import KV_ADDRESS, KV_PROGRESS
+from iterreduce.yarn import client as yarn_client
 
 pytestmark = [pytest.mark.yarn, pytest.mark.hdfs, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -58,7 +59,7 @@ class Yarn:
         if str(self.report(app_id).state) != "RUNNING":
             return -1
         try:
-            value = self.client.connect(app_id, wait=False).kv.get(KV_PROGRESS)
+            value = yarn_client.application(self.client, app_id).kv.get(KV_PROGRESS)  # its own credentials
         except (skein.exceptions.SkeinError, ConnectionError, ValueError):
             return -1
         return json.loads(value)["step"] if value else -1
@@ -72,7 +73,7 @@ class Yarn:
             time.sleep(0.3)
 
     def containers(self, app_id, service="worker", states=None):
-        app = self.client.connect(app_id, wait=False)
+        app = yarn_client.application(self.client, app_id)
         return app.get_containers(services=[service], states=states)
 
     def pids(self, yarn_container_id: str, command_part: str) -> list[int]:
@@ -447,35 +448,121 @@ def test_more_gpus_than_the_cluster_has_is_refused_with_a_clear_message(yarn, en
 # ------------------------------------------------------------------ security and locality
 
 
+def listeners(pid: int) -> list[tuple[str, int]]:
+    """The (address, port) of every TCP socket process ``pid`` listens on, from /proc."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            link = os.readlink(fd)
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:["):-1])
+    found = []
+    for table in ("tcp", "tcp6"):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                address, port = fields[1].split(":")
+                host = ".".join(str(b) for b in reversed(bytes.fromhex(address))) if len(address) == 8 else address
+                found.append((host, int(port, 16)))
+    return found
+
+
+def http_get(host: str, port: int, path: str, source: str = "127.0.0.1", host_header: str | None = None):
+    """(status, headers, body) of a plain GET from the address ``source``, or None when what
+    listens there does not speak HTTP/1.1."""
+    import http.client
+
+    conn = http.client.HTTPConnection(host, port, timeout=10, source_address=(source, 0))
+    try:
+        conn.request("GET", path, headers={"Host": host_header or f"{host}:{port}"})
+        answer = conn.getresponse()
+        return answer.status, dict(answer.getheaders()), answer.read()
+    except (http.client.HTTPException, OSError):
+        return None
+    finally:
+        conn.close()
+
+
 def test_master_and_workers_talk_mutual_tls_and_refuse_outsiders(yarn, env_archive, tmp_path, capsys):
+    """The application has credentials of its own: plaintext, another application's certificate and
+    the user's own skein certificate (which every application of the user and skein's driver hold)
+    are all refused by the application master (its key-value store holds the job's token), the
+    master and the workers' peer services. The live page is read through the ResourceManager's
+    proxy only: skein's web UI redirects a client from any other address to the proxy, and the
+    page itself listens on the master container's loopback under a secret path. The job completes."""
+    import urllib.request
+
     from iterreduce.proto import iterreduce_pb2 as pb
     from iterreduce.proto import iterreduce_pb2_grpc as pb_grpc
     from iterreduce.security import channel_credentials, channel_options, from_skein, metadata
 
     output = yarn.hadoop.uri("/user/test/tls")
-    app_id = submit(capsys, job_file(tmp_path, output, env=env_archive, epochs=10))
+    app_id = submit(capsys, job_file(tmp_path, output, env=env_archive, epochs=30,
+                                     cluster_extra='reduce = "workers"'))  # the workers serve their peer service
     yarn.wait_step(app_id, 1)
-    address = yarn.client.connect(app_id).kv[KV_ADDRESS].decode()
-    token = yarn.client.connect(app_id).kv["iterreduce/token"].decode()  # even with the job's token
+    own = yarn_client.application_security(app_id)
+    folder = yarn_client.application_dir(app_id)
+    assert own is not None and from_skein(own).cert != from_skein(yarn.client.security).cert  # not the user's
+    assert folder.stat().st_mode & 0o777 == 0o700 and (folder / "skein.pem").stat().st_mode & 0o777 == 0o600
+    app = yarn_client.application(yarn.client, app_id)
+    address, token = app.kv[KV_ADDRESS].decode(), app.kv["iterreduce/token"].decode()  # the intruders get it even
 
-    def register(channel):
+    user = skein.Security.from_directory(os.environ["SKEIN_CONFIG"])  # the user's own skein credentials
+    with pytest.raises((skein.exceptions.SkeinError, ConnectionError, grpc.RpcError)):
+        yarn.client.connect(app_id, wait=False, security=user).kv.get("iterreduce/token")
+
+    def call(target, credentials=None):
+        """The status a Register call to ``target`` ends with."""
+        channel = (grpc.insecure_channel(target) if credentials is None else
+                   grpc.secure_channel(target, channel_credentials(credentials), channel_options(credentials)))
         with pytest.raises(grpc.RpcError) as info:
             pb_grpc.MasterStub(channel).Register(pb.RegisterRequest(worker_name="worker-0"), metadata=metadata(token),
                                                  timeout=10, wait_for_ready=False)
         channel.close()
-        return info.value
+        return info.value.code()
 
-    plaintext = register(grpc.insecure_channel(address))
-    assert plaintext.code() == grpc.StatusCode.UNAVAILABLE, plaintext
-    other = from_skein(skein.Security.new_credentials())  # another application's certificate
-    foreign = register(grpc.secure_channel(address, channel_credentials(other), channel_options(other)))
-    assert foreign.code() == grpc.StatusCode.UNAVAILABLE, foreign
+    am_container = app_id.replace("application_", "container_") + "_01_000001"
+    workers = [pid for c in yarn.containers(app_id) for pid in yarn.pids(c.yarn_container_id, "iterreduce.yarn.container")]
+    peers = [f"127.0.0.1:{port}" for pid in workers for _, port in listeners(pid)]
+    assert len(workers) == 2 and len(peers) >= 2, (workers, peers)
+    outsiders = {"plaintext": None, "another application's": from_skein(skein.Security.new_credentials()),
+                 "the user's": from_skein(user)}
+    for target in [address, *peers]:
+        for who, credentials in outsiders.items():
+            assert call(target, credentials) == grpc.StatusCode.UNAVAILABLE, (target, who)  # no TLS handshake
+    for target in peers:  # with the application's own certificate the handshake succeeds (a peer has no Register)
+        assert call(target, from_skein(own)) == grpc.StatusCode.UNIMPLEMENTED, target
+
+    # The page through the ResourceManager's proxy (the tracking URL): served.
+    tracking_url = yarn.report(app_id).tracking_url
+    with urllib.request.urlopen(tracking_url.rstrip("/") + "/pages/training/api/state", timeout=30) as answer:
+        assert json.loads(answer.read())["job"]["name"] == "e2e"
+    # skein's web UI, asked directly from another address than the proxy's: sent to the proxy.
+    ams = yarn.pids(am_container, "com.anaconda.skein.ApplicationMaster")
+    answers = [http_get("127.0.0.1", port, "/pages/training/api/state", source="127.0.0.2")
+               for pid in ams for _, port in listeners(pid)]
+    refused = [a for a in answers if a is not None and a[0] in (302, 303, 307, 403)]
+    assert refused and all(re.search(f"^http://[^/]+/proxy/(redirect/)?{app_id}/pages/training/api/state$",
+                                     a[1].get("Location", "")) for a in refused if a[0] != 403), answers
+    assert not any(a is not None and a[0] == 200 and b"e2e" in a[2] for a in answers), answers
+    # The page's own listener: loopback only, and nothing but 404 without the secret path.
+    pages = [(host, port) for pid in yarn.pids(am_container, "iterreduce.yarn.container")
+             for host, port in listeners(pid) if not address.endswith(f":{port}")]
+    assert pages and all(host == "127.0.0.1" for host, _ in pages), pages
+    for _, port in pages:
+        for path in ("/", "/api/state", "/static/view.js", "/pages/training/api/state"):
+            answer = http_get("127.0.0.1", port, path)
+            assert answer is not None and answer[0] == 404 and b"e2e" not in answer[2], (port, path, answer)
 
     report = yarn.wait(app_id)
     assert str(report.final_status) == "SUCCEEDED", report.diagnostics
     records = yarn.hdfs_json_lines("/user/test/tls/log.jsonl")
     assert sorted(r["worker"].split("#")[0] for r in records if r.get("event") == "worker_registered") == \
         ["worker-0", "worker-1"]  # the intruders never registered
+    assert dbn(capsys, "status", app_id)[0] == 0 and not folder.exists()  # the ended application's are removed
+
 
 
 def test_block_locations_come_from_the_real_namenode(yarn, hdfs, tmp_path):

@@ -185,3 +185,60 @@ def test_the_yarn_specs_folder_is_what_the_dry_run_makes():
     assert MasterConfig.from_dict({**job["master"], "token": ""}).program == "dbn.jobs.program:DBNProgram"
     spec = skein.ApplicationSpec.from_file(str(folder / "mnist.yaml"))
     assert "--add-opens=java.base/java.util" in spec.master.env["JAVA_TOOL_OPTIONS"]
+
+
+def test_each_submission_gets_credentials_of_its_own_kept_for_the_user_alone(tmp_path, monkeypatch):
+    """skein gave every application the user's own ``~/.skein`` key unless the spec named one:
+    `submit` now gives each its own, keeps them 0600 (folders 0700) under skein's folder for
+    `status`, connects to the application with them, and removes them once it has ended."""
+    from iterreduce.security import from_skein
+    from iterreduce.yarn import YarnError
+    from iterreduce.yarn import client as yarn_client
+
+    monkeypatch.setenv("SKEIN_CONFIG", str(tmp_path / "skein"))
+    monkeypatch.setattr(yarn_client, "check_fits", lambda client, spec: None)
+    user = skein.Security.new_credentials()
+
+    class Report:
+        tracking_url, diagnostics, progress, final_status = "http://rm/proxy/x/", "", 0.5, "UNDEFINED"
+
+        def __init__(self, state):
+            self.state = state
+
+    class FakeClient:  # skein's driver, as far as submit and status use it
+        security, submitted, connected, state = user, [], [], "RUNNING"
+
+        def submit(self, spec):
+            self.submitted.append(spec)
+            return f"application_1_000{len(self.submitted)}"
+
+        def application_report(self, app_id):
+            return Report(self.state)
+
+        def connect(self, app_id, wait=True, security=None):
+            self.connected.append(security)
+            raise ConnectionError("no master here")
+
+    client = FakeClient()
+    job = tmp_path / "job.json"
+    job.write_text("{}")
+    ids = [yarn_client.submit(client, build_spec("j", str(job), YarnOptions(python="/usr/bin/python3")))[0]
+           for _ in range(2)]
+    first, second = (spec.master.security for spec in client.submitted)
+    assert first.cert_bytes != second.cert_bytes and user.cert_bytes not in (first.cert_bytes, second.cert_bytes)
+    for app_id, own in zip(ids, (first, second)):
+        folder = yarn_client.application_dir(app_id)
+        assert folder == tmp_path / "skein" / "applications" / app_id
+        assert folder.stat().st_mode & 0o777 == 0o700 and folder.parent.stat().st_mode & 0o777 == 0o700
+        assert {p.name: p.stat().st_mode & 0o777 for p in folder.iterdir() if p.suffix in (".crt", ".pem")} == \
+            {"skein.crt": 0o600, "skein.pem": 0o600}  # (and skein's empty lock file)
+        assert from_skein(yarn_client.application_security(app_id)) == from_skein(own)
+    assert yarn_client.status(client, ids[0]).state == "RUNNING"  # its progress asked with its own credentials
+    assert from_skein(client.connected[-1]) == from_skein(first)
+    client.state = "FINISHED"
+    yarn_client.status(client, ids[0])
+    assert not yarn_client.application_dir(ids[0]).exists() and yarn_client.application_dir(ids[1]).exists()
+    assert yarn_client.application_security(ids[0]) is None  # ended: skein's own are tried, as for others' apps
+    for bad in ("", "../x", ".hidden", "a/b"):
+        with pytest.raises(YarnError, match="not an application id"):
+            yarn_client.application_dir(bad)

@@ -20,8 +20,9 @@ Who may read it, and how much it may cost:
   serves it to YARN's web proxy alone (Hadoop's proxy filter), knows the secret: a
   process on the same node that does not come through the proxy gets nothing.
 - The ``Host`` header must name this server (``127.0.0.1:PORT``, ``localhost:PORT``,
-  ``[::1]:PORT``; on a non-loopback address also that address, this host's names and IP
-  addresses): a page of another site cannot read it through DNS rebinding (421 otherwise).
+  ``[::1]:PORT``; bound to another address also that address, this host's names and any IP
+  address with the port): a page of another site cannot read it through DNS rebinding (421
+  otherwise).
 - At most ``max_connections`` connections are served at once (one thread each; the next
   are answered 503 and closed), and a connection idle for ``idle_timeout`` seconds is
   closed.
@@ -89,8 +90,9 @@ def _is_loopback(host: str) -> bool:
 
 def allowed_hosts(bind_host: str, port: int, advertise_host: str | None = None) -> frozenset[str]:
     """The ``Host`` header values (lower case, ``name:PORT``) a server bound to ``bind_host``
-    answers: the loopback names, and for any other address also it, ``advertise_host``, this
-    host's names and its IP addresses (IP literals cannot be rebound by DNS)."""
+    answers by name: the loopback names, and for any other address also it, ``advertise_host``,
+    this host's names and its IP addresses (:meth:`ViewServer.host_allowed` adds any IP literal
+    there: an address cannot be rebound by DNS)."""
     names = set(LOOPBACK_NAMES)
     if not _is_loopback(bind_host):
         names.update(n for n in (bind_host, advertise_host, socket.gethostname(), socket.getfqdn()) if n)
@@ -170,6 +172,7 @@ class ViewServer:
         self.builds = 0  # how often the costly part of the state was built (one per new record)
         self._httpd: _BoundedServer | None = None
         self.hosts: frozenset[str] = frozenset()
+        self._public = False
         self.url = self.origin = ""
 
     # ------------------------------------------------------------ content
@@ -225,6 +228,7 @@ class ViewServer:
 
         self._httpd = _BoundedServer((host, port), Handler, self.max_connections)
         self.hosts = allowed_hosts(host, self.port, advertise_host)
+        self._public = not _is_loopback(host)  # reached on other addresses: any IP literal of this port too
         threading.Thread(target=self._httpd.serve_forever, name="live-view", daemon=True).start()
         shown = advertise_host or ("127.0.0.1" if host in ("", "0.0.0.0") else host)
         self.origin = f"http://{shown}:{self.port}/"
@@ -242,6 +246,20 @@ class ViewServer:
             self._httpd.shutdown()
             self._httpd.server_close()
             self._httpd = None
+
+    def host_allowed(self, host: str) -> bool:
+        """Whether a request's ``Host`` header names this server (see the module docstring)."""
+        host = host.strip().lower()
+        if host in self.hosts:
+            return True
+        if not self._public:
+            return False
+        name, _, port = host.rpartition(":")
+        try:
+            ipaddress.ip_address(name[1:-1] if name.startswith("[") and name.endswith("]") else name)
+        except ValueError:
+            return False
+        return port == str(self.port)
 
     def route(self, target: str) -> str | None:
         """The page's own path (``/``, ``/api/state``, ...) of a request target, or None when
@@ -300,8 +318,7 @@ class _Handler(BaseHTTPRequestHandler):
         view = self.server_view
         self._body = body
         try:
-            host = (self.headers.get("Host") or "").strip().lower()
-            if host not in view.hosts:
+            if not view.host_allowed(self.headers.get("Host") or ""):
                 self._error(HTTPStatus.MISDIRECTED_REQUEST, "this page answers only to its own address "
                                                             "(Host: 127.0.0.1:PORT, localhost:PORT or [::1]:PORT)")
                 return

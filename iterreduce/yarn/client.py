@@ -8,6 +8,13 @@ and ``yarn`` on PATH), logged in with a Kerberos keytab when one is given.
 Nothing is written before YARN answers: without ``yarn`` on PATH no driver is started,
 and skein's TLS credentials, when ``~/.skein`` has none, are made in memory and saved
 there only once a driver has answered (skein itself would write them first).
+
+Every application gets credentials of its own (:func:`submit`): its application master and
+containers accept only them, so the user's skein certificate, which every other application
+of the user and skein's driver hold, opens neither the application's key-value store (its
+job token) nor the master-worker connections. They are kept for this user alone in
+``~/.skein/applications/APP_ID/`` (:func:`application_dir`, files 0600 in folders 0700)
+where ``status`` finds them, and removed once ``status`` sees the application ended.
 """
 
 from __future__ import annotations
@@ -141,15 +148,71 @@ def check_fits(client: skein.Client, spec: skein.ApplicationSpec) -> None:
 
 
 def submit(client: skein.Client, spec: skein.ApplicationSpec) -> tuple[str, str]:
-    """Check that the cluster can run ``spec`` (:func:`check_fits`), submit it; returns the
-    application id and its tracking URL."""
+    """Check that the cluster can run ``spec`` (:func:`check_fits`), submit it with credentials
+    of its own (``spec.master.security``: new ones unless the spec brings its own) and keep
+    them for this user (:func:`keep_application_security`); returns the application id and
+    its tracking URL."""
     check_fits(client, spec)
+    if spec.master.security is None:
+        spec.master.security = skein.Security.new_credentials()
     try:
         app_id = client.submit(spec)
-        report = client.application_report(app_id)
     except (skein.exceptions.DriverError, ValueError, ConnectionError) as exc:
         raise YarnError(f"YARN refused the application: {exc}") from exc
+    keep_application_security(app_id, spec.master.security)
+    try:
+        report = client.application_report(app_id)
+    except (skein.exceptions.DriverError, ValueError, ConnectionError) as exc:
+        raise YarnError(f"{app_id}: submitted, but YARN gave no report of it: {exc}") from exc
     return app_id, report.tracking_url or ""
+
+
+def application_dir(app_id: str) -> Path:
+    """Where an application's own credentials are kept: ``<skein's folder>/applications/APP_ID``."""
+    if not app_id or "/" in app_id or app_id.startswith("."):
+        raise YarnError(f"{app_id!r}: not an application id")
+    return Path(_config_dir()) / "applications" / app_id
+
+
+def keep_application_security(app_id: str, credentials: skein.Security) -> Path:
+    """Save an application's credentials for this user alone (folders 0700, files 0600); returns
+    the folder. Failing to save them fails the submission's follow-up, not the application: the
+    error says where."""
+    folder = application_dir(app_id)
+    try:
+        for path in (folder.parent.parent, folder.parent, folder):
+            path.mkdir(mode=0o700, exist_ok=True)
+        folder.parent.chmod(0o700)
+        folder.chmod(0o700)
+        credentials.to_directory(str(folder), force=True)  # skein writes them 0600
+    except OSError as exc:
+        raise YarnError(f"{app_id} was submitted, but its credentials could not be saved in {folder}: {exc}; "
+                        f"`dbn status` cannot read its progress from this machine") from exc
+    return folder
+
+
+def application_security(app_id: str) -> skein.Security | None:
+    """The application's own credentials as :func:`submit` kept them, or None when this user
+    and machine have none (an application submitted elsewhere, or before applications had
+    their own: skein's user credentials are tried then)."""
+    folder = application_dir(app_id)
+    if not (folder / "skein.crt").is_file():
+        return None
+    try:
+        return skein.Security.from_directory(str(folder))
+    except (OSError, ValueError) as exc:
+        raise YarnError(f"{folder}: unreadable credentials of {app_id}: {exc}") from exc
+
+
+def forget_application_security(app_id: str) -> None:
+    """Remove an ended application's credentials (nothing answers them any more)."""
+    shutil.rmtree(application_dir(app_id), ignore_errors=True)
+
+
+def application(client: skein.Client, app_id: str, wait: bool = False) -> skein.ApplicationClient:
+    """A client of the application's master, with the application's own credentials
+    (:func:`application_security`)."""
+    return client.connect(app_id, wait=wait, security=application_security(app_id))
 
 
 @dataclass
@@ -189,9 +252,11 @@ def status(client: skein.Client, app_id: str) -> Status:
         raise YarnError(f"{app_id}: no such application ({exc})") from exc
     result = Status(app_id, str(report.state), str(report.final_status), float(report.progress),
                     report.diagnostics or "", report.tracking_url or "")
-    if str(report.state) == "RUNNING":
+    if str(report.state) in TERMINAL_STATES:
+        forget_application_security(app_id)
+    elif str(report.state) == "RUNNING":
         try:
-            kv = client.connect(app_id, wait=False).kv
+            kv = application(client, app_id).kv
             value = kv.get(KV_PROGRESS)
             result.record = json.loads(value) if value else None
             result.live_view = (kv.get(KV_UI) or b"").decode()

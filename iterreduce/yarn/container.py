@@ -12,8 +12,11 @@ application FAILED with the reason as its diagnostics; an unexpected crash
 exits non-zero so YARN starts another attempt while attempts remain.
 
 All master-worker gRPC is mutual TLS with the application's own certificate and
-key (skein gives every container of an application the same self-signed pair, so
-only this application's containers can connect); the job token is checked too.
+key (skein gives every container of an application the same self-signed pair, made
+for this application alone when it was submitted: see :func:`iterreduce.yarn.client.submit`,
+so only this application's containers can connect); the job token is checked too.
+The live page listens on the master container's loopback under a secret path, which
+only skein's application master is told (:func:`register_page`).
 
 Worker: waits for the master's address in the key-value store, claims a worker
 slot there (a key it owns, so it vanishes when the container dies) and works as
@@ -75,7 +78,9 @@ def master_config(job: dict, local_out: Path, token: str, restart: bool, run_id:
     shards = fields["shards"]
     fields.update(shards=list_shards(shards) if isinstance(shards, str) else list(shards), output=str(local_out),
                   token=token, host="0.0.0.0", advertise_host=os.environ.get("NM_HOST") or socket.getfqdn(),
-                  ui_host="0.0.0.0",  # YARN's web proxy, on the ResourceManager's host, must reach the page
+                  # The page on loopback only: skein's application master, in this container, serves it
+                  # to YARN's web proxy alone (register_page), under a secret path only it knows.
+                  ui_host="127.0.0.1",
                   checkpoint_dir=fields.get("checkpoint_dir") or join(fields["output"], "checkpoints"),
                   resume=bool(fields.get("resume")), resume_own=restart, run_id=fields.get("run_id") or run_id)
     return MasterConfig.from_dict(fields, source="job file")
@@ -121,6 +126,7 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
         tls = app_credentials(app)
         config = master_config(job, local_out, new_token(), restart=attempt > 1, run_id=app.id or "")
         master = Master(config)
+        master.view_secret = new_token()  # told to skein's proxy alone (register_page), never logged
         master.listeners.append(lambda record: _report(app, record))
 
         def publish(address: str) -> None:
@@ -161,7 +167,13 @@ UI_ROUTE = "training"
 def register_page(app, url: str) -> str:
     """Put the live page behind skein's web UI (so behind YARN's proxy and the tracking URL),
     and its address in the key-value store for ``status``; returns that address ("" if it
-    could not be registered: the job runs on without it)."""
+    could not be registered: the job runs on without it).
+
+    ``url`` is the page on this container's loopback with its secret path: skein's
+    application master proxies ``<tracking URL>/pages/training/...`` to it, and serves its
+    web UI only to YARN's web proxy (Hadoop's ``AmIpFilter``, set up by skein from the
+    ResourceManager's configuration), so the page is read through the proxy alone, with the
+    access controls of YARN. Neither the secret nor the URL is logged."""
     try:
         try:
             page = app.ui.add_page(UI_ROUTE, url, link_name="Training progress")
@@ -169,7 +181,7 @@ def register_page(app, url: str) -> str:
             app.ui.remove_page(UI_ROUTE)
             page = app.ui.add_page(UI_ROUTE, url, link_name="Training progress")
         app.kv[KV_UI] = page.address.encode()
-        log.info("live view: %s (served on %s)", page.address, url)
+        log.info("live view: %s", page.address)
         return page.address
     except Exception as exc:  # noqa: BLE001 - the page is informative; never fail the job for it
         log.warning("could not register the live view with YARN's web proxy: %s", exc)
