@@ -8,8 +8,11 @@
 Errors in the input (configuration, data, model files, devices, the cluster) print
 ``dbn: error: <message>`` and exit with status 2; ``--debug`` shows the traceback.
 
-An output directory belongs to one job: ``dbn train`` and ``dbn mnist`` refuse one that
-holds another job's run unless given ``--overwrite`` (see :data:`OVERWRITE_HELP`).
+An output directory belongs to one job: ``dbn train``, ``dbn mnist`` and ``dbn submit``
+refuse one that holds another job's run unless given ``--overwrite`` (see
+:data:`OVERWRITE_HELP`), and one that another run is writing into (exit 2, naming the holder).
+No command moves, overwrites or deletes a file it did not write: ``dbn shard`` refuses a
+folder holding files other than shards it wrote.
 """
 
 from __future__ import annotations
@@ -109,7 +112,7 @@ def cmd_submit(args) -> int:
     if args.dry_run:
         print(prepare(spec, dry_run=True, log=say).spec.to_yaml(), end="")
         return 0
-    submission, app_id, url, client = submit(spec, log=say)
+    submission, app_id, url, client = submit(spec, log=say, overwrite=args.overwrite)
     print(app_id)
     say(f"submitted {app_id}; tracking URL: {url or '(none yet)'}; outputs in {submission.job['master']['output']}")
     say(f"watch it with `dbn status {app_id}`, read its logs with `dbn logs {app_id}`")
@@ -292,7 +295,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "submit", [job], "run a job on Hadoop YARN: [output] dir is an hdfs:// URI; prints the "
                  "application id", cmd_submit, config, ("--out", {"metavar": "URI", "help": "output.dir on HDFS"}),
                  ("--dry-run", {**flag, "help": "print the skein application spec (YAML) and stop"}),
-                 ("--wait", {**flag, "help": "follow the job's progress until it ends"}))
+                 ("--wait", {**flag, "help": "follow the job's progress until it ends"}), overwrite)
     _flags(p, JOB_FLAGS + SUBMIT_FLAGS)
     for name, help_ in (("status", "state and progress of a YARN application"),
                         ("logs", "the aggregated container logs of a YARN application"), ("kill", "kill a YARN application")):

@@ -62,3 +62,14 @@ class EnvPackError(IterReduceError, RuntimeError):
 
 class AppSpecError(IterReduceError, ValueError):
     """A YARN application spec that cannot be built (skein refuses a value, or no Python is given)."""
+
+
+class ForeignFileError(IterReduceError, ValueError):
+    """An output folder holds a file the runtime cannot prove it wrote, where the runtime would
+    write, move or delete: refused, naming the file; the file is left byte for byte as it was
+    (see :mod:`iterreduce.ownership`)."""
+
+
+class OutputBusy(IterReduceError, RuntimeError):
+    """Another run is writing into the output folder (it holds the folder's lock): refused at
+    once, naming the folder and the holder (see :func:`iterreduce.ownership.hold`)."""

@@ -33,6 +33,7 @@ from . import durable
 from .exceptions import IterReduceError, ShardError
 from .lifeline import follow_parent
 from .rowfile import RowFile
+from . import ownership
 
 FEATURES = "features"
 LABEL = "label"
@@ -514,7 +515,9 @@ def write_shards(X: np.ndarray, y: np.ndarray | None, uri: str, n_shards: int, *
     """Split rows of ``X`` (and class indices ``y``) into ``n_shards`` Parquet files of near-equal
     size; ``classes`` (a :class:`~iterreduce.tables.LabelMap`), the label values ``y`` index,
     and ``columns``, the names of the source columns the features come from (one a feature),
-    go into every file's metadata (:data:`CLASSES_KEY`, :data:`COLUMNS_KEY`)."""
+    go into every file's metadata (:data:`CLASSES_KEY`, :data:`COLUMNS_KEY`). The folder
+    ``uri`` must be empty or hold shards written here (:func:`shard_set`): an earlier set of
+    the same ``prefix`` is replaced, nothing else is touched."""
     X = np.asarray(X)
     if X.ndim != 2 or X.shape[0] == 0:
         raise ShardError(f"{uri}: need a non-empty 2-D feature matrix, got shape {X.shape}")
@@ -529,25 +532,45 @@ def write_shards(X: np.ndarray, y: np.ndarray | None, uri: str, n_shards: int, *
         metadata[CLASSES_KEY] = json.dumps(classes.to_dict()).encode()
     if columns is not None:
         metadata[COLUMNS_KEY] = json.dumps(list(columns)).encode()
-    fs, path = filesystem(uri)
-    fs.create_dir(path, recursive=True)
-    # Shards of an earlier write (e.g. into more shards) would be read as part of this data set.
-    for stale in fs.get_file_info(pafs.FileSelector(path)):
-        if stale.base_name.startswith(f"{prefix}-") and stale.base_name.endswith(".parquet"):
-            fs.delete_file(stale.path)
+    names = [f"{prefix}-{i:05d}.parquet" for i in range(n_shards)]
     written = []
-    for i, rows in enumerate(np.array_split(np.arange(X.shape[0]), n_shards)):
-        flat = pa.array(X[rows].reshape(-1))
-        arrays = {FEATURES: pa.FixedSizeListArray.from_arrays(flat, X.shape[1])}
-        if y is not None:
-            arrays[LABEL] = pa.array(np.asarray(y)[rows].astype(np.int64))
-        name = f"{prefix}-{i:05d}.parquet"
-        table = pa.table(arrays)
-        if metadata:
-            table = table.replace_schema_metadata(metadata)
-        pq.write_table(table, join(path, name), filesystem=fs, write_page_checksum=True)
-        written.append(join(uri, name))
+    with shard_set(uri, names, prefix) as (fs, path):
+        for name, rows in zip(names, np.array_split(np.arange(X.shape[0]), n_shards)):
+            flat = pa.array(X[rows].reshape(-1))
+            arrays = {FEATURES: pa.FixedSizeListArray.from_arrays(flat, X.shape[1])}
+            if y is not None:
+                arrays[LABEL] = pa.array(np.asarray(y)[rows].astype(np.int64))
+            table = pa.table(arrays)
+            if metadata:
+                table = table.replace_schema_metadata(metadata)
+            pq.write_table(table, join(path, name), filesystem=fs, write_page_checksum=True)
+            written.append(join(uri, name))
     return written
+
+
+@contextlib.contextmanager
+def shard_set(uri: str, names: list[str], prefix: str = "part"):
+    """Write the shard files ``names`` (of a set named ``prefix``-...) into folder ``uri`` in the
+    ``with`` block, which gets ``(file system, path)``. Only shards this module wrote and listed
+    in the folder's manifest (:data:`iterreduce.ownership.MANIFEST_NAME`) are replaced: the
+    earlier set of the same prefix goes, other sets it lists stay, and a folder holding any file
+    it does not list is refused (:class:`~iterreduce.exceptions.ForeignFileError`) untouched."""
+    fs, path = filesystem(uri)
+    ownership.start_shard_set(fs, path, uri, names, prefix)
+    yield fs, path
+    ownership.finish_shard_set(fs, path, names)
+
+
+def shard_note(uri: str, key: str):
+    """A note kept with the shards in folder ``uri`` (their manifest's), None if none or no folder."""
+    fs, path = filesystem(uri)
+    return ownership.shard_note(fs, path, key)
+
+
+def set_shard_note(uri: str, key: str, value) -> None:
+    """Keep ``value`` (JSON) as the note ``key`` of the shards in folder ``uri``, e.g. their source."""
+    fs, path = filesystem(uri)
+    ownership.set_shard_note(fs, path, key, value)
 
 
 def is_table_shard(uri: str) -> bool:

@@ -9,6 +9,7 @@ import pytest
 
 from dbn.cli import main
 from dbn.jobs.mnist_eval import PUBLISHED, mnist_config, prepare_validation, sweep_table
+from iterreduce import ownership
 
 from conftest import MNIST_DIR
 
@@ -141,7 +142,10 @@ def test_sweep_runs_every_pair_and_writes_the_table(tmp_path, monkeypatch, capsy
     # The same command again goes on where the sweep stopped: a finished pair is kept as it is,
     # a pair whose run was cut short (here: no model or result yet) resumes from its checkpoint.
     kept, cut = tmp_path / "16_w1", tmp_path / "16_w2"
-    before = {p.name: p.read_bytes() for p in kept.iterdir() if p.is_file()}
+    def files(folder):  # the run's files (the lock file names its newest holder: bookkeeping, not the run)
+        return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file() and p.name != ownership.LOCK_NAME}
+
+    before = files(kept)
     model = np.load(cut / "model.npz")
     model = {k: model[k] for k in model.files}
     (cut / "model.npz").unlink()
@@ -150,7 +154,7 @@ def test_sweep_runs_every_pair_and_writes_the_table(tmp_path, monkeypatch, capsy
                  "--set", "model.pretrain_epochs=1", "--set", "model.finetune_epochs=1"]) == 0
     err = capsys.readouterr().err
     assert "16_w1: finished before" in err and "kept" in err
-    assert {p.name: p.read_bytes() for p in kept.iterdir() if p.is_file()} == before
+    assert files(kept) == before
     assert not (kept / "previous").exists()
     events = [json.loads(line).get("event") for line in (cut / "log.jsonl").read_text().splitlines()]
     assert "resumed" in events

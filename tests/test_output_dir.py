@@ -21,7 +21,7 @@ from dbn import DBN
 from dbn.cli import main
 from dbn.jobs.run import other_job
 from dbn.jobs.spec import load_spec
-from iterreduce import checkpoint
+from iterreduce import checkpoint, ownership
 from iterreduce.local import prune_previous, set_aside
 from test_cli import make_dataset
 
@@ -92,15 +92,26 @@ def test_a_model_without_config_is_another_jobs_run(job, capsys):
     assert train(config, out, "--overwrite") == 0
 
 
-def test_a_failed_attempt_holds_no_run(job, capsys):
-    """A folder with a log but no model, result or checkpoint (a run that failed) is no one's."""
+def test_a_failed_attempt_holds_no_run(job, capsys, monkeypatch):
+    """A folder with a log but no model, result or checkpoint (a run that failed) is no one's.
+    (The failed run is a real one now: config.json and log.jsonl written by hand are no run's
+    files, and are refused untouched: tests/test_ownership.py.)"""
+    from dbn.exceptions import DataError
+
     config, out = job
-    out.mkdir()
-    (out / "config.json").write_text(json.dumps({"model": {"hidden_layers": [3]}}))
-    (out / "log.jsonl").write_text('{"event": "start"}\n')
+    out.mkdir()  # not made by the run: a failed run leaves what it wrote
+
+    def fail(self, X):
+        raise DataError("injected: training failed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(DBN, "pretrain", fail)
+        assert train(config, out, "--layers", "3") == 2
+    log = (out / "log.jsonl").read_bytes()
+    assert b'"event": "start"' in log and not (out / "model.npz").exists()
     assert other_job(out, load_spec(config, {})) is None
     assert train(config, out) == 0
-    assert (out / "previous" / "1" / "log.jsonl").read_text() == '{"event": "start"}\n'
+    assert (out / "previous" / "1" / "log.jsonl").read_bytes() == log
 
 
 @pytest.mark.parametrize("where", [(), ("--local", "2")])
@@ -203,12 +214,16 @@ def test_rerunning_the_same_job_keeps_the_earlier_run(job, monkeypatch):
 
 
 def test_previous_runs_are_numbered_and_pruned_only_when_asked(tmp_path):
+    """(Each run's files are recorded as a run's, as a run records them when it ends: set_aside
+    moves nothing else, tests/test_ownership.py.)"""
     out = tmp_path / "out"
     for i in range(1, 6):
         (out / "checkpoints").mkdir(parents=True)
         (out / "checkpoints" / "ckpt-000000001.npz").write_text(f"run {i}")
         (out / "log.jsonl").write_text(f"log {i}")
         (out / "model.npz").write_text(f"model {i}")
+        ownership.claim(out, ("checkpoints", "log.jsonl", "model.npz"))
+        ownership.settle(out, ("checkpoints", "log.jsonl", "model.npz"))
         assert set_aside(out, keep_in_place=("model.npz",)) == out / "previous" / str(i)
         assert (out / "model.npz").read_text() == f"model {i}"  # stays in place ...
         assert (out / "previous" / str(i) / "model.npz").read_text() == f"model {i}"  # ... and is kept
@@ -314,6 +329,9 @@ def test_resume_passes_over_another_jobs_checkpoints_in_the_directory(tmp_path, 
     ckpts = str(tmp_path / "out" / "checkpoints")
     for step in (11, 12):  # another job's, newer by step number
         checkpoint.save(ckpts, step, {"fingerprint": "another job"}, {"weights": np.zeros((4, 3), np.float32)})
+    # ... written by this tool into the run's folder (a file no run of it wrote is refused: test_ownership.py)
+    ownership.claim(tmp_path / "out", ("checkpoints",))
+    ownership.settle(tmp_path / "out", ("checkpoints",))
     run_job(**job, resume=True)
     (resumed,) = events(tmp_path / "out", "resumed")
     assert resumed["checkpoint"] == f"{ckpts}/ckpt-000000004.npz" and resumed["step"] == 4

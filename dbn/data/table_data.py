@@ -19,7 +19,7 @@ import dataclasses
 
 import numpy as np
 
-from iterreduce.shards import join
+from iterreduce.shards import join, shard_set
 from iterreduce.tables import (TABLE_SHARD_SUFFIX, FeatureStats, LabelMap, Scaler, TableShard, TableSource,
                                assign, label_classes, open_dataset, pieces, read_piece, resolve,
                                write_table_shard)
@@ -157,15 +157,15 @@ def prepare(data, visible: str, *, statistics: bool = True) -> TableShard:
 def table_shards(data, visible: str, workers: int, directory: str) -> list[str]:
     """Split the table among ``workers`` (balanced by rows; fewer shares when it has fewer
     pieces) and save each share in ``directory``; returns their URIs in worker order. The
-    shares hold raw rows: the workers gather the statistics that scale them (:data:`STATS`)."""
+    shares hold raw rows: the workers gather the statistics that scale them (:data:`STATS`).
+    ``directory`` is empty or holds shards written here (:func:`iterreduce.shards.shard_set`)."""
     whole = prepare(data, visible, statistics=False)
     shares = [share for share in assign(list(whole.pieces), workers) if share]
-    uris = []
-    for i, share in enumerate(shares):
-        uri = join(directory, f"part-{i:05d}{TABLE_SHARD_SUFFIX}")
-        write_table_shard(uri, dataclasses.replace(whole, pieces=tuple(share)))
-        uris.append(uri)
-    return uris
+    names = [f"part-{i:05d}{TABLE_SHARD_SUFFIX}" for i in range(len(shares))]
+    with shard_set(directory, names):  # replaces only shards written here (their manifest's), refuses others
+        for name, share in zip(names, shares):
+            write_table_shard(join(directory, name), dataclasses.replace(whole, pieces=tuple(share)))
+    return [join(directory, name) for name in names]
 
 
 def read_table(shard: TableShard, *, scaled: bool = True) -> tuple[np.ndarray, np.ndarray | None]:

@@ -18,11 +18,12 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from iterreduce import ownership
 from iterreduce.shards import join, write_shards
 
 from ..data.mnist import load_mnist
 from ..exceptions import UsageError
-from .run import MODEL_FILE, RESULT_FILE, LocalCluster, Yarn, other_job, run
+from .run import MODEL_FILE, RESULT_FILE, LocalCluster, Yarn, check_folder, other_job, run
 from .spec import PAPER, QUICK, JobSpec, load_spec
 
 #: Published test errors of 784-500-500-2000-10 on MNIST (see the README).
@@ -98,14 +99,25 @@ def evaluate(spec: JobSpec, *, validation: int = 0, yarn_report_dir: str | None 
     ``[output] dir`` is the job's HDFS output and the report goes to ``yarn_report_dir``.
     ``resume`` (local only) continues the same job's run in the output folder from its newest
     checkpoint (from the start when it has none); ``keep_finished`` returns the result of a
-    finished run of the same job found there instead of training again.
+    finished run of the same job found there instead of training again. The (local) output
+    folder's lock is held throughout, the validation shard and the plots included.
     """
+    out = Path(yarn_report_dir if yarn_report_dir is not None else spec.output.dir).resolve()
+    check_folder(out)
+    with ownership.hold(out):
+        return _evaluate(spec, validation=validation, yarn_report_dir=yarn_report_dir, on_record=on_record, log=log,
+                         overwrite=overwrite, resume=resume, keep_finished=keep_finished)
+
+
+def _evaluate(spec: JobSpec, *, validation: int, yarn_report_dir: str | None, on_record: Callable | None,
+              log: Callable[[str], None], overwrite: bool, resume: bool, keep_finished: bool) -> dict:
+    """:func:`evaluate`, its output folder's lock held."""
     if yarn_report_dir is not None:
         if resume or keep_finished:
             raise UsageError("--resume runs on the local mini-cluster; on YARN the application master "
                              "resumes itself (yarn.max_attempts)")
         spec = prepare_validation(spec, validation, spec.output.dir)
-        launcher = Yarn(yarn_report_dir, log=log)
+        launcher = Yarn(yarn_report_dir, log=log, overwrite=overwrite)
     else:
         spec = prepare_validation(spec, validation, str(Path(spec.output.dir).resolve()))
         launcher = LocalCluster(resume=resume)
@@ -115,11 +127,17 @@ def evaluate(spec: JobSpec, *, validation: int = 0, yarn_report_dir: str | None 
         if done is not None:
             log(f"{spec.output.dir}: finished before (test error {100 * done['test_error']:.2f} %): kept")
             return done
+    from .plots import PLOT_FILES, plot_run
+
+    out = Path(launcher.output_dir(spec)).resolve()
+    ownership.check_owned(out, PLOT_FILES)  # before training: the plots replace only plots of a run
     result = run(spec, launcher, on_record=on_record, overwrite=overwrite,
                  extra={"train_images": spec.data.limit or TRAIN_IMAGES, "validation_images": validation})
-    from .plots import plot_run
-
-    result["plots"] = [str(p) for p in plot_run(launcher.output_dir(spec))]
+    ownership.claim(out, PLOT_FILES)
+    try:
+        result["plots"] = [str(p) for p in plot_run(out)]
+    finally:
+        ownership.settle(out, PLOT_FILES)
     return result
 
 

@@ -24,6 +24,8 @@ from matplotlib.ticker import FormatStrFormatter, MaxNLocator
 from iterreduce.runlog import LOG_NAME, read_progress
 
 METRICS = ("reconstruction_error", "loss", "train_error", "valid_error")
+#: The files :func:`plot_run` writes into a run's folder.
+PLOT_FILES = RECONSTRUCTION_PNG, FINETUNE_PNG, FILTERS_PNG = "reconstruction.png", "finetune.png", "filters.png"
 
 
 def read_log(path) -> list[dict]:
@@ -172,9 +174,9 @@ def plot_run(out_dir) -> list[Path]:
     sizes = [model.n_features_in_, *model.hidden_layers] if model is not None else None
     written = []
     if any(r["phase"] == "pretrain" and r.get("reconstruction_error") is not None for r in records):
-        written.append(plot_reconstruction(records, out_dir / "reconstruction.png", sizes))
+        written.append(plot_reconstruction(records, out_dir / RECONSTRUCTION_PNG, sizes))
     if any(r["phase"] == "finetune" for r in records):
-        written.append(plot_finetune(records, out_dir / "finetune.png"))
+        written.append(plot_finetune(records, out_dir / FINETUNE_PNG))
     if model is not None and model.rbms_:
-        written.append(plot_filters(model, out_dir / "filters.png"))
+        written.append(plot_filters(model, out_dir / FILTERS_PNG))
     return written

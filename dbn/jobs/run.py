@@ -17,7 +17,9 @@ written.
 
 An output folder is one job's (:func:`claim_output`): a run refuses a folder that holds a
 run of another job unless asked to overwrite it, and a new run never destroys the earlier
-run's files before it has its own: they are kept in ``OUT/previous/N/``.
+run's files before it has its own: they are kept in ``OUT/previous/N/``. Only files a run
+wrote (its run record proves it, :mod:`iterreduce.ownership`) are ever moved or deleted, and
+a run holds the folder's lock from start to end: a second run into it is refused at once.
 """
 
 from __future__ import annotations
@@ -35,10 +37,11 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from iterreduce import runlog
+from iterreduce import ownership, runlog
 from iterreduce.exceptions import MasterKilled
 from iterreduce.local import PREVIOUS, RUN_FILES, gpu_count, local_processes, prune_previous, run_local, set_aside
-from iterreduce.shards import TABLE_SHARD_SUFFIX, describe_shard, filesystem, join, list_shards, shard_info
+from iterreduce.shards import (describe_shard, filesystem, join, list_shards, set_shard_note,
+                               shard_info, shard_note)
 
 from .. import __version__
 from ..data.sharding import (csv_columns, load_dataset, load_shards, load_source, load_validation, no_labels,
@@ -55,6 +58,8 @@ from .memory import check_one_process, plan as plan_memory
 from .spec import JobSpec
 
 MODEL_FILE, RESULT_FILE, CONFIG_FILE = "model.npz", "result.json", "config.json"
+#: Every name a run writes in its output folder: none may be a file the project cannot prove its own.
+RUN_NAMES = (CONFIG_FILE, MODEL_FILE, RESULT_FILE, *RUN_FILES)
 
 OnRecord = Callable[[dict], None]
 
@@ -100,12 +105,29 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
 
     ``extra`` adds keys to the result (e.g. the MNIST evaluation's validation size).
     ``overwrite`` lets the run replace another job's run in the output folder (see
-    :func:`claim_output`).
+    :func:`claim_output`). The run holds the folder's lock (:func:`iterreduce.ownership.hold`)
+    throughout: a second run into it is refused at once, naming the folder and the holder.
     """
     check_environment()
-    check_test_data(spec)
     out = Path(launcher.output_dir(spec)).resolve()
     created = not out.exists()
+    check_folder(out)
+    with ownership.hold(out):  # first: a second run is refused before it reads any data
+        try:
+            check_test_data(spec)
+        except Exception:
+            if created:
+                shutil.rmtree(out, ignore_errors=True)  # made for the lock alone: leave no trace
+            raise
+        try:
+            return _run(spec, launcher, out, created, on_record=on_record, extra=extra, overwrite=overwrite)
+        finally:
+            ownership.settle(out, RUN_NAMES)
+
+
+def _run(spec: JobSpec, launcher: Launcher, out: Path, created: bool, *, on_record: OnRecord | None,
+         extra: dict | None, overwrite: bool) -> dict:
+    """:func:`run` in the output folder ``out`` (``created``: by this run), its lock held."""
     claim_output(out, spec, resume=getattr(launcher, "resume", False), overwrite=overwrite)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / CONFIG_FILE, spec.to_dict())
@@ -213,8 +235,15 @@ def flop_figures(out: Path, model: DBN, spec: JobSpec, train_seconds: float, *, 
 
 def _nothing_but_config(out: Path) -> bool:
     """Whether ``out`` holds only its config.json, folders and empty files (a log opened
-    before training failed, say)."""
-    return all(path == out / CONFIG_FILE or path.stat().st_size == 0 for path in out.rglob("*") if path.is_file())
+    before training failed, say), besides the lock and run record."""
+    return all(path in (out / CONFIG_FILE, *(out / name for name in ownership.BOOKKEEPING))
+               or path.stat().st_size == 0 for path in out.rglob("*") if path.is_file())
+
+
+def check_folder(out: Path) -> None:
+    """Refuse an output ``out`` that is a file (:class:`UsageError`), before anything is written."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out}: a file, not a directory: the output ([output] dir or --out) is a directory")
 
 
 def claim_output(out: Path, spec: JobSpec, *, resume: bool = False, overwrite: bool = False) -> Path | None:
@@ -222,6 +251,10 @@ def claim_output(out: Path, spec: JobSpec, *, resume: bool = False, overwrite: b
 
     - A folder that holds a run of another job (see :func:`other_job`) is refused with a
       :class:`UsageError`, unless ``overwrite``.
+    - A folder holding, under a name the run writes (:data:`RUN_NAMES`), a file no run of the
+      project wrote (its run record does not prove it, :mod:`iterreduce.ownership`) is
+      refused (:class:`~iterreduce.exceptions.ForeignFileError`, naming the file), even with
+      ``overwrite``: the project never moves, overwrites or deletes what is not its own.
     - ``resume`` of the same job continues its run: nothing changes.
     - Any other run (a rerun of the same job, or ``overwrite``) keeps the earlier run in
       ``out/previous/N``: its config, log, checkpoints and process logs move there (so a
@@ -229,18 +262,20 @@ def claim_output(out: Path, spec: JobSpec, *, resume: bool = False, overwrite: b
       stay in place, linked there, until this run writes its own (atomically): a run that
       fails leaves them byte-identical. Once a run succeeds, the newest few earlier runs stay.
 
-    Returns the folder the earlier run went to, or None.
+    Call it holding the folder's lock. Returns the folder the earlier run went to, or None.
     """
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"{out}: a file, not a directory: the output ([output] dir or --out) is a directory")
+    check_folder(out)
+    ownership.check_owned(out, RUN_NAMES)
     why = other_job(out, spec)
     if why and not overwrite:
         raise UsageError(f"{out}: holds a run of another job ({why}); pass --overwrite to replace it (the earlier "
                          f"run is kept in {out / PREVIOUS}), or choose another output directory ([output] dir "
                          f"or --out)")
-    if resume and not why:
-        return None
-    return set_aside(out, move=(CONFIG_FILE, *RUN_FILES), keep_in_place=(MODEL_FILE, RESULT_FILE))
+    aside = None if resume and not why else set_aside(out, move=(CONFIG_FILE, *RUN_FILES),
+                                                       keep_in_place=(MODEL_FILE, RESULT_FILE))
+    if out.is_dir():
+        ownership.claim(out, RUN_NAMES)
+    return aside
 
 
 def other_job(out: Path, spec: JobSpec) -> str | None:
@@ -555,7 +590,8 @@ def available_memory() -> int:
 def local_shards(spec: JobSpec, out: Path, n_shards: int) -> str:
     """The job's shard directory: ``[cluster] shards``, or ``[data] train`` cut into OUT/shards.
 
-    Shards written here are reused by a later run (e.g. ``--resume``) of the same data.
+    Shards written here are reused by a later run (e.g. ``--resume``) of the same data: their
+    manifest's note :data:`SHARDS_SOURCE` says what they were cut from.
     """
     if spec.cluster.shards:
         return spec.cluster.shards
@@ -565,20 +601,21 @@ def local_shards(spec: JobSpec, out: Path, n_shards: int) -> str:
     else:
         source = {"train": spec.data.train, "limit": spec.data.limit, "shards": n_shards,
                   "mnist_dir": spec.data.mnist_dir, **({"label": spec.data.label} if spec.data.label else {})}
-    marker = shards / "source.json"
-    if marker.exists() and json.loads(marker.read_text()) == source:
+    if shards.is_dir() and shard_note(str(shards), SHARDS_SOURCE) == source:
         return str(shards)
+    # Another source's shards (written here: listed in their manifest) are replaced; a folder
+    # holding anything else is refused untouched (iterreduce.shards.shard_set).
     if spec.data.features is not None:
-        shards.mkdir(parents=True, exist_ok=True)
-        for old in [*shards.glob("*.parquet"), *shards.glob(f"*{TABLE_SHARD_SUFFIX}")]:
-            old.unlink()  # another source's shards: not to be listed with these
         table_shards(spec.data, spec.model.visible, n_shards, str(shards))
-        marker.write_text(json.dumps(source))
-        return str(shards)
-    shard_dataset(spec.data.train, str(shards), n_shards, split="train", mnist_dir=spec.data.mnist_dir,
-                  limit=spec.data.limit, label=spec.data.label, labels=spec.fine_tunes)
-    marker.write_text(json.dumps(source))
+    else:
+        shard_dataset(spec.data.train, str(shards), n_shards, split="train", mnist_dir=spec.data.mnist_dir,
+                      limit=spec.data.limit, label=spec.data.label, labels=spec.fine_tunes)
+    set_shard_note(str(shards), SHARDS_SOURCE, source)
     return str(shards)
+
+
+#: The note of OUT/shards' manifest saying what they were cut from (:func:`local_shards`).
+SHARDS_SOURCE = "source"
 
 
 def cluster_figures(out: Path) -> dict:
@@ -601,8 +638,10 @@ class Yarn:
 
     where, writes_log = "yarn", False
 
-    def __init__(self, report_dir: str, log: Callable[[str], None] = print, poll: float = 5.0):
+    def __init__(self, report_dir: str, log: Callable[[str], None] = print, poll: float = 5.0,
+                 overwrite: bool = False):
         self.report_dir, self.log, self.poll = report_dir, log, poll
+        self.overwrite = overwrite  # replace another job's run in the HDFS output folder (dbn.jobs.yarn.submit)
 
     def output_dir(self, spec: JobSpec) -> str:
         return self.report_dir
@@ -615,7 +654,7 @@ class Yarn:
 
         from .yarn import submit
 
-        _, app_id, url, client = submit(spec, log=self.log)
+        _, app_id, url, client = submit(spec, log=self.log, overwrite=self.overwrite)
         self.where = f"yarn ({app_id})"
         on_record({"event": "start", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "output": spec.output.dir,
                    "where": f"{self.describe(spec)}, application {app_id} (tracking URL: {url or 'none yet'})"})

@@ -6,12 +6,20 @@ and the data must be Parquet shards there (``[cluster] shards``), or ``[data]
 train`` is sharded and uploaded to ``OUTPUT/shards`` first. The application runs
 the runtime's generic containers (:mod:`iterreduce.yarn.container`) with the
 DBN program.
+
+An HDFS output folder is guarded as a local one is (:func:`claim_remote_output`): one job
+at a time writes into it (a lock file created with HDFS's create-if-absent, naming the
+application, whose state the ResourceManager tells), a folder holding a run of another job
+is refused unless ``overwrite``, and only files a submission claimed are moved aside
+(into ``previous/N``), never deleted.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
+import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -20,7 +28,9 @@ from urllib.parse import urlparse
 
 from skein.model import parse_memory
 
-from iterreduce.shards import join, list_shards, shard_info
+from iterreduce import ownership
+from iterreduce.exceptions import ForeignFileError
+from iterreduce.shards import filesystem, join, list_shards, open_output_file, shard_info
 from iterreduce.tables import read_table_shard
 from iterreduce.yarn import locality
 from iterreduce.yarn.envpack import pack_environment
@@ -29,7 +39,7 @@ from iterreduce.yarn.spec import YarnOptions, build_spec
 from ..data.sharding import shard_dataset
 from ..data.table_data import table_shards
 from ..data.validation import counted
-from ..exceptions import ConfigError
+from ..exceptions import ConfigError, UsageError
 from .memory import plan as plan_memory
 from .spec import JobSpec
 
@@ -166,14 +176,124 @@ def table_hosts(uris: list[str]) -> dict[str, list[str]]:
     return found
 
 
-def submit(cfg: JobSpec, *, log=print):
+def submit(cfg: JobSpec, *, log=print, overwrite: bool = False):
     """Stage ``cfg`` (:func:`prepare`) and submit it to YARN; returns the submission, the
     application id, its tracking URL and the skein client, to follow the application with
-    (without a running driver, each new client starts a Java driver: connect once)."""
+    (without a running driver, each new client starts a Java driver: connect once).
+
+    The output folder is claimed first (:func:`claim_remote_output`; ``overwrite`` replaces
+    another job's run there): its lock then names the application."""
     from iterreduce.yarn import client as yarn
 
     yarn.check_kerberos(cfg.yarn.principal, cfg.yarn.keytab)  # before any staging work
-    submission = prepare(cfg, log=log)
+    _shared_uri("[output] dir (or --out)", cfg.output.dir)
     client = yarn.connect(cfg.yarn.principal, cfg.yarn.keytab)
-    app_id, url = yarn.submit(client, submission.spec)
+    lock = claim_remote_output(cfg, running=lambda held: holder_running(client, held), overwrite=overwrite, log=log)
+    try:
+        submission = prepare(cfg, log=log)
+        app_id, url = yarn.submit(client, submission.spec)
+    except BaseException:
+        lock.release()
+        raise
+    lock.name_holder(app_id=app_id)
     return submission, app_id, url, client
+
+
+#: The files a YARN job writes in its output folder (the master's outputs, uploaded, and its checkpoints).
+REMOTE_RUN_NAMES = ("config.json", "model.npz", "result.json", "log.jsonl", "checkpoints", "job.json", "error.txt",
+                    "master.json")
+#: Application states in which a job may still write into its output folder.
+ACTIVE_STATES = ("NEW", "NEW_SAVING", "SUBMITTED", "ACCEPTED", "RUNNING")
+
+
+def holder_running(client, held: dict) -> str | None:
+    """What still writes into an output folder whose lock names ``held`` (see
+    :func:`iterreduce.ownership.acquire_remote`), or None when it is gone: an application the
+    ResourceManager reports finished, failed or killed (or no longer knows), a submission on
+    this host whose process has ended. A submission on another host that named no application
+    yet counts as running: its lock then has to be deleted by hand if it is gone."""
+    app_id = held.get("app_id")
+    if app_id:
+        try:
+            state = str(client.application_report(app_id).state).rsplit(".", 1)[-1]
+        except Exception:  # noqa: BLE001 - an application the ResourceManager does not know has long ended
+            return None
+        return f"application {app_id} is {state}" if state in ACTIVE_STATES else None
+    if not held:
+        return "a lock file that is not readable (delete it if no job writes there)"
+    if held.get("host") == socket.gethostname() and isinstance(held.get("pid"), int):
+        try:
+            os.kill(held["pid"], 0)
+        except ProcessLookupError:
+            return None
+        except PermissionError:
+            pass
+    return f"{ownership.describe_holder(held)}, which has not named its application yet (delete the lock if it is gone)"
+
+
+def claim_remote_output(cfg: JobSpec, *, running, overwrite: bool = False, log=print) -> ownership.RemoteLock:
+    """Take the HDFS output folder ``[output] dir`` for this submission, as a local run takes
+    its folder: its lock (:func:`iterreduce.ownership.acquire_remote`, asking ``running``
+    whether a holder still writes); a file under :data:`REMOTE_RUN_NAMES` that no submission
+    claimed is refused (:class:`~iterreduce.exceptions.ForeignFileError`, naming it); a run of
+    another job (a model or checkpoints, and a ``config.json`` that differs or is missing) is
+    refused unless ``overwrite``; an earlier run's files move into ``previous/N`` (nothing is
+    deleted); then this job's ``config.json`` is written and its names claimed. Returns the
+    lock (let go with its ``release`` when the submission fails)."""
+    from .run import _differences
+
+    uri = cfg.output.dir.rstrip("/")
+    fs, base = filesystem(uri)
+    fs.create_dir(base, recursive=True)
+    lock = ownership.acquire_remote(fs, base, uri, running=running)
+    try:
+        foreign = ownership.remote_foreign(fs, base, REMOTE_RUN_NAMES)
+        if foreign is not None:
+            raise ForeignFileError(f"{join(uri, foreign)}: in the way of this job's files, and not written by a job "
+                                   f"of this tool (not claimed in {join(uri, ownership.RECORD_NAME)}); it is left as it "
+                                   f"is: choose another output folder ([output] dir or --out), or move it away")
+        why = _remote_other_job(fs, base, cfg, _differences)
+        if why and not overwrite:
+            raise UsageError(f"{uri}: holds a run of another job ({why}); pass --overwrite to replace it (the earlier "
+                             f"run is kept in {join(uri, ownership.PREVIOUS)}), or choose another output folder "
+                             f"([output] dir or --out)")
+        aside = ownership.remote_set_aside(fs, base, REMOTE_RUN_NAMES)
+        if aside:
+            log(f"the earlier run in {uri} is kept in {aside}")
+        ownership.remote_claim(fs, base, REMOTE_RUN_NAMES)
+        with open_output_file(join(uri, "config.json")) as f:
+            f.write((json.dumps(cfg.to_dict(), indent=2) + "\n").encode())
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def _remote_other_job(fs, base: str, cfg: JobSpec, differences) -> str | None:
+    """Why the remote folder ``base`` holds a run of another job than ``cfg`` (as
+    :func:`dbn.jobs.run.other_job` says of a local folder), or None."""
+    import pyarrow.fs as pafs
+
+    def there(name: str) -> bool:
+        return fs.get_file_info(join(base, name)).type != pafs.FileType.NotFound
+
+    held = [name for name in ("model.npz", "result.json") if there(name)]
+    if there("checkpoints") and any(e.base_name.startswith("ckpt-") for e in
+                                    fs.get_file_info(pafs.FileSelector(join(base, "checkpoints")))):
+        held.append("checkpoints")
+    if not held:
+        return None
+    try:
+        with fs.open_input_stream(join(base, "config.json"), compression=None) as f:
+            earlier = json.loads(f.read())
+    except FileNotFoundError:
+        return f"{', '.join(held)} but no config.json saying of which job"
+    except (OSError, ValueError) as exc:
+        if not there("config.json"):
+            return f"{', '.join(held)} but no config.json saying of which job"
+        return f"{join(base, 'config.json')}: unreadable: {exc}"
+    differ = differences(earlier, cfg.to_dict())
+    if not differ:
+        return None
+    shown = "; ".join(f"{key} {a!r} there, {b!r} here" for key, a, b in differ[:3])
+    return f"its config.json differs: {shown}{f' and {len(differ) - 3} more' if len(differ) > 3 else ''}"

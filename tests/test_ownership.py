@@ -1,0 +1,334 @@
+"""Output folders hold the user's files too (issue 36, items 1-4): the project deletes, moves
+or overwrites only what it wrote and can prove it, and one run at a time writes into a folder.
+
+- ``dbn shard`` / :func:`write_shards` replace only shard sets their manifest lists; a folder
+  holding another tool's files (Spark's ``part-*.parquet``, ``_SUCCESS``) is refused untouched;
+- a run's output folder: files under the run's names that no run wrote (``config.json``,
+  ``logs/notes.txt``) are refused untouched; files beside them (Spark part files, notes,
+  ``previous/2019/return.pdf``) stay byte for byte through any number of runs;
+- a run holds the folder's lock: a second run is refused at once (exit 2), naming the holder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest_runtime import DELAY_ENV, REPO, SLOW_DBN, TESTS_DIR
+from dbn import DBN
+from dbn.cli import main
+from iterreduce import ownership
+from iterreduce.exceptions import ForeignFileError, OutputBusy
+from iterreduce.local import prune_previous, set_aside
+from iterreduce.shards import list_shards, read_shard, write_shards
+from test_cli import make_dataset
+
+#: Another tool's files, as the issue's probe found them: (relative path, bytes).
+SPARK = {
+    "part-00000-7c1e-4b2a-c000.snappy.parquet": b"PAR1 spark rows 0" * 50,
+    "part-00001-7c1e-4b2a-c000.snappy.parquet": b"PAR1 spark rows 1" * 70,
+    "_SUCCESS": b"",
+}
+PERSONAL = {
+    "notes.txt": b"call the bank\n",
+    "previous/2019/return.pdf": b"%PDF-1.4 tax return" * 20,
+}
+COLLIDING = {  # under names a run writes
+    "config.json": b'{"mine": "not the tool\'s"}\n',
+    "logs/notes.txt": b"my logs\n",
+}
+
+
+def plant(folder: Path, files: dict[str, bytes]) -> None:
+    for rel, data in files.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(data)
+
+
+def hashes(folder: Path, files) -> dict[str, str]:
+    """sha256 of each of ``files`` (relative paths) in ``folder``; "missing" where absent."""
+    return {rel: hashlib.sha256((folder / rel).read_bytes()).hexdigest() if (folder / rel).is_file() else "missing"
+            for rel in files}
+
+
+def data(n=60, d=5, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.random((n, d), dtype=np.float32), rng.integers(0, 3, n)
+
+
+@pytest.fixture
+def job(tmp_path):
+    """A tiny job (in this process unless --local) and its output folder: (config, out)."""
+    make_dataset(tmp_path / "train.npz")
+    make_dataset(tmp_path / "test.npz", n=120, seed=1)
+    config = tmp_path / "tiny.toml"
+    config.write_text(
+        "[data]\ntrain = 'train.npz'\ntest = 'test.npz'\n"
+        "[model]\nhidden_layers = [16, 8]\npretrain_epochs = 1\nfinetune_epochs = 2\ntop_layer_epochs = 1\n"
+        "pretrain_batch_size = 20\nfinetune_batch_size = 20\n"
+        "[job]\nseed = 1\ndevice = 'cpu'\n"
+    )
+    return config, tmp_path / "out"
+
+
+def train(config, out, *flags) -> int:
+    return main(["train", str(config), "--out", str(out), "--quiet", *flags])
+
+
+# ------------------------------------------------------------------ 1. shards
+
+
+@pytest.mark.parametrize("files", [SPARK, {**SPARK, **PERSONAL}, {"notes.txt": b"x"}, {"part-00000.parquet": b"y"}],
+                         ids=["spark", "spark-and-notes", "notes", "a-part-file-named-like-ours"])
+def test_dbn_shard_refuses_a_folder_of_another_tools_files_untouched(tmp_path, capsys, files):
+    out = tmp_path / "warehouse"
+    plant(out, files)
+    before = hashes(out, files)
+    listing = sorted(p.relative_to(out).as_posix() for p in out.rglob("*"))
+    make_dataset(tmp_path / "d.npz")
+    assert main(["shard", str(tmp_path / "d.npz"), str(out), "--shards", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dbn: error: ") and "Traceback" not in err
+    assert str(out) in err and any(Path(rel).parts[0] in err for rel in files)  # the folder and a file in it
+    assert hashes(out, files) == before
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*")) == listing  # nothing added either
+
+
+def test_write_shards_replaces_only_its_own_set(tmp_path):
+    out = str(tmp_path / "s")
+    X, y = data()
+    assert len(write_shards(X, y, out, 4)) == 4
+    manifest = json.loads((tmp_path / "s" / ownership.MANIFEST_NAME).read_text())
+    assert sorted(manifest["files"]) == [f"part-{i:05d}.parquet" for i in range(4)]
+    assert all(size == (tmp_path / "s" / name).stat().st_size for name, size in manifest["files"].items())
+    write_shards(X, y, out, 2)  # fewer: the earlier set goes, as the manifest lists it
+    assert [Path(u).name for u in list_shards(out)] == ["part-00000.parquet", "part-00001.parquet"]
+    write_shards(X[:5], None, out, 1, prefix="b")  # another set of its own stays beside
+    assert len(list_shards(out)) == 3
+
+    (tmp_path / "s" / "notes.txt").write_bytes(b"mine")  # anything not listed: refused, untouched
+    with pytest.raises(ForeignFileError, match="notes.txt"):
+        write_shards(X, y, out, 3)
+    assert len(list_shards(out)) == 3 and (tmp_path / "s" / "notes.txt").read_bytes() == b"mine"
+    (tmp_path / "s" / "notes.txt").unlink()
+
+    shard = tmp_path / "s" / "part-00001.parquet"  # a listed name with other bytes is no longer the tool's
+    shard.write_bytes(shard.read_bytes() + b"appended by someone")
+    before = shard.read_bytes()
+    with pytest.raises(ForeignFileError, match="part-00001.parquet"):
+        write_shards(X, y, out, 3)
+    assert shard.read_bytes() == before
+
+
+def test_an_interrupted_shard_write_is_replaced_by_the_next(tmp_path, monkeypatch):
+    """The manifest names the files before they are written: what a failed write left is the
+    tool's, and the next write replaces it."""
+    import pyarrow.parquet as pq
+
+    out = str(tmp_path / "s")
+    X, y = data()
+    real, calls = pq.write_table, []
+
+    def fail_second(table, where, **kwargs):
+        calls.append(where)
+        real(table, where, **kwargs)
+        if len(calls) == 2:
+            raise OSError("disk full (injected)")
+
+    monkeypatch.setattr(pq, "write_table", fail_second)
+    with pytest.raises(OSError, match="injected"):
+        write_shards(X, y, out, 3)
+    monkeypatch.setattr(pq, "write_table", real)
+    assert len(write_shards(X, y, out, 2)) == 2
+    assert [Path(u).name for u in list_shards(out)] == ["part-00000.parquet", "part-00001.parquet"]
+    np.testing.assert_array_equal(read_shard(list_shards(out)[1]).features, X[30:])
+
+
+# ------------------------------------------------------------------ 2. run folders
+
+
+def test_five_runs_leave_another_tools_files_byte_identical(job):
+    """The issue's bar: Spark's part files, _SUCCESS, notes and previous/2019 beside five
+    successive runs (in this process, then on a local mini-cluster) stay byte for byte;
+    previous/ keeps the newest three runs of the tool's and the user's 2019 folder."""
+    config, out = job
+    files = {**SPARK, **PERSONAL}
+    plant(out, files)
+    before = hashes(out, files)
+    for i in range(5):
+        flags = ("--local", "2", "--no-ui", "--overwrite") if i == 4 else ()  # another job: workers differ
+        assert train(config, out, *flags) == 0, i
+        assert hashes(out, files) == before, i
+    numbered = sorted(p.name for p in (out / "previous").iterdir())
+    assert numbered == ["2", "2019", "3", "4"]
+    assert (out / "model.npz").is_file()
+
+
+def test_a_run_refuses_files_under_its_names_that_no_run_wrote(job, capsys):
+    """config.json and logs/notes.txt of the user's (the issue's probe): refused with the file's
+    name and another --out suggested, five times over, every byte kept, even with --overwrite."""
+    config, out = job
+    files = {**SPARK, **PERSONAL, **COLLIDING}
+    plant(out, files)
+    before = hashes(out, files)
+    for flags in [(), ("--overwrite",), ("--local", "2", "--no-ui"), ("--local", "2", "--resume", "--no-ui"), ()]:
+        assert train(config, out, *flags) == 2, flags
+        err = capsys.readouterr().err
+        assert err.startswith("dbn: error: ") and "Traceback" not in err
+        assert (f"{out / 'config.json'}" in err or f"{out / 'logs' / 'notes.txt'}" in err) and "--out" in err
+        assert hashes(out, files) == before
+    assert not (out / "model.npz").exists() and not (out / "previous" / "1").exists()
+
+
+def test_a_file_added_to_a_runs_folder_or_changed_is_not_the_tools(job, capsys):
+    config, out = job
+    assert train(config, out) == 0
+    (out / "logs").mkdir()
+    (out / "logs" / "notes.txt").write_bytes(b"mine")  # a name the in-process run claimed but did not write
+    assert train(config, out) == 2
+    assert f"{out / 'logs' / 'notes.txt'}" in capsys.readouterr().err
+    (out / "logs" / "notes.txt").unlink()
+    (out / "logs").rmdir()
+    assert train(config, out) == 0
+    (out / "config.json").write_text((out / "config.json").read_text() + " ")  # edited by hand: the user's now
+    edited = (out / "config.json").read_bytes()
+    assert train(config, out) == 2
+    assert f"{out / 'config.json'}" in capsys.readouterr().err and (out / "config.json").read_bytes() == edited
+
+
+def test_pruning_deletes_only_what_the_tool_set_aside(job):
+    """A file the user put into a previous/N of the tool's survives its pruning, and keeps its folder."""
+    config, out = job
+    assert train(config, out) == 0
+    assert train(config, out) == 0  # previous/1: the first run
+    (out / "previous" / "1" / "keep-me.txt").write_bytes(b"the user's")
+    (out / "previous" / "1" / "logs").mkdir(exist_ok=True)
+    (out / "previous" / "1" / "logs" / "deep.txt").write_bytes(b"also the user's")
+    for _ in range(4):
+        assert train(config, out) == 0
+    assert not (out / "previous" / "2").exists()  # pruned: the tool's own
+    assert (out / "previous" / "1" / "keep-me.txt").read_bytes() == b"the user's"
+    assert (out / "previous" / "1" / "logs" / "deep.txt").read_bytes() == b"also the user's"
+    assert sorted(p.name for p in (out / "previous" / "1").iterdir() if not p.name.startswith(".")) == \
+        ["keep-me.txt", "logs"]  # everything of the tool's there went
+    assert sorted(p.name for p in (out / "previous").iterdir()) == ["1", "3", "4", "5"]  # 1: the user's files
+
+
+def test_set_aside_moves_only_recorded_files(tmp_path):
+    out = tmp_path / "out"
+    plant(out, {"log.jsonl": b"run", "checkpoints/ckpt-000000001.npz": b"c"})
+    with pytest.raises(ForeignFileError, match="log.jsonl"):
+        set_aside(out)  # nothing recorded: nothing moves
+    assert (out / "log.jsonl").read_bytes() == b"run" and not (out / "previous").exists()
+    ownership.claim(out, ("log.jsonl", "checkpoints"))
+    ownership.settle(out, ("log.jsonl", "checkpoints"))
+    folder = set_aside(out)
+    assert (folder / "log.jsonl").read_bytes() == b"run" and (folder / ownership.RECORD_NAME).is_file()
+    plant(out, {"previous/7/x.txt": b"a numbered folder of the user's"})
+    for _ in range(5):
+        plant(out, {"log.jsonl": b"again"})
+        ownership.claim(out, ("log.jsonl",))
+        ownership.settle(out, ("log.jsonl",))
+        set_aside(out)
+    prune_previous(out, keep=2)
+    assert (out / "previous" / "7" / "x.txt").read_bytes() == b"a numbered folder of the user's"
+    assert sorted(p.name for p in (out / "previous").iterdir()) == ["5", "6", "7"]  # 1..6 but 7, the newest two
+
+
+# ------------------------------------------------------------------ 3. the lock
+
+
+def test_the_lock_refuses_another_thread_and_names_the_holder(tmp_path):
+    out = tmp_path / "out"
+    with ownership.hold(out):
+        with ownership.hold(out):  # the same thread again: nested runs of one command
+            pass
+        errors = []
+
+        def second():
+            try:
+                with ownership.hold(out):
+                    pass
+            except OutputBusy as exc:
+                errors.append(str(exc))
+
+        t = threading.Thread(target=second)
+        t.start()
+        t.join()
+        assert len(errors) == 1 and str(out) in errors[0] and f"pid {os.getpid()}" in errors[0]
+        assert f"pid {os.getpid()}" in (out / ownership.LOCK_NAME).read_text()
+    with ownership.hold(out):  # let go at the end
+        pass
+
+
+def test_the_lock_goes_with_a_killed_process(tmp_path):
+    out = tmp_path / "out"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from iterreduce import ownership\n"
+                               f"with ownership.hold({str(out)!r}):\n    print('held', flush=True); time.sleep(60)"],
+                              cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(OutputBusy, match=f"pid {holder.pid} on "):
+            with ownership.hold(out):
+                pass
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    with ownership.hold(out):  # no stale lock
+        pass
+
+
+TRAIN_SLOW = """
+import sys
+import dbn.jobs.spec
+dbn.jobs.spec.PROGRAM = {program!r}
+from dbn.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_second_run_into_a_running_jobs_folder_is_refused_within_5_s(job, tmp_path):
+    """The issue's bar, with real processes: `dbn train --local 2` runs (its steps slowed); a
+    second `dbn train --local 2` of another job into the same folder exits 2 within 5 s,
+    naming the folder and the first's pid; the first completes with its own model."""
+    config, out = job
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS_DIR), str(REPO), os.environ.get("PYTHONPATH", "")]),
+               **{DELAY_ENV: "0.3"})
+    command = [sys.executable, "-c", TRAIN_SLOW.format(program=SLOW_DBN), "train", str(config), "--out", str(out),
+               "--local", "2", "--no-ui", "--quiet"]
+    first = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any((out / "checkpoints").glob("ckpt-*.npz")) and not (out / "master.json").exists():
+            assert first.poll() is None, first.communicate()
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        start = time.monotonic()
+        second = subprocess.run([*command, "--layers", "12"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                                timeout=60)
+        refused_after = time.monotonic() - start
+        print(f"second run refused after {refused_after:.2f} s")
+        assert second.returncode == 2, second.stderr
+        assert refused_after < 5
+        assert second.stderr.startswith("dbn: error: ") and str(out) in second.stderr
+        assert f"pid {first.pid} on " in second.stderr
+        assert first.poll() is None  # still running, untouched
+        stdout, stderr = first.communicate(timeout=300)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert first.returncode == 0, stderr
+    assert DBN.load(out / "model.npz", device="cpu").hidden_layers == [16, 8]  # the first's model
+    assert json.loads((out / "result.json").read_text())["layers"][1:3] == [16, 8]
+    assert not (out / "previous").exists()  # the refused run moved nothing
