@@ -6,8 +6,10 @@ configuration, seed, shard sizes and schedule) that a resume must match. Files a
 ``ckpt-<step>.npz`` so the newest is the one with the highest step.
 
 A directory may also hold checkpoints of other jobs (an earlier run into the same output
-directory): pruning only ever removes checkpoints of the job being saved, and a resume
-asks :func:`latest` for the newest checkpoint *of its own job* (``fingerprint``).
+directory), or of other runs of the same job (another submission): pruning only ever removes
+checkpoints of the run being saved (the same ``fingerprint`` and ``run`` in the header), and
+a resume asks :func:`latest` for the newest checkpoint *of its own job* (``fingerprint``), or
+of its own run (``run``: a restarted run must not continue another submission's).
 """
 
 from __future__ import annotations
@@ -43,7 +45,8 @@ def _encode(header: dict, arrays: dict) -> bytes:
 
 def save(directory: str, step: int, header: dict, arrays: dict, keep: int = 2) -> str:
     """Write checkpoint ``step`` under ``directory`` (any URI); keep the newest ``keep`` of this
-    job (checkpoints whose header has the same ``fingerprint``; other jobs' are never pruned)."""
+    run (checkpoints whose header has the same ``fingerprint`` and ``run``; other jobs' and other
+    runs' are never pruned)."""
     fs, path = filesystem(directory)
     name = f"ckpt-{step:09d}.npz"
     try:  # written whole or not at all (a rerun's checkpoint of this step is replaced)
@@ -54,10 +57,11 @@ def save(directory: str, step: int, header: dict, arrays: dict, keep: int = 2) -
         raise CheckpointError(f"{join(directory, name)}: cannot write the checkpoint ({exc}); free space there "
                               f"or choose another output directory" +
                               (f"; the job can resume from {kept[-1]}" if kept else "")) from exc
-    # Never prune the one just written, nor another job's (an earlier run's) checkpoints: those
-    # would otherwise push this job's own out, and they are not this job's to delete.
-    fingerprint = header.get("fingerprint")
-    ours = [n for n in _list(fs, path) if n != name and _fingerprint(fs, join(path, n)) == fingerprint]
+    # Never prune the one just written, nor another job's or another run's (an earlier run's, another
+    # submission's) checkpoints: those would otherwise push this run's own out, and they are not its to delete.
+    fingerprint, run = header.get("fingerprint"), header.get("run")
+    ours = [n for n in _list(fs, path) if n != name and _fingerprint(fs, join(path, n)) == fingerprint
+            and _fingerprint(fs, join(path, n), "run") == run]
     for old in ours[:max(0, len(ours) - (keep - 1))] if keep > 0 else []:
         fs.delete_file(join(path, old))
     return join(directory, name)

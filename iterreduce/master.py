@@ -174,6 +174,7 @@ class Master(pb_grpc.MasterServicer):
         self.program: Program = program_cls(config.program_config)
         self.steps = list(self.program.schedule(self.shards))
         # What a checkpoint must match to be resumed: same program, config, seed, data and schedule.
+        self.run_id = config.run_id  # in every checkpoint; a resume of another run's checkpoint continues that run
         self.fingerprint = hashlib.sha256(json.dumps(
             [config.program, config.program_config, config.seed, [(s["rows"], s["features"]) for s in self.shards],
              [step_to_json(st) for st in self.steps]], sort_keys=True, default=str).encode()).hexdigest()
@@ -634,6 +635,8 @@ class Master(pb_grpc.MasterServicer):
                             f"schedule differ); use a new output directory or drop --resume")
         self.parameters = arrays
         self._new_version(arrays)
+        if self.config.resume and header.get("run"):  # the user's resume continues the run it names
+            self.run_id = header["run"]
         log.info("resumed from %s at step %d of %d", ckpt, header["step"], len(self.steps))
         self._event("resumed", checkpoint=ckpt, step=header["step"])
         return int(header["step"])
@@ -670,7 +673,7 @@ class Master(pb_grpc.MasterServicer):
                     writer.save(self.config.checkpoint_dir, index + 1,
                                 {"n_steps": len(self.steps), "seed": self.config.seed,
                                  "program": self.config.program, "fingerprint": self.fingerprint,
-                                 "run": self.config.run_id},
+                                 "run": self.run_id},
                                 self.parameters, keep=self.config.checkpoint_keep)
             writer.flush()
         finally:

@@ -120,8 +120,9 @@ def test_a_later_application_attempt_restarts_its_own_run(tmp_path):
 
 
 def test_each_local_run_gets_its_own_id_and_a_resume_takes_the_jobs_newest(tmp_path, monkeypatch):
-    """run_local: a fresh id for every run; ``--resume`` (a new run too) continues the job's
-    newest checkpoint, written by the run before, and its own checkpoints carry its own id."""
+    """run_local: a fresh id for every run; ``--resume`` continues the job's newest checkpoint,
+    written by the run before, and so that run: its checkpoints carry that run's id (and prune
+    that run's older ones, as before)."""
     subprocess_env(monkeypatch)
     X, y = blobs(120, d=4, k=3)
     write_shards(X, y, str(tmp_path / "shards"), 1)
@@ -136,4 +137,18 @@ def test_each_local_run_gets_its_own_id_and_a_resume_takes_the_jobs_newest(tmp_p
     (resumed,) = events(tmp_path / "out", "resumed")
     assert resumed["step"] == 3
     runs = {name: h["run"] for name, h in headers(ckpts).items()}
-    assert runs["ckpt-000000003.npz"] in first and runs["ckpt-000000004.npz"] not in first
+    assert "ckpt-000000004.npz" in runs and set(runs.values()) == first
+    run_job(**{**job, "output": str(tmp_path / "again")})
+    (again,) = {h["run"] for h in headers(tmp_path / "again" / "checkpoints").values()}
+    assert again not in first  # a new run, a new id
+
+
+def test_a_run_prunes_only_its_own_checkpoints_never_another_submissions(tmp_path):
+    """Two submissions of the same job into one checkpoint folder: each keeps its newest
+    ``keep``; neither deletes the other's (before, the job's fingerprint alone decided)."""
+    folder = str(tmp_path)
+    checkpoint.save(folder, 4, {"fingerprint": "job", "run": "earlier"}, {"w": np.zeros(2)}, keep=1)
+    for step in (1, 2):
+        checkpoint.save(folder, step, {"fingerprint": "job", "run": "later"}, {"w": np.ones(2)}, keep=1)
+    assert {p.name: checkpoint.load(str(p))[0]["run"] for p in sorted(tmp_path.glob("ckpt-*.npz"))} == {
+        "ckpt-000000002.npz": "later", "ckpt-000000004.npz": "earlier"}
