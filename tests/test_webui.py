@@ -250,9 +250,6 @@ def small_log(tmp_path, steps: int = 1) -> Path:
 def test_odd_paths_get_404_or_400_and_static_names_come_from_the_page_folder_alone(tmp_path):
     """``/static/view.js%00`` was a 500 with a traceback (a NUL reached the file system): names are
     looked up in a fixed list of the page's files, and no path, however odd, gives a 5xx."""
-    from iterreduce.webui.server import STATIC_FILES
-
-    assert STATIC_FILES == {"index.html", "view.js", "view.css", "uPlot.iife.min.js", "uPlot.min.css"}
     server = ViewServer(small_log(tmp_path), job={"name": "j"})
     server.start()
     try:
@@ -270,6 +267,9 @@ def test_odd_paths_get_404_or_400_and_static_names_come_from_the_page_folder_alo
             assert ask(server.port, "/api/state", method=method)[0] == 405, method
     finally:
         server.stop()
+    from iterreduce.webui.server import STATIC_FILES
+
+    assert STATIC_FILES == {"index.html", "view.js", "view.css", "uPlot.iife.min.js", "uPlot.min.css"}
 
 
 def test_the_page_answers_only_to_its_own_host_names(tmp_path):
@@ -370,6 +370,7 @@ def test_the_state_and_images_are_built_once_per_new_log_record_however_many_ask
         assert server.builds == 1 and len(drawn) == 1 and len(pictures) == 1
         assert len(tables) == 100 and states[-1]["workers"] == [{"name": "worker-100"}] and states[-1]["live"]
         assert states[0]["charts"] == states[-1]["charts"] and states[-1]["progress"]["steps_done"] == 3
+        assert states[-1]["progress"]["elapsed_s"] > states[0]["progress"]["elapsed_s"]  # the clock moves on
         with runlog.RunLog(log) as run:
             run.write(step(3, 50, "train", samples=4, loss=0.2))
         state = json.loads(get(url + "api/state")[2])

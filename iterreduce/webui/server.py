@@ -38,7 +38,9 @@ import logging
 import math
 import socket
 import threading
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -144,6 +146,19 @@ class _BoundedServer(ThreadingHTTPServer):
         self.shutdown_request(request)
 
 
+@dataclass(frozen=True)
+class _Built:
+    """The page's state read from the log when it held ``records`` records, at time ``at``:
+    :func:`snapshot.from_log` (``part``, and as JSON less what each request replaces) and
+    :func:`snapshot.progress_of`."""
+
+    records: int
+    part: dict
+    json: bytes
+    progress: dict
+    at: float
+
+
 class ViewServer:
     """Serves the live page of the job whose log is ``log_path``.
 
@@ -167,7 +182,7 @@ class ViewServer:
         self._follower = Follower(log_path)
         self._records: list[dict] = []
         self._lock = threading.Lock()
-        self._built: tuple[int, dict, dict] | None = None  # (records, spec, snapshot.from_log) of the newest build
+        self._built: _Built | None = None  # the newest build of the state read from the log
         self._pictures: tuple[int, dict[str, bytes]] | None = None  # (records, {name: PNG})
         self.builds = 0  # how often the costly part of the state was built (one per new record)
         self._httpd: _BoundedServer | None = None
@@ -189,19 +204,39 @@ class ViewServer:
             log.warning("live view: %s", error)
         return self._records
 
-    def state(self) -> dict:
-        """The page's state now: the part read from the log built once per new record
-        (:func:`snapshot.from_log`), the progress and the live workers table each time."""
-        names = list((self.spec or {}).get("images", {})) if self.images_fn else []
-        workers = self.workers_fn() if self.workers_fn else None
+    def _build(self) -> _Built:
+        """The state read from the log, built again only when the log has grown."""
         with self._lock:
             records = self._poll()
-            if self._built is None or self._built[0] != len(records):
+            if self._built is None or self._built.records != len(records):
+                names = list((self.spec or {}).get("images", {})) if self.images_fn else []
                 spec = snapshot.resolve_spec(records, self.job, self.spec)
-                self._built = (len(records), spec, snapshot.from_log(records, job=self.job, spec=spec, images=names))
+                part = snapshot.from_log(records, job=self.job, spec=spec, images=names)
+                now = time.time()
+                live = ("workers", "live") if self.workers_fn else ()  # replaced on each request
+                self._built = _Built(len(records), part, to_json_bytes({k: v for k, v in part.items() if k not in live}),
+                                     snapshot.progress_of(records, self.job, spec, now), now)
                 self.builds += 1
-            _, spec, part = self._built
-            return {**part, **snapshot.now_part(records, job=self.job, spec=spec, workers=workers)}
+            return self._built
+
+    def _fresh(self, built: _Built) -> dict:
+        """What moves between two records: the elapsed time, and the live workers table."""
+        fresh = {"progress": snapshot.progress_at(built.progress, built.at, time.time())}
+        if self.workers_fn:
+            fresh.update(workers=self.workers_fn(), live=True)
+        return fresh
+
+    def state(self) -> dict:
+        """The page's state now (:func:`snapshot.build`): the part read from the log built
+        once per new record, the elapsed time and the live workers table each time."""
+        built = self._build()
+        return {**built.part, **self._fresh(built)}
+
+    def state_json(self) -> bytes:
+        """:meth:`state` as JSON (:func:`to_json_bytes`), the part read from the log encoded
+        once per new record too."""
+        built = self._build()
+        return built.json[:-1] + b"," + to_json_bytes(self._fresh(built))[1:]  # two objects' members, joined
 
     def image(self, name: str) -> bytes | None:
         """PNG of image ``name``, or None when the program has no such image (yet). The images
@@ -330,7 +365,7 @@ class _Handler(BaseHTTPRequestHandler):
             elif path.startswith("/static/"):
                 self._file(path[len("/static/"):])
             elif path == "/api/state":
-                self._send(to_json_bytes(view.state()), CONTENT_TYPES[".json"], cache=False)
+                self._send(view.state_json(), CONTENT_TYPES[".json"], cache=False)
             elif path.startswith("/images/") and path.endswith(".png"):
                 data = view.image(path[len("/images/"):-len(".png")])
                 if data is None:

@@ -259,6 +259,14 @@ def from_log(records: list[dict], *, job: dict, spec: dict, images: Iterable[str
     }
 
 
+def progress_at(progress: dict, built_at: float, now: float) -> dict:
+    """``progress`` (:func:`progress_of` at ``built_at``) as it reads at ``now``: a running job's
+    elapsed time moves on (the rest changes only with new records)."""
+    if progress.get("state") != "running" or progress.get("elapsed_s") is None:
+        return progress
+    return {**progress, "elapsed_s": progress["elapsed_s"] + (now - built_at)}
+
+
 def now_part(records: list[dict], *, job: dict, spec: dict, workers: list[dict] | None = None,
              now: float | None = None) -> dict:
     """The part of the page's state that moves with the clock or the master: progress (its
