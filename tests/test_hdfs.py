@@ -17,6 +17,7 @@ import pytest
 
 from iterreduce import checkpoint
 from iterreduce.checkpoint import CheckpointError
+from iterreduce.ownership import MANIFEST_NAME
 from iterreduce.shards import ShardError, list_shards, open_output_file, read_shard, write_shards
 
 pytestmark = pytest.mark.hdfs
@@ -67,7 +68,7 @@ def test_write_shards_to_hdfs_round_trip(hdfs, base):
     written = write_shards(X, y, f"{uri}/train", 4)
 
     assert written == [f"{uri}/train/part-{i:05d}.parquet" for i in range(4)]
-    assert names_on_hdfs(hdfs, f"{path}/train") == [f"part-{i:05d}.parquet" for i in range(4)]  # really on HDFS
+    assert names_on_hdfs(hdfs, f"{path}/train") == [MANIFEST_NAME] + [f"part-{i:05d}.parquet" for i in range(4)]  # really on HDFS
     assert list_shards(f"{uri}/train") == written
     parts = [read_shard(u, i) for i, u in enumerate(written)]
     assert [p.rows for p in parts] == [26, 26, 26, 25]
@@ -234,7 +235,7 @@ def test_shard_dataset_writes_to_hdfs(hdfs, base, tmp_path):
     X, y = _dataset(tmp_path)
     written = shard_dataset(str(tmp_path / "d.npz"), uri, 4)
     assert written == list_shards(uri) and len(written) == 4
-    assert names_on_hdfs(hdfs, path) == [f"part-{i:05d}.parquet" for i in range(4)]
+    assert names_on_hdfs(hdfs, path) == [MANIFEST_NAME] + [f"part-{i:05d}.parquet" for i in range(4)]  # and their manifest
     parts = [read_shard(u, i, n_features=24, need_labels=True) for i, u in enumerate(written)]
     np.testing.assert_array_equal(np.concatenate([p.features for p in parts]), X)
     np.testing.assert_array_equal(np.concatenate([p.labels for p in parts]), y)
@@ -419,3 +420,122 @@ def test_a_checkpoint_on_hdfs_is_hsynced_before_it_is_renamed_in(hdfs, base, mon
     monkeypatch.setattr(hdfs_native.Client, "rename", rename)
     checkpoint.save(f"{uri}/ck", 1, {"fingerprint": "f"}, {"a": np.zeros(3)})
     assert order == ["hsync", ("rename", "ckpt-000000001.npz", True)]
+
+
+# ------------------------------------------------------------------ ownership of folders on HDFS (issue 36)
+
+SPARK_FILES = {"part-00000-7c1e-4b2a-c000.snappy.parquet": b"PAR1 spark rows 0" * 50,
+               "part-00001-7c1e-4b2a-c000.snappy.parquet": b"PAR1 spark rows 1" * 70, "_SUCCESS": b""}
+
+
+def _plant(hdfs, path: str, files: dict[str, bytes]) -> None:
+    fs = hdfs.fs()
+    for name, data in files.items():
+        fs.create_dir(f"{path}/{name}".rsplit("/", 1)[0], recursive=True)
+        with fs.open_output_stream(f"{path}/{name}", compression=None) as f:
+            f.write(data)
+
+
+def _contents(hdfs, path: str) -> dict[str, bytes]:
+    fs = hdfs.fs()
+    found = {}
+    for e in fs.get_file_info(pafs.FileSelector(path, recursive=True)):
+        if e.is_file:
+            with fs.open_input_stream(e.path, compression=None) as f:
+                found[e.path.split(path, 1)[1].lstrip("/")] = f.read()
+    return found
+
+
+def test_dbn_shard_on_hdfs_refuses_a_spark_folder_untouched(hdfs, base, tmp_path, capsys):
+    """The issue's probe on HDFS (where a delete skips the trash): a Spark output folder is
+    refused by `dbn shard`, every file byte-identical and nothing added."""
+    from dbn.cli import main
+
+    uri, path = base
+    _plant(hdfs, path, SPARK_FILES)
+    _dataset(tmp_path, n=50)
+    assert main(["shard", str(tmp_path / "d.npz"), uri, "--shards", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dbn: error: ") and uri in err and any(f"holds {name}," in err for name in SPARK_FILES)
+    assert _contents(hdfs, path) == SPARK_FILES
+
+
+def test_shards_on_hdfs_replace_only_the_set_their_manifest_lists(hdfs, base):
+    from iterreduce.exceptions import ForeignFileError
+
+    uri, path = base
+    X = np.random.default_rng(0).random((40, 5), dtype=np.float32)
+    write_shards(X, None, uri, 4)
+    write_shards(X, None, uri, 2)
+    assert names_on_hdfs(hdfs, path) == [MANIFEST_NAME, "part-00000.parquet", "part-00001.parquet"]
+    _plant(hdfs, path, {"_SUCCESS": b""})
+    before = _contents(hdfs, path)
+    with pytest.raises(ForeignFileError, match="_SUCCESS"):
+        write_shards(X, None, uri, 3)
+    assert _contents(hdfs, path) == before
+
+
+def test_hdfs_create_if_absent_is_exclusive_and_the_lock_names_its_holder(hdfs, base):
+    from iterreduce import ownership
+    from iterreduce.exceptions import OutputBusy
+    from iterreduce.shards import filesystem
+
+    uri, path = base
+    fs, _ = filesystem(uri)
+    assert ownership.create_exclusive(fs, f"{path}/x", b"first")
+    assert not ownership.create_exclusive(fs, f"{path}/x", b"second")
+    assert _contents(hdfs, path) == {"x": b"first"}
+
+    lock = ownership.acquire_remote(fs, path, uri, running=lambda held: None)
+    lock.name_holder(app_id="application_1_0001")
+    asked = []
+
+    def running(held):
+        asked.append(held)
+        return f"application {held['app_id']} is RUNNING"
+
+    with pytest.raises(OutputBusy, match=f"{uri}: another job is writing.*application_1_0001 is RUNNING"):
+        ownership.acquire_remote(fs, path, uri, running=running)
+    assert asked[0]["app_id"] == "application_1_0001"
+    second = ownership.acquire_remote(fs, path, uri, running=lambda held: None)  # the holder ended: replaced
+    lock.release()  # no longer the first's lock: left alone
+    assert fs.get_file_info(f"{path}/{ownership.LOCK_NAME}").is_file
+    second.release()
+    assert fs.get_file_info(f"{path}/{ownership.LOCK_NAME}").type == pafs.FileType.NotFound
+
+
+def test_a_submission_guards_its_hdfs_output_folder_like_a_local_one(hdfs, base, tmp_path):
+    """dbn submit's claim of [output] dir (before anything is staged): a file no submission
+    claimed is refused untouched; another job's run is refused unless --overwrite, then kept in
+    previous/N (nothing deleted); a folder whose job still runs is refused."""
+    from dbn.exceptions import UsageError
+    from dbn.jobs.spec import load_spec
+    from dbn.jobs.yarn import claim_remote_output
+    from iterreduce.exceptions import ForeignFileError, OutputBusy
+
+    uri, path = base
+    config = tmp_path / "job.toml"
+    config.write_text("[model]\nhidden_layers = [8]\n[cluster]\nworkers = 2\n")
+    spec = load_spec(config, {"output.dir": uri})
+    gone = lambda held: None  # noqa: E731 - every earlier holder has ended
+
+    _plant(hdfs, path, {"model.npz": b"someone's model", "notes.txt": b"mine"})
+    with pytest.raises(ForeignFileError, match="model.npz"):
+        claim_remote_output(spec, running=gone, overwrite=True)
+    assert _contents(hdfs, path) == {"model.npz": b"someone's model", "notes.txt": b"mine"}  # no lock left either
+    hdfs.fs().delete_file(f"{path}/model.npz")
+
+    lock = claim_remote_output(spec, running=gone)
+    _plant(hdfs, path, {"model.npz": b"job A's model", "checkpoints/ckpt-000000001.npz": b"A"})  # as the job writes
+    with pytest.raises(OutputBusy, match="application_1_0001 is RUNNING"):
+        lock.name_holder(app_id="application_1_0001")
+        claim_remote_output(spec, running=lambda held: f"application {held['app_id']} is RUNNING")
+    other = load_spec(config, {"output.dir": uri, "model.hidden_layers": [12]})
+    with pytest.raises(UsageError, match="holds a run of another job.*hidden_layers"):
+        claim_remote_output(other, running=gone)
+    claim_remote_output(other, running=gone, overwrite=True).release()
+    found = _contents(hdfs, path)
+    assert found["notes.txt"] == b"mine"
+    assert found["previous/1/model.npz"] == b"job A's model"
+    assert found["previous/1/checkpoints/ckpt-000000001.npz"] == b"A"
+    assert "model.npz" not in found and b"[12]" in found["config.json"].replace(b" ", b"").replace(b"\n", b"")

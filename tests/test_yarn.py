@@ -674,3 +674,33 @@ def test_a_table_of_fewer_pieces_than_workers_asks_yarn_for_one_container_a_shar
     assert ("1 shard for the 3 workers asked (the table has 1 piece, a worker's unit of work (a Parquet row group, "
             "an ORC file): write it in smaller row groups or more files to train on more workers): starting 1 worker "
             "container") in said, said
+
+
+def test_a_second_submission_into_a_running_jobs_hdfs_folder_is_refused(yarn, env_archive, tmp_path, capsys):
+    """Issue 36: the HDFS output folder's lock (created with the NameNode's create-if-absent)
+    names the running application; a second `dbn submit` into it exits 2 at once, naming the
+    folder and the application, and stages nothing; once the ResourceManager reports the first
+    ended, its lock is stale and the next submission takes the folder."""
+    import time
+
+    from iterreduce import ownership
+
+    out = yarn.hadoop.uri("/user/test/locked")
+    first = submit(capsys, job_file(tmp_path, out, env=env_archive, epochs=400))
+    yarn.wait_step(first, 1)
+    start = time.monotonic()
+    code, _, err = dbn(capsys, "submit", job_file(tmp_path, out, env=env_archive, epochs=3), "--quiet")
+    refused_after = time.monotonic() - start
+    with capsys.disabled():
+        print(f"second submission refused after {refused_after:.2f} s")
+    assert code == 2 and err.startswith("dbn: error: ") and out in err
+    assert f"application {first} is RUNNING" in err and refused_after < 5
+    assert str(yarn.report(first).state) == "RUNNING"
+
+    assert dbn(capsys, "kill", first)[0] == 0
+    assert str(yarn.wait(first, timeout=60).state) == "KILLED"
+    second = submit(capsys, job_file(tmp_path, out, env=env_archive, epochs=400))  # the same job: no --overwrite
+    fs = yarn.hadoop.fs()
+    with fs.open_input_stream(f"/user/test/locked/{ownership.LOCK_NAME}") as f:
+        assert json.loads(f.read())["app_id"] == second
+    assert dbn(capsys, "kill", second)[0] == 0
