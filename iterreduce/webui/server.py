@@ -254,7 +254,9 @@ class ViewServer:
 
     def start(self, host: str = "127.0.0.1", port: int = 0, advertise_host: str | None = None) -> str:
         """Serve in a daemon thread; returns the page's URL (``http://HOST:PORT/``, plus
-        ``SECRET/`` with a secret; :attr:`origin` is the URL without it)."""
+        ``SECRET/`` with a secret; :attr:`origin` is the URL without it). HOST is ``host``
+        itself when it is a loopback address (``advertise_host`` would name an address the
+        page does not listen on), else ``advertise_host`` or ``host``."""
         view = self
 
         class Handler(_Handler):
@@ -265,7 +267,10 @@ class ViewServer:
         self.hosts = allowed_hosts(host, self.port, advertise_host)
         self._public = not _is_loopback(host)  # reached on other addresses: any IP literal of this port too
         threading.Thread(target=self._httpd.serve_forever, name="live-view", daemon=True).start()
-        shown = advertise_host or ("127.0.0.1" if host in ("", "0.0.0.0") else host)
+        if _is_loopback(host):  # reached on this host alone, whatever name others know it by
+            shown = f"[{host}]" if ":" in host else host
+        else:
+            shown = advertise_host or ("127.0.0.1" if host in ("", "0.0.0.0") else host)
         self.origin = f"http://{shown}:{self.port}/"
         self.url = self.origin + (f"{self.secret}/" if self.secret else "")
         return self.url
