@@ -15,6 +15,7 @@ import hashlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -332,3 +333,34 @@ def test_a_second_run_into_a_running_jobs_folder_is_refused_within_5_s(job, tmp_
     assert DBN.load(out / "model.npz", device="cpu").hidden_layers == [16, 8]  # the first's model
     assert json.loads((out / "result.json").read_text())["layers"][1:3] == [16, 8]
     assert not (out / "previous").exists()  # the refused run moved nothing
+
+
+def test_a_yarn_lock_is_stale_once_the_resourcemanager_reports_its_application_ended():
+    """dbn submit's question to the ResourceManager about an HDFS lock's holder (the real
+    cluster's answer: tests/test_yarn.py)."""
+    from types import SimpleNamespace
+
+    from dbn.jobs.yarn import holder_running
+
+    class Client:
+        def __init__(self, state):
+            self.state = state
+
+        def application_report(self, app_id):
+            if self.state is None:
+                raise ValueError(f"{app_id}: no such application")
+            return SimpleNamespace(state=self.state)
+
+    held = {"app_id": "application_1_0007", "pid": 1, "host": "elsewhere", "since": "then"}
+    for state in ("ACCEPTED", "RUNNING"):
+        assert holder_running(Client(state), held) == f"application application_1_0007 is {state}"
+    for state in ("FINISHED", "FAILED", "KILLED", None):
+        assert holder_running(Client(state), held) is None
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    staging = {"app_id": None, "pid": dead.pid, "host": socket.gethostname(), "since": "then"}
+    assert holder_running(Client(None), staging) is None  # a submission of this host that died before submitting
+    alive = {**staging, "pid": os.getpid()}
+    assert f"pid {os.getpid()}" in holder_running(Client(None), alive)
+    assert "delete the lock" in holder_running(Client(None), {**staging, "host": "another-host"})
+    assert "not readable" in holder_running(Client(None), {})
