@@ -364,3 +364,29 @@ def test_a_yarn_lock_is_stale_once_the_resourcemanager_reports_its_application_e
     assert f"pid {os.getpid()}" in holder_running(Client(None), alive)
     assert "delete the lock" in holder_running(Client(None), {**staging, "host": "another-host"})
     assert "not readable" in holder_running(Client(None), {})
+
+
+@pytest.mark.parametrize("command", [["train", "{config}"], ["train", "{config}", "--local", "2", "--no-ui"],
+                                     ["mnist", "--quick", "--local", "2", "--no-ui"]],
+                         ids=["train", "train-local", "mnist"])
+def test_every_command_that_writes_a_run_is_refused_by_a_held_folder(job, capsys, command):
+    """A folder another process holds (here a process holding the lock alone) is refused at
+    once by dbn train, dbn train --local N and dbn mnist, naming the folder and the holder;
+    nothing in it changes."""
+    config, out = job
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from iterreduce import ownership\n"
+                               f"with ownership.hold({str(out)!r}):\n    print('held', flush=True); time.sleep(60)"],
+                              cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        before = sorted(p.name for p in out.iterdir())
+        start = time.monotonic()
+        assert main([part.format(config=config) for part in command] + ["--out", str(out), "--quiet"]) == 2
+        assert time.monotonic() - start < 5
+        err = capsys.readouterr().err
+        assert err.startswith(f"dbn: error: {out}: another run is writing into this output folder")
+        assert f"held by pid {holder.pid} on " in err
+        assert sorted(p.name for p in out.iterdir()) == before == [ownership.LOCK_NAME]
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
