@@ -295,7 +295,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = _command(sub, "submit", [job], "run a job on Hadoop YARN: [output] dir is an hdfs:// URI; prints the "
                  "application id", cmd_submit, config, ("--out", {"metavar": "URI", "help": "output.dir on HDFS"}),
                  ("--dry-run", {**flag, "help": "print the skein application spec (YAML) and stop"}),
-                 ("--wait", {**flag, "help": "follow the job's progress until it ends"}), overwrite)
+                 ("--wait", {**flag, "help": "follow the job's progress until it ends"}),
+                 ("--overwrite", {**flag, "help": "replace the run of another job in the HDFS output folder (refused "
+                                                  "without this flag); the earlier run's files move to "
+                                                  "OUTPUT/previous/N, nothing is deleted"}))
     _flags(p, JOB_FLAGS + SUBMIT_FLAGS)
     for name, help_ in (("status", "state and progress of a YARN application"),
                         ("logs", "the aggregated container logs of a YARN application"), ("kill", "kill a YARN application")):
