@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dbn.cli import main
+from iterreduce import ownership
 from iterreduce.shards import write_shards
 
 N_ROWS, N_FEATURES, N_SHARDS, BAD = 120, 12, 3, 1  # shard BAD holds the fault
@@ -98,7 +99,7 @@ def make_job(tmp_path: Path, fault: str | None, *, workers: int, extra: str = ""
         FAULTS[fault][0](uris[BAD])
     out = tmp_path / "out"
     out.mkdir(parents=True)
-    (out / "model.npz").write_bytes(b"an earlier run's model")
+    plant_earlier_model(out)
     job = tmp_path / "job.toml"
     job.write_text(
         "[data]\n"
@@ -108,6 +109,14 @@ def make_job(tmp_path: Path, fault: str | None, *, workers: int, extra: str = ""
         f"[output]\ndir = '{out}'\n[job]\ndevice = 'cpu'\n"
     )
     return job, out, uris[BAD]
+
+
+def plant_earlier_model(out: Path) -> None:
+    """An earlier run's model.npz in ``out``, recorded as a run's (a file no run wrote is refused
+    untouched: tests/test_ownership.py)."""
+    (out / "model.npz").write_bytes(b"an earlier run's model")
+    ownership.claim(out, ("model.npz",))
+    ownership.settle(out, ("model.npz",))
 
 
 def events(out: Path) -> list[str]:
@@ -165,7 +174,7 @@ def test_a_stray_label_is_reported_and_n_classes_makes_it_an_error(tmp_path, cap
     assert "warning: the shards' labels: class 10 has only 1 example" in err and "n_classes" in err
 
     job.write_text(job.read_text().replace("[model]\n", "[model]\nn_classes = 3\n"))
-    (out / "model.npz").write_bytes(b"an earlier run's model")
+    plant_earlier_model(out)
     code = main(["train", str(job), "--local", "2", "--overwrite"])
     assert_refused(capsys, code, out, f"{uris[1]}: 'label' has label 10 at row 10, outside the model's classes 0..2")
 

@@ -33,6 +33,7 @@ from iterreduce.exceptions import ForeignFileError, OutputBusy
 from iterreduce.local import prune_previous, set_aside
 from iterreduce.shards import list_shards, read_shard, write_shards
 from test_cli import make_dataset
+from test_output_dir import job, train  # noqa: F401 (job: a fixture)
 
 #: Another tool's files, as the issue's probe found them: (relative path, bytes).
 SPARK = {
@@ -65,25 +66,6 @@ def hashes(folder: Path, files) -> dict[str, str]:
 def data(n=60, d=5, seed=0):
     rng = np.random.default_rng(seed)
     return rng.random((n, d), dtype=np.float32), rng.integers(0, 3, n)
-
-
-@pytest.fixture
-def job(tmp_path):
-    """A tiny job (in this process unless --local) and its output folder: (config, out)."""
-    make_dataset(tmp_path / "train.npz")
-    make_dataset(tmp_path / "test.npz", n=120, seed=1)
-    config = tmp_path / "tiny.toml"
-    config.write_text(
-        "[data]\ntrain = 'train.npz'\ntest = 'test.npz'\n"
-        "[model]\nhidden_layers = [16, 8]\npretrain_epochs = 1\nfinetune_epochs = 2\ntop_layer_epochs = 1\n"
-        "pretrain_batch_size = 20\nfinetune_batch_size = 20\n"
-        "[job]\nseed = 1\ndevice = 'cpu'\n"
-    )
-    return config, tmp_path / "out"
-
-
-def train(config, out, *flags) -> int:
-    return main(["train", str(config), "--out", str(out), "--quiet", *flags])
 
 
 # ------------------------------------------------------------------ 1. shards

@@ -323,7 +323,7 @@ def test_idle_connections_hold_at_most_the_cap_of_threads_and_are_closed_after_t
     """200 idle connections held 202 threads for ever (keep-alive, no timeout): now at most
     ``max_connections`` are served (the rest answered 503 and closed at once), and those are closed
     once idle for ``idle_timeout`` seconds; the page still answers meanwhile and after."""
-    cap, idle = 8, 3.0
+    cap, idle = 8, 6.0  # longer than SYN retries (1 s, 3 s) of connections past the backlog
     server = ViewServer(small_log(tmp_path), job={"name": "j"}, max_connections=cap, idle_timeout=idle)
     baseline = threading.active_count()
     server.start()
@@ -341,8 +341,10 @@ def test_idle_connections_hold_at_most_the_cap_of_threads_and_are_closed_after_t
                 answer += chunk
             answers.append(answer)
         assert time.monotonic() - opened < idle + 5
-        assert sum(a.startswith(b"HTTP/1.1 503 ") for a in answers) == 200 - cap
-        assert answers.count(b"") == cap
+        # At most `cap` at a time: the rest are refused at once (a slot freed by an idle close
+        # while the 200 are still being accepted, on a loaded machine, may serve a few more).
+        refused = sum(a.startswith(b"HTTP/1.1 503 ") for a in answers)
+        assert refused + answers.count(b"") == 200 and 200 - 2 * cap <= refused <= 200 - cap
         deadline = time.monotonic() + 5
         while threading.active_count() > baseline + 1 and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -26,6 +26,7 @@ import skein
 from browser import console_errors, needs_browser, start_browser, wait_for
 from dbn import DBN
 from dbn.cli import main
+from iterreduce.ownership import MANIFEST_NAME
 from iterreduce.yarn import KV_ADDRESS, KV_PROGRESS
 from iterreduce.yarn import client as yarn_client
 
@@ -225,7 +226,7 @@ def test_submit_from_a_packed_virtualenv_trains_with_data_and_model_on_hdfs(yarn
 
     fs = yarn.hadoop.fs()
     shards = fs.get_file_info(pafs.FileSelector("/user/test/packed/shards"))
-    assert sorted(s.base_name for s in shards) == ["part-00000.parquet", "part-00001.parquet"]
+    assert sorted(s.base_name for s in shards) == [MANIFEST_NAME, "part-00000.parquet", "part-00001.parquet"]
     assert any(c.base_name.startswith("ckpt-") for c in fs.get_file_info(pafs.FileSelector("/user/test/packed/checkpoints")))
     assert yarn.hdfs_json_lines("/user/test/packed/log.jsonl")[-1]["event"] == "done"
     with fs.open_input_stream("/user/test/packed/model.npz") as f:
@@ -633,7 +634,7 @@ label = "animal"
     node_host = yarn.client.get_nodes()[0].id.split(":")[0]
     assert submission.job["slot_hosts"] == [[node_host], [node_host]]
     shares = fs.get_file_info(pafs.FileSelector("/user/test/table-job/shards"))
-    assert sorted(s.base_name for s in shares) == ["part-00000.table.json", "part-00001.table.json"]
+    assert sorted(s.base_name for s in shares) == [MANIFEST_NAME, "part-00000.table.json", "part-00001.table.json"]
 
     report = tmp_path / "report"
     result = run(spec, Yarn(str(report), log=lambda msg: None, poll=1.0))
