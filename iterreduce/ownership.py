@@ -223,9 +223,13 @@ def check_owned(folder, names) -> None:
     folder holding a file under ``names`` that the runtime cannot prove it wrote."""
     found = foreign_file(folder, names)
     if found is not None:
-        raise ForeignFileError(f"{found}: in the way of this run's files, and not written by a run of this tool "
-                               f"(no record of it in {Path(folder) / RECORD_NAME}); it is left as it is: choose "
-                               f"another output folder (--out), or move it away")
+        record = Path(folder) / RECORD_NAME
+        why = (f"no record of it in {record}" if record.is_file() else
+               f"the folder has no run record {RECORD_NAME}: another tool's files, or a run of a version of this "
+               f"tool that kept none")
+        raise ForeignFileError(f"{found}: in the way of this run's files, and not provably written by a run of this "
+                               f"tool ({why}); it is left as it is: choose another output folder (--out), or move "
+                               f"it away")
 
 
 def claim(folder, names) -> None:
