@@ -3,7 +3,8 @@
     dbn train [JOB.toml] [--local N [--resume]] [--overwrite] [--quick] [--json] [--set section.key=value ...]
     dbn submit [JOB.toml] [--workers N] [--dry-run] [--wait]; dbn status|logs|kill APP_ID
     dbn mnist [--quick] [--local N] [--yarn --hdfs-out URI] [--sweep] [--overwrite];  dbn shard SOURCE OUT --shards N
-    dbn evaluate MODEL.npz;  dbn predict|transform MODEL.npz JOB.toml --out OUT.parquet;  dbn bench rbm|all [--device gpu]
+    dbn evaluate MODEL.npz;  dbn predict|transform MODEL.npz JOB.toml --out OUT.parquet [--overwrite]
+    dbn bench rbm|all [--device gpu]
 
 Errors in the input (configuration, data, model files, devices, the cluster) print
 ``dbn: error: <message>`` and exit with status 2; ``--debug`` shows the traceback.
@@ -12,7 +13,9 @@ An output directory belongs to one job: ``dbn train``, ``dbn mnist`` and ``dbn s
 refuse one that holds another job's run unless given ``--overwrite`` (see
 :data:`OVERWRITE_HELP`), and one that another run is writing into (exit 2, naming the holder).
 No command moves, overwrites or deletes a file it did not write: ``dbn shard`` refuses a
-folder holding files other than shards it wrote.
+folder holding files other than shards it wrote, and ``dbn predict``/``dbn transform`` refuse
+a file already at ``--out`` unless given ``--overwrite`` (as Spark's ErrorIfExists, or
+``hdfs dfs -put`` without ``-f``).
 """
 
 from __future__ import annotations
@@ -195,10 +198,11 @@ def cmd_predict(args) -> int:
     model = DBN.load(args.model, device=args.device) if features else load_classifier(args.model, device=args.device)
     if spec.data.features is None:
         record = predict_file(model, args.table or spec.data.test or spec.data.train, args.out,
-                              mnist_dir=spec.data.mnist_dir, label=spec.data.label, features=features)
+                              mnist_dir=spec.data.mnist_dir, label=spec.data.label, features=features,
+                              overwrite=args.overwrite)
     else:
         record = predict_table(model, spec.data, args.out, table=args.table, filter=args.filter, keep=keep,
-                               features=features)
+                               features=features, overwrite=args.overwrite)
     error = "" if record["error"] is None else f"  (error {100 * record['error']:.2f} % against '{record['label']}')"
     done = "transformed" if features else "predicted"
     print(to_json(record) if args.json else f"{record['rows']} rows of {record['table']} {done} -> {args.out}{error}")
@@ -319,7 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
                  ("--recipe", {"metavar": "FILE", "help": "a TOML file's [model] settings over the paper's, e.g. "
                                "examples/mnist-dropout.toml (--set and the flags win over it)"}),
                  ("--sweep", {**flag, "help": "three network sizes on 1 and 10 workers: OUT/sweep.md (run it again "
-                              "to go on: finished sizes are kept, an interrupted one resumes)"}),
+                              "to go on: finished sizes are kept, an interrupted one resumes; a sweep.md there "
+                              "that a sweep did not write is refused unless --overwrite)"}),
                  ("--resume", {**flag, "help": "continue an interrupted run in OUT from its newest checkpoint"}), overwrite,
                  json_)
     _flags(p, JOB_FLAGS)
@@ -351,7 +356,11 @@ def build_parser() -> argparse.ArgumentParser:
         return (("model", {"type": Path, "help": "model file written by dbn train (model.npz)"}),
                 ("job", {"help": "the job file the model was trained with (its [data] features)"}),
                 ("--out", {"required": True, "help": "file to write: Parquet, or CSV when the name ends in .csv "
-                                                     "(a path, or hdfs://, s3:// URI)"}),
+                                                     "(a path, or hdfs://, s3:// URI); a file already there is "
+                                                     "refused (exit 2, left as it is) unless --overwrite"}),
+                ("--overwrite", {**flag, "help": f"replace the file at --out (refused without this flag), "
+                                                 f"atomically, once the {what} are all written: a failed run "
+                                                 f"leaves the earlier file whole; a folder there is always refused"}),
                 ("--table", {"help": "the table or data file (default: [data] test, else [data] train)"}),
                 ("--filter", {"help": "its rows (default: the job's filter for that table)"}),
                 ("--keep", {"metavar": "COL,...", "help": f"columns copied beside the {what}, e.g. an id"}),

@@ -152,6 +152,41 @@ def replace(fs: pafs.FileSystem, partial: str, path: str) -> None:
         fs.delete_file(backup)
 
 
+def place_new(fs: pafs.FileSystem, partial: str, path: str) -> bool:
+    """Move the finished file ``partial`` to ``path`` on ``fs`` only where nothing is there: True
+    when moved; False, ``partial`` left as it was, where a file (or anything else) took the name
+    meanwhile, which is never touched. Atomic on local disk (``link(2)``, which never replaces,
+    then the temporary name removed; fsynced as :func:`replace_local`) and on HDFS through
+    hdfs-native (the NameNode's rename without ``OVERWRITE``); elsewhere a look, then a move."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        fsync_file(partial)
+        try:
+            os.link(partial, path)
+        except FileExistsError:
+            return False
+        except OSError:  # a file system without hard links: look, then rename
+            if os.path.lexists(path):
+                return False
+            os.rename(partial, path)
+        else:
+            os.unlink(partial)
+        fsync_folder(os.path.dirname(os.fspath(path)))
+        return True
+    raw = _hdfs_native(fs)
+    if raw is not None:
+        try:
+            raw.client.rename(partial, path, False)  # refused by the NameNode where the name is taken
+        except Exception:
+            if fs.get_file_info(path).type != pafs.FileType.NotFound:
+                return False
+            raise
+        return True
+    if fs.get_file_info(path).type != pafs.FileType.NotFound:
+        return False
+    fs.move(partial, path)
+    return True
+
+
 def _backups(fs: pafs.FileSystem, path: str) -> list[pafs.FileInfo]:
     folder, name = posixpath.split(path)
     try:

@@ -73,3 +73,9 @@ class ForeignFileError(IterReduceError, ValueError):
 class OutputBusy(IterReduceError, RuntimeError):
     """Another run is writing into the output folder (it holds the folder's lock): refused at
     once, naming the folder and the holder (see :func:`iterreduce.ownership.hold`)."""
+
+
+class OutputExists(ForeignFileError):
+    """A file is already at the path a command was told to write (``dbn predict --out``), and
+    the caller did not ask to replace it: refused before anything is computed, naming the file,
+    which is left byte for byte as it was (see :func:`iterreduce.shards.check_output_file`)."""

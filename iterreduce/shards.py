@@ -30,7 +30,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from . import durable
-from .exceptions import IterReduceError, ShardError
+from .exceptions import IterReduceError, OutputExists, ShardError
 from .lifeline import follow_parent
 from .rowfile import RowFile
 from . import ownership
@@ -81,8 +81,28 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     return pafs.FileSystem.from_uri(uri)
 
 
+#: How a file already at the path a command writes is refused (:func:`check_output_file`).
+EXISTS_HINT = "pass --overwrite to replace it, or choose another --out"
+
+
+def check_output_file(uri: str, *, overwrite: bool = False, resolve=None) -> None:
+    """Refuse to write the file at ``uri`` (a path or URI) before anything is computed: a folder
+    there raises :class:`IsADirectoryError`, and, unless ``overwrite``, a file there raises
+    :class:`~iterreduce.exceptions.OutputExists`, naming it (Spark's ErrorIfExists, ``hdfs dfs
+    -put`` without ``-f``): a user's own file, a table's part file, is never replaced unasked.
+    Nothing is read, written or made. ``resolve`` (default :func:`filesystem`) maps ``uri`` to
+    its file system and path. :func:`open_output_file` checks the same again when it starts
+    and, without ``overwrite``, when it moves the finished file in."""
+    fs, path = (resolve or filesystem)(uri)
+    kind = fs.get_file_info(path).type
+    if kind == pafs.FileType.Directory:
+        raise IsADirectoryError(errno.EISDIR, "a folder is there: name the file to write", uri)
+    if kind != pafs.FileType.NotFound and not overwrite:
+        raise OutputExists(f"{uri}: already exists; {EXISTS_HINT}")
+
+
 @contextlib.contextmanager
-def open_output_file(uri: str, *, resolve=None):
+def open_output_file(uri: str, *, resolve=None, overwrite: bool = True):
     """A stream that writes the file at ``uri`` (a path or URI), its folder made first where
     the path has one (a bare name is a file in the current folder).
 
@@ -90,20 +110,25 @@ def open_output_file(uri: str, *, resolve=None):
     block ends without an error: a failed write leaves no partial file, readers never see half
     a file, and an earlier file stays whole. The bytes are made durable and the move replaces
     an earlier file atomically where the file system allows it (:mod:`iterreduce.durable`:
-    local disk and HDFS do). ``resolve`` (default :func:`filesystem`) maps ``uri`` to its file
-    system and path."""
+    local disk and HDFS do). ``overwrite=False`` (a file the user names, ``dbn predict --out``):
+    a file already there is refused by :func:`check_output_file` before the stream opens, and
+    one that appears while writing is left as it is (:func:`~iterreduce.durable.place_new`),
+    the new bytes discarded, with the same error. A folder at ``uri`` is always refused.
+    ``resolve`` (default :func:`filesystem`) maps ``uri`` to its file system and path."""
     fs, path = (resolve or filesystem)(uri)
+    durable.restore(fs, path)  # an earlier replacement cut short between its renames: its file back first
+    check_output_file(uri, overwrite=overwrite, resolve=lambda _: (fs, path))
     folder, name = posixpath.split(path)
     if folder:
         fs.create_dir(folder, recursive=True)
-    if fs.get_file_info(path).type == pafs.FileType.Directory:
-        raise IsADirectoryError(errno.EISDIR, "a folder is there: name the file to write", uri)
-    durable.restore(fs, path)  # an earlier replacement cut short between its renames: its file back first
     partial = durable.hidden_name(path, durable.PARTIAL_SUFFIX)
     try:
         with durable.output_stream(fs, partial) as stream:
             yield stream
-        durable.replace(fs, partial, path)
+        if overwrite:
+            durable.replace(fs, partial, path)
+        elif not durable.place_new(fs, partial, path):
+            raise OutputExists(f"{uri}: already exists (it appeared while this file was written); {EXISTS_HINT}")
     except BaseException:
         with contextlib.suppress(OSError, pa.ArrowException):
             fs.delete_file(partial)

@@ -178,8 +178,9 @@ def test_checkpoint_save_over_an_existing_step_on_hdfs(hdfs, base):
 
 
 def test_an_output_file_on_hdfs_replaces_an_earlier_one_only_when_finished(hdfs, base):
-    """`dbn predict --out hdfs://...`: a new folder is made, a finished write replaces the file
-    (HDFS renames never replace one), a failed one leaves the earlier file and no partial one."""
+    """A checkpoint, `dbn predict --out hdfs://... --overwrite`: a new folder is made, a finished
+    write replaces the file (HDFS renames never replace one), a failed one leaves the earlier
+    file and no partial one."""
     uri, path = base
     target = f"{uri}/predictions/out.parquet"
     for content in (b"first", b"second"):
@@ -539,3 +540,44 @@ def test_a_submission_guards_its_hdfs_output_folder_like_a_local_one(hdfs, base,
     assert found["previous/1/model.npz"] == b"job A's model"
     assert found["previous/1/checkpoints/ckpt-000000001.npz"] == b"A"
     assert "model.npz" not in found and b"[12]" in found["config.json"].replace(b" ", b"").replace(b"\n", b"")
+
+
+def test_predict_out_on_hdfs_refuses_an_existing_file_untouched(hdfs, base, tmp_path, capsys):
+    """`dbn predict`/`dbn transform --out hdfs://...` naming a Spark table's part file (or a
+    user's CSV): refused before anything is computed, exit 2, every file of the folder byte for
+    byte as it was; `--overwrite` replaces it; a fresh path is written; a file put there while
+    the predictions are written is left as it is (the NameNode's rename without OVERWRITE)."""
+    import pyarrow.csv as pacsv
+
+    from dbn.cli import main
+    from dbn.model.estimator import DBN
+    from iterreduce.exceptions import OutputExists
+
+    uri, path = base
+    planted = {**SPARK_FILES, "scores.csv": b"id,score\n1,0.25\n"}
+    _plant(hdfs, path, planted)
+    X, y = _dataset(tmp_path)
+    DBN(hidden_layers=[4], pretrain_epochs=1, finetune_epochs=1, device="cpu", pretrain_batch_size=9,
+        finetune_batch_size=9).fit(X, y).save(tmp_path / "model.npz")
+    (tmp_path / "job.toml").write_text(f"[data]\ntrain = '{tmp_path / 'd.npz'}'\n")
+    model, job = str(tmp_path / "model.npz"), str(tmp_path / "job.toml")
+    for name in ("part-00000-7c1e-4b2a-c000.snappy.parquet", "scores.csv"):
+        for command in ("predict", "transform"):
+            assert main([command, model, job, "--out", f"{uri}/{name}", "--device", "cpu"]) == 2
+            assert capsys.readouterr().err == (f"dbn: error: {uri}/{name}: already exists; pass --overwrite to "
+                                               f"replace it, or choose another --out\n")
+    assert _contents(hdfs, path) == planted
+
+    assert main(["predict", model, job, "--out", f"{uri}/scores.csv", "--device", "cpu", "--overwrite"]) == 0
+    assert main(["transform", model, job, "--out", f"{uri}/new/features.parquet", "--device", "cpu"]) == 0
+    found = _contents(hdfs, path)
+    assert pacsv.read_csv(pa.BufferReader(found.pop("scores.csv"))).num_rows == len(X)
+    assert pq.read_table(pa.BufferReader(found.pop("new/features.parquet"))).num_rows == len(X)
+    assert found == SPARK_FILES
+
+    before = _contents(hdfs, path)
+    with pytest.raises(OutputExists, match="appeared while this file was written"):
+        with open_output_file(f"{uri}/late.parquet", overwrite=False) as stream:
+            stream.write(b"our predictions")
+            _plant(hdfs, path, {"late.parquet": b"theirs"})
+    assert _contents(hdfs, path) == {**before, "late.parquet": b"theirs"}  # and no partial file

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dbn.cli import main
-from dbn.jobs.mnist_eval import PUBLISHED, mnist_config, prepare_validation, sweep_table
+from dbn.jobs.mnist_eval import PUBLISHED, SWEEP_MARKER, mnist_config, prepare_validation, sweep_table
 from iterreduce import ownership
 
 from conftest import MNIST_DIR
@@ -133,7 +133,7 @@ def test_sweep_runs_every_pair_and_writes_the_table(tmp_path, monkeypatch, capsy
     assert main(["mnist", "--sweep", "--data", str(MNIST_DIR), "--out", str(tmp_path), "--set", "data.limit=600",
                  "--set", "model.pretrain_epochs=1", "--set", "model.finetune_epochs=1", "--quiet"]) == 0
     table = (tmp_path / "sweep.md").read_text()
-    assert table == capsys.readouterr().out
+    assert table == f"{SWEEP_MARKER}\n{capsys.readouterr().out}"  # what it prints, under the sweep's marker line
     rows = [line for line in table.splitlines() if line.startswith("| 16 |")]
     assert [row.split("|")[2].strip() for row in rows] == ["1", "2"]
     for name in ("16_w1", "16_w2"):

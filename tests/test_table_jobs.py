@@ -272,10 +272,11 @@ def test_dbn_predict_writes_a_tables_predictions_beside_its_ids(tmp_path, animal
     assert len(set(ids)) == len(ids) == len(rows["test"][1])
     probability = written.column("probability").to_numpy()
     assert ((1 / len(ANIMALS) <= probability) & (probability <= 1)).all()
-    # The label column kept beside the prediction (it once made pyarrow's "exists 2 times"); a kept
-    # column named as one predict writes is refused.
+    # The label column kept beside the prediction (it once made pyarrow's "exists 2 times"), over the
+    # file just written (--overwrite: an existing --out is refused without it); a kept column named
+    # as one predict writes is refused.
     assert main(["predict", str(tmp_path / "out" / "model.npz"), str(tmp_path / "job.toml"), "--out", str(out),
-                 "--keep", "id,animal", "--device", "cpu"]) == 0
+                 "--keep", "id,animal", "--device", "cpu", "--overwrite"]) == 0
     written = pq.read_table(out)
     assert written.column_names == ["id", "animal", "prediction", "probability"]
     assert written.column("animal").to_pylist() == list(rows["test"][1])
@@ -287,7 +288,7 @@ def test_dbn_predict_writes_a_tables_predictions_beside_its_ids(tmp_path, animal
     # images do not fit this model's features, which the error says; with --keep it is refused.
     plain = tmp_path / "plain.toml"
     plain.write_text(f"[data]\ntrain = \"mnist\"\nmnist_dir = \"{MNIST_DIR}\"\n")
-    assert main(["predict", str(tmp_path / "out" / "model.npz"), str(plain), "--out", str(out)]) == 2
+    assert main(["predict", str(tmp_path / "out" / "model.npz"), str(plain), "--out", str(out), "--overwrite"]) == 2
     assert "features but the model expects" in capsys.readouterr().err
     assert main(["predict", str(tmp_path / "out" / "model.npz"), str(plain), "--out", str(out), "--keep", "id"]) == 2
     assert "--keep and --filter are for tables" in capsys.readouterr().err

@@ -267,23 +267,26 @@ def shard_dataset(source: str, out: str, n_shards: int, *, labels: bool = False,
 
 
 def predict_file(model, source: str, out: str, *, mnist_dir: str | None = None, split: str = "test",
-                 label: str | None = None, features: bool = False) -> dict:
+                 label: str | None = None, features: bool = False, overwrite: bool = False) -> dict:
     """Predict every row of a data file (``source``: "mnist" (its ``split``), a .npz or a .csv,
     read as :func:`load_dataset` reads it) with ``model`` and write one Parquet (or, for a name
     ending in .csv, CSV: :func:`output_format`) file at ``out`` (any URI): each row's number in the file (``row``), its ``prediction`` (a label value of the
     model's classes) and that class's ``probability``; with ``features``, its ``features``
-    instead (:func:`output_columns`). Returns the rows written, and the error of the
+    instead (:func:`output_columns`). A file already at ``out`` is refused before anything is
+    read (:class:`~iterreduce.exceptions.OutputExists`, the file untouched) unless
+    ``overwrite``, which replaces it atomically. Returns the rows written, and the error of the
     predictions where the file has labels."""
     import pyarrow as pa
 
-    from iterreduce.shards import open_output_file
+    from iterreduce.shards import check_output_file, open_output_file
 
     fmt = output_format(out)
+    check_output_file(out, overwrite=overwrite)
     X, y = load_dataset(source, split=split, mnist_dir=mnist_dir, label=label,
                         columns=getattr(model, "input_columns_", None))  # by name, as the model was trained
     columns = output_columns(model, X, features=features)
     table = pa.table({"row": pa.array(np.arange(len(X), dtype=np.int64)), **columns})
-    with open_output_file(out) as stream:
+    with open_output_file(out, overwrite=overwrite) as stream:
         writer = RowsWriter(stream, fmt)
         writer.write(table)
         writer.close()

@@ -211,18 +211,21 @@ def attach_inputs(model, classes: LabelMap | None, scaler: Scaler | None, column
 
 
 def predict_table(model, data, out: str, *, table: str | None = None, filter: str | None = None,
-                  keep: tuple[str, ...] = (), features: bool = False) -> dict:
+                  keep: tuple[str, ...] = (), features: bool = False, overwrite: bool = False) -> dict:
     """Predict every row of a table with ``model`` (which scales raw rows and answers in its
     labels) and write the predictions as one Parquet file (CSV for a name ending in .csv) at
     ``out`` (any URI): the ``keep`` columns as stored, ``prediction`` and its ``probability``;
     with ``features``, the rows' ``features`` instead (:func:`~dbn.data.sharding.output_columns`). The table is ``table``
     (default ``[data] test``, else ``train``) with ``filter`` (default that table's filter from
     the job); its feature columns are those the model was trained on (``input_columns_``), by
-    name, else the job's ``[data] features``. Reads and writes a piece at a time. Returns the
-    rows written, and the error of the predictions where the table has the label column."""
+    name, else the job's ``[data] features``. Reads and writes a piece at a time. A file
+    already at ``out`` is refused before the table is opened
+    (:class:`~iterreduce.exceptions.OutputExists`, the file untouched) unless ``overwrite``,
+    which replaces it atomically. Returns the rows written, and the error of the predictions
+    where the table has the label column."""
     import pyarrow as pa
 
-    from iterreduce.shards import open_output_file
+    from iterreduce.shards import check_output_file, open_output_file
     from iterreduce.tables import read_columns
 
     fmt = output_format(out)
@@ -231,6 +234,7 @@ def predict_table(model, data, out: str, *, table: str | None = None, filter: st
     if taken:
         raise DataError(f"--keep {','.join(keep)}: {', '.join(map(repr, taken))} would clash with the column of "
                         f"that name that {'transform' if features else 'predict'} writes")
+    check_output_file(out, overwrite=overwrite)
     uri = table or data.test or data.train
     if filter is None:
         filter = data.test_filter if uri == data.test else data.filter if uri == data.train else None
@@ -244,7 +248,7 @@ def predict_table(model, data, out: str, *, table: str | None = None, filter: st
     rows = wrong = 0
     writer = None
     try:
-        with open_output_file(out) as stream:
+        with open_output_file(out, overwrite=overwrite) as stream:
             writer = RowsWriter(stream, fmt)
             for piece in pieces(dataset, source.filter):
                 X, _ = read_piece(source, piece, n_features=model.n_features_in_)

@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import Callable
 
 from iterreduce import ownership
+from iterreduce.exceptions import ForeignFileError
 from iterreduce.shards import join, write_shards
 
 from ..data.mnist import load_mnist
 from ..exceptions import UsageError
+from ..model.persist import atomic_write
 from .run import MODEL_FILE, RESULT_FILE, LocalCluster, Yarn, check_folder, other_job, run
 from .spec import PAPER, QUICK, JobSpec, load_spec
 
@@ -195,6 +197,12 @@ def report_line(out: str, result: dict) -> str:
             f"{', '.join(Path(p).name for p in result['plots'])}")
 
 
+#: The file ``dbn mnist --sweep`` writes in its output folder, and the first line it gives it: a
+#: file there is replaced only when it starts so (:func:`check_sweep_file`).
+SWEEP_FILE = "sweep.md"
+SWEEP_MARKER = "<!-- written by dbn mnist --sweep: each run of it replaces this file -->"
+
+
 def sweep(*, out: str, quick: bool, seed: int, data_dir: str | None, layers=None, workers=None,
           overrides: dict | None = None, validation: int = 0, on_record=None, log=print,
           overwrite: bool = False) -> str:
@@ -203,7 +211,12 @@ def sweep(*, out: str, quick: bool, seed: int, data_dir: str | None, layers=None
 
     A full sweep takes hours, so the same command goes on where it stopped: a pair whose run
     finished in its folder is kept, an interrupted one continues from its newest checkpoint
-    (``overwrite`` trains every pair afresh)."""
+    (``overwrite`` trains every pair afresh).
+
+    ``OUT/sweep.md`` starts with :data:`SWEEP_MARKER`; a ``sweep.md`` there without it (the
+    user's own, another tool's) is refused before anything is trained, left as it is, unless
+    ``overwrite``."""
+    check_sweep_file(Path(out) / SWEEP_FILE, overwrite=overwrite)
     rows = []
     for sizes in layers or SWEEP_LAYERS:
         for n in workers or SWEEP_WORKERS:
@@ -215,9 +228,25 @@ def sweep(*, out: str, quick: bool, seed: int, data_dir: str | None, layers=None
                                             overwrite=overwrite, resume=not overwrite, keep_finished=not overwrite)))
             log(f"sweep: {name}: test error {100 * rows[-1][2]['test_error']:.2f} %")
     table = sweep_table(rows, quick=quick)
-    Path(out).mkdir(parents=True, exist_ok=True)
-    (Path(out) / "sweep.md").write_text(table)
+    check_sweep_file(Path(out) / SWEEP_FILE, overwrite=overwrite)  # (one may have been put there meanwhile)
+    atomic_write(Path(out) / SWEEP_FILE, lambda f: f.write(f"{SWEEP_MARKER}\n{table}".encode()))
     return table
+
+
+def check_sweep_file(path: Path, *, overwrite: bool = False) -> None:
+    """Refuse ``path`` (``OUT/sweep.md``) where something is there that a sweep did not write
+    (its first line is not :data:`SWEEP_MARKER`), unless ``overwrite``; a folder always."""
+    if path.is_dir():
+        raise ForeignFileError(f"{path}: a folder is there, where --sweep writes its table; it is left as it "
+                               f"is: choose another --out, or move it away")
+    if overwrite or not (path.exists() or path.is_symlink()):
+        return
+    with open(path, "rb") as f:
+        first = f.readline(len(SWEEP_MARKER) + 2).rstrip(b"\r\n")
+    if first != SWEEP_MARKER.encode():
+        raise ForeignFileError(f"{path}: already exists, and dbn mnist --sweep did not write it (its first line "
+                               f"is not {SWEEP_MARKER!r}); it is left as it is: choose another --out, move it "
+                               f"away, or pass --overwrite to replace it (which also trains every size afresh)")
 
 
 def sweep_table(rows, *, quick: bool) -> str:
