@@ -19,6 +19,17 @@ if [[ ",$extras," == *",test,"* ]] && ! command -v chromedriver >/dev/null; then
     echo "bootstrap: chromium and chromium-driver are not installed: the browser tests will be skipped" >&2
   fi
 fi
+# The Kerberos tests (tests/securehadoop.py) use MIT Kerberos: the GSSAPI library hdfs-native loads at run
+# time, and kinit (without it the harness gets tickets from Java). Debian's packages, where we may.
+if [[ ",$extras," == *",test,"* ]] && ! command -v kinit >/dev/null; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      krb5-user libgssapi-krb5-2) >/dev/null \
+      || echo "bootstrap: could not install krb5-user and libgssapi-krb5-2: without libgssapi_krb5 the Kerberos HDFS tests will be skipped" >&2
+  else
+    echo "bootstrap: krb5-user (kinit) is not installed: the Kerberos tests get their tickets from Java" >&2
+  fi
+fi
 # Reinstall only when the package metadata or the extras changed.
 stamp=".venv/.installed-$(cat pyproject.toml | sha256sum | cut -c1-16)-${extras//,/_}"
 if [ ! -f "$stamp" ]; then

@@ -157,3 +157,26 @@ def hadoop(tmp_path_factory):
 def hdfs(hadoop):
     """The session's HDFS (the same Hadoop as YARN's); tests each work under a directory of their own."""
     return hadoop
+
+
+@pytest.fixture(scope="session")
+def secure_hadoop(tmp_path_factory):
+    """A Kerberos-secured single-node Hadoop 3 for the session (:class:`securehadoop.SecureHadoop`: a KDC,
+    and HDFS + YARN that take only Kerberos or delegation tokens, RPC and block transfers encrypted,
+    SPNEGO on the web pages), started on first use, stopped at the end. The user's ticket is in the
+    cluster's own ticket cache (``secure_hadoop.env()`` names it, with ``KRB5_CONFIG`` and
+    ``HADOOP_CONF_DIR``). Skips only when Java 17+ or Maven is missing; when the cluster cannot start
+    the tests fail, saying why. ``DBN_HADOOP_KEEP=1`` keeps its folder, as for :func:`hadoop`."""
+    from securehadoop import HadoopError, SecureHadoop, ToolMissing
+
+    try:
+        cluster = SecureHadoop(base_dir=tmp_path_factory.mktemp("securehadoop"),
+                               keep=bool(os.environ.get("DBN_HADOOP_KEEP"))).start()
+    except ToolMissing as exc:
+        pytest.skip(str(exc))
+    except HadoopError as exc:
+        pytest.fail(f"cannot start the Kerberos-secured Hadoop: {exc}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

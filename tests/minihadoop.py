@@ -29,6 +29,7 @@ import contextlib
 import fcntl
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -99,7 +100,11 @@ def ensure_jars() -> Path:
         if not list(jars.glob("hadoop-minicluster-*.jar")):
             raise HadoopError(f"${JARS_ENV}={jars}: holds no hadoop-minicluster-*.jar")
         return jars
-    target = cache_dir() / "jars"
+    return fetch_jars(POM, cache_dir() / "jars")
+
+
+def fetch_jars(pom: Path, target: Path) -> Path:
+    """``target``, filled once by Maven with the dependencies of ``pom`` (see :func:`ensure_jars`)."""
     if (target / ".complete").is_file():
         return target
     mvn = shutil.which("mvn")
@@ -112,12 +117,13 @@ def ensure_jars() -> Path:
             return target
         staged = Path(tempfile.mkdtemp(prefix=".jars-", dir=target.parent))
         started = time.monotonic()
-        print(f"fetching the Hadoop {HADOOP_VERSION} jars with Maven into {target} (once)", file=sys.stderr)
-        proc = subprocess.run([mvn, "-B", "-q", "-f", str(POM), "dependency:copy-dependencies",
-                               f"-DoutputDirectory={staged}"], capture_output=True, text=True)
+        print(f"fetching the jars of {pom.name} with Maven into {target} (once)", file=sys.stderr)
+        proc = subprocess.run([mvn, "-B", "-q", "-f", str(pom), "dependency:copy-dependencies",
+                               f"-Dhadoop.version={HADOOP_VERSION}", f"-DoutputDirectory={staged}"],
+                              capture_output=True, text=True)
         if proc.returncode != 0:
             shutil.rmtree(staged, ignore_errors=True)
-            raise HadoopError(f"Maven could not fetch the Hadoop {HADOOP_VERSION} jars (is Maven Central "
+            raise HadoopError(f"Maven could not fetch the jars of {pom} (is Maven Central "
                               f"reachable?):\n" + (proc.stdout + proc.stderr)[-3000:])
         size = sum(p.stat().st_size for p in staged.glob("*.jar"))
         (staged / ".complete").write_text(f"{len(list(staged.glob('*.jar')))} jars, {size} bytes, "
@@ -176,7 +182,8 @@ _COMMANDS = {
 }
 
 
-def _script(name: str, java: str, classpath: str) -> str:
+def _script(name: str, java: str, classpath: str, java_options: list[str] = ()) -> str:
+    """The ``bin/NAME`` script: ``java JAVA_OPTIONS -cp CLASSPATH`` and the subcommand's main class."""
     cases = "".join(f'  {sub}) main={main}; {"" if keep else "shift; "};;\n'
                     for sub, (main, keep) in _COMMANDS[name].items())
     return (f"#!/bin/sh\n# `{name}` of a MiniHadoop: the subcommands below, as Hadoop's own script runs them.\n"
@@ -184,7 +191,8 @@ def _script(name: str, java: str, classpath: str) -> str:
             + ('if [ "$1" = classpath ]; then echo "$CLASSPATH"; exit 0; fi\n' if name == "yarn" else "")
             + f'case "$1" in\n{cases}'
             f'  *) echo "{name} $1: not available in this MiniHadoop (it has: {" ".join(_COMMANDS[name])})" >&2;'
-            f' exit 1;;\nesac\nexec "{java}" -cp "$CLASSPATH" "$main" "$@"\n')
+            f' exit 1;;\nesac\nexec "{java}" {"".join(shlex.quote(o) + " " for o in java_options)}-cp "$CLASSPATH" '
+            f'"$main" "$@"\n')
 
 
 class MiniHadoop:
@@ -286,6 +294,7 @@ class MiniHadoop:
                     self._proc.kill()
                     self._proc.wait()
             self._proc = None
+        self._after_stop()
         if self.dir is not None:
             _kill_leftovers(self.dir)
             if not self.keep:
@@ -302,6 +311,13 @@ class MiniHadoop:
         return f"<MiniHadoop {self.url or 'stopped'} RM {self.rm_address or '-'}>"
 
     # -------------------------------------------------------- internals
+
+    def _java_options(self) -> list[str]:
+        """More options for the cluster's JVM and the ``bin/`` scripts' (none here; a subclass's hook)."""
+        return []
+
+    def _after_stop(self) -> None:
+        """Called once the cluster's JVM has stopped, before the directory goes (a subclass's hook)."""
 
     def _settings(self, jars: Path) -> dict[str, object]:
         # Fixed, free ports: with ephemeral ones MiniYARNCluster hands out tracking URLs with port 0.
@@ -343,12 +359,13 @@ class MiniHadoop:
         java = str(Path(self._java_home) / "bin" / "java")
         classpath = f"{conf}:{jars}/*"
         for tool in _COMMANDS:
-            (bin_dir / tool).write_text(_script(tool, java, classpath))
+            (bin_dir / tool).write_text(_script(tool, java, classpath, self._java_options()))
             (bin_dir / tool).chmod(0o755)
         work = self.dir / "cluster"
         work.mkdir()
         (work / "log4j.properties").write_text(_LOG4J.replace("WARN, console", "INFO, console"))
         command = [java, f"-Xmx{self.heap}", "-Dlog4j.configuration=file:" + str(work / "log4j.properties"),
+                   *self._java_options(),
                    "-cp", f"{conf}:{jars}/*", str(LAUNCHER), str(conf),
                    *(f"{k}={v}" for k, v in self._settings(jars).items())]
         env = {**os.environ, **self.env()}

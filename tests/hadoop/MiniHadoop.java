@@ -44,14 +44,19 @@ public class MiniHadoop {
       conf.set(kv[0], kv[1]);
     }
     conf.set(MiniDFSCluster.HDFS_MINIDFS_BASEDIR, new File("dfs").getAbsolutePath());
+    // Before any daemon starts: with hadoop.security.authentication=kerberos each logs in from its keytab.
+    UserGroupInformation.setConfiguration(conf);
 
     MiniDFSCluster dfs = new MiniDFSCluster.Builder(conf).numDataNodes(1).format(true).build();
     dfs.waitActive();
     conf.set("fs.defaultFS", dfs.getFileSystem().getUri().toString());
-    // Users' home directories: skein stages each application under ~/.skein.
+    // Users' home directories: skein stages each application under ~/.skein. On a Kerberos cluster the
+    // daemons, and this file system, are a service principal: the home is that of this JVM's OS user.
     FileSystem fs = dfs.getFileSystem();
-    String user = UserGroupInformation.getCurrentUser().getShortUserName();
+    String user = UserGroupInformation.isSecurityEnabled() ? System.getProperty("user.name")
+        : UserGroupInformation.getCurrentUser().getShortUserName();
     fs.mkdirs(new Path("/user/" + user));
+    fs.setOwner(new Path("/user/" + user), user, null);
     fs.mkdirs(new Path("/tmp/logs"));
     fs.setPermission(new Path("/tmp"), new org.apache.hadoop.fs.permission.FsPermission((short) 01777));
     fs.setPermission(new Path("/tmp/logs"), new org.apache.hadoop.fs.permission.FsPermission((short) 01777));

@@ -1,0 +1,132 @@
+"""The Kerberos-secured test Hadoop (tests/securehadoop.py) is secured: its NameNode, ResourceManager
+and web pages refuse whoever has no ticket, and take the project's own clients (hdfs-native through
+iterreduce, skein's driver) that have one."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+import skein
+
+pytestmark = pytest.mark.kerberos
+
+
+#: What hdfs-native loads at run time for Kerberos (MIT's GSSAPI; Debian's libgssapi-krb5-2).
+GSSAPI_LIBRARY = "libgssapi_krb5.so.2"
+
+
+@pytest.fixture(scope="session")
+def gssapi():
+    """Skips where MIT Kerberos's GSSAPI library, which hdfs-native needs for Kerberos, is not installed."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(GSSAPI_LIBRARY)
+    except OSError:
+        pytest.skip(f"{GSSAPI_LIBRARY} is not installed (Debian: apt-get install libgssapi-krb5-2; bootstrap.sh "
+                    "installs it): hdfs-native loads it at run time to speak Kerberos")
+
+
+@pytest.fixture
+def client_env(secure_hadoop, monkeypatch):
+    """This process's environment set for the secured cluster (its ticket cache, KRB5_CONFIG,
+    HADOOP_CONF_DIR), as a user's shell after ``kinit`` has it."""
+    for key, value in secure_hadoop.env().items():
+        monkeypatch.setenv(key, value)
+    return secure_hadoop
+
+
+def no_ticket(tmp_path: Path) -> str:
+    """A ``KRB5CCNAME`` that names an empty ticket cache: a user who never ran ``kinit``."""
+    return f"FILE:{tmp_path / 'no-ticket'}"
+
+
+def audit(cluster, needle: str) -> list[str]:
+    """The NameNode's audit lines (all in the cluster's log) that contain ``needle``."""
+    return [line for line in cluster.log_file.read_text(errors="replace").splitlines()
+            if "FSNamesystem.audit" in line and needle in line]
+
+
+@pytest.mark.hdfs
+def test_the_namenode_refuses_a_client_without_a_ticket(gssapi, client_env, tmp_path, monkeypatch):
+    from hdfs_native import Client
+
+    monkeypatch.setenv("KRB5CCNAME", no_ticket(tmp_path))
+    with pytest.raises(RuntimeError, match="GSS_S_NO_CRED"):  # hdfs-native, MIT's GSSAPI: no credentials
+        Client(client_env.url).get_file_info("/user")
+    listing = subprocess.run([str(client_env.bin_dir / "hdfs"), "dfs", "-ls", "/user"], capture_output=True,
+                             text=True, timeout=120, env=os.environ.copy())  # Hadoop's own Java client
+    assert listing.returncode != 0
+    assert "Client cannot authenticate via:[TOKEN, KERBEROS]" in listing.stderr, listing.stderr[-2000:]
+
+
+@pytest.mark.hdfs
+def test_with_a_ticket_hdfs_is_read_and_written_as_the_project_does_it(gssapi, client_env):
+    """iterreduce's file system (hdfs-native, no JVM): Kerberos on RPC, SASL with privacy (encryption)
+    on the DataNode's block transfers, as the client configuration in HADOOP_CONF_DIR asks."""
+    from iterreduce.shards import filesystem
+
+    uri = client_env.uri(f"/user/{client_env.principal.split('@')[0]}/kerberos/blob.bin")
+    payload = os.urandom(3 * 1024 * 1024 + 17)  # several packets
+    fs, path = filesystem(uri)
+    fs.create_dir(path.rsplit("/", 1)[0])
+    with fs.open_output_stream(path) as out:
+        out.write(payload)
+    with fs.open_input_stream(path) as f:
+        assert f.read() == payload
+    # The NameNode saw the user's own principal, authenticated by Kerberos (not a simple user name).
+    assert audit(client_env, f"ugi={client_env.principal} (auth:KERBEROS)\tip=/127.0.0.1\tcmd=create\tsrc={path}")
+
+
+@pytest.mark.hdfs
+def test_hdfs_native_takes_a_ticket_from_java_and_a_keytab(gssapi, client_env, tmp_path, monkeypatch):
+    """Without MIT's kinit the harness gets the ticket from Java (Kerby's client): MIT's library reads
+    that cache. And hdfs-native logs in from a keytab itself (``kerberos_principal``/``kerberos_keytab``)."""
+    from hdfs_native import Client
+
+    ccache = tmp_path / "java-ticket"
+    client_env.kinit(ccache=ccache, java=True)
+    principal = client_env.principal
+    assert Client(client_env.url, kerberos_principal=principal, kerberos_cache=str(ccache)).get_file_info("/user").isdir
+    monkeypatch.setenv("KRB5CCNAME", no_ticket(tmp_path))
+    keytab = Client(client_env.url, kerberos_principal=principal, kerberos_keytab=str(client_env.keytab))
+    assert keytab.get_file_info("/user").isdir
+
+
+def test_the_web_pages_want_spnego(secure_hadoop):
+    for address, page in [(secure_hadoop.nn_http, "/jmx"), (secure_hadoop.rm_web, "/ws/v1/cluster/info")]:
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(f"http://{address}{page}", timeout=60)
+        assert refused.value.code == 401, (address, page)
+        assert refused.value.headers.get("WWW-Authenticate") == "Negotiate", (address, page)
+
+
+@pytest.mark.yarn
+def test_the_resourcemanager_refuses_skein_without_a_ticket_and_runs_its_application_with_one(
+        client_env, tmp_path, monkeypatch):
+    """skein's driver (Hadoop's Java client) without a ticket is refused; with one, an application runs,
+    its container holding delegation tokens (HADOOP_TOKEN_FILE_LOCATION) and no ticket."""
+    security = skein.Security.new_credentials()
+    with monkeypatch.context() as m:
+        m.setenv("KRB5CCNAME", no_ticket(tmp_path))
+        with pytest.raises(skein.exceptions.DriverError, match="Kerberos ticket not found"):
+            skein.Client(security=security).get_applications()
+    script = 'test -s "$HADOOP_TOKEN_FILE_LOCATION" && test -z "$KRB5CCNAME" && echo tokens-only'
+    spec = skein.ApplicationSpec(name="kerberos-hello", max_attempts=1, master=skein.Master(
+        resources=skein.Resources(memory="256 MiB", vcores=1), script=script))
+    with skein.Client(security=security) as client:
+        app_id = client.submit(spec)
+        deadline = time.monotonic() + 180
+        while str((report := client.application_report(app_id)).final_status) == "UNDEFINED":
+            assert time.monotonic() < deadline, report.diagnostics
+            time.sleep(0.5)
+        assert str(report.final_status) == "SUCCEEDED", report.diagnostics
+        assert any(app.id == app_id for app in client.get_applications(states=["FINISHED"]))
+    logs = list(client_env.dir.glob(f"cluster/**/{app_id}/*/application.driver.log"))
+    assert logs and logs[0].read_text().strip() == "tokens-only"
