@@ -178,7 +178,8 @@ _COMMANDS = {
              "logs": ("org.apache.hadoop.yarn.client.cli.LogsCLI", False)},
     "hdfs": {"dfs": ("org.apache.hadoop.fs.FsShell", False),
              "fsck": ("org.apache.hadoop.hdfs.tools.DFSck", False),
-             "getconf": ("org.apache.hadoop.hdfs.tools.GetConf", False)},
+             "getconf": ("org.apache.hadoop.hdfs.tools.GetConf", False),
+             "fetchdt": ("org.apache.hadoop.hdfs.tools.DelegationTokenFetcher", False)},
 }
 
 

@@ -5,6 +5,7 @@ iterreduce, skein's driver) that have one."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import time
 import urllib.error
@@ -97,6 +98,34 @@ def test_hdfs_native_takes_a_ticket_from_java_and_a_keytab(gssapi, client_env, t
     monkeypatch.setenv("KRB5CCNAME", no_ticket(tmp_path))
     keytab = Client(client_env.url, kerberos_principal=principal, kerberos_keytab=str(client_env.keytab))
     assert keytab.get_file_info("/user").isdir
+
+
+@pytest.mark.hdfs
+def test_hdfs_takes_a_short_lived_delegation_token_without_a_ticket(gssapi, client_env, tmp_path, monkeypatch):
+    """What a container has: a token file (HADOOP_TOKEN_FILE_LOCATION) and no ticket. The token lives
+    TOKEN_MAX_LIFETIME_S. hdfs-native picks the token whose service is the URL's host:port as written:
+    Hadoop names the service by IP (hadoop.security.token.service.use_ip, true by default)."""
+    from hdfs_native import Client
+    from securehadoop import SERVICE, TOKEN_MAX_LIFETIME_S
+
+    tokens = tmp_path / "tokens"
+    renewer = SERVICE.split("/")[0]  # the ResourceManager's short name: YARN renews the tokens of its jobs
+    fetched = client_env.run("hdfs", "fetchdt", "--renewer", renewer, str(tokens))
+    assert fetched.returncode == 0 and tokens.is_file(), fetched.stderr[-2000:]
+    created = [line for line in client_env.log_file.read_text(errors="replace").splitlines()
+               if "Creating password for identifier" in line and "HDFS_DELEGATION_TOKEN" in line]
+    issued, expires = (int(re.search(rf"{key}=(\d+)", created[-1]).group(1)) for key in ("issueDate", "maxDate"))
+    assert expires - issued == TOKEN_MAX_LIFETIME_S * 1000
+    monkeypatch.setenv("KRB5CCNAME", no_ticket(tmp_path))
+    monkeypatch.setenv("HADOOP_TOKEN_FILE_LOCATION", str(tokens))
+    port = client_env.url.rsplit(":", 1)[1]
+    client = Client(f"hdfs://127.0.0.1:{port}")
+    path = f"/user/{client_env.principal.split('@')[0]}/kerberos/token.bin"
+    with client.create(path) as out:
+        out.write(b"t" * 100_000)
+    with client.read(path) as f:
+        assert f.read() == b"t" * 100_000
+    assert audit(client_env, f"ugi={client_env.principal} (auth:TOKEN)\tip=/127.0.0.1\tcmd=create\tsrc={path}")
 
 
 def test_the_web_pages_want_spnego(secure_hadoop):
