@@ -144,8 +144,9 @@ def test_the_resourcemanager_refuses_skein_without_a_ticket_and_runs_its_applica
     security = skein.Security.new_credentials()
     with monkeypatch.context() as m:
         m.setenv("KRB5CCNAME", no_ticket(tmp_path))
-        with pytest.raises(skein.exceptions.DriverError, match="Kerberos ticket not found"):
-            skein.Client(security=security).get_applications()
+        with skein.Client(security=security) as refused, \
+                pytest.raises(skein.exceptions.DriverError, match="Kerberos ticket not found"):
+            refused.get_applications()
     script = 'test -s "$HADOOP_TOKEN_FILE_LOCATION" && test -z "$KRB5CCNAME" && echo tokens-only'
     spec = skein.ApplicationSpec(name="kerberos-hello", max_attempts=1, master=skein.Master(
         resources=skein.Resources(memory="256 MiB", vcores=1), script=script))
