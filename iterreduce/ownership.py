@@ -298,36 +298,20 @@ def remove_owned(folder) -> bool:
 
 
 def create_exclusive(fs: pafs.FileSystem, path: str, data: bytes) -> bool:
-    """Create the file ``path`` holding ``data`` only if nothing is there, in one step of the
-    file system; returns False when a file is already there. On HDFS (hdfs-native) it is the
-    NameNode's create without OVERWRITE, atomic among all clients; on local disk ``O_EXCL``.
-    Other file systems have no such step: :class:`NotImplementedError`."""
-    raw = getattr(getattr(fs, "handler", None), "fs", None)  # hdfs-native's fsspec file system, if that
-    if raw is not None and type(raw).__module__.startswith("hdfs_native") and hasattr(raw, "client"):
-        from hdfs_native import WriteOptions
+    """Create the file ``path`` holding ``data`` only if nothing is there; returns False when a
+    file is already there. The file appears whole, by :func:`~iterreduce.shards.open_output_file`
+    without overwrite (:func:`~iterreduce.durable.place_new`): atomic among all clients on HDFS
+    (the NameNode's rename without OVERWRITE) and on local disk (``link(2)``); elsewhere a look,
+    then a move."""
+    from .exceptions import OutputExists
+    from .shards import open_output_file  # (shards imports this module)
 
-        options = WriteOptions()
-        options.overwrite = False
-        options.create_parent = True
-        try:
-            writer = raw.client.create(path, options)
-        except Exception as exc:  # noqa: BLE001 - hdfs-native raises FileExistsError or a RuntimeError naming it
-            if isinstance(exc, FileExistsError) or "AlreadyExists" in str(exc) or "exists" in str(exc).lower():
-                return False
-            raise
-        with writer:
-            writer.write(data)
-        return True
-    if isinstance(fs, pafs.LocalFileSystem):
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            return False
-        with os.fdopen(fd, "wb") as f:
+    try:
+        with open_output_file(path, resolve=lambda _: (fs, path), overwrite=False) as f:
             f.write(data)
-        return True
-    raise NotImplementedError(f"{path}: this file system offers no create-if-absent")
+    except OutputExists:
+        return False
+    return True
 
 
 # ------------------------------------------------------------------ shard manifests

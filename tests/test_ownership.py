@@ -372,3 +372,28 @@ def test_every_command_that_writes_a_run_is_refused_by_a_held_folder(job, capsys
     finally:
         holder.send_signal(signal.SIGKILL)
         holder.wait()
+
+
+def test_a_folder_made_for_a_refused_run_goes_but_never_a_file_put_there_meanwhile(job, capsys, monkeypatch):
+    """A run that made its output folder and is then refused before training (bad test data)
+    removes the folder it made, its lock alone in it; a file someone else put there in the
+    meantime stays, and so does the folder holding it."""
+    import dbn.jobs.run as run_module
+
+    config, out = job
+
+    def bad_test_data(spec):
+        raise run_module.DataError("test.npz: bad test data")
+
+    monkeypatch.setattr(run_module, "check_test_data", bad_test_data)
+    assert train(config, out) == 2
+    assert not out.exists()
+
+    def bad_test_data_beside_a_users_file(spec):
+        (out / "notes.txt").write_bytes(b"mine")
+        raise run_module.DataError("test.npz: bad test data")
+
+    monkeypatch.setattr(run_module, "check_test_data", bad_test_data_beside_a_users_file)
+    assert train(config, out) == 2
+    assert (out / "notes.txt").read_bytes() == b"mine"
+    assert "bad test data" in capsys.readouterr().err

@@ -24,6 +24,7 @@ a run holds the folder's lock from start to end: a second run into it is refused
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -116,8 +117,10 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
         try:
             check_test_data(spec)
         except Exception:
-            if created:
-                shutil.rmtree(out, ignore_errors=True)  # made for the lock alone: leave no trace
+            if created:  # made for the lock alone: leave no trace, and nothing that is not ours
+                (out / ownership.LOCK_NAME).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    out.rmdir()
             raise
         try:
             return _run(spec, launcher, out, created, on_record=on_record, extra=extra, overwrite=overwrite)
