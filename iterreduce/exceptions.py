@@ -79,3 +79,8 @@ class OutputExists(ForeignFileError):
     """A file is already at the path a command was told to write (``dbn predict --out``), and
     the caller did not ask to replace it: refused before anything is computed, naming the file,
     which is left byte for byte as it was (see :func:`iterreduce.shards.check_output_file`)."""
+
+
+class HadoopConfigError(IterReduceError, ValueError):
+    """The Hadoop client configuration (``$HADOOP_CONF_DIR``) cannot be read, or does not fit
+    the cluster or the credentials at hand; the message names the file or setting."""

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from . import durable
+from . import durable, hadoopconf
 from .exceptions import IterReduceError, OutputExists, ShardError
 from .lifeline import follow_parent
 from .rowfile import RowFile
@@ -64,17 +64,19 @@ class ShardData:
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
-    """The pyarrow file system and path for ``uri``."""
-    scheme = urlparse(uri).scheme
+    """The pyarrow file system and path for ``uri``. An ``hdfs://`` URI's NameNode is reached
+    as Hadoop names its delegation tokens (:func:`iterreduce.hadoopconf.namenode_address`), so
+    that a YARN container, which holds tokens and no Kerberos ticket, finds them."""
+    parts = urlparse(uri)
+    scheme = parts.scheme
     if scheme == "hdfs":
         try:
             import hdfs_native.fsspec  # noqa: F401  (registers fsspec's "hdfs" protocol)
             import fsspec
         except ImportError:
             return pafs.FileSystem.from_uri(uri)  # libhdfs, from a Hadoop install
-        fs = fsspec.filesystem("hdfs", host=urlparse(uri).netloc.split(":")[0],
-                               port=urlparse(uri).port or 8020)
-        return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), urlparse(uri).path
+        host, port = hadoopconf.namenode_address(parts.hostname or "", parts.port)
+        return pafs.PyFileSystem(pafs.FSSpecHandler(fsspec.filesystem("hdfs", host=host, port=port))), parts.path
     if scheme in ("", "file"):
         path = urlparse(uri).path if scheme == "file" else uri
         return pafs.LocalFileSystem(), str(path)

@@ -367,7 +367,7 @@ class MiniHadoop:
         (work / "log4j.properties").write_text(_LOG4J.replace("WARN, console", "INFO, console"))
         command = [java, f"-Xmx{self.heap}", "-Dlog4j.configuration=file:" + str(work / "log4j.properties"),
                    *self._java_options(),
-                   "-cp", f"{conf}:{jars}/*", str(LAUNCHER), str(conf),
+                   "-cp", self._cluster_classpath(jars), str(LAUNCHER), str(conf),
                    *(f"{k}={v}" for k, v in self._settings(jars).items())]
         env = {**os.environ, **self.env()}
         with open(self.log_file, "wb") as log:
@@ -388,6 +388,10 @@ class MiniHadoop:
                 raise HadoopError(f"MiniHadoop not up after {self.startup_timeout:.0f} s:\n{self._tail()}")
             time.sleep(0.5)
         self.url, self.rm_address, self.rm_web, self.nn_http = ready.read_text().split()[:4]
+
+    def _cluster_classpath(self, jars: Path) -> str:
+        """The cluster JVM's classpath: the configuration folder, then Hadoop's jars."""
+        return f"{self.conf_dir}:{jars}/*"
 
     def _tail(self, lines: int = 40) -> str:
         with contextlib.suppress(OSError):

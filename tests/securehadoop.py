@@ -15,7 +15,9 @@ Kerberos KDC: Hadoop's MiniKdc (``hadoop/Kdc.java``, in a JVM of its own, jars f
 Without root: the DataNode runs on ordinary ports (``ignore.secure.ports.for.testing``, as
 hdfs-native's and HBase's secured test clusters do), containers run as the NodeManager's user
 (DefaultContainerExecutor, as Flink's secured YARN tests do) and get their tokens through
-``HADOOP_TOKEN_FILE_LOCATION``. All of HDFS's and YARN's daemons share one service principal
+``HADOOP_TOKEN_FILE_LOCATION``. Hadoop's SecureIOUtils, which the NodeManager reads and writes
+container logs with under Kerberos, wants libhadoop.so, which Maven's jars lack: a test-only stand-in
+(``hadoop/secureio/``, compiled on first use) takes its place in the cluster's JVM. All of HDFS's and YARN's daemons share one service principal
 (:data:`SERVICE`): they live in one JVM, where Hadoop keeps a single logged-in user.
 
 The keytab holds :data:`SERVICE`, :data:`HTTP` and the user's own principal (the name of the
@@ -43,6 +45,8 @@ from pathlib import Path
 from minihadoop import HADOOP_VERSION, HERE, HadoopError, MiniHadoop, ToolMissing, cache_dir, fetch_jars  # noqa: F401
 
 KDC_POM = HERE / "minikdc-pom.xml"
+#: The test-only stand-in for Hadoop's SecureIOUtils (its comment says why), compiled on first use.
+SECURE_IO_SHIM = HERE / "secureio" / "org" / "apache" / "hadoop" / "io" / "SecureIOUtils.java"
 KDC_LAUNCHER = HERE / "Kdc.java"
 #: The principal of every HDFS and YARN daemon (one JVM: one logged-in user), without the realm.
 SERVICE = "hdfs/localhost"
@@ -58,6 +62,31 @@ KDC_STARTUP_TIMEOUT_S = 60
 def ensure_kdc_jars() -> Path:
     """The folder of MiniKdc's jars (``hadoop/minikdc-pom.xml``), fetched by Maven on first use."""
     return fetch_jars(KDC_POM, cache_dir() / "minikdc-jars")
+
+
+def secure_io_shim(java_home: str, jars: Path) -> Path:
+    """The folder of the compiled :data:`SECURE_IO_SHIM` (``javac`` once per version of its source)."""
+    import hashlib
+
+    source = SECURE_IO_SHIM.read_bytes()
+    out = cache_dir() / f"secureio-{hashlib.sha256(source).hexdigest()[:12]}"
+    if (out / "org" / "apache" / "hadoop" / "io" / "SecureIOUtils.class").is_file():
+        return out
+    javac = Path(java_home) / "bin" / "javac"
+    if not javac.is_file():
+        raise ToolMissing(f"no javac in {java_home} (the secured test Hadoop compiles {SECURE_IO_SHIM.name}: a JDK "
+                          "is needed, not a JRE)")
+    building = out.with_name(out.name + f".{os.getpid()}")
+    shutil.rmtree(building, ignore_errors=True)
+    done = subprocess.run([str(javac), "-nowarn", "-cp", f"{jars}/*", "-d", str(building), str(SECURE_IO_SHIM)],
+                          capture_output=True, text=True, timeout=300)
+    if done.returncode != 0:
+        raise HadoopError(f"javac {SECURE_IO_SHIM} failed:\n{done.stdout}{done.stderr}"[-3000:])
+    try:
+        building.rename(out)
+    except OSError:  # built meanwhile by another process: theirs serves
+        shutil.rmtree(building, ignore_errors=True)
+    return out
 
 
 def os_user() -> str:
@@ -195,6 +224,10 @@ class SecureHadoop(MiniHadoop):
             "hadoop.http.authentication.signature.secret.file": self.kdc_dir / "http-signature-secret",
         }
         return {**super()._settings(jars), **secure, **self.extra_conf}
+
+    def _cluster_classpath(self, jars: Path) -> str:
+        # The stand-in SecureIOUtils before Hadoop's own, in the cluster's JVM alone.
+        return f"{self.conf_dir}:{secure_io_shim(self._java_home, jars)}:{jars}/*"
 
     def _start(self, jars: Path) -> None:
         self._java = str(Path(self._java_home) / "bin" / "java")

@@ -184,7 +184,7 @@ def test_the_yarn_specs_folder_is_what_the_dry_run_makes():
     job = json.loads((folder / "mnist-job.json").read_text())
     assert MasterConfig.from_dict({**job["master"], "token": ""}).program == "dbn.jobs.program:DBNProgram"
     spec = skein.ApplicationSpec.from_file(str(folder / "mnist.yaml"))
-    assert "--add-opens=java.base/java.util" in spec.master.env["JAVA_TOOL_OPTIONS"]
+    assert "--add-opens=java.base/java.util" in spec.master.env["JDK_JAVA_OPTIONS"]
 
 
 def test_each_submission_gets_credentials_of_its_own_kept_for_the_user_alone(tmp_path, monkeypatch):

@@ -25,6 +25,10 @@ JOB_FILE = "job.json"
 #: list of service pages with mustache.java, which reflects into java.util's map entries: on Java 17+
 #: that fails with HTTP 500 once a page is registered, unless java.util is opened to it.
 AM_JAVA_OPTIONS = "--add-opens=java.base/java.util=ALL-UNNAMED"
+#: Where they go: the `java` launcher's own variable (Java 9+; Java 8, which has no --add-opens, ignores
+#: it). Not JAVA_TOOL_OPTIONS: a cluster's ``yarn.nodemanager.admin-env`` often sets that one (e.g. for
+#: krb5.conf), and YARN joins the two values with ':', which breaks both.
+AM_JAVA_OPTIONS_VAR = "JDK_JAVA_OPTIONS"
 
 
 @dataclass
@@ -91,7 +95,7 @@ def build_spec(name: str, job_file: str, opts: YarnOptions, device: str = "cpu")
             nodes=list(opts.worker_nodes), relax_locality=bool(opts.worker_nodes))
         master = skein.Master(
             resources=skein.Resources(memory=opts.master_memory, vcores=opts.master_vcores),
-            script=_script(opts, "master"), files=files, env={"JAVA_TOOL_OPTIONS": AM_JAVA_OPTIONS, **log_env})
+            script=_script(opts, "master"), files=files, env={AM_JAVA_OPTIONS_VAR: AM_JAVA_OPTIONS, **log_env})
         spec = skein.ApplicationSpec(
             name=name, queue=opts.queue, node_label=opts.node_label, max_attempts=opts.max_attempts,
             file_systems=list(opts.file_systems), tags=list(opts.tags) or ["iterreduce"],

@@ -1,0 +1,72 @@
+"""The Hadoop client configuration (iterreduce.hadoopconf): a NameNode is reached under the name Hadoop
+gives its delegation tokens, else a YARN container (tokens, no ticket) finds none and cannot read HDFS."""
+
+from __future__ import annotations
+
+import pytest
+
+from iterreduce import hadoopconf
+from iterreduce.exceptions import HadoopConfigError
+from iterreduce.shards import filesystem
+
+
+def site(folder, name: str, settings: dict[str, str]) -> None:
+    body = "".join(f"<property><name>{k}</name><value>{v}</value></property>" for k, v in settings.items())
+    (folder / name).write_text(f"<?xml version='1.0'?><configuration>{body}</configuration>")
+
+
+@pytest.fixture
+def conf(tmp_path, monkeypatch):
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(tmp_path))
+    monkeypatch.delenv("HADOOP_HOME", raising=False)
+    return tmp_path
+
+
+def test_a_namenode_host_is_reached_by_its_ip_as_hadoop_names_the_tokens(conf):
+    site(conf, "core-site.xml", {"fs.defaultFS": "hdfs://localhost:9000"})
+    assert hadoopconf.namenode_address("localhost", 9000) == ("127.0.0.1", 9000)
+    assert hadoopconf.namenode_address("localhost", None) == ("127.0.0.1", hadoopconf.DEFAULT_NAMENODE_PORT)
+    assert hadoopconf.namenode_address("no-such-host.invalid", 9000) == ("no-such-host.invalid", 9000)
+
+
+def test_by_its_name_where_the_cluster_names_tokens_by_host(conf):
+    site(conf, "core-site.xml", {"hadoop.security.token.service.use_ip": "False"})
+    assert hadoopconf.namenode_address("localhost", 9000) == ("localhost", 9000)
+
+
+def test_an_ha_name_service_is_named_as_it_is_without_a_port(conf):
+    """Its tokens are named ha-hdfs:NAMESERVICE, as hdfs-native asks for them; a port would make
+    hdfs-native take the name service for a host."""
+    site(conf, "hdfs-site.xml", {"dfs.nameservices": "prod", "dfs.ha.namenodes.prod": "nn1,nn2"})
+    assert hadoopconf.namenode_address("prod", None) == ("prod", None)
+
+
+def test_a_later_site_file_wins_and_a_changed_file_is_read_again(conf):
+    site(conf, "core-site.xml", {"a": "core", "b": "core"})
+    site(conf, "hdfs-site.xml", {"b": "hdfs"})
+    assert (hadoopconf.get("a"), hadoopconf.get("b"), hadoopconf.get("c", "-")) == ("core", "hdfs", "-")
+    site(conf, "hdfs-site.xml", {"b": "changed, and longer"})
+    assert hadoopconf.get("b") == "changed, and longer"
+
+
+def test_no_configuration_is_no_settings(monkeypatch):
+    monkeypatch.delenv("HADOOP_CONF_DIR", raising=False)
+    monkeypatch.delenv("HADOOP_HOME", raising=False)
+    assert hadoopconf.settings() == {}
+
+
+def test_a_broken_or_huge_site_file_is_refused_naming_it(conf, monkeypatch):
+    (conf / "core-site.xml").write_text("<configuration><property>")
+    with pytest.raises(HadoopConfigError, match=r"core-site.xml: not a readable Hadoop configuration file"):
+        hadoopconf.settings()
+    site(conf, "core-site.xml", {"a": "b"})
+    monkeypatch.setattr(hadoopconf, "MAX_SITE_BYTES", 10)
+    with pytest.raises(HadoopConfigError, match=r"core-site.xml: \d+ bytes, more than a Hadoop site file holds"):
+        hadoopconf.settings()
+
+
+def test_the_projects_hdfs_file_system_reaches_the_namenode_by_that_address(conf):
+    pytest.importorskip("hdfs_native")
+    fs, path = filesystem("hdfs://localhost:9000/user/me/x")
+    raw = fs.handler.fs
+    assert (raw.host, raw.port, path) == ("127.0.0.1", 9000, "/user/me/x")
