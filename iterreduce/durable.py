@@ -102,7 +102,8 @@ def _hdfs_native(fs: pafs.FileSystem):
     """hdfs-native's fsspec file system behind ``fs`` (a ``PyFileSystem``), or None."""
     handler = getattr(fs, "handler", None)
     raw = getattr(handler, "fs", None)
-    if raw is not None and type(raw).__module__.startswith("hdfs_native") and hasattr(raw, "client"):
+    if raw is not None and hasattr(raw, "client") and any(
+            cls.__module__.startswith("hdfs_native") for cls in type(raw).__mro__):
         return raw
     return None
 

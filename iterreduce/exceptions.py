@@ -84,3 +84,9 @@ class OutputExists(ForeignFileError):
 class HadoopConfigError(IterReduceError, ValueError):
     """The Hadoop client configuration (``$HADOOP_CONF_DIR``) cannot be read, or does not fit
     the cluster or the credentials at hand; the message names the file or setting."""
+
+
+class HdfsAccessError(IterReduceError, OSError):
+    """HDFS refused this process (no Kerberos ticket, an expired delegation token, a client
+    configured otherwise than the cluster, ...) or could not be reached: not a fault of the
+    data. The message names the file and says what to do (see :mod:`iterreduce.kerberos`)."""

@@ -1,7 +1,7 @@
 """The Hadoop client configuration this process sees, and how to reach a NameNode by it.
 
-The configuration is what Hadoop's own clients and hdfs-native read: ``core-site.xml`` and
-``hdfs-site.xml`` in ``$HADOOP_CONF_DIR`` (else ``$HADOOP_HOME/etc/hadoop``). On a cluster's
+The configuration is what Hadoop's own clients and hdfs-native read: ``core-site.xml``,
+``hdfs-site.xml`` and ``yarn-site.xml`` in ``$HADOOP_CONF_DIR`` (else ``$HADOOP_HOME/etc/hadoop``). On a cluster's
 nodes that is the cluster's configuration; containers see their NodeManager's.
 
 :func:`namenode_address` says how to name a NameNode so that a container finds the HDFS
@@ -16,6 +16,7 @@ not read HDFS at all.
 from __future__ import annotations
 
 import os
+import re
 import socket
 import xml.etree.ElementTree as ET
 from functools import lru_cache
@@ -24,7 +25,7 @@ from pathlib import Path
 from .exceptions import HadoopConfigError
 
 #: The files read, in Hadoop's order (a later one's value wins).
-SITE_FILES = ("core-site.xml", "hdfs-site.xml")
+SITE_FILES = ("core-site.xml", "hdfs-site.xml", "yarn-site.xml")
 #: A site file larger than this is refused (they hold a few hundred settings: tens of KB).
 MAX_SITE_BYTES = 16 * 2**20
 #: HDFS's RPC port where a URI names none (Hadoop's ``DFS_NAMENODE_RPC_PORT_DEFAULT``).
@@ -106,3 +107,19 @@ def namenode_address(host: str, port: int | None) -> tuple[str, int | None]:
         return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][4][0], port
     except (OSError, IndexError):
         return host, port
+
+
+#: ``yarn.application.classpath`` where the configuration is silent (Hadoop's cross-platform default).
+DEFAULT_APPLICATION_CLASSPATH = (
+    "{{HADOOP_CONF_DIR}},{{HADOOP_COMMON_HOME}}/share/hadoop/common/*,{{HADOOP_COMMON_HOME}}/share/hadoop/common/lib/*,"
+    "{{HADOOP_HDFS_HOME}}/share/hadoop/hdfs/*,{{HADOOP_HDFS_HOME}}/share/hadoop/hdfs/lib/*,"
+    "{{HADOOP_YARN_HOME}}/share/hadoop/yarn/*,{{HADOOP_YARN_HOME}}/share/hadoop/yarn/lib/*")
+
+
+def application_classpath() -> str:
+    """Hadoop's client classpath in a YARN container: ``yarn.application.classpath`` (what YARN
+    gives an application master's JVM as ``CLASSPATH``; skein's master script does not inherit
+    it), its ``{{VAR}}`` and ``$VAR`` taken from the container's environment."""
+    entries = (get("yarn.application.classpath") or DEFAULT_APPLICATION_CLASSPATH).replace("\n", ",").split(",")
+    expanded = [os.path.expandvars(re.sub(r"\{\{(\w+)\}\}", r"${\1}", entry.strip())) for entry in entries]
+    return ":".join(entry for entry in expanded if entry and "$" not in entry)

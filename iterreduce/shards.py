@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import multiprocessing
+import os
 import posixpath
 import uuid
 from concurrent.futures import ProcessPoolExecutor
@@ -29,8 +31,8 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from . import durable, hadoopconf
-from .exceptions import IterReduceError, OutputExists, ShardError
+from . import durable, hadoopconf, kerberos
+from .exceptions import HdfsAccessError, IterReduceError, OutputExists, ShardError
 from .lifeline import follow_parent
 from .rowfile import RowFile
 from . import ownership
@@ -63,6 +65,104 @@ class ShardData:
         return int(self.features.shape[0])
 
 
+#: The environment that names the Kerberos principal and keytab HDFS is reached as (:func:`kerberos_login`):
+#: variables, so that this process's helper processes (spawned) reach it so too.
+KEYTAB_LOGIN_VARS = ("ITERREDUCE_HDFS_PRINCIPAL", "ITERREDUCE_HDFS_KEYTAB")
+
+
+def kerberos_login(principal: str | None, keytab: str | None) -> None:
+    """Reach HDFS as ``principal``, logged in with ``keytab`` (``dbn submit --principal/--keytab``),
+    instead of with the ticket cache (``kinit``), in this process and those it starts; both
+    None: the ticket cache again."""
+    if principal and keytab:
+        os.environ.update(zip(KEYTAB_LOGIN_VARS, (principal, os.path.abspath(os.path.expanduser(keytab)))))
+    else:
+        for var in KEYTAB_LOGIN_VARS:
+            os.environ.pop(var, None)
+
+
+def keytab_login() -> tuple[str | None, str | None]:
+    """The principal and keytab of :func:`kerberos_login`, or ``(None, None)`` (the ticket cache)."""
+    principal, keytab = (os.environ.get(var) or None for var in KEYTAB_LOGIN_VARS)
+    return (principal, keytab) if principal and keytab else (None, None)
+
+
+def _hdfs_native(host: str, port: int | None):
+    """hdfs-native's fsspec file system for a NameNode, logged in as :func:`kerberos_login` says."""
+    import fsspec
+
+    principal, keytab = keytab_login()
+    if not (principal and keytab):
+        return fsspec.filesystem("hdfs", host=host, port=port)
+    return _keytab_hdfs_class()(host=host, port=port, kerberos=(principal, keytab))
+
+
+@functools.lru_cache(maxsize=1)
+def _keytab_hdfs_class():
+    """hdfs-native's fsspec file system whose client logs in with a keytab (fsspec's
+    ``storage_options`` reach only the client's configuration); made on first use, as
+    hdfs-native is optional."""
+    from hdfs_native import Client
+    from hdfs_native.fsspec import HdfsFileSystem
+
+    class KeytabHdfsFileSystem(HdfsFileSystem):
+        def __init__(self, host=None, port=None, kerberos=("", ""), **storage_options):
+            super().__init__(host, port, **storage_options)
+            principal, keytab = kerberos
+            self.client = Client(self.unstrip_protocol("/").rstrip("/"), storage_options or None,
+                                 kerberos_principal=principal, kerberos_keytab=keytab)
+
+    return KeytabHdfsFileSystem
+
+
+class _HdfsHandler(pafs.FSSpecHandler):
+    """pyarrow's handler of an fsspec file system, for hdfs-native's: a file that cannot be
+    opened because HDFS refused (an expired token, no ticket) is said so, not reported missing
+    (pyarrow's own asks fsspec's ``isfile``, which takes any failure for "no such file"), and
+    every refusal is an :class:`~iterreduce.exceptions.HdfsAccessError` naming the file and
+    saying what to do (:func:`iterreduce.kerberos.hdfs_error`). ``base``: the URI's scheme and
+    NameNode as the user wrote them, for messages."""
+
+    def __init__(self, fs, base: str):
+        super().__init__(fs)
+        self.base = base
+
+    def open_input_stream(self, path):
+        return self._open(path)
+
+    def open_input_file(self, path):
+        return self._open(path)
+
+    def _open(self, path):
+        if self.fs.info(path)["type"] != "file":  # FileNotFoundError when it is not there
+            raise IsADirectoryError(errno.EISDIR, "a folder, not a file", path)
+        return pa.PythonFile(self.fs.open(path, mode="rb"), mode="r")
+
+
+def _refusals_explained(method):
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except RuntimeError as exc:  # hdfs-native's errors other than "not found" and "permission denied"
+            paths = [a for a in args if isinstance(a, str)] or [p for a in args if isinstance(a, list) for p in a[:1]]
+            raise kerberos.hdfs_error(self.base + (paths[0] if paths else ""), exc) from None
+    return call
+
+
+for _name in ("get_file_info", "get_file_info_selector", "create_dir", "delete_dir", "delete_dir_contents",
+              "delete_root_dir_contents", "delete_file", "move", "copy_file", "open_input_stream", "open_input_file",
+              "open_output_stream", "open_append_stream"):
+    setattr(_HdfsHandler, _name, _refusals_explained(getattr(_HdfsHandler, _name)))
+
+
+@functools.lru_cache(maxsize=16)
+def _check_kerberos_client(principal: str, keytab: str, *environment: str) -> None:
+    """:func:`iterreduce.kerberos.check_client`, once per login and environment (a refusal is not
+    kept: it is checked again next time)."""
+    kerberos.check_client(principal or None, keytab or None)
+
+
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     """The pyarrow file system and path for ``uri``. An ``hdfs://`` URI's NameNode is reached
     as Hadoop names its delegation tokens (:func:`iterreduce.hadoopconf.namenode_address`), so
@@ -72,11 +172,12 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
     if scheme == "hdfs":
         try:
             import hdfs_native.fsspec  # noqa: F401  (registers fsspec's "hdfs" protocol)
-            import fsspec
         except ImportError:
             return pafs.FileSystem.from_uri(uri)  # libhdfs, from a Hadoop install
+        _check_kerberos_client(*(os.environ.get(var, "") for var in (*KEYTAB_LOGIN_VARS, "KRB5CCNAME", "KRB5_CONFIG",
+                                                                     "HADOOP_CONF_DIR", "HADOOP_TOKEN_FILE_LOCATION")))
         host, port = hadoopconf.namenode_address(parts.hostname or "", parts.port)
-        return pafs.PyFileSystem(pafs.FSSpecHandler(fsspec.filesystem("hdfs", host=host, port=port))), parts.path
+        return pafs.PyFileSystem(_HdfsHandler(_hdfs_native(host, port), f"hdfs://{parts.netloc}")), parts.path
     if scheme in ("", "file"):
         path = urlparse(uri).path if scheme == "file" else uri
         return pafs.LocalFileSystem(), str(path)
@@ -176,6 +277,8 @@ def open_shard(uri: str, *, streaming: bool = False) -> pq.ParquetFile:
         parquet = pq.ParquetFile(path, filesystem=fs, page_checksum_verification=True, **buffering)
     except FileNotFoundError as exc:
         raise ShardError(f"{uri}: shard not found") from exc
+    except HdfsAccessError:
+        raise  # HDFS refused this process: not a fault of the shard
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for a bad file
         raise unreadable(uri, exc) from exc
     try:

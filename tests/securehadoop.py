@@ -108,9 +108,11 @@ class SecureHadoop(MiniHadoop):
     :meth:`kinit`). ``kinit=True`` (the default) gets the user's ticket once the cluster is up.
     """
 
-    def __init__(self, *, kinit: bool = True, **kwargs):
+    def __init__(self, *, kinit: bool = True, token_renew_interval_s: int = TOKEN_RENEW_INTERVAL_S,
+                 token_max_lifetime_s: int = TOKEN_MAX_LIFETIME_S, **kwargs):
         super().__init__(**kwargs)
         self.kinit_on_start = kinit
+        self.token_renew_interval_s, self.token_max_lifetime_s = token_renew_interval_s, token_max_lifetime_s
         self.realm = self.principal = ""
         self._kdc: subprocess.Popen | None = None
 
@@ -127,6 +129,11 @@ class SecureHadoop(MiniHadoop):
         return self.kdc_dir / "hadoop.keytab"
 
     @property
+    def user_keytab(self) -> Path:
+        """The keytab of the user's principal alone (what ``--keytab`` is given, as a user's own)."""
+        return self.kdc_dir / "user.keytab"
+
+    @property
     def krb5_conf(self) -> Path:
         """The clients' Kerberos configuration (``KRB5_CONFIG``, Java's ``java.security.krb5.conf``)."""
         return self.kdc_dir / "krb5.conf"
@@ -135,6 +142,16 @@ class SecureHadoop(MiniHadoop):
     def ccache(self) -> Path:
         """The user's private ticket cache (``KRB5CCNAME``), filled by :meth:`kinit`."""
         return self.dir / "krb5cc"
+
+    def fsspec(self):
+        """:meth:`MiniHadoop.fsspec`, logged in as the user from :attr:`keytab` (whatever ticket this
+        process holds, or none) with this cluster's configuration."""
+        from hdfs_native import Client
+
+        fs = super().fsspec()
+        fs.client = Client(self.url, config_dir=str(self.conf_dir), kerberos_principal=self.principal,
+                           kerberos_keytab=str(self.keytab))
+        return fs
 
     def service_principal(self, name: str = SERVICE) -> str:
         """``name`` (:data:`SERVICE` or :data:`HTTP`) with this KDC's realm."""
@@ -196,8 +213,8 @@ class SecureHadoop(MiniHadoop):
             "ignore.secure.ports.for.testing": "true",  # no root for ports below 1024, nor HTTPS keystores
             "dfs.web.authentication.kerberos.principal": http,
             "dfs.web.authentication.kerberos.keytab": keytab,
-            "dfs.namenode.delegation.token.renew-interval": TOKEN_RENEW_INTERVAL_S * 1000,
-            "dfs.namenode.delegation.token.max-lifetime": TOKEN_MAX_LIFETIME_S * 1000,
+            "dfs.namenode.delegation.token.renew-interval": self.token_renew_interval_s * 1000,
+            "dfs.namenode.delegation.token.max-lifetime": self.token_max_lifetime_s * 1000,
             # YARN
             "yarn.resourcemanager.principal": service,
             "yarn.resourcemanager.keytab": keytab,
@@ -207,8 +224,16 @@ class SecureHadoop(MiniHadoop):
             "yarn.resourcemanager.webapp.spnego-keytab-file": keytab,
             "yarn.nodemanager.webapp.spnego-principal": http,
             "yarn.nodemanager.webapp.spnego-keytab-file": keytab,
-            "yarn.resourcemanager.delegation.token.renew-interval": TOKEN_RENEW_INTERVAL_S * 1000,
-            "yarn.resourcemanager.delegation.token.max-lifetime": TOKEN_MAX_LIFETIME_S * 1000,
+            "yarn.resourcemanager.delegation.token.renew-interval": self.token_renew_interval_s * 1000,
+            "yarn.resourcemanager.delegation.token.max-lifetime": self.token_max_lifetime_s * 1000,
+            # As on clusters that run long jobs: the ResourceManager (its principal's user may act for others)
+            # gets an application new HDFS tokens for the NodeManagers, when its own are to expire within
+            # the given time, so that containers started late are localized and logs aggregated after the
+            # tokens of the submission died (YARN-2704). The containers themselves still get those.
+            "yarn.resourcemanager.proxy-user-privileges.enabled": "true",
+            f"hadoop.proxyuser.{SERVICE.split('/')[0]}.hosts": "*",
+            f"hadoop.proxyuser.{SERVICE.split('/')[0]}.groups": "*",
+            "yarn.resourcemanager.system-credentials.valid-time-remaining": self.token_max_lifetime_s * 1000 // 2,
             "yarn.nodemanager.container-executor.class":
                 "org.apache.hadoop.yarn.server.nodemanager.DefaultContainerExecutor",
             # Every node of a real cluster has /etc/krb5.conf; here each container is told where this one is
@@ -281,10 +306,15 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--keep", action="store_true", help="keep the cluster's directory (data, logs)")
+    parser.add_argument("--token-renew-interval", type=int, default=TOKEN_RENEW_INTERVAL_S, metavar="S",
+                        help=f"delegation tokens die unless renewed within S seconds (default {TOKEN_RENEW_INTERVAL_S})")
+    parser.add_argument("--token-max-lifetime", type=int, default=TOKEN_MAX_LIFETIME_S, metavar="S",
+                        help=f"... and S seconds after they were issued (default {TOKEN_MAX_LIFETIME_S})")
     args = parser.parse_args(argv)
     started = time.monotonic()
     try:
-        cluster = SecureHadoop(keep=args.keep).start()
+        cluster = SecureHadoop(keep=args.keep, token_renew_interval_s=args.token_renew_interval,
+                               token_max_lifetime_s=args.token_max_lifetime).start()
     except HadoopError as exc:
         print(f"securehadoop: {exc}", file=sys.stderr)
         return 1

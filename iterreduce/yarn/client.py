@@ -30,7 +30,9 @@ from pathlib import Path
 
 import skein
 
-from ..exceptions import STOPPED_ON_BAD_DATA
+from .. import kerberos
+from ..exceptions import STOPPED_ON_BAD_DATA, HadoopConfigError
+from ..shards import kerberos_login, keytab_login
 from . import KV_PROGRESS, KV_UI, YarnError
 
 
@@ -91,9 +93,24 @@ def check_kerberos(principal: str | None, keytab: str | None) -> None:
         raise YarnError(f"{keytab}: keytab file not found")
 
 
+def _java_reads_krb5_config() -> None:
+    """Let a driver started here read Kerberos's configuration where MIT's library does: Java reads
+    no ``KRB5_CONFIG``, only ``-Djava.security.krb5.conf`` (else /etc/krb5.conf), so a ``KRB5_CONFIG``
+    naming one file is added to ``SKEIN_DRIVER_JAVA_OPTIONS`` unless that names one already."""
+    config = os.environ.get("KRB5_CONFIG", "")
+    options = os.environ.get("SKEIN_DRIVER_JAVA_OPTIONS", "")
+    if config and ":" not in config and "java.security.krb5.conf" not in options:
+        os.environ["SKEIN_DRIVER_JAVA_OPTIONS"] = f"{options} -Djava.security.krb5.conf={config}".strip()
+
+
 def connect(principal: str | None = None, keytab: str | None = None) -> skein.Client:
-    """A client of skein's driver (see the module docstring)."""
+    """A client of skein's driver (see the module docstring). Where the cluster's client
+    configuration asks for Kerberos, the credentials are checked first
+    (:func:`iterreduce.kerberos.check_client`)."""
     check_kerberos(principal, keytab)
+    kerberos.check_client(principal, keytab)
+    kerberos_login(principal, keytab)  # HDFS as YARN: with the keytab where one is given
+    _java_reads_krb5_config()
     address = os.environ.get("ITERREDUCE_SKEIN_DRIVER")
     hint = "Check that `java` and `yarn` are on PATH and HADOOP_CONF_DIR points at the cluster's configuration"
     try:
@@ -113,6 +130,9 @@ def connect(principal: str | None = None, keytab: str | None = None) -> skein.Cl
         _keep(credentials)
         return client
     except (skein.exceptions.DriverError, ConnectionError, subprocess.CalledProcessError, OSError) as exc:
+        why = kerberos.explain(exc)
+        if why:
+            raise YarnError(f"YARN refused skein's driver: {why}") from exc
         raise YarnError(f"cannot reach YARN through skein's driver: {str(exc).rstrip('.')}. {hint}") from exc
 
 
@@ -362,14 +382,19 @@ def _seconds_since_end(client: skein.Client, app_id: str) -> float | None:
 
 
 def _yarn_logs(app_id: str, timeout: float = 300) -> tuple[str | None, str]:
-    """``yarn logs -applicationId APP``'s output, or None and why not."""
+    """``yarn logs -applicationId APP``'s output, or None and why not. Hadoop's tool takes no keytab:
+    a client logged in with one (:func:`~iterreduce.shards.kerberos_login`) lends it a ticket from it,
+    in a ticket cache of its own (:func:`iterreduce.kerberos.keytab_ticket`)."""
     yarn = shutil.which("yarn")
     if yarn is None:
         return None, "no `yarn` command on PATH"
     try:
-        proc = subprocess.run([yarn, "logs", "-applicationId", app_id], capture_output=True, text=True,
-                              timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        with kerberos.keytab_ticket(*keytab_login()) as env:
+            # A few tries at a NodeManager that cannot serve a container's log, not Hadoop's 30 (minutes in all).
+            proc = subprocess.run([yarn, "logs", "-applicationId", app_id, "-client_max_retries", "2",
+                                   "-client_retry_interval_ms", "1000"], capture_output=True, text=True,
+                                  timeout=timeout, env=env)
+    except (OSError, subprocess.TimeoutExpired, HadoopConfigError) as exc:
         return None, str(exc)
     if proc.returncode != 0 or "LogType:" not in proc.stdout:
         lines = [line for line in proc.stderr.splitlines() if " INFO " not in line and " WARN " not in line]

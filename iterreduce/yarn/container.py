@@ -43,6 +43,8 @@ from ..master import JOB_ERRORS, JobFailed, Master, MasterConfig
 from ..security import TlsCredentials, from_skein, new_token
 from ..shards import filesystem, join, list_shards, open_output_file
 from . import KV_ADDRESS, KV_PROGRESS, KV_SLOT, KV_TOKEN, KV_UI
+from .tokens import KV_TOKENS, TokenRefresher, remove_staged_keytab
+from .tokens import follow as follow_tokens
 
 log = logging.getLogger("iterreduce.yarn")
 
@@ -122,8 +124,14 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
     job = read_job(job_file)
     output = job["master"]["output"]
     local_out = Path("output").resolve()
+    refresher = None
     try:
         tls = app_credentials(app)
+        # A job submitted with a keytab renews its HDFS tokens, first of all (a new attempt may
+        # start after the submission's tokens expired).
+        refresher = TokenRefresher.from_container(publish=lambda data: app.kv.put(KV_TOKENS, data))
+        if refresher is not None:
+            refresher.start()
         config = master_config(job, local_out, new_token(), restart=attempt > 1, run_id=app.id or "")
         master = Master(config)
         master.view_secret = new_token()  # told to skein's proxy alone (register_page), never logged
@@ -139,6 +147,8 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
 
         master.serve_and_run(tls=tls, on_serving=publish)
         log.info("outputs written: %s", ", ".join(upload_outputs(local_out, output)))
+        if refresher is not None:
+            remove_staged_keytab(app)
         app.shutdown("SUCCEEDED", diagnostics=f"done; outputs in {output}")
         return 0
     except DataError as exc:
@@ -151,11 +161,16 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
             log.exception("%s; YARN will start attempt %d, which resumes from this submission's newest checkpoint",
                           reason, attempt + 1)
             return 1
+    finally:
+        if refresher is not None:
+            refresher.stop()
     log.error(reason)
     try:
         upload_outputs(local_out, output)  # the log says what happened up to the failure
     except Exception as exc:  # noqa: BLE001 - the failure itself matters more
         log.warning("could not copy the outputs to %s: %s", output, exc)
+    if refresher is not None:
+        remove_staged_keytab(app)
     app.shutdown("FAILED", diagnostics=reason[:4000])
     return 1
 
@@ -233,6 +248,7 @@ def run_worker(job_file: str, app: skein.ApplicationClient) -> int:
 
     job = read_job(job_file)
     tls = app_credentials(app)
+    follow_tokens(app)  # before any HDFS access: the master's tokens, where it renews them
     address = app.kv.wait(KV_ADDRESS).decode()
     token = app.kv.wait(KV_TOKEN).decode()
     host = os.environ.get("NM_HOST") or socket.getfqdn()

@@ -17,6 +17,7 @@ import skein
 
 from .. import LOG_LEVEL_VAR, THREAD_VARS, log_level
 from ..exceptions import AppSpecError
+from . import tokens
 from .envpack import ENV_DIR
 
 JOB_FILE = "job.json"
@@ -50,6 +51,8 @@ class YarnOptions:
     file_systems: list[str] = field(default_factory=list)  # HDFS name services, for delegation tokens
     worker_nodes: list[str] = field(default_factory=list)  # preferred hosts (data locality)
     tags: list[str] = field(default_factory=list)
+    principal: str | None = None   # with keytab: shipped to the application master, which renews the tokens
+    keytab: str | None = None
 
 
 def _python(opts: YarnOptions) -> str:
@@ -86,6 +89,14 @@ def build_spec(name: str, job_file: str, opts: YarnOptions, device: str = "cpu")
         raise AppSpecError(str(exc)) from None
     worker_env = {"ITERREDUCE_DEVICE": "gpu" if opts.worker_gpus else device, **{var: threads for var in THREAD_VARS},
                   **log_env}
+    master_env = {AM_JAVA_OPTIONS_VAR: AM_JAVA_OPTIONS, **log_env}
+    master_files = dict(files)
+    if opts.keytab:  # to the application master alone: it renews the job's HDFS tokens (iterreduce.yarn.tokens)
+        master_files[tokens.KEYTAB_FILE] = skein.File(source=os.path.abspath(os.path.expanduser(opts.keytab)),
+                                                      type="file")
+        master_env.update({tokens.PRINCIPAL_VAR: opts.principal or "",
+                           tokens.FILE_SYSTEMS_VAR: ",".join(opts.file_systems)})
+        worker_env[tokens.FROM_MASTER_VAR] = "1"
     try:
         worker = skein.Service(
             resources=skein.Resources(memory=opts.worker_memory, vcores=opts.worker_vcores, gpus=opts.worker_gpus),
@@ -95,7 +106,7 @@ def build_spec(name: str, job_file: str, opts: YarnOptions, device: str = "cpu")
             nodes=list(opts.worker_nodes), relax_locality=bool(opts.worker_nodes))
         master = skein.Master(
             resources=skein.Resources(memory=opts.master_memory, vcores=opts.master_vcores),
-            script=_script(opts, "master"), files=files, env={AM_JAVA_OPTIONS_VAR: AM_JAVA_OPTIONS, **log_env})
+            script=_script(opts, "master"), files=master_files, env=master_env)
         spec = skein.ApplicationSpec(
             name=name, queue=opts.queue, node_label=opts.node_label, max_attempts=opts.max_attempts,
             file_systems=list(opts.file_systems), tags=list(opts.tags) or ["iterreduce"],

@@ -6,7 +6,7 @@
 //
 //   java -cp 'KDCJARS/*' Kdc.java serve WORK_DIR KEYTAB PRINCIPAL...
 //     starts the KDC with its data in WORK_DIR, puts every PRINCIPAL (random keys) into
-//     KEYTAB, and writes WORK_DIR/krb5.conf, then WORK_DIR/ready (the realm, then the KDC's
+//     KEYTAB and the first one alone into WORK_DIR/user.keytab, and writes WORK_DIR/krb5.conf, then WORK_DIR/ready (the realm, then the KDC's
 //     port), which readers wait for. It runs until it is terminated or its standard input
 //     ends (the starting process died).
 //
@@ -23,6 +23,8 @@ import java.util.Properties;
 
 import org.apache.hadoop.minikdc.MiniKdc;
 import org.apache.kerby.kerberos.kerb.client.KrbClient;
+import org.apache.kerby.kerberos.kerb.keytab.Keytab;
+import org.apache.kerby.kerberos.kerb.type.base.PrincipalName;
 import org.apache.kerby.kerberos.kerb.type.ticket.TgtTicket;
 
 public class Kdc {
@@ -43,6 +45,11 @@ public class Kdc {
     kdc.start();
     Runtime.getRuntime().addShutdownHook(new Thread(kdc::stop));
     kdc.createPrincipal(keytab, principals);
+    // The first principal (the user's) alone, as a user's own keytab holds it: WORK_DIR/user.keytab.
+    Keytab user = new Keytab();
+    user.addKeytabEntries(Keytab.loadKeytab(keytab).getKeytabEntries(
+        new PrincipalName(principals[0] + "@" + kdc.getRealm())));
+    user.store(new File(workDir, "user.keytab"));
     // MiniKdc writes a krb5.conf for Java clients; this one also suits MIT's library (hdfs-native's
     // GSSAPI, kinit): no DNS look-ups, and "localhost" stays "localhost" in service principals.
     Files.writeString(new File(workDir, "krb5.conf").toPath(), String.join("\n",

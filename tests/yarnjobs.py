@@ -1,0 +1,122 @@
+"""What the tests of YARN jobs share: a view of the cluster from a test (:class:`Yarn`) and a small
+job (:func:`job_file`)."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import skein
+
+from iterreduce.yarn import KV_PROGRESS
+from iterreduce.yarn import client as yarn_client
+
+N_FEATURES = 16
+TERMINAL = ("FINISHED", "FAILED", "KILLED")
+
+
+class Yarn:
+    """The session's cluster seen from a test: skein's client, and the processes behind containers."""
+
+    def __init__(self, hadoop, client: skein.Client):
+        self.hadoop, self.client = hadoop, client
+
+    def report(self, app_id):
+        return self.client.application_report(app_id)
+
+    def wait(self, app_id, states=TERMINAL, timeout=240.0):
+        deadline = time.monotonic() + timeout
+        while True:
+            report = self.report(app_id)
+            if str(report.state) in states:
+                return report
+            assert time.monotonic() < deadline, f"{app_id} still {report.state} after {timeout} s"
+            time.sleep(0.5)
+
+    def step(self, app_id) -> int:
+        """The master's newest superstep (-1 before the first), from the key-value store."""
+        if str(self.report(app_id).state) != "RUNNING":
+            return -1
+        try:
+            value = yarn_client.application(self.client, app_id).kv.get(KV_PROGRESS)  # its own credentials
+        except (skein.exceptions.SkeinError, ConnectionError, ValueError):
+            return -1
+        return json.loads(value)["step"] if value else -1
+
+    def wait_step(self, app_id, step: int, timeout=180.0) -> None:
+        deadline = time.monotonic() + timeout
+        while self.step(app_id) < step:
+            report = self.report(app_id)
+            assert str(report.state) not in TERMINAL, f"{report.diagnostics}\n{self.node_logs(app_id)}"
+            assert time.monotonic() < deadline, f"{app_id} did not reach superstep {step} in {timeout} s"
+            time.sleep(0.3)
+
+    def containers(self, app_id, service="worker", states=None):
+        app = yarn_client.application(self.client, app_id)
+        return app.get_containers(services=[service], states=states)
+
+    def pids(self, yarn_container_id: str, command_part: str) -> list[int]:
+        """Processes of a container (by $CONTAINER_ID) whose command line contains ``command_part``."""
+        found = []
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                environ = (proc / "environ").read_bytes().split(b"\0")
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            if f"CONTAINER_ID={yarn_container_id}".encode() in environ and command_part.encode() in cmdline:
+                found.append(int(proc.name))
+        return found
+
+    def node_logs(self, app_id, tail: int = 3000) -> str:
+        """The containers' logs straight from the NodeManager's log folder (for assertion messages):
+        the last ``tail`` characters of each."""
+        texts = []
+        for path in sorted(self.hadoop.dir.glob(f"cluster/**/*-logDir-*/{app_id}/container_*/*")):
+            texts.append(f"== {path.parent.name}/{path.name}\n" + path.read_text(errors="replace")[-tail:])
+        return "\n".join(texts) or "(no container logs)"
+
+    def hdfs_json_lines(self, path: str) -> list[dict]:
+        with self.hadoop.fs().open_input_stream(path) as f:
+            return [json.loads(line) for line in f.read().decode().splitlines()]
+
+
+def job_file(tmp_path, output: str, *, env: str | None = None, workers=2, epochs=6, finetune=4,
+             gpus=0, extra="", cluster_extra="") -> str:
+    """A small labelled data set and a job config that trains a 16-12-8-3 DBN on it."""
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 3, 600)
+    X = (rng.random((600, N_FEATURES)) < 0.2 + 0.2 * y[:, None] * (np.arange(N_FEATURES) % 3 == y[:, None])
+         ).astype(np.float32)
+    np.savez(tmp_path / "train.npz", X=X, y=y)
+    path = tmp_path / "job.toml"
+    path.write_text(f"""
+[data]
+train = "{tmp_path / 'train.npz'}"
+[model]
+hidden_layers = [12, 8]
+pretrain_epochs = {epochs}
+finetune_epochs = {finetune}
+pretrain_batch_size = 10
+finetune_batch_size = 10
+[output]
+dir = "{output}"
+[cluster]
+workers = {workers}
+heartbeat_timeout = 6.0
+max_restarts = 2
+{cluster_extra}
+[yarn]
+{f'env = "{env}"' if env else ''}
+worker_memory = "512 MiB"
+worker_vcores = 1
+worker_gpus = {gpus}
+master_memory = "1 GiB"
+{extra}
+[job]
+name = "e2e"
+device = "cpu"
+""")
+    return str(path)
