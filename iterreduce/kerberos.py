@@ -63,13 +63,25 @@ _NO_TOKEN = ("no usable HDFS delegation token: those of this container (HADOOP_T
              "--principal/--keytab, which renews them")
 
 
+def _server_words(text: str) -> str | None:
+    """``Class: message`` of a Hadoop server's exception as hdfs-native words it
+    (``RPCError("org.apache...AccessControlException", "Permission denied: ...\\n\\tat ...")``),
+    without the Java stack; None for other errors."""
+    match = re.match(r'(?:Fatal)?RPCError\("(?:[\w$]+\.)*([\w$]+)", "(.*?)(?:\\n|"\)$)', text.strip(), re.DOTALL)
+    return f"{match.group(1)}: {match.group(2).replace(chr(92) + chr(34), chr(34))[:300]}" if match else None
+
+
 def hdfs_error(uri: str, error: BaseException) -> HdfsAccessError:
     """An :class:`~iterreduce.exceptions.HdfsAccessError` for ``error`` met at ``uri``: the hint of
     :func:`explain` where there is one, the HDFS client's own words otherwise."""
     hint = explain(error)
     if hint and hint.startswith("no Kerberos ticket") and os.environ.get("HADOOP_TOKEN_FILE_LOCATION"):
         hint = _NO_TOKEN
-    first_line = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
+    if hint is None and "RPC listener disconnected" in str(error) and not client_wants_kerberos():
+        # A secured NameNode hangs up on a client that does not start with SASL: hdfs-native says only this.
+        hint = ("the NameNode hung up: if the cluster uses Kerberos, this client's Hadoop configuration must say so "
+                "(hadoop.security.authentication=kerberos in the site files of HADOOP_CONF_DIR)")
+    first_line = _server_words(str(error)) or (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
     return HdfsAccessError(f"{uri}: {hint} ({first_line})" if hint else f"{uri}: HDFS refused: {first_line}")
 
 
@@ -139,15 +151,18 @@ def krb5_conf_paths() -> list[str]:
     return [p for p in os.environ.get("KRB5_CONFIG", "/etc/krb5.conf").split(":") if p]
 
 
+def client_wants_kerberos() -> bool:
+    """Whether this client's Hadoop configuration says ``hadoop.security.authentication=kerberos``."""
+    return (hadoopconf.get("hadoop.security.authentication") or "simple").strip().lower() == "kerberos"
+
+
 def check_client(principal: str | None = None, keytab: str | None = None) -> None:
     """Before a command talks to a cluster whose client configuration asks for Kerberos
     (``hadoop.security.authentication``): a krb5.conf must exist, and the keytab, when given,
     must hold the principal's key; without one, the ticket cache must hold a valid ticket (where
     MIT's ``klist`` can tell). Raises :class:`~iterreduce.exceptions.HadoopConfigError` saying
     what to do. A container (it holds delegation tokens, no ticket) is not checked."""
-    if (hadoopconf.get("hadoop.security.authentication") or "simple").strip().lower() != "kerberos":
-        return
-    if os.environ.get("HADOOP_TOKEN_FILE_LOCATION"):
+    if not client_wants_kerberos() or os.environ.get("HADOOP_TOKEN_FILE_LOCATION"):
         return
     if not any(Path(p).is_file() for p in krb5_conf_paths()):
         raise HadoopConfigError(

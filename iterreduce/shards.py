@@ -144,7 +144,10 @@ def _refusals_explained(method):
     def call(self, *args, **kwargs):
         try:
             return method(self, *args, **kwargs)
-        except RuntimeError as exc:  # hdfs-native's errors other than "not found" and "permission denied"
+        except (RuntimeError, OSError) as exc:
+            if isinstance(exc, OSError) and type(exc) is not OSError:
+                raise  # "not found", "permission denied", ...: said as they are
+            # hdfs-native's other errors: RuntimeError (RPC, GSSAPI), a bare OSError (connection)
             paths = [a for a in args if isinstance(a, str)] or [p for a in args if isinstance(a, list) for p in a[:1]]
             raise kerberos.hdfs_error(self.base + (paths[0] if paths else ""), exc) from None
     return call

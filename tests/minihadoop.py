@@ -183,12 +183,15 @@ _COMMANDS = {
 }
 
 
-def _script(name: str, java: str, classpath: str, java_options: list[str] = ()) -> str:
-    """The ``bin/NAME`` script: ``java JAVA_OPTIONS -cp CLASSPATH`` and the subcommand's main class."""
+def _script(name: str, java: str, conf: Path, jars: Path, java_options: list[str] = ()) -> str:
+    """The ``bin/NAME`` script: ``java JAVA_OPTIONS -cp CLASSPATH`` and the subcommand's main class; the
+    classpath is the configuration folder, ``$HADOOP_CONF_DIR`` where set (as Hadoop's own scripts do),
+    else ``conf``, then the jars."""
+    classpath = f"${{HADOOP_CONF_DIR:-{conf}}}:{jars}/*"
     cases = "".join(f'  {sub}) main={main}; {"" if keep else "shift; "};;\n'
                     for sub, (main, keep) in _COMMANDS[name].items())
     return (f"#!/bin/sh\n# `{name}` of a MiniHadoop: the subcommands below, as Hadoop's own script runs them.\n"
-            f"CLASSPATH='{classpath}'\n"
+            f'CLASSPATH="{classpath}"\n'
             + ('if [ "$1" = classpath ]; then echo "$CLASSPATH"; exit 0; fi\n' if name == "yarn" else "")
             + f'case "$1" in\n{cases}'
             f'  *) echo "{name} $1: not available in this MiniHadoop (it has: {" ".join(_COMMANDS[name])})" >&2;'
@@ -358,9 +361,8 @@ class MiniHadoop:
             _site_xml({"yarn.nodemanager.resource-type.yarn.io/gpu": self.gpus}))
         (conf / "log4j.properties").write_text(_LOG4J)
         java = str(Path(self._java_home) / "bin" / "java")
-        classpath = f"{conf}:{jars}/*"
         for tool in _COMMANDS:
-            (bin_dir / tool).write_text(_script(tool, java, classpath, self._java_options()))
+            (bin_dir / tool).write_text(_script(tool, java, conf, jars, self._java_options()))
             (bin_dir / tool).chmod(0o755)
         work = self.dir / "cluster"
         work.mkdir()

@@ -12,6 +12,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 import skein
 
@@ -160,3 +161,66 @@ def test_the_resourcemanager_refuses_skein_without_a_ticket_and_runs_its_applica
         assert any(app.id == app_id for app in client.get_applications(states=["FINISHED"]))
     logs = list(client_env.dir.glob(f"cluster/**/{app_id}/*/application.driver.log"))
     assert logs and logs[0].read_text().strip() == "tokens-only"
+
+
+# ------------------------------------------------------------------ a client set up otherwise than the cluster
+
+
+def client_conf(cluster, tmp_path: Path, authentication: str) -> Path:
+    """A copy of ``cluster``'s client configuration that says ``hadoop.security.authentication=authentication``."""
+    import shutil
+
+    conf = tmp_path / f"conf-{authentication}"
+    shutil.copytree(cluster.conf_dir, conf)
+    for site in conf.glob("*-site.xml"):
+        text = re.sub(r"(<name>hadoop\.security\.authentication</name>\s*<value>)\w+(</value>)",
+                      rf"\g<1>{authentication}\g<2>", site.read_text())
+        if "hadoop.security.authentication" not in text:
+            text = text.replace("</configuration>", "<property><name>hadoop.security.authentication</name>"
+                                f"<value>{authentication}</value></property></configuration>")
+        site.write_text(text)
+    return conf
+
+
+def one_error(capsys, *argv) -> str:
+    from dbn.cli import main
+
+    code = main(list(argv))
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("dbn: error: ") and err.count("\n") == 1, (code, err[-3000:])
+    return err
+
+
+@pytest.mark.yarn
+@pytest.mark.hdfs
+def test_a_client_configured_without_kerberos_is_told_that_the_cluster_wants_it(gssapi, client_env, tmp_path,
+                                                                                monkeypatch, capsys):
+    """HADOOP_CONF_DIR saying ``simple`` (another cluster's, or a laptop's): the ResourceManager refuses
+    skein's driver and the NameNode hangs up on hdfs-native; each command says which setting to fix
+    (skein alone would say "Unknown ApplicationId", hdfs-native "RPC listener disconnected")."""
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(client_conf(client_env, tmp_path, "simple")))
+    monkeypatch.delenv("ITERREDUCE_SKEIN_DRIVER", raising=False)
+    monkeypatch.setenv("SKEIN_CONFIG", str(tmp_path / "skein"))
+    err = one_error(capsys, "status", "application_1795733247844_0001")
+    assert "the cluster wants Kerberos, but this client's Hadoop configuration does not" in err, err
+    assert "hadoop.security.authentication=kerberos" in err
+    from hdfs_native.fsspec import HdfsFileSystem
+
+    HdfsFileSystem.clear_instance_cache()  # this process's clients, made with the right configuration, are gone
+    np.savez(tmp_path / "d.npz", X=np.zeros((4, 3), np.float32))
+    shards = client_env.uri(f"/user/{client_env.principal.split('@')[0]}/kerberos/simple")
+    err = one_error(capsys, "shard", str(tmp_path / "d.npz"), shards, "--shards", "1")
+    assert "the NameNode hung up" in err and "hadoop.security.authentication=kerberos" in err, err
+
+
+@pytest.mark.yarn
+def test_a_client_configured_for_kerberos_is_told_that_the_cluster_does_not_use_it(gssapi, client_env, hadoop,
+                                                                                   tmp_path, monkeypatch, capsys):
+    """The reverse: a ticket and a configuration that asks for Kerberos, against a cluster without it
+    (the session's unsecured Hadoop): Hadoop's client will not fall back to no security unasked."""
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(client_conf(hadoop, tmp_path, "kerberos")))
+    monkeypatch.setenv("PATH", f"{hadoop.bin_dir}:{os.environ['PATH']}")
+    monkeypatch.delenv("ITERREDUCE_SKEIN_DRIVER", raising=False)
+    monkeypatch.setenv("SKEIN_CONFIG", str(tmp_path / "skein"))
+    err = one_error(capsys, "status", "application_1795733247844_0001")
+    assert "asks for Kerberos (hadoop.security.authentication), but the cluster does not use it" in err, err

@@ -104,9 +104,13 @@ def _java_reads_krb5_config() -> None:
 
 
 def connect(principal: str | None = None, keytab: str | None = None) -> skein.Client:
-    """A client of skein's driver (see the module docstring). Where the cluster's client
-    configuration asks for Kerberos, the credentials are checked first
-    (:func:`iterreduce.kerberos.check_client`)."""
+    """A client of skein's driver (see the module docstring), refused with a clear error when the
+    ResourceManager refuses it (:func:`_check_allowed`). Where the cluster's client configuration
+    asks for Kerberos, the credentials are checked first (:func:`iterreduce.kerberos.check_client`)."""
+    return _check_allowed(_connect(principal, keytab))
+
+
+def _connect(principal: str | None, keytab: str | None) -> skein.Client:
     check_kerberos(principal, keytab)
     kerberos.check_client(principal, keytab)
     kerberos_login(principal, keytab)  # HDFS as YARN: with the keytab where one is given
@@ -134,6 +138,21 @@ def connect(principal: str | None = None, keytab: str | None = None) -> skein.Cl
         if why:
             raise YarnError(f"YARN refused skein's driver: {why}") from exc
         raise YarnError(f"cannot reach YARN through skein's driver: {str(exc).rstrip('.')}. {hint}") from exc
+
+
+def _check_allowed(client: skein.Client) -> skein.Client:
+    """``client``, once a small question to the ResourceManager shows it is let in: skein's driver
+    starts without asking anything, and later answers some refusals (a client configured without
+    Kerberos for a cluster that wants it) as "Unknown ApplicationId". A refusal for Kerberos raises
+    :class:`YarnError` saying what to do; any other answer, "no such queue" included, lets it be."""
+    try:
+        client.get_queue("default")
+    except Exception as exc:  # noqa: BLE001 - only a Kerberos refusal is decided here
+        why = kerberos.explain(exc)
+        if why:
+            client.close()
+            raise YarnError(f"the ResourceManager refused this client: {why}") from None
+    return client
 
 
 _RESOURCES = (("memory", "MiB of memory"), ("vcores", "vcores"), ("gpus", "GPUs (yarn.io/gpu)"))
