@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import hashlib
 import json
 import multiprocessing
 import os
@@ -87,14 +88,27 @@ def keytab_login() -> tuple[str | None, str | None]:
     return (principal, keytab) if principal and keytab else (None, None)
 
 
+#: What an HDFS client of this process depends on besides its NameNode: fsspec keeps one file system
+#: (and its client) per set of values, so that one made for another configuration or login is not reused.
+CLIENT_ENVIRONMENT = ("HADOOP_CONF_DIR", "HADOOP_HOME", "KRB5CCNAME", "KRB5_CONFIG", "HADOOP_TOKEN_FILE_LOCATION",
+                      *KEYTAB_LOGIN_VARS)
+
+
+def _client_environment() -> tuple[str, ...]:
+    return tuple(os.environ.get(var, "") for var in CLIENT_ENVIRONMENT)
+
+
 def _hdfs_native(host: str, port: int | None):
-    """hdfs-native's fsspec file system for a NameNode, logged in as :func:`kerberos_login` says."""
+    """hdfs-native's fsspec file system for a NameNode, logged in as :func:`kerberos_login` says,
+    one per :data:`CLIENT_ENVIRONMENT` (a key of hdfs-native's configuration that nothing reads)."""
     import fsspec
 
+    key = hashlib.sha256("\n".join(_client_environment()).encode()).hexdigest()[:16]
+    environment = {"iterreduce.client.environment": key}
     principal, keytab = keytab_login()
     if not (principal and keytab):
-        return fsspec.filesystem("hdfs", host=host, port=port)
-    return _keytab_hdfs_class()(host=host, port=port, kerberos=(principal, keytab))
+        return fsspec.filesystem("hdfs", host=host, port=port, **environment)
+    return _keytab_hdfs_class()(host=host, port=port, kerberos=(principal, keytab), **environment)
 
 
 @functools.lru_cache(maxsize=1)
@@ -160,10 +174,10 @@ for _name in ("get_file_info", "get_file_info_selector", "create_dir", "delete_d
 
 
 @functools.lru_cache(maxsize=16)
-def _check_kerberos_client(principal: str, keytab: str, *environment: str) -> None:
-    """:func:`iterreduce.kerberos.check_client`, once per login and environment (a refusal is not
+def _check_kerberos_client(environment: tuple[str, ...]) -> None:
+    """:func:`iterreduce.kerberos.check_client`, once per :data:`CLIENT_ENVIRONMENT` (a refusal is not
     kept: it is checked again next time)."""
-    kerberos.check_client(principal or None, keytab or None)
+    kerberos.check_client(*keytab_login())
 
 
 def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
@@ -177,8 +191,7 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
             import hdfs_native.fsspec  # noqa: F401  (registers fsspec's "hdfs" protocol)
         except ImportError:
             return pafs.FileSystem.from_uri(uri)  # libhdfs, from a Hadoop install
-        _check_kerberos_client(*(os.environ.get(var, "") for var in (*KEYTAB_LOGIN_VARS, "KRB5CCNAME", "KRB5_CONFIG",
-                                                                     "HADOOP_CONF_DIR", "HADOOP_TOKEN_FILE_LOCATION")))
+        _check_kerberos_client(_client_environment())
         host, port = hadoopconf.namenode_address(parts.hostname or "", parts.port)
         return pafs.PyFileSystem(_HdfsHandler(_hdfs_native(host, port), f"hdfs://{parts.netloc}")), parts.path
     if scheme in ("", "file"):

@@ -109,8 +109,9 @@ class SecureHadoop(MiniHadoop):
     """
 
     def __init__(self, *, kinit: bool = True, token_renew_interval_s: int = TOKEN_RENEW_INTERVAL_S,
-                 token_max_lifetime_s: int = TOKEN_MAX_LIFETIME_S, **kwargs):
+                 token_max_lifetime_s: int = TOKEN_MAX_LIFETIME_S, realm_name: str = "EXAMPLE", **kwargs):
         super().__init__(**kwargs)
+        self.realm_name = realm_name  # the realm is REALM_NAME.COM: another for each cluster one process uses
         self.kinit_on_start = kinit
         self.token_renew_interval_s, self.token_max_lifetime_s = token_renew_interval_s, token_max_lifetime_s
         self.realm = self.principal = ""
@@ -269,7 +270,8 @@ class SecureHadoop(MiniHadoop):
         with open(log, "wb") as out:
             # stdin: a pipe nobody writes to, as the cluster's (the KDC stops when this process dies).
             self._kdc = subprocess.Popen(
-                [self._java, "-Xmx128m", "-cp", f"{self._kdc_jars}/*", str(KDC_LAUNCHER), "serve",
+                [self._java, "-Xmx128m", f"-Dkdc.org.name={self.realm_name}", "-cp", f"{self._kdc_jars}/*",
+                 str(KDC_LAUNCHER), "serve",
                  str(self.kdc_dir), str(self.keytab), os_user(), SERVICE, HTTP],
                 cwd=self.kdc_dir, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT)
         ready, deadline = self.kdc_dir / "ready", time.monotonic() + KDC_STARTUP_TIMEOUT_S

@@ -70,3 +70,19 @@ def test_the_projects_hdfs_file_system_reaches_the_namenode_by_that_address(conf
     fs, path = filesystem("hdfs://localhost:9000/user/me/x")
     raw = fs.handler.fs
     assert (raw.host, raw.port, path) == ("127.0.0.1", 9000, "/user/me/x")
+
+
+def test_a_client_made_for_another_configuration_or_login_is_not_reused(conf, tmp_path, monkeypatch):
+    """fsspec keeps a file system per NameNode: a second one made after HADOOP_CONF_DIR, the ticket cache or
+    the token file changed must not be the first (whose client kept the old ones: a secured cluster's
+    NameNode then hangs up, or answers as another user)."""
+    pytest.importorskip("hdfs_native")
+    monkeypatch.setenv("KRB5CCNAME", "FILE:/tmp/a")
+    first = filesystem("hdfs://localhost:9000/x")[0].handler.fs
+    assert filesystem("hdfs://localhost:9000/y")[0].handler.fs is first
+    monkeypatch.setenv("KRB5CCNAME", "FILE:/tmp/b")
+    assert filesystem("hdfs://localhost:9000/x")[0].handler.fs is not first
+    other = tmp_path / "other"
+    other.mkdir()
+    monkeypatch.setenv("HADOOP_CONF_DIR", str(other))
+    assert filesystem("hdfs://localhost:9000/x")[0].handler.fs is not first

@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 import skein
 
+from dbn.cli import main
+
 pytestmark = pytest.mark.kerberos
 
 
@@ -183,8 +185,6 @@ def client_conf(cluster, tmp_path: Path, authentication: str) -> Path:
 
 
 def one_error(capsys, *argv) -> str:
-    from dbn.cli import main
-
     code = main(list(argv))
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("dbn: error: ") and err.count("\n") == 1, (code, err[-3000:])
@@ -204,13 +204,12 @@ def test_a_client_configured_without_kerberos_is_told_that_the_cluster_wants_it(
     err = one_error(capsys, "status", "application_1795733247844_0001")
     assert "the cluster wants Kerberos, but this client's Hadoop configuration does not" in err, err
     assert "hadoop.security.authentication=kerberos" in err
-    from hdfs_native.fsspec import HdfsFileSystem
-
-    HdfsFileSystem.clear_instance_cache()  # this process's clients, made with the right configuration, are gone
     np.savez(tmp_path / "d.npz", X=np.zeros((4, 3), np.float32))
     shards = client_env.uri(f"/user/{client_env.principal.split('@')[0]}/kerberos/simple")
     err = one_error(capsys, "shard", str(tmp_path / "d.npz"), shards, "--shards", "1")
     assert "the NameNode hung up" in err and "hadoop.security.authentication=kerberos" in err, err
+    monkeypatch.setenv("HADOOP_CONF_DIR", client_env.env()["HADOOP_CONF_DIR"])  # set right: in again, a new client
+    assert main(["shard", str(tmp_path / "d.npz"), shards, "--shards", "1"]) == 0
 
 
 @pytest.mark.yarn

@@ -26,7 +26,8 @@ import pytest
 import skein
 
 from dbn.cli import main
-from yarnjobs import Yarn, job_file
+from iterreduce.shards import KEYTAB_LOGIN_VARS
+from yarnjobs import Yarn, job_file, shared_driver, upload
 
 pytestmark = [pytest.mark.kerberos, pytest.mark.yarn, pytest.mark.hdfs,
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -74,20 +75,8 @@ def secure_yarn(secure_hadoop, tmp_path_factory):
     """The client's environment after ``kinit`` (ticket cache, KRB5_CONFIG, HADOOP_CONF_DIR), skein's
     credentials of its own, and one skein driver (logged in from the ticket cache) that the in-process
     CLI calls share."""
-    saved = dict(os.environ)
-    os.environ.update(secure_hadoop.env())
-    security = skein.Security.new_credentials()
-    security_dir = tmp_path_factory.mktemp("skein")
-    security.to_directory(str(security_dir))
-    os.environ["SKEIN_CONFIG"] = str(security_dir)
-    client = skein.Client(security=security)
-    os.environ["ITERREDUCE_SKEIN_DRIVER"] = client.address
-    try:
-        yield Yarn(secure_hadoop, client)
-    finally:
-        client.close()
-        os.environ.clear()
-        os.environ.update(saved)
+    with shared_driver(secure_hadoop, tmp_path_factory.mktemp("skein")) as yarn:
+        yield yarn
 
 
 def test_a_job_submitted_with_a_ticket_runs_on_delegation_tokens_alone(secure_yarn, tmp_path, capsys):
@@ -133,10 +122,12 @@ def test_a_worker_and_then_the_application_master_killed_on_the_secured_cluster(
     victim = next(c for c in secure_yarn.containers(app_id) if c.id == "worker_0")
     (pid,) = secure_yarn.pids(victim.yarn_container_id, "iterreduce.yarn.container worker")
     os.kill(pid, signal.SIGKILL)
-    secure_yarn.wait_step(app_id, 8)  # the job went on ...
-    rejoined = [line for line in secure_yarn.node_logs(app_id, tail=10**7).splitlines()
-                if "master INFO registered worker-0#" in line]
-    assert len(rejoined) == 2, rejoined  # ... with worker-0 back, in a new container
+    deadline = time.monotonic() + 180
+    while len(rejoined := [line for line in secure_yarn.node_logs(app_id, tail=10**7).splitlines()
+                           if "master INFO registered worker-0#" in line]) < 2:  # worker-0 back, in a new container
+        assert time.monotonic() < deadline and str(secure_yarn.report(app_id).state) == "RUNNING", rejoined
+        time.sleep(0.5)
+    secure_yarn.wait_step(app_id, 7)
     am_container = f"container_{app_id.removeprefix('application_')}_01_000001"
     (group,) = {os.getpgid(p) for p in secure_yarn.pids(am_container, "com.anaconda.skein.ApplicationMaster")}
     os.killpg(group, signal.SIGKILL)
@@ -192,13 +183,7 @@ def test_shard_and_predict_read_and_write_the_secured_hdfs_from_the_submitting_m
     rows = write_animals(tmp_path / "animals")
     table = user_uri(cluster, "kt-predict/animals")
     fs = cluster.fs()
-    for path in sorted((tmp_path / "animals").rglob("*")):
-        remote = f"/user/{cluster.principal.split('@')[0]}/kt-predict/animals/{path.relative_to(tmp_path / 'animals')}"
-        if path.is_dir():
-            fs.create_dir(remote)
-        else:
-            with fs.open_output_stream(remote) as out:
-                out.write(path.read_bytes())
+    upload(fs, tmp_path / "animals", f"/user/{cluster.principal.split('@')[0]}/kt-predict/animals")
     job = tmp_path / "animals.toml"
     job.write_text(f'[data]\ntrain = "{table}"\nfilter = "split == \'train\'"\nfeatures = ["vec", "x0", "x1", "x2", '
                    f'"x3"]\nlabel = "animal"\n[model]\nhidden_layers = [8]\npretrain_epochs = 2\nfinetune_epochs = 3\n'
@@ -238,11 +223,11 @@ SHORT_RENEW_S, SHORT_LIFETIME_S = 20, 90
 @pytest.fixture(scope="module")
 def short_lived(tmp_path_factory):
     """A second secured cluster whose delegation tokens die after SHORT_LIFETIME_S (the session's live
-    five minutes, too long to outlive in a test), with its own KDC."""
+    five minutes, too long to outlive in a test), with its own KDC and realm."""
     from securehadoop import SecureHadoop
 
     cluster = SecureHadoop(base_dir=tmp_path_factory.mktemp("short-lived"), token_renew_interval_s=SHORT_RENEW_S,
-                           token_max_lifetime_s=SHORT_LIFETIME_S).start()
+                           token_max_lifetime_s=SHORT_LIFETIME_S, realm_name="SHORTLIVED").start()
     try:
         yield cluster
     finally:
@@ -266,17 +251,13 @@ def test_a_job_submitted_with_a_keytab_outlives_its_delegation_tokens(short_live
     skein.Security.new_credentials().to_directory(str(security_dir))
     monkeypatch.setenv("SKEIN_CONFIG", str(security_dir))
     keytab = ["--principal", cluster.principal, "--keytab", str(cluster.user_keytab)]
+    for var in KEYTAB_LOGIN_VARS:  # `dbn submit --keytab` logs this process's HDFS access in: undone afterwards
+        monkeypatch.setenv(var, "")
 
     write_animals(tmp_path / "animals")
     user = cluster.principal.split("@")[0]
     fs = cluster.fs()  # the harness's own client (the cluster's keytab)
-    for path in sorted((tmp_path / "animals").rglob("*")):
-        remote = f"/user/{user}/animals/{path.relative_to(tmp_path / 'animals')}"
-        if path.is_dir():
-            fs.create_dir(remote)
-        else:
-            with fs.open_output_stream(remote) as out:
-                out.write(path.read_bytes())
+    upload(fs, tmp_path / "animals", f"/user/{user}/animals")
     output = user_uri(cluster, "outlives")
     path = Path(python_job(tmp_path, output, epochs=240, finetune=2))
     text = path.read_text().replace(f'train = "{tmp_path / "train.npz"}"', f'train = "{user_uri(cluster, "animals")}"\n'
@@ -285,6 +266,10 @@ def test_a_job_submitted_with_a_keytab_outlives_its_delegation_tokens(short_live
 
     started = time.monotonic()
     app_id = submit(capsys, str(path), *keytab)
+    from dbn.jobs.yarn import CACHE
+
+    shipped = json.loads(max((CACHE / "submissions").glob("*/job.json"), key=lambda p: p.stat().st_mtime).read_text())
+    assert shipped["slot_hosts"] and all(shipped["slot_hosts"]), shipped["slot_hosts"]  # fsck, with the keytab's ticket
     with skein.Client(principal=cluster.principal, keytab=str(cluster.user_keytab)) as client:
         yarn = Yarn(cluster, client)
         yarn.wait_step(app_id, 2)
@@ -320,4 +305,3 @@ def test_a_job_submitted_with_a_keytab_outlives_its_delegation_tokens(short_live
     staged = [p for p in fs.get_file_info(pafs.FileSelector(f"/user/{user}/.skein", recursive=True))
               if p.base_name == cluster.user_keytab.name]
     assert not staged, staged
-    json.dumps(records)  # the log is JSON throughout

@@ -24,7 +24,7 @@ import pytest
 import skein
 
 from browser import console_errors, needs_browser, start_browser, wait_for
-from yarnjobs import N_FEATURES, TERMINAL, Yarn, job_file
+from yarnjobs import N_FEATURES, TERMINAL, job_file, shared_driver, upload
 from dbn import DBN
 from dbn.cli import main
 from iterreduce import checkpoint
@@ -40,20 +40,8 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def yarn(hadoop, tmp_path_factory):
     """Client environment for the cluster, and one skein driver the in-process CLI calls share."""
-    saved = dict(os.environ)
-    os.environ.update(hadoop.env())
-    security_dir = tmp_path_factory.mktemp("skein")
-    security = skein.Security.new_credentials()
-    security.to_directory(str(security_dir))
-    os.environ["SKEIN_CONFIG"] = str(security_dir)
-    client = skein.Client(security=security)  # skein's own driver, found through `yarn classpath`
-    os.environ["ITERREDUCE_SKEIN_DRIVER"] = client.address
-    try:
-        yield Yarn(hadoop, client)
-    finally:
-        client.close()
-        os.environ.clear()
-        os.environ.update(saved)
+    with shared_driver(hadoop, tmp_path_factory.mktemp("skein")) as yarn:
+        yield yarn
 
 
 @pytest.fixture(scope="module")
@@ -545,17 +533,6 @@ def test_block_locations_come_from_the_real_namenode(yarn, hdfs, tmp_path):
 
 
 # ------------------------------------------------------------------ a table as Spark wrote it
-
-
-def upload(fs, local: Path, remote: str) -> None:
-    """Copy the folder ``local`` to ``remote`` on HDFS, as it is (side files included)."""
-    for path in sorted(local.rglob("*")):
-        target = f"{remote}/{path.relative_to(local).as_posix()}"
-        if path.is_dir():
-            fs.create_dir(target)
-        else:
-            with fs.open_output_stream(target, compression=None) as out:
-                out.write(path.read_bytes())
 
 
 def test_a_spark_table_on_hdfs_trains_in_place_on_yarn(yarn, env_archive, tmp_path):

@@ -3,7 +3,9 @@ job (:func:`job_file`)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import time
 from pathlib import Path
 
@@ -120,3 +122,34 @@ name = "e2e"
 device = "cpu"
 """)
     return str(path)
+
+
+def upload(fs, local: Path, remote: str) -> None:
+    """Copy the folder ``local`` to ``remote`` on HDFS, as it is (side files included)."""
+    for path in sorted(local.rglob("*")):
+        target = f"{remote}/{path.relative_to(local).as_posix()}"
+        if path.is_dir():
+            fs.create_dir(target)
+        else:
+            with fs.open_output_stream(target, compression=None) as out:
+                out.write(path.read_bytes())
+
+
+@contextlib.contextmanager
+def shared_driver(cluster, skein_dir: Path):
+    """This process set up as a client of ``cluster`` (its environment), with skein credentials of its
+    own in ``skein_dir`` and one skein driver that the in-process CLI calls share; yields a :class:`Yarn`
+    and puts the environment back afterwards."""
+    saved = dict(os.environ)
+    os.environ.update(cluster.env())
+    security = skein.Security.new_credentials()
+    security.to_directory(str(skein_dir))
+    os.environ["SKEIN_CONFIG"] = str(skein_dir)
+    client = skein.Client(security=security)  # skein's own driver, found through `yarn classpath`
+    os.environ["ITERREDUCE_SKEIN_DRIVER"] = client.address
+    try:
+        yield Yarn(cluster, client)
+    finally:
+        client.close()
+        os.environ.clear()
+        os.environ.update(saved)

@@ -17,6 +17,10 @@ import socket
 import subprocess
 from urllib.parse import urlparse
 
+from .. import kerberos
+from ..exceptions import HadoopConfigError
+from ..shards import keytab_login
+
 log = logging.getLogger("iterreduce.yarn")
 
 # Hadoop 2.7+: "[DatanodeInfoWithStorage[10.0.0.5:50010,DS-...,DISK], ...]"; older: "[10.0.0.5:50010, ...]"
@@ -68,9 +72,10 @@ def block_hosts(uris: list[str], timeout: float = 120.0) -> dict[str, list[str]]
     found: dict[str, list[str]] = {}
     for folder, members in folders.items():
         try:
-            proc = subprocess.run([hdfs, "fsck", folder, "-files", "-blocks", "-locations"],
-                                  capture_output=True, text=True, timeout=timeout)
-        except (OSError, subprocess.TimeoutExpired) as exc:
+            with kerberos.keytab_ticket(*keytab_login()) as env:  # Hadoop's tool takes no keytab: a ticket from it
+                proc = subprocess.run([hdfs, "fsck", folder, "-files", "-blocks", "-locations"],
+                                      capture_output=True, text=True, timeout=timeout, env=env)
+        except (OSError, subprocess.TimeoutExpired, HadoopConfigError) as exc:
             log.warning("hdfs fsck %s failed (%s): no data locality", folder, exc)
             return {}
         by_path = parse_fsck(proc.stdout)

@@ -41,6 +41,9 @@ public class Kdc {
 
   static void serve(File workDir, File keytab, String[] principals) throws Exception {
     Properties conf = MiniKdc.createConf();  // realm EXAMPLE.COM, a free port on localhost, TCP
+    // -Dkdc.org.name=NAME: realm NAME.COM (two KDCs that one process talks to must not share a realm:
+    // MIT's library would keep one's service tickets for the other's services of the same name).
+    conf.setProperty(MiniKdc.ORG_NAME, System.getProperty("kdc.org.name", "EXAMPLE"));
     MiniKdc kdc = new MiniKdc(conf, workDir);
     kdc.start();
     Runtime.getRuntime().addShutdownHook(new Thread(kdc::stop));
