@@ -546,7 +546,7 @@ def shard_info(uris: list[str]) -> list[dict]:
             _footer_reader = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
                                                  initializer=follow_parent)
         try:
-            info.append(_footer_reader.submit(describe_shard, uri).result())
+            info.append(_footer_reader.submit(_describe_as_caller, uri, _client_environment()).result())
         except BrokenProcessPool:
             _footer_reader = None
             raise ShardError(f"{uri}: not a readable Parquet file (reading its footer crashed the Parquet "
@@ -555,6 +555,17 @@ def shard_info(uris: list[str]) -> list[dict]:
 
 
 _footer_reader: ProcessPoolExecutor | None = None  # shard_info's helper process, started on first use
+
+
+def _describe_as_caller(uri: str, environment: tuple[str, ...]) -> dict:
+    """:func:`describe_shard` in the helper process, which outlives the environment it was started
+    with: HDFS is reached with the caller's configuration and login (:data:`CLIENT_ENVIRONMENT`)."""
+    for var, value in zip(CLIENT_ENVIRONMENT, environment):
+        if value:
+            os.environ[var] = value
+        else:
+            os.environ.pop(var, None)
+    return describe_shard(uri)
 
 
 def describe_shard(uri: str) -> dict:

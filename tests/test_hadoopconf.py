@@ -3,6 +3,8 @@ gives its delegation tokens, else a YARN container (tokens, no ticket) finds non
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from iterreduce import hadoopconf
@@ -86,3 +88,17 @@ def test_a_client_made_for_another_configuration_or_login_is_not_reused(conf, tm
     other.mkdir()
     monkeypatch.setenv("HADOOP_CONF_DIR", str(other))
     assert filesystem("hdfs://localhost:9000/x")[0].handler.fs is not first
+
+
+def test_the_footer_reader_reaches_hdfs_as_its_caller_does_now(monkeypatch):
+    """shard_info's helper process is started once and lives on: it must take the caller's configuration
+    and login of each call, not those of its start (a later kinit, keytab or HADOOP_CONF_DIR). Here the
+    helper's side runs in this process, its environment as the helper's was."""
+    from iterreduce import shards
+
+    for var in shards.CLIENT_ENVIRONMENT:  # restored afterwards, whatever the call sets
+        monkeypatch.setenv(var, "as the helper started")
+    monkeypatch.setattr(shards, "describe_shard", lambda uri: {v: os.environ.get(v) for v in shards.CLIENT_ENVIRONMENT})
+    caller = {var: "" for var in shards.CLIENT_ENVIRONMENT} | {"HADOOP_CONF_DIR": "/conf", "KRB5CCNAME": "FILE:/tmp/new"}
+    got = shards._describe_as_caller("x", tuple(caller[var] for var in shards.CLIENT_ENVIRONMENT))
+    assert got == {var: value or None for var, value in caller.items()}
