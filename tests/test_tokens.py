@@ -44,6 +44,14 @@ def test_tokens_are_renewed_well_before_they_could_die(conf, settings, every):
     assert tokens.refresh_interval() == every
 
 
+@pytest.fixture(autouse=True)
+def token_file_location(monkeypatch):
+    """Whatever a test makes of HADOOP_TOKEN_FILE_LOCATION (tokens.use sets it) is undone after it: a
+    file named there that is gone stops every later Hadoop client in this process (skein's driver too)."""
+    monkeypatch.setenv("HADOOP_TOKEN_FILE_LOCATION", "")
+    monkeypatch.delenv("HADOOP_TOKEN_FILE_LOCATION")
+
+
 @pytest.fixture
 def dtutil(tmp_path, monkeypatch):
     """A ``java`` that plays Hadoop's dtutil: checks its arguments and adds a "token" line per file
@@ -81,18 +89,15 @@ def test_a_failed_fetch_says_which_file_system_principal_and_why(dtutil, monkeyp
 
 
 def test_use_makes_the_tokens_this_processs_own(tmp_path, monkeypatch):
-    monkeypatch.delenv("HADOOP_TOKEN_FILE_LOCATION", raising=False)
     path = tokens.use(b"first", tmp_path / "tokens")
     assert os.environ["HADOOP_TOKEN_FILE_LOCATION"] == str(path) and path.read_bytes() == b"first"
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
     tokens.use(b"second", tmp_path / "tokens")
     assert path.read_bytes() == b"second" and [p.name for p in tmp_path.iterdir()] == ["tokens"]
-    monkeypatch.delenv("HADOOP_TOKEN_FILE_LOCATION")
 
 
 def test_the_refresher_fetches_at_once_then_again_and_survives_a_failure(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("HADOOP_TOKEN_FILE_LOCATION", raising=False)
     answers = iter([b"set 1", RuntimeError("KDC down"), b"set 2"])
 
     def fetch(principal, keytab, file_systems, out):
@@ -113,7 +118,6 @@ def test_the_refresher_fetches_at_once_then_again_and_survives_a_failure(tmp_pat
     refresher.stop()
     assert published == [b"set 1", b"set 2"]
     assert (tmp_path / tokens.TOKEN_FILE).read_bytes() == b"set 2"
-    monkeypatch.delenv("HADOOP_TOKEN_FILE_LOCATION")
 
 
 def test_a_first_fetch_that_fails_fails_the_job(tmp_path, monkeypatch):
@@ -161,7 +165,6 @@ class FakeApp:
 
 
 def test_a_worker_takes_the_masters_tokens_and_every_later_set(tmp_path, monkeypatch):
-    monkeypatch.delenv("HADOOP_TOKEN_FILE_LOCATION", raising=False)
     app = FakeApp(b"set 1")
     monkeypatch.delenv(tokens.FROM_MASTER_VAR, raising=False)
     assert tokens.follow(app, tmp_path / "t") is None  # a ticket-cache job: the container's own tokens
@@ -176,7 +179,6 @@ def test_a_worker_takes_the_masters_tokens_and_every_later_set(tmp_path, monkeyp
     assert (tmp_path / "t").read_bytes() == b"set 2" and thread.is_alive()
     app.kv.queue.put(None)
     thread.join(5)
-    monkeypatch.delenv("HADOOP_TOKEN_FILE_LOCATION")
 
 
 def test_the_keytab_goes_to_the_application_master_alone(tmp_path):
