@@ -30,15 +30,18 @@ def follow_launcher(poll: float = 0.5) -> None:
 
 def follow_parent(poll: float = 0.5) -> None:
     """Exit as soon as this process's parent is gone (for helper processes, e.g. the
-    master's footer reader, whose parent may be killed with SIGKILL)."""
-    _exit_when_orphaned(os.getppid(), f"the parent process (pid {os.getppid()})", poll)
+    master's footer reader, whose parent may be killed with SIGKILL). Silently: the helper
+    writes to its parent's log, which the launcher has taken stock of once the parent died
+    (a line added then would make the run's own log unprovable, and refuse its --resume)."""
+    _exit_when_orphaned(os.getppid(), "", poll)
 
 
 def _exit_when_orphaned(parent: int, who: str, poll: float) -> None:
     def watch() -> None:
         while os.getppid() == parent:  # re-parented: that process is gone
             time.sleep(poll)
-        log.error("%s is gone: stopping", who)
+        if who:
+            log.error("%s is gone: stopping", who)
         logging.shutdown()
         os._exit(EXIT_ORPHANED)  # no cleanup to wait for: checkpoints and outputs are written atomically
 

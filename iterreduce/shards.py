@@ -21,6 +21,7 @@ import json
 import multiprocessing
 import os
 import posixpath
+import sys
 import uuid
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -542,6 +543,7 @@ def shard_info(uris: list[str]) -> list[dict]:
     info = []
     for uri in uris:
         if _footer_reader is None:
+            quiet_resource_tracker()
             # spawn, not fork: a forked child would inherit the HDFS client's runtime threads half-made.
             _footer_reader = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
                                                  initializer=follow_parent)
@@ -555,6 +557,18 @@ def shard_info(uris: list[str]) -> list[dict]:
 
 
 _footer_reader: ProcessPoolExecutor | None = None  # shard_info's helper process, started on first use
+
+#: multiprocessing's resource tracker (a process of its own, writing to this process's stderr) warns of
+#: "leaked semaphore objects" when this process is killed: in a master's log, a line written after the
+#: launcher took stock of it, which made the run's log unprovable and refused its --resume.
+_TRACKER_WARNING = "ignore::UserWarning:multiprocessing.resource_tracker"
+
+
+def quiet_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker, if it is not running yet, without that warning (it
+    takes this interpreter's -W options when it starts)."""
+    if _TRACKER_WARNING not in sys.warnoptions:
+        sys.warnoptions.append(_TRACKER_WARNING)
 
 
 def _describe_as_caller(uri: str, environment: tuple[str, ...]) -> dict:
