@@ -117,7 +117,7 @@ def test_a_worker_and_then_the_application_master_killed_on_the_secured_cluster(
     the ResourceManager keeps renewing) resumes from the newest checkpoint on the secured HDFS."""
     cluster = secure_yarn.hadoop
     output = user_uri(cluster, "faults")
-    app_id = submit(capsys, python_job(tmp_path, output, epochs=10))
+    app_id = submit(capsys, python_job(tmp_path, output, epochs=40))  # long enough for a new worker to join
     secure_yarn.wait_step(app_id, 3)
     victim = next(c for c in secure_yarn.containers(app_id) if c.id == "worker_0")
     (pid,) = secure_yarn.pids(victim.yarn_container_id, "iterreduce.yarn.container worker")
