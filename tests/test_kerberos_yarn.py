@@ -305,3 +305,5 @@ def test_a_job_submitted_with_a_keytab_outlives_its_delegation_tokens(short_live
     staged = [p for p in fs.get_file_info(pafs.FileSelector(f"/user/{user}/.skein", recursive=True))
               if p.base_name == cluster.user_keytab.name]
     assert not staged, staged
+    beside = [p.base_name for p in fs.get_file_info(pafs.FileSelector(f"/user/{user}/.skein", recursive=True))]
+    assert "job.json" in beside and "skein.jar" in beside, beside  # skein's own staged files: not ours to delete
