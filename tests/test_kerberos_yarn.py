@@ -106,8 +106,16 @@ def test_a_job_submitted_with_a_ticket_runs_on_delegation_tokens_alone(secure_ya
 
     code, out, _ = dbn(capsys, "status", app_id)
     assert code == 0 and f"{app_id}: FINISHED (SUCCEEDED)" in out
-    code, logs, _ = dbn(capsys, "logs", app_id)
-    assert code == 0 and "working as worker-0" in logs and "working as worker-1" in logs
+    deadline = time.monotonic() + 60
+    while True:  # aggregation to HDFS follows the application's end
+        code, logs, err = dbn(capsys, "logs", app_id)
+        if code == 0 and "working as worker-1" in logs or time.monotonic() > deadline:
+            break
+        time.sleep(2)
+    assert code == 0, err
+    for text in ("attempt 1 serving 2 shards", "working as worker-0", "working as worker-1", "outputs written"):
+        assert text in logs, text
+    assert app_id in cluster.run("hdfs", "dfs", "-ls", "-R", "/tmp/logs").stdout  # aggregated on the secured HDFS
     assert "using the master's HDFS delegation tokens" not in logs  # a ticket-cache job keeps its submission's
 
 
@@ -137,6 +145,14 @@ def test_a_worker_and_then_the_application_master_killed_on_the_secured_cluster(
     records = secure_yarn.hdfs_json_lines(f"/user/{cluster.principal.split('@')[0]}/faults/log.jsonl")
     events = [r.get("event") for r in records]  # the second attempt's log: it starts where the first stopped
     assert events.count("resumed") == 1 and records[-1]["event"] == "done", events
+    # Checkpoints are written while the next step computes: after step 7 the one after step 5 is complete.
+    resumed = next(r for r in records if r.get("event") == "resumed")
+    assert resumed["step"] >= 6, resumed
+    step_records = [r for r in records if "step" in r and "phase" in r]
+    steps = [r["step"] for r in step_records]
+    assert steps[0] == resumed["step"] and steps[-1] == step_records[-1]["of"] - 1  # only what was left
+    assert records[-2]["event"] == "checkpoint"
+    assert any(p.name.endswith("_02_000001") for p in cluster.dir.glob(f"cluster/**/{app_id}/container_*"))
     registered = [r["worker"] for r in records if r.get("event") == "worker_registered"]
     assert {w.split("#")[0] for w in registered} == {"worker-0", "worker-1"}, registered
 
@@ -149,10 +165,17 @@ def test_status_the_live_page_through_the_secured_proxy_and_kill(secure_yarn, tm
     output = user_uri(secure_yarn.hadoop, "live")
     app_id = submit(capsys, python_job(tmp_path, output, epochs=200))
     secure_yarn.wait_step(app_id, 2)
+    code, out, _ = dbn(capsys, "status", app_id, "--json")
+    status = json.loads(out)
+    assert code == 0 and status["state"] == "RUNNING" == str(secure_yarn.report(app_id).state)
+    assert 0 < status["progress"] <= 1 and status["record"]["phase"] == "pretrain"
     code, out, _ = dbn(capsys, "status", app_id)
-    assert code == 0 and f"{app_id}: RUNNING" in out and "superstep" in out, out
+    assert code == 0 and f"{app_id}: RUNNING" in out and "superstep" in out and "pretrain layer 0" in out, out
     page = next(line.split()[-1] for line in out.splitlines() if "live view:" in line)
+    assert page == status["live_view"] and page.endswith("/training/")
     assert page.startswith(f"http://{secure_yarn.hadoop.rm_web}/proxy/{app_id}/")
+    code, out, _ = dbn(capsys, "logs", app_id)  # a running application: the NodeManager serves its logs
+    assert code == 0 and "serving 2 shards" in out, out[-2000:]
 
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(page, timeout=60)
@@ -171,6 +194,8 @@ def test_status_the_live_page_through_the_secured_proxy_and_kill(secure_yarn, tm
     assert str(report.state) == "KILLED"
     code, out, _ = dbn(capsys, "status", app_id)
     assert code == 0 and f"{app_id}: KILLED" in out
+    code, _, err = dbn(capsys, "status", "application_1_9999")
+    assert code == 2 and "application_1_9999: no such application" in err
 
 
 def test_shard_and_predict_read_and_write_the_secured_hdfs_from_the_submitting_machine(secure_yarn, tmp_path, capsys):

@@ -2,8 +2,10 @@
 and NodeManager whose containers are real processes, skein's own Java driver and application
 master, and a real HDFS holding the shards, checkpoints, logs and model. Nothing is stood in for.
 
-Faults are real too: a worker's process and the application master's container are killed
-with SIGKILL, and YARN and skein do what they do on a cluster.
+Faults are real too: the application master's container is killed with SIGKILL, and YARN and
+skein do what they do on a cluster. A killed worker, a killed master that resumes, `dbn status`,
+`dbn logs` and `dbn kill` are tested on the Kerberos-secured cluster (tests/test_kerberos_yarn.py),
+where they must also work with delegation tokens alone.
 """
 
 from __future__ import annotations
@@ -155,48 +157,6 @@ def test_the_run_path_on_yarn_tests_the_model_and_writes_the_report_locally(yarn
     assert not [r for r in seen if r.get("event") == "exchange_failed"]
 
 
-def test_a_worker_killed_with_sigkill_is_restarted_and_rejoins_with_its_shards(yarn, env_archive, tmp_path, capsys):
-    output = yarn.hadoop.uri("/user/test/killed-worker")
-    app_id = submit(capsys, job_file(tmp_path, output, env=env_archive, epochs=8))
-    yarn.wait_step(app_id, 3)  # layer 1's pre-training is under way
-    victim = next(c for c in yarn.containers(app_id) if c.id == "worker_0")
-    pids = yarn.pids(victim.yarn_container_id, "iterreduce.yarn.container worker")
-    assert len(pids) == 1, pids
-    os.kill(pids[0], signal.SIGKILL)
-
-    report = yarn.wait(app_id)
-    assert str(report.final_status) == "SUCCEEDED", (report.diagnostics, yarn.node_logs(app_id))
-    # skein started a new container (new instance index); it claimed the dead one's slot and shards.
-    records = yarn.hdfs_json_lines("/user/test/killed-worker/log.jsonl")
-    registered = [r["worker"] for r in records if r.get("event") == "worker_registered"]
-    assert len(registered) == 3 and {w.split("#")[0] for w in registered} == {"worker-0", "worker-1"}, registered
-    assert any(r.get("event") == "worker_lost" for r in records), [r.get("event") for r in records if "event" in r]
-    assert records[-1]["event"] == "done"
-
-
-def test_a_killed_application_master_resumes_from_the_newest_checkpoint(yarn, env_archive, tmp_path, capsys):
-    output = yarn.hadoop.uri("/user/test/attempts")
-    app_id = submit(capsys, job_file(tmp_path, output, env=env_archive, epochs=10))
-    # Checkpoints are written while the next step computes: once step 5 is done, the checkpoint
-    # taken after step 3 (ckpt 4) is complete; the one after step 4 may still be on its way.
-    yarn.wait_step(app_id, 5)
-    am_container = f"container_{app_id.removeprefix('application_')}_01_000001"
-    groups = {os.getpgid(pid) for pid in yarn.pids(am_container, "com.anaconda.skein.ApplicationMaster")}
-    assert len(groups) == 1, groups  # the container's launch script and skein's JVM, in one process group
-    os.killpg(groups.pop(), signal.SIGKILL)  # the whole container: skein's AM and our master
-
-    report = yarn.wait(app_id, timeout=300)
-    assert str(report.final_status) == "SUCCEEDED", (report.diagnostics, yarn.node_logs(app_id))
-    records = yarn.hdfs_json_lines("/user/test/attempts/log.jsonl")
-    resumed = [r for r in records if r.get("event") == "resumed"]
-    assert len(resumed) == 1 and resumed[0]["step"] >= 4, resumed
-    step_records = [r for r in records if "step" in r and "phase" in r]
-    steps = [r["step"] for r in step_records]
-    assert steps[0] == resumed[0]["step"] and steps[-1] == step_records[-1]["of"] - 1  # only what was left
-    assert records[-1]["event"] == "done" and records[-2]["event"] == "checkpoint"
-    assert any(p.name.endswith("_02_000001") for p in yarn.hadoop.dir.glob(f"cluster/**/{app_id}/container_*"))
-
-
 # A new application attempt resumes only its own submission's checkpoints (issue 36, item 4). Before,
 # the second attempt resumed the newest checkpoint of the job (its fingerprint) in the folder, whoever
 # wrote it: a submission whose first attempt died before its own first checkpoint went on from an
@@ -275,31 +235,7 @@ def test_a_job_error_ends_the_application_failed_with_the_reason_in_status(yarn,
     assert code == 0 and "FINISHED (FAILED)" in out and "no 'label' column" in out
 
 
-# ------------------------------------------------------------------ status, logs, kill
-
-
-def test_status_follows_the_resourcemanager_and_kill_ends_the_job_killed(yarn, env_archive, tmp_path, capsys):
-    app_id = submit(capsys, job_file(tmp_path, yarn.hadoop.uri("/user/test/status"), env=env_archive, epochs=400))
-    yarn.wait_step(app_id, 2)
-    code, out, _ = dbn(capsys, "status", app_id, "--json")
-    status = json.loads(out)
-    report = yarn.report(app_id)
-    assert code == 0 and status["state"] == "RUNNING" == str(report.state)
-    assert 0 < status["progress"] <= 1 and status["record"]["phase"] == "pretrain"
-    code, out, _ = dbn(capsys, "status", app_id)
-    assert f"{app_id}: RUNNING" in out and "pretrain layer 0" in out
-    live_view = status["live_view"]
-    assert f"  live view: {live_view}" in out and f"/{app_id}/" in live_view and live_view.endswith("/training/")
-
-    code, out, _ = dbn(capsys, "logs", app_id)  # a running application: the NodeManager serves its logs
-    assert code == 0 and "serving 2 shards" in out, out[-2000:]
-
-    assert dbn(capsys, "kill", app_id)[0] == 0
-    assert str(yarn.wait(app_id, timeout=60).state) == "KILLED"
-    code, out, _ = dbn(capsys, "status", app_id)
-    assert "KILLED" in out
-    code, _, err = dbn(capsys, "status", "application_1_9999")
-    assert code == 2 and "application_1_9999: no such application" in err
+# ------------------------------------------------------------------ the live page
 
 
 @needs_browser
@@ -337,23 +273,6 @@ def test_the_live_page_is_reached_through_the_tracking_url_in_a_real_browser(yar
         driver.quit()
         dbn(capsys, "kill", app_id)
     assert str(yarn.wait(app_id, timeout=60).state) == "KILLED"
-
-
-def test_logs_of_a_finished_job_hold_the_master_and_every_worker(yarn, env_archive, tmp_path, capsys):
-    app_id = submit(capsys, job_file(tmp_path, yarn.hadoop.uri("/user/test/logs"), env=env_archive, epochs=2,
-                                     finetune=1))
-    assert str(yarn.wait(app_id).final_status) == "SUCCEEDED"
-    deadline = time.monotonic() + 60
-    while True:  # aggregation to HDFS follows the application's end
-        code, out, err = dbn(capsys, "logs", app_id)
-        if code == 0 and "working as worker-1" in out or time.monotonic() > deadline:
-            break
-        time.sleep(2)
-    assert code == 0, err
-    for text in ("attempt 1 serving 2 shards", "working as worker-0", "working as worker-1", "outputs written"):
-        assert text in out, text
-    aggregated = yarn.hadoop.run("hdfs", "dfs", "-ls", "-R", "/tmp/logs")
-    assert app_id in aggregated.stdout  # it came from the aggregated files on HDFS
 
 
 # ------------------------------------------------------------------ GPUs
