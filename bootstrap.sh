@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Set up (or refresh) the project's virtual environment in .venv.
 # Needs only Python >= 3.11 with venv and pip; downloads from PyPI.
-# Usage: bash bootstrap.sh [EXTRAS]   (default extras: test)
+# Usage: bash bootstrap.sh [EXTRAS]
+#   bash bootstrap.sh         the main job's needs: the package and matplotlib for dbn mnist's plots (extra "plots")
+#   bash bootstrap.sh test    the test suite's: the test extras, and as root Debian's chromium and MIT Kerberos
+#   other extras of pyproject.toml, comma-separated: notebook, gpu, bench, hdfs, dev
 set -euo pipefail
 cd "$(dirname "$0")"
-extras="${1:-test}"
+extras="${1:-plots}"
 python="${PYTHON:-python3}"
 
 if [ ! -x .venv/bin/python ]; then
