@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow.fs as pafs
 
 from . import npzfile
-from .shards import filesystem, join, open_output_file
+from .filesystems import filesystem, join, open_output_file
 from .exceptions import CheckpointError
 
 log = logging.getLogger("iterreduce.checkpoint")

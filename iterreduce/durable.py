@@ -10,7 +10,7 @@ whole, and a crash or an error while writing leaves the earlier file as it was.
   name holds the old file or the new, never neither) moves it in, and the folder is fsynced so
   that the rename itself survives a power cut. (pyarrow's ``LocalFileSystem.move`` is the same
   ``rename(2)``: an existing file is replaced atomically.)
-- **HDFS through hdfs-native** (``hdfs://`` URIs, see :func:`iterreduce.shards.filesystem`):
+- **HDFS through hdfs-native** (``hdfs://`` URIs, see :func:`iterreduce.filesystems.filesystem`):
   the bytes are hsynced (every datanode of the write pipeline has them on disk) before the file
   is closed, and the move is the NameNode's rename with ``OVERWRITE``: one namespace operation,
   journaled before it returns, so a reader again finds the old file or the new, never neither.

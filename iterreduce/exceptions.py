@@ -27,6 +27,11 @@ class ShardError(DataError):
     """A shard that cannot be used: unreadable, empty, or of the wrong type or shape."""
 
 
+class TableError(IterReduceError, ValueError):
+    """A table source that cannot be used as written: an unknown key, a bad value, or a
+    filter expression that is not allowed. (What is wrong in the data is a ShardError.)"""
+
+
 class CheckpointError(IterReduceError, ValueError):
     """A checkpoint that is missing, unreadable or of another job."""
 
@@ -78,7 +83,7 @@ class OutputBusy(IterReduceError, RuntimeError):
 class OutputExists(ForeignFileError):
     """A file is already at the path a command was told to write (``dbn predict --out``), and
     the caller did not ask to replace it: refused before anything is computed, naming the file,
-    which is left byte for byte as it was (see :func:`iterreduce.shards.check_output_file`)."""
+    which is left byte for byte as it was (see :func:`iterreduce.filesystems.check_output_file`)."""
 
 
 class HadoopConfigError(IterReduceError, ValueError):

@@ -30,7 +30,7 @@ from typing import Callable
 from . import THREAD_VARS, checkpoint, ownership, runlog
 from .master import EXIT_DATA_ERROR, MasterConfig, new_run_id
 from .security import new_token
-from .shards import list_shards
+from .readers import list_shards
 from .exceptions import STOPPED_ON_BAD_DATA, LocalJobError, MasterKilled
 from .lifeline import LAUNCHER_PID
 from .worker import EXIT_MASTER_GONE

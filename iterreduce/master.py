@@ -45,7 +45,7 @@ from .program import MASTER_ONLY, MASTER_STATE, Program, Update, load_class, mas
 from .proto import iterreduce_pb2 as pb
 from .proto import iterreduce_pb2_grpc as pb_grpc
 from .security import TlsCredentials, TokenInterceptor, check_token, server_credentials
-from .shards import shard_info
+from .readers import shard_info
 from .webui import ViewServer
 from .exceptions import DataError, IterReduceError, JobFailed
 

@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from .exceptions import ForeignFileError, OutputBusy
+from .filesystems import open_output_file
 
 #: The lock file in a run's output folder (see the module docstring).
 LOCK_NAME = ".iterreduce.lock"
@@ -299,12 +300,11 @@ def remove_owned(folder) -> bool:
 
 def create_exclusive(fs: pafs.FileSystem, path: str, data: bytes) -> bool:
     """Create the file ``path`` holding ``data`` only if nothing is there; returns False when a
-    file is already there. The file appears whole, by :func:`~iterreduce.shards.open_output_file`
+    file is already there. The file appears whole, by :func:`~iterreduce.filesystems.open_output_file`
     without overwrite (:func:`~iterreduce.durable.place_new`): atomic among all clients on HDFS
     (the NameNode's rename without OVERWRITE) and on local disk (``link(2)``); elsewhere a look,
     then a move."""
     from .exceptions import OutputExists
-    from .shards import open_output_file  # (shards imports this module)
 
     try:
         with open_output_file(path, resolve=lambda _: (fs, path), overwrite=False) as f:
@@ -336,7 +336,6 @@ def read_manifest(fs: pafs.FileSystem, path: str) -> dict:
 
 
 def _write_manifest(fs: pafs.FileSystem, path: str, manifest: dict) -> None:
-    from .shards import open_output_file  # (shards imports this module)
 
     text = json.dumps({"written_by": "iterreduce", "files": dict(sorted(manifest["files"].items())),
                        "notes": manifest.get("notes", {})}, indent=1).encode()
@@ -446,7 +445,6 @@ class RemoteLock:
 
     def name_holder(self, **fields) -> None:
         """Add ``fields`` (e.g. ``app_id``: the job that now holds the folder) to the lock file."""
-        from .shards import open_output_file  # (shards imports this module)
 
         if not self._is_mine():
             raise OutputBusy(f"{self.path}: the lock of this output folder is no longer this submission's")
@@ -512,7 +510,6 @@ def remote_claimed(fs: pafs.FileSystem, path: str) -> set[str]:
 
 def remote_claim(fs: pafs.FileSystem, path: str, names) -> None:
     """Record in remote folder ``path``'s run record that a run (holding its lock) writes ``names``."""
-    from .shards import open_output_file  # (shards imports this module)
 
     target = _join(path, RECORD_NAME)
     data = {"written_by": "iterreduce", "claimed": sorted(remote_claimed(fs, path) | set(names))}

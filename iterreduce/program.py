@@ -170,9 +170,9 @@ class WorkerProgram(ABC):
 
     def load_shard(self, uri: str, index: int):
         """This worker's copy of shard ``index``: by default read whole into memory
-        (:func:`iterreduce.shards.read_shard`). A program whose data may not fit returns
-        :func:`iterreduce.shards.spill_shard`'s streamed copy instead."""
-        from .shards import read_shard
+        (:func:`iterreduce.readers.read_shard`). A program whose data may not fit returns
+        :func:`iterreduce.readers.spill_shard`'s streamed copy instead."""
+        from .readers import read_shard
 
         return read_shard(uri, index)
 
@@ -180,7 +180,7 @@ class WorkerProgram(ABC):
     def run(self, step: Step, parameters: Arrays, shard, seed: int) -> Update:
         """Compute this shard's update for ``step`` from ``parameters``.
 
-        ``shard`` is a :class:`iterreduce.shards.ShardData` (features, labels, index).
+        ``shard`` is a :class:`iterreduce.readers.ShardData` (features, labels, index).
         Raise :class:`~iterreduce.exceptions.DataError` for data that cannot be used: the
         job then stops with its message (it is not retried in a new process).
         """

@@ -1,6 +1,6 @@
 """Tables as Spark and Hive write them, read in place: a directory of Parquet or ORC files,
 hive-partitioned (``year=2024/country=NL/part-...``) or not, or one file, at any URI
-:func:`~iterreduce.shards.filesystem` reaches (plain paths, ``file://``, ``hdfs://``, ``s3://``).
+:func:`~iterreduce.filesystems.filesystem` reaches (plain paths, ``file://``, ``hdfs://``, ``s3://``).
 
 The steps, one function each:
 
@@ -9,8 +9,8 @@ The steps, one function each:
 - :func:`pieces` cuts the table into work units (a Parquet row group, or an ORC file), plain
   data a master can send, and :func:`assign` balances them among workers by rows;
 - :func:`read_piece` reads one as float32 features (rows x features) and int64 classes;
-- :func:`label_classes` builds the :class:`LabelMap` from the label column, and
-  :class:`FeatureStats` gathers mergeable per-feature statistics for a :class:`Scaler`.
+- :func:`label_classes` builds the :class:`~iterreduce.labels.LabelMap` from the label column;
+- :class:`TableShard`, a worker's share of the pieces, is the reader of a ``.table.json`` URI.
 
 Errors found in the data (a missing or non-numeric column, a null, a ragged array) are
 :class:`~iterreduce.exceptions.ShardError` naming the file, column and row; errors in the
@@ -26,6 +26,7 @@ import difflib
 import fnmatch
 import functools
 import heapq
+import json
 import keyword
 import operator
 from dataclasses import dataclass
@@ -35,8 +36,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from .exceptions import IterReduceError, ShardError
-from .shards import TABLE_SHARD_SUFFIX, filesystem, is_table_shard, open_output_file
+from .exceptions import ShardError, TableError
+from .filesystems import filesystem, open_output_file
+from .labels import LabelMap, is_label_type, label_values
 
 FORMATS = ("parquet", "orc")
 #: Names of Spark's and Hadoop's side files and folders (_SUCCESS, _committed_*, _started_*,
@@ -49,11 +51,6 @@ VECTOR_FIELDS = frozenset({"type", "size", "indices", "values"})
 #: What pyarrow raises when an expression does not fit the table's types.
 EXPRESSION_ERRORS = (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid)
 ROW = "__row_in_file"  # the column read_piece adds: each row's index in its file, for errors
-
-
-class TableError(IterReduceError, ValueError):
-    """A table source that cannot be used as written: an unknown key, a bad value, or a
-    filter expression that is not allowed. (What is wrong in the data is a ShardError.)"""
 
 
 # ------------------------------------------------------------------ the source
@@ -439,24 +436,9 @@ def _feature_kind(type_: pa.DataType) -> str | None:
     return None
 
 
-def _is_label_type(type_: pa.DataType) -> bool:
-    if pa.types.is_dictionary(type_):  # categorical: judged by its values
-        type_ = type_.value_type
-    return (pa.types.is_integer(type_) or pa.types.is_boolean(type_) or pa.types.is_string(type_)
-            or pa.types.is_large_string(type_))
-
-
-def _label_values(column: pa.Array) -> pa.Array:
-    """A label column's values as classes are made of: a categorical one decoded, booleans
-    (a yes/no outcome) as the integers 0 and 1, as NumPy reads them from a .npz."""
-    if pa.types.is_dictionary(column.type):
-        column = column.dictionary_decode()
-    return column.cast(pa.int64()) if pa.types.is_boolean(column.type) else column
-
-
 def _check_label(schema: pa.Schema, name: str, where: str, found_in=lambda name: "") -> None:
     type_ = _column_type(schema, name, where)
-    if not _is_label_type(type_):
+    if not is_label_type(type_):
         found = found_in(name)
         raise ShardError(f"{where}: label column {name!r} is {type_}{f' ({found})' if found else ''}: "
                          f"labels must be integers, strings or booleans (one value per class)")
@@ -765,73 +747,6 @@ def _type_width(schema: pa.Schema, names: list[str]) -> int:
 # ------------------------------------------------------------------ labels
 
 
-@dataclass(frozen=True)
-class LabelMap:
-    """The classes of a label column, sorted; class i is ``classes[i]``. Integer labels
-    0..K-1 are their own classes; other values map to their place in the sorted classes."""
-
-    classes: tuple
-
-    def __post_init__(self):
-        classes = tuple(self.classes)
-        object.__setattr__(self, "classes", classes)
-        if not classes:
-            raise TableError("label classes: none (an empty label column?)")
-        ints = all(isinstance(c, int) and not isinstance(c, bool) for c in classes)
-        if not ints and not all(isinstance(c, str) for c in classes):
-            raise TableError(f"label classes must be all integers or all strings, got {list(classes)[:10]!r}")
-        if any(a >= b for a, b in zip(classes, classes[1:])):
-            raise TableError("label classes must be sorted and distinct")
-
-    def __len__(self) -> int:
-        return len(self.classes)
-
-    @property
-    def _type(self) -> pa.DataType:
-        return pa.string() if isinstance(self.classes[0], str) else pa.int64()
-
-    def encode(self, values, where: str = "labels") -> np.ndarray:
-        """The int64 class of each value (a pyarrow or NumPy array, or a list); a value that is
-        not a class, or a null, raises :class:`ShardError` naming it."""
-        if isinstance(values, pa.ChunkedArray):
-            values = values.combine_chunks()
-        if not isinstance(values, pa.Array):
-            values = pa.array(np.asarray(values).tolist() if isinstance(values, np.ndarray) else values)
-        values = _label_values(values)
-        strings = isinstance(self.classes[0], str)
-        if len(values) and not (_is_label_type(values.type) and strings != pa.types.is_integer(values.type)):
-            raise ShardError(f"{where}: labels of type {values.type}, but the classes are "
-                             f"{'strings' if strings else 'integers'}")
-        found = pc.index_in(values.cast(self._type), value_set=pa.array(self.classes, self._type))
-        if found.null_count:
-            first = int(np.argmax(found.is_null().to_numpy(zero_copy_only=False)))
-            raise ShardError(f"{where}: label {values[first].as_py()!r} (at {first}) is not one of the "
-                             f"{len(self)} classes {_some_classes(self.classes)}")
-        return found.to_numpy().astype(np.int64)
-
-    def decode(self, indices) -> np.ndarray:
-        """The label value of each class index (the inverse of :meth:`encode`)."""
-        indices = np.asarray(indices)
-        if indices.size and (indices.dtype.kind not in "iu" or indices.min() < 0 or indices.max() >= len(self)):
-            raise TableError(f"class indices must be integers in 0..{len(self) - 1}")
-        return np.asarray(self.classes)[indices]
-
-    def to_dict(self) -> dict:
-        """JSON-friendly: ``{"classes": [...]}``."""
-        return {"classes": list(self.classes)}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> LabelMap:
-        """The map :meth:`to_dict` wrote."""
-        if not isinstance(d, dict) or set(d) != {"classes"} or not isinstance(d["classes"], list):
-            raise TableError(f"label map: expected {{'classes': [...]}}, got {d!r}")
-        return cls(tuple(d["classes"]))
-
-
-def _some_classes(classes: tuple, shown: int = 10) -> str:
-    return repr(list(classes[:shown]))[:-1] + (", ...]" if len(classes) > shown else "]")
-
-
 def label_classes(source: TableSource, dataset: ds.FileSystemDataset | None = None) -> LabelMap:
     """The :class:`LabelMap` of ``source``'s label column over the rows its filter keeps, read
     in one pass over that column alone; a null label raises, naming the file and the row."""
@@ -846,7 +761,7 @@ def label_classes(source: TableSource, dataset: ds.FileSystemDataset | None = No
         table = _read_rows(source, piece, fragment, schema, [source.label])
         column = _non_null(table.column(source.label).combine_chunks(), source.label, piece.path,
                            table.column(ROW).to_numpy())
-        classes.update(pc.unique(_label_values(column)).to_pylist())
+        classes.update(pc.unique(label_values(column)).to_pylist())
     if not classes:  # not a null among them (that raised): no rows
         raise ShardError(f"{source.uri}: no row passes the filter {source.filter!r}" if source.filter
                          else f"{source.uri}: the table has no rows")
@@ -857,158 +772,79 @@ def label_classes(source: TableSource, dataset: ds.FileSystemDataset | None = No
                          f"strings in others") from None
 
 
-# ------------------------------------------------------------------ statistics and scaling
-
-
-@dataclass(eq=False)
-class FeatureStats:
-    """Per-feature count, min, max, sum and sum of squares (float64), gathered a block of rows
-    at a time (:meth:`update`) and mergeable (:meth:`merge`): per-worker partials add up to
-    the statistics of the whole table."""
-
-    count: int
-    min: np.ndarray
-    max: np.ndarray
-    sum: np.ndarray
-    sum_sq: np.ndarray
-
-    @classmethod
-    def empty(cls, n_features: int) -> FeatureStats:
-        """Statistics of no rows yet."""
-        return cls(0, np.full(n_features, np.inf), np.full(n_features, -np.inf),
-                   np.zeros(n_features), np.zeros(n_features))
-
-    @classmethod
-    def of(cls, X: np.ndarray) -> FeatureStats:
-        """The statistics of the rows of ``X``."""
-        return cls.empty(np.shape(X)[1]).update(X)
-
-    @property
-    def n_features(self) -> int:
-        return len(self.sum)
-
-    def update(self, block: np.ndarray) -> FeatureStats:
-        """Add the rows of ``block`` (rows x features); returns self."""
-        block = np.asarray(block, dtype=np.float64)
-        if block.ndim != 2 or block.shape[1] != self.n_features:
-            raise TableError(f"feature statistics: a block of shape {block.shape}, expected rows x {self.n_features}")
-        if len(block):
-            self.count += len(block)
-            np.minimum(self.min, block.min(axis=0), out=self.min)
-            np.maximum(self.max, block.max(axis=0), out=self.max)
-            self.sum += block.sum(axis=0)
-            self.sum_sq += np.einsum("ij,ij->j", block, block)
-        return self
-
-    def merge(self, other: FeatureStats) -> FeatureStats:
-        """The statistics of the rows of both (new; neither is changed)."""
-        if other.n_features != self.n_features:
-            raise TableError(f"feature statistics: cannot merge {other.n_features} features into {self.n_features}")
-        return FeatureStats(self.count + other.count, np.minimum(self.min, other.min), np.maximum(self.max, other.max),
-                            self.sum + other.sum, self.sum_sq + other.sum_sq)
-
-    @property
-    def mean(self) -> np.ndarray:
-        return self.sum / self._rows()
-
-    @property
-    def std(self) -> np.ndarray:
-        """The population standard deviation. From sums of squares: for features whose mean is
-        far larger than their spread (e.g. 1e8 +- 1), rounding swamps it."""
-        return np.sqrt(np.maximum(self.sum_sq / self._rows() - self.mean ** 2, 0.0))
-
-    def _rows(self) -> int:
-        if self.count == 0:
-            raise TableError("feature statistics of no rows")
-        return self.count
-
-    def min_max_scaler(self) -> Scaler:
-        """Maps each feature's [min, max] to [0, 1]; a constant feature to 0."""
-        self._rows()
-        span = self.max - self.min
-        return Scaler("min_max", self.min.copy(), np.divide(1.0, span, out=np.zeros_like(span), where=span > 0))
-
-    def standardizer(self) -> Scaler:
-        """Maps each feature to mean 0, standard deviation 1; a constant feature to 0."""
-        std = self.std
-        return Scaler("standard", self.mean, np.divide(1.0, std, out=np.zeros_like(std), where=std > 0))
-
-    def to_dict(self) -> dict:
-        """JSON-friendly (min and max are None for no rows, as JSON has no infinity)."""
-        return {"count": self.count, "min": self.min.tolist() if self.count else None,
-                "max": self.max.tolist() if self.count else None,
-                "sum": self.sum.tolist(), "sum_sq": self.sum_sq.tolist()}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> FeatureStats:
-        """The statistics :meth:`to_dict` wrote."""
-        stats = cls.empty(len(d["sum"]))
-        if d["count"]:
-            stats.min[:], stats.max[:] = d["min"], d["max"]
-        stats.count = d["count"]
-        stats.sum[:], stats.sum_sq[:] = d["sum"], d["sum_sq"]
-        return stats
-
-
-@dataclass(eq=False)
-class Scaler:
-    """``x -> (x - offset) * scale`` per feature, in float32: saved with a model
-    (:meth:`to_dict`) so new data is scaled as the training data was."""
-
-    kind: str            # "min_max" or "standard": what made it
-    offset: np.ndarray
-    scale: np.ndarray
-
-    def transform(self, X: np.ndarray) -> np.ndarray:
-        """``X`` (rows x features) scaled, as float32. Computed in float64 and rounded once, so a
-        min-max scaler maps its training data into [0, 1] exactly (in float32 the maximum could
-        land one step above 1); it clips new data beyond the training range to [0, 1], the
-        range Bernoulli units take."""
-        X = np.asarray(X)
-        if X.ndim != 2 or X.shape[1] != len(self.offset):
-            raise TableError(f"{self.kind} scaler: data of shape {X.shape}, expected rows x {len(self.offset)}")
-        scaled = (X.astype(np.float64) - self.offset) * self.scale
-        if self.kind == "min_max":
-            np.clip(scaled, 0.0, 1.0, out=scaled)
-        return scaled.astype(np.float32)
-
-    def to_dict(self) -> dict:
-        """JSON-friendly: kind, offset, scale."""
-        return {"kind": self.kind, "offset": self.offset.tolist(), "scale": self.scale.tolist()}
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Scaler:
-        """The scaler :meth:`to_dict` wrote."""
-        return cls(d["kind"], np.asarray(d["offset"], np.float64), np.asarray(d["scale"], np.float64))
-
 
 # ------------------------------------------------------------------ a worker's share of a table
 
 
-
 @dataclass(frozen=True)
 class TableShard:
-    """One worker's share of a table, read in place: the source, its pieces, and what turns
-    the rows into training data (the label map and the feature scaler, the same for every
-    share). Saved as a small JSON file whose URI the runtime hands out like a Parquet shard's
-    (:func:`iterreduce.shards.read_shard` and the rest read either)."""
+    """One worker's share of a table, read in place: the source, its pieces, and the label
+    classes (the same for every share). Saved as a small JSON file whose URI the runtime hands
+    out like a Parquet shard's: it is the :class:`iterreduce.readers.ShardReader` of a
+    ``.table.json`` URI."""
 
     source: TableSource           # resolved (:func:`resolve`): a glob names the same columns everywhere
     pieces: tuple[Piece, ...]
     n_features: int
     classes: LabelMap | None = None
-    scaler: Scaler | None = None  # applied by blocks(); a distributed job's shares have none (its workers scale)
+    uri: str = dataclasses.field(default="", compare=False)  # where it was saved, for errors (not saved)
+
+    suffix = ".table.json"  # how a share's URI ends
+
+    @classmethod
+    def open(cls, uri: str) -> TableShard:
+        """The share saved at ``uri``; a file that is not one raises :class:`ShardError`."""
+        fs, path = filesystem(uri)
+        try:
+            with fs.open_input_stream(path) as f:
+                return dataclasses.replace(cls.from_dict(json.loads(f.read())), uri=uri)
+        except (OSError, pa.ArrowException) as exc:
+            raise ShardError(f"{uri}: cannot read the table shard: {exc}") from exc
+        except (ValueError, KeyError, TypeError) as exc:  # not JSON, or not a table shard's fields
+            raise ShardError(f"{uri}: not a table shard ({type(exc).__name__}: {exc})") from exc
+
+    def save(self, uri: str) -> None:
+        """Write the share to ``uri`` (a name ending in :attr:`suffix`), on any file system."""
+        with open_output_file(uri) as f:
+            f.write(json.dumps(self.to_dict()).encode())
 
     @property
     def rows(self) -> int:
         """The rows of the pieces as stored (a filter on stored columns may keep fewer)."""
         return sum(p.rows for p in self.pieces)
 
-    def blocks(self):
-        """``(scaled float32 features, int64 classes or None)`` for each piece in turn."""
+    def describe(self) -> dict:
+        """The reader's description (:meth:`iterreduce.readers.ShardReader.describe`): raw rows
+        have no footer range to check; the label ``classes`` and feature ``columns`` are the
+        share's, which the model keeps."""
+        if self.rows == 0:
+            raise ShardError(f"{self.uri}: shard is empty")
+        return {"uri": self.uri, "rows": self.rows, "features": self.n_features, "labels": self.source.label is not None,
+                "ranges": {"features": None, "label": None if self.classes is None else (0, len(self.classes) - 1)},
+                "classes": None if self.classes is None else self.classes.to_dict(),
+                "columns": list(self.source.features)}
+
+    def read(self, n_features: int | None, need_labels: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """Every row that passes the filter: float32 features and int64 classes (or None)."""
+        blocks = list(self.blocks(n_features, need_labels))
+        features = np.concatenate([values for values, _ in blocks])
+        labels = None if blocks[0][1] is None else np.concatenate([block_labels for _, block_labels in blocks])
+        return features, labels
+
+    def blocks(self, n_features: int | None = None, need_labels: bool = False):
+        """``(float32 features, int64 classes or None)`` for each piece with rows, in turn."""
+        if need_labels and self.source.label is None:
+            raise ShardError(f"{self.uri}: the table source names no label column, but this job needs labels")
+        if n_features is not None and n_features != self.n_features:
+            raise ShardError(f"{self.uri}: {self.n_features} features per row, expected {n_features}")
+        found = 0
         for piece in self.pieces:
             X, y = read_piece(self.source, piece, classes=self.classes, n_features=self.n_features)
-            yield (self.scaler.transform(X) if self.scaler is not None else X), y
+            if len(X):
+                yield X, y
+                found += len(X)
+        if found == 0:
+            raise ShardError(f"{self.uri}: shard is empty (no row of its pieces passes the filter)")
 
     def labels(self) -> np.ndarray:
         """The classes of every row, reading the label column alone."""
@@ -1028,36 +864,10 @@ class TableShard:
         """JSON-friendly (what :meth:`from_dict` reads back)."""
         return {"source": self.source.to_dict(), "pieces": [p.to_dict() for p in self.pieces],
                 "n_features": self.n_features,
-                "classes": None if self.classes is None else self.classes.to_dict(),
-                "scaler": None if self.scaler is None else self.scaler.to_dict()}
+                "classes": None if self.classes is None else self.classes.to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict) -> TableShard:
         """The share :meth:`to_dict` wrote."""
         return cls(TableSource.from_dict(d["source"]), tuple(Piece.from_dict(p) for p in d["pieces"]),
-                   int(d["n_features"]), None if d["classes"] is None else LabelMap.from_dict(d["classes"]),
-                   None if d["scaler"] is None else Scaler.from_dict(d["scaler"]))
-
-
-def write_table_shard(uri: str, shard: TableShard) -> None:
-    """Write ``shard`` to ``uri`` (ending in :data:`TABLE_SHARD_SUFFIX`), on any file system."""
-    import json
-
-    if not is_table_shard(uri):
-        raise TableError(f"{uri}: a table shard's name ends in {TABLE_SHARD_SUFFIX!r}")
-    with open_output_file(uri) as f:
-        f.write(json.dumps(shard.to_dict()).encode())
-
-
-def read_table_shard(uri: str) -> TableShard:
-    """The :class:`TableShard` saved at ``uri``; a file that is not one raises :class:`ShardError`."""
-    import json
-
-    fs, path = filesystem(uri)
-    try:
-        with fs.open_input_stream(path) as f:
-            return TableShard.from_dict(json.loads(f.read()))
-    except (OSError, pa.ArrowException) as exc:
-        raise ShardError(f"{uri}: cannot read the table shard: {exc}") from exc
-    except (ValueError, KeyError, TypeError) as exc:  # not JSON, or not a table shard's fields
-        raise ShardError(f"{uri}: not a table shard ({type(exc).__name__}: {exc})") from exc
+                   int(d["n_features"]), None if d["classes"] is None else LabelMap.from_dict(d["classes"]))

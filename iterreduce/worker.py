@@ -23,7 +23,7 @@ from .proto import iterreduce_pb2 as pb
 from .proto import iterreduce_pb2_grpc as pb_grpc
 from .exceptions import DataError
 from .security import TlsCredentials, TokenError, check_token, metadata, open_channel
-from .shards import ShardData
+from .readers import ShardData
 
 log = logging.getLogger("iterreduce.worker")
 

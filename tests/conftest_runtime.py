@@ -220,7 +220,7 @@ def load_npz(path) -> dict[str, np.ndarray]:
 def simulate(program: str, program_config: dict, uris: list[str], seed: int = 0) -> dict[str, np.ndarray]:
     """Run ``program`` sequentially here: every shard every step, with the runtime's seeds and reduce,
     and the master's hooks (before_step, evaluate, after_step, finished)."""
-    from iterreduce.shards import shard_info
+    from iterreduce.readers import shard_info
     from iterreduce.program import load_class, shard_seed
 
     info = shard_info(uris)

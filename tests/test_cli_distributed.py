@@ -11,7 +11,7 @@ import pytest
 
 from dbn import DBN
 from dbn.cli import main
-from iterreduce.shards import list_shards, read_shard
+from iterreduce.readers import list_shards, read_shard
 
 from test_cli import HAVE_MNIST, N_CLASSES, N_FEATURES, REAL_MNIST, make_dataset, read_jsonl
 

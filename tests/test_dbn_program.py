@@ -10,7 +10,8 @@ from dbn import DBN
 from dbn.exceptions import DataError
 from dbn.jobs.program import DBNProgram
 from iterreduce.local import LocalJobError
-from iterreduce.shards import list_shards, shard_info, write_shards
+from iterreduce.readers import list_shards, shard_info
+from iterreduce.shards import write_shards
 
 
 @pytest.fixture(autouse=True)

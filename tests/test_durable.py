@@ -18,7 +18,7 @@ import pytest
 
 from dbn.model import persist
 from iterreduce import checkpoint, durable
-from iterreduce.shards import open_output_file
+from iterreduce.filesystems import open_output_file
 
 
 def write_with_open_output_file(path, data: bytes) -> None:

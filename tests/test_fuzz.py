@@ -2,7 +2,7 @@
 
 Three readers take bytes that nobody checked before them:
 
-- the Parquet shard reader (``iterreduce.shards.read_shard``) and the master's footer
+- the Parquet shard reader (``iterreduce.readers.read_shard``) and the master's footer
   check (``iterreduce.master.shard_info``): files built from random tables (valid
   shards, wrong column types, nulls, NaN/inf, ragged or zero-width lists, duplicate
   columns, random schemas), then maybe truncated, bit-flipped or overwritten;
@@ -63,7 +63,7 @@ from iterreduce import wire
 from iterreduce.exceptions import ShardError, WireError
 from iterreduce.master import shard_info
 from iterreduce.proto import iterreduce_pb2 as pb
-from iterreduce.shards import ShardData, read_shard
+from iterreduce.readers import read_shard, ShardData
 
 # ------------------------------------------------------------------ settings
 
@@ -502,7 +502,7 @@ def spill_and_read(path, index, n_features, need_labels):
     """:func:`spill_shard` to a scratch directory, its rows read back into memory."""
     import tempfile
 
-    from iterreduce.shards import ShardData, spill_shard
+    from iterreduce.readers import ShardData, spill_shard
 
     with tempfile.TemporaryDirectory() as scratch:
         spilled = spill_shard(path, scratch, index, n_features, need_labels)

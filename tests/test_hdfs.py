@@ -18,7 +18,10 @@ import pytest
 from iterreduce import checkpoint
 from iterreduce.checkpoint import CheckpointError
 from iterreduce.ownership import MANIFEST_NAME
-from iterreduce.shards import ShardError, list_shards, open_output_file, read_shard, write_shards
+from iterreduce.exceptions import ShardError
+from iterreduce.readers import list_shards, read_shard
+from iterreduce.filesystems import open_output_file
+from iterreduce.shards import write_shards
 
 pytestmark = pytest.mark.hdfs
 
@@ -118,7 +121,7 @@ def test_missing_shard_on_hdfs_is_a_shard_error_naming_the_uri(hdfs, base):
 
 
 def test_shard_info_and_labels_read_footers_and_one_column_on_hdfs(hdfs, base):
-    from iterreduce.shards import read_labels, shard_info
+    from iterreduce.readers import read_labels, shard_info
 
     uri, path = base
     X = np.random.default_rng(5).random((40, 7), dtype=np.float32)
@@ -317,7 +320,7 @@ def test_outputs_named_like_compressed_files_land_byte_for_byte(hdfs, base, tmp_
 def test_string_labels_keep_their_classes_on_hdfs(hdfs, base, tmp_path):
     """The classes of string labels travel in each shard's Parquet metadata (test_string_labels.py)."""
     from dbn.data.sharding import shard_dataset
-    from iterreduce.shards import shard_classes, shard_info
+    from iterreduce.readers import shard_classes, shard_info
 
     uri, _ = base
     X, y = _dataset(tmp_path)
@@ -479,7 +482,7 @@ def test_shards_on_hdfs_replace_only_the_set_their_manifest_lists(hdfs, base):
 def test_hdfs_create_if_absent_is_exclusive_and_the_lock_names_its_holder(hdfs, base):
     from iterreduce import ownership
     from iterreduce.exceptions import OutputBusy
-    from iterreduce.shards import filesystem
+    from iterreduce.filesystems import filesystem
 
     uri, path = base
     fs, _ = filesystem(uri)

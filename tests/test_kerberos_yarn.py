@@ -26,7 +26,7 @@ import pytest
 import skein
 
 from dbn.cli import main
-from iterreduce.shards import KEYTAB_LOGIN_VARS
+from iterreduce.filesystems import KEYTAB_LOGIN_VARS
 from yarnjobs import Yarn, job_file, shared_driver, upload
 
 pytestmark = [pytest.mark.kerberos, pytest.mark.yarn, pytest.mark.hdfs,

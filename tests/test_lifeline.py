@@ -14,7 +14,7 @@ PARENT = """
 import multiprocessing, sys, time
 from concurrent.futures import ProcessPoolExecutor
 from iterreduce.lifeline import follow_parent
-from iterreduce.shards import quiet_resource_tracker
+from iterreduce.readers import quiet_resource_tracker
 if __name__ == "__main__":
     quiet_resource_tracker()  # as shard_info does before it starts its helper
     pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=follow_parent)

@@ -31,7 +31,8 @@ from dbn.cli import main
 from iterreduce import ownership
 from iterreduce.exceptions import ForeignFileError, OutputBusy
 from iterreduce.local import prune_previous, set_aside
-from iterreduce.shards import list_shards, read_shard, write_shards
+from iterreduce.readers import list_shards, read_shard
+from iterreduce.shards import write_shards
 from test_cli import make_dataset
 from test_output_dir import job, train  # noqa: F401 (job: a fixture)
 

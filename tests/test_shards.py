@@ -7,7 +7,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from iterreduce.shards import ShardError, list_shards, read_shard, write_shards
+from iterreduce.exceptions import ShardError
+from iterreduce.readers import list_shards, read_shard
+from iterreduce.shards import write_shards
 
 
 def fixed_list(values: np.ndarray, width: int, type_=None):
@@ -244,7 +246,7 @@ def test_the_footer_reader_process_ends_with_the_process_that_started_it(tmp_pat
     from pathlib import Path
 
     (uri,) = write_shards(np.ones((4, 3), np.float32), None, str(tmp_path), 1)
-    script = ("import sys, time\nfrom iterreduce import shards\nshards.shard_info([sys.argv[1]])\n"
+    script = ("import sys, time\nfrom iterreduce import readers as shards\nshards.shard_info([sys.argv[1]])\n"
               "print(*shards._footer_reader._processes, flush=True)\ntime.sleep(60)\n")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.Popen([sys.executable, "-c", script, uri], stdout=subprocess.PIPE, text=True, env=env)

@@ -16,7 +16,8 @@ from dbn.jobs import memory
 from iterreduce import shards as shards_module
 from iterreduce.exceptions import ShardError
 from iterreduce.rowfile import RowFile, prefetch
-from iterreduce.shards import as_float32, read_shard, spill_shard, write_shards
+from iterreduce.shards import as_float32, write_shards
+from iterreduce.readers import read_shard, spill_shard
 
 DBN_PROGRAM = "dbn.jobs.program:DBNProgram"
 
@@ -186,7 +187,7 @@ def test_streaming_workers_train_the_one_process_model(tmp_path, small_blocks):
 
 def test_a_streamed_worker_keeps_only_the_data_and_the_newest_layer_on_disk(tmp_path, small_blocks, monkeypatch):
     from iterreduce.program import shard_seed
-    from iterreduce.shards import shard_info
+    from iterreduce.readers import shard_info
     from dbn.jobs.program import DBNProgram, DBNWorker
 
     monkeypatch.setenv("ITERREDUCE_LOCAL_DIR", str(tmp_path / "local"))

@@ -17,8 +17,10 @@ from conftest import MNIST_DIR
 from dbn import DBN
 from dbn.cli import main
 from dbn.data.table_data import read_table
-from iterreduce.shards import list_shards, read_shard, write_shards
-from iterreduce.tables import FeatureStats, read_table_shard
+from iterreduce.readers import list_shards, read_shard
+from iterreduce.shards import write_shards
+from iterreduce.scaling import FeatureStats
+from iterreduce.tables import TableShard
 
 # Spark ML's VectorUDT as Spark stores it in Parquet.
 VECTOR = pa.struct([pa.field("type", pa.int8(), nullable=False), pa.field("size", pa.int32()),
@@ -155,7 +157,7 @@ def test_a_spark_table_trains_in_place_and_the_model_predicts_its_raw_rows(tmp_p
         shares = list_shards(str(tmp_path / "out" / "shards"))
         assert len(shares) == 2 and all(uri.endswith(".table.json") for uri in shares)
         assert not list((tmp_path / "out").rglob("*.parquet"))
-        pieces = [p for uri in shares for p in read_table_shard(uri).pieces]
+        pieces = [p for uri in shares for p in TableShard.open(uri).pieces]
         assert len(pieces) == len({(p.path, p.row_group) for p in pieces})  # each row group once
         assert sum(p.rows for p in pieces) == len(rows["train"][1])
         assert abs(pieces_rows(shares[0]) - pieces_rows(shares[1])) <= 32  # balanced within a row group
@@ -167,7 +169,7 @@ def test_a_spark_table_trains_in_place_and_the_model_predicts_its_raw_rows(tmp_p
 
 
 def pieces_rows(uri: str) -> int:
-    return read_table_shard(uri).rows
+    return TableShard.open(uri).rows
 
 
 def test_the_table_gives_the_model_of_the_same_rows_converted_to_shards(tmp_path, unit_animals):
@@ -179,7 +181,7 @@ def test_the_table_gives_the_model_of_the_same_rows_converted_to_shards(tmp_path
     _, in_place = train(tmp_path / "in-place", root, 2, data='scale = "none"')
     converted = tmp_path / "converted"
     for i, uri in enumerate(list_shards(str(tmp_path / "in-place" / "out" / "shards"))):
-        X, y = read_table(read_table_shard(uri))  # the share's rows, classes mapped
+        X, y = read_table(TableShard.open(uri))  # the share's rows, classes mapped
         write_shards(X, y, str(converted), 1, prefix=f"part-{i:05d}")
         np.testing.assert_array_equal(read_shard(list_shards(str(converted))[i]).features, X)
     _, from_shards = train(tmp_path / "shards", root, 2, test=False, cluster=f'shards = "{converted}"')
@@ -299,7 +301,7 @@ def test_an_orc_table_trains_in_place_too(tmp_path):
     rows = write_animals(tmp_path / "orc-table", fmt="orc")
     result, model = train(tmp_path / "job", tmp_path / "orc-table", 2, data='format = "orc"')
     shares = list_shards(str(tmp_path / "job" / "out" / "shards"))
-    assert all(p.row_group is None for uri in shares for p in read_table_shard(uri).pieces)  # whole files
+    assert all(p.row_group is None for uri in shares for p in TableShard.open(uri).pieces)  # whole files
     assert result["test_error"] < 0.1
     X_test, y_test = rows["test"]
     assert np.mean(model.predict(X_test) != y_test) == pytest.approx(result["test_error"])

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from iterreduce.shards import ShardError, as_float32, write_shards
+from iterreduce.exceptions import ShardError
+from iterreduce.shards import as_float32, write_shards
 
 from .validation import DataError, check_features, check_labels, integer_labels, is_string_labels, label_indices
 
@@ -171,12 +172,12 @@ def load_shards(uri: str, *, limit: int | None = None, n_classes: int | None = N
                 unit_interval: bool = False, labels: bool = True):
     """``(X, y, classes)``: the features and class indices of every Parquet shard under ``uri``
     (a directory or URI), in order, and the label classes the shards were written with
-    (:func:`iterreduce.shards.shard_classes`), for training in one process on the shards a job
+    (:func:`iterreduce.readers.shard_classes`), for training in one process on the shards a job
     names; the first ``limit`` rows only. Each shard is checked as a worker would: a label
     outside ``0..n_classes-1``, or (with ``unit_interval``) a feature outside [0, 1], is an
     error naming its shard and row. ``labels=False`` (pre-training only) reads shards without
     labels too, and then gives ``y`` None."""
-    from iterreduce.shards import list_shards, read_shard, shard_classes
+    from iterreduce.readers import list_shards, read_shard, shard_classes
 
     uris = list_shards(uri)
     parts = [read_shard(shard, i, need_labels=labels) for i, shard in enumerate(uris)]
@@ -278,7 +279,7 @@ def predict_file(model, source: str, out: str, *, mnist_dir: str | None = None, 
     predictions where the file has labels."""
     import pyarrow as pa
 
-    from iterreduce.shards import check_output_file, open_output_file
+    from iterreduce.filesystems import check_output_file, open_output_file
 
     fmt = output_format(out)
     check_output_file(out, overwrite=overwrite)
@@ -308,7 +309,7 @@ def load_validation(uri: str, *, n_features: int, classes=None, scaler=None) -> 
     ready to score a model trained in this process: scaled by the training data's ``scaler``,
     checked to have ``n_features`` features and the training labels' ``classes`` (a LabelMap,
     None: class indices), as a distributed job checks it."""
-    from iterreduce.shards import describe_shard, read_shard, same_classes
+    from iterreduce.readers import describe_shard, read_shard, same_classes
 
     info = describe_shard(uri)
     part = read_shard(uri, 0, need_labels=True)

@@ -7,9 +7,11 @@ turns that into what training needs, with no copy of the data:
 - :func:`table_shards`: the table's pieces (Parquet row groups, ORC files) split among the
   workers, balanced by rows, each share saved as a small ``.table.json`` file that the
   runtime hands out like a Parquet shard (:class:`iterreduce.tables.TableShard`);
+- :func:`table_scaler`: the feature scaler from one pass over the rows (a distributed job
+  gathers the same statistics on its workers: :data:`STATS`);
 - :func:`read_table`: the whole table (or a test table with the same columns) in memory;
-- the label classes (:class:`~iterreduce.tables.LabelMap`) and the feature scaler
-  (:class:`~iterreduce.tables.Scaler`), computed once, are the same for every share and
+- the label classes (:class:`~iterreduce.labels.LabelMap`) and the feature scaler
+  (:class:`~iterreduce.scaling.Scaler`), computed once, are the same for every share and
   are saved with the model, so that it predicts from raw rows.
 """
 
@@ -19,10 +21,11 @@ import dataclasses
 
 import numpy as np
 
-from iterreduce.shards import join, shard_set
-from iterreduce.tables import (TABLE_SHARD_SUFFIX, FeatureStats, LabelMap, Scaler, TableShard, TableSource,
-                               assign, label_classes, open_dataset, pieces, read_piece, resolve,
-                               write_table_shard)
+from iterreduce.filesystems import join
+from iterreduce.labels import LabelMap
+from iterreduce.scaling import FeatureStats, Scaler, merged
+from iterreduce.shards import shard_set
+from iterreduce.tables import TableShard, TableSource, assign, label_classes, open_dataset, pieces, read_piece, resolve
 
 from .sharding import FEATURES_COLUMNS, PREDICTION_COLUMNS, RowsWriter, output_columns, output_format
 from .validation import DataError
@@ -84,34 +87,30 @@ STATS = ("input.count", "input.min", "input.max", "input.sum", "input.sum_sq")
 
 
 def stats_arrays(stats: FeatureStats) -> dict:
-    """``stats`` as the float64 arrays of :data:`STATS` (the count repeated per feature, so
-    that every array is reduced element by element)."""
-    return {"input.count": np.full(stats.n_features, float(stats.count)), "input.min": stats.min,
-            "input.max": stats.max, "input.sum": stats.sum, "input.sum_sq": stats.sum_sq}
+    """``stats`` as the float64 arrays of :data:`STATS` (:meth:`FeatureStats.arrays`, each reduced
+    element by element)."""
+    return {f"input.{name}": values for name, values in stats.arrays().items()}
 
 
 def merge_stats_arrays(parts: list[dict]) -> dict:
     """The :data:`STATS` arrays of all rows from each worker's (in shard order: the same bits every time)."""
-    return {"input.count": np.sum([p["input.count"] for p in parts], axis=0),
-            "input.min": np.minimum.reduce([p["input.min"] for p in parts]),
-            "input.max": np.maximum.reduce([p["input.max"] for p in parts]),
-            "input.sum": np.sum([p["input.sum"] for p in parts], axis=0),
-            "input.sum_sq": np.sum([p["input.sum_sq"] for p in parts], axis=0)}
+    return stats_arrays(merged([stats_from(part) for part in parts]))
+
+
+def stats_from(arrays: dict) -> FeatureStats:
+    """The statistics in the :data:`STATS` arrays of a job's parameters."""
+    return FeatureStats.from_arrays({name.removeprefix("input."): arrays[name] for name in STATS})
 
 
 def scaler_of(X, kind: str | None) -> Scaler | None:
     """The scaler of ``kind`` fitted on all rows of ``X`` in one pass (None: no scaling), with
     the same statistics and formula as the workers' gathered ones (:data:`STATS`)."""
-    return None if kind is None else scaler_from(stats_arrays(FeatureStats.of(X)), kind)
+    return None if kind is None else FeatureStats.of(X).scaler(kind)
 
 
 def scaler_from(arrays: dict, kind: str | None) -> Scaler | None:
     """The scaler of ``kind`` from merged :data:`STATS` arrays (None: no scaling)."""
-    if kind is None:
-        return None
-    stats = FeatureStats(int(arrays["input.count"][0]), arrays["input.min"], arrays["input.max"],
-                         arrays["input.sum"], arrays["input.sum_sq"])
-    return stats.min_max_scaler() if kind == "min_max" else stats.standardizer()
+    return None if kind is None else stats_from(arrays).scaler(kind)
 
 
 def _opened(data, test: bool = False, columns: tuple[str, ...] | None = None):
@@ -138,44 +137,45 @@ def table_layout(data) -> tuple[tuple[str, ...], int]:
     return source.features, _width(source, found)
 
 
-def prepare(data, visible: str, *, statistics: bool = True) -> TableShard:
-    """The whole table as one :class:`TableShard`: resolved columns, the pieces the filter
-    keeps, the label classes and (unless ``statistics=False``: a distributed job gathers them
-    on its workers) the feature scaler from one pass over the rows. Raises
-    :class:`~iterreduce.exceptions.ShardError` naming the file, column and row of bad data."""
+def open_table(data) -> TableShard:
+    """The whole training table as one :class:`TableShard`: resolved columns, the pieces the
+    filter keeps and the label classes. Raises :class:`~iterreduce.exceptions.ShardError`
+    naming the file, column and row of bad data."""
     source, dataset, found = _opened(data)
     classes = label_classes(source, dataset) if source.label is not None else None
-    n_features = _width(source, found)
-    if not statistics:
-        return TableShard(source, tuple(found), n_features, classes)
-    stats = _stats(source, found, n_features)
+    return TableShard(source, tuple(found), _width(source, found), classes)
+
+
+def table_scaler(table: TableShard, kind: str | None) -> Scaler | None:
+    """The scaler of ``kind`` (None: none) from one pass over the rows of ``table`` (features alone)."""
+    if kind is None:
+        return None
+    stats = _stats(table.source, table.pieces, table.n_features)
     if stats.count == 0:
-        raise DataError(f"{source.uri}: no row passes the filter {source.filter!r}")
-    return TableShard(source, tuple(found), n_features, classes, scaler_from(stats_arrays(stats), scale_kind(data, visible)))
+        raise DataError(f"{table.source.uri}: no row passes the filter {table.source.filter!r}")
+    return stats.scaler(kind)
 
 
-def table_shards(data, visible: str, workers: int, directory: str) -> list[str]:
+def table_shards(data, workers: int, directory: str) -> list[str]:
     """Split the table among ``workers`` (balanced by rows; fewer shares when it has fewer
     pieces) and save each share in ``directory``; returns their URIs in worker order. The
     shares hold raw rows: the workers gather the statistics that scale them (:data:`STATS`).
     ``directory`` is empty or holds shards written here (:func:`iterreduce.shards.shard_set`)."""
-    whole = prepare(data, visible, statistics=False)
+    whole = open_table(data)
     shares = [share for share in assign(list(whole.pieces), workers) if share]
-    names = [f"part-{i:05d}{TABLE_SHARD_SUFFIX}" for i in range(len(shares))]
+    names = [f"part-{i:05d}{TableShard.suffix}" for i in range(len(shares))]
     with shard_set(directory, names):  # replaces only shards written here (their manifest's), refuses others
         for name, share in zip(names, shares):
-            write_table_shard(join(directory, name), dataclasses.replace(whole, pieces=tuple(share)))
+            dataclasses.replace(whole, pieces=tuple(share)).save(join(directory, name))
     return [join(directory, name) for name in names]
 
 
-def read_table(shard: TableShard, *, scaled: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
-    """All rows of ``shard`` in memory: float32 features (scaled by its scaler unless
-    ``scaled=False``) and classes."""
-    blocks = list(shard.blocks()) if scaled else [read_piece(shard.source, p, classes=shard.classes,
-                                                             n_features=shard.n_features) for p in shard.pieces]
-    X = np.concatenate([X for X, _ in blocks]) if blocks else np.zeros((0, shard.n_features), np.float32)
-    y = None if shard.classes is None else np.concatenate([y for _, y in blocks])
-    return X, y
+def read_table(table: TableShard, scaler: Scaler | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """All rows of ``table`` in memory: float32 features (scaled by ``scaler`` where given) and classes."""
+    blocks = [read_piece(table.source, p, classes=table.classes, n_features=table.n_features) for p in table.pieces]
+    X = np.concatenate([X for X, _ in blocks]) if blocks else np.zeros((0, table.n_features), np.float32)
+    y = None if table.classes is None else np.concatenate([y for _, y in blocks])
+    return (X if scaler is None else scaler.transform(X)), y
 
 
 def raw_table_rows(data, columns: tuple[str, ...] | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -184,7 +184,7 @@ def raw_table_rows(data, columns: tuple[str, ...] | None = None) -> tuple[np.nda
     and the label column's values, for a model that scales and maps them itself
     (:func:`attach_inputs`). Errors name the file, column and row."""
     table = open_test_table(data, columns)
-    X, y = read_table(table, scaled=False)
+    X, y = read_table(table)
     return X, table.classes.decode(y)
 
 
@@ -225,7 +225,7 @@ def predict_table(model, data, out: str, *, table: str | None = None, filter: st
     where the table has the label column."""
     import pyarrow as pa
 
-    from iterreduce.shards import check_output_file, open_output_file
+    from iterreduce.filesystems import check_output_file, open_output_file
     from iterreduce.tables import read_columns
 
     fmt = output_format(out)

@@ -20,7 +20,8 @@ from typing import Callable
 
 from iterreduce import ownership
 from iterreduce.exceptions import ForeignFileError
-from iterreduce.shards import join, write_shards
+from iterreduce.filesystems import join
+from iterreduce.shards import write_shards
 
 from ..data.mnist import load_mnist
 from ..exceptions import UsageError

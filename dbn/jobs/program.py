@@ -24,8 +24,8 @@ import numpy as np
 from iterreduce.program import (MASTER_STATE, Program, Step, Update, WorkerProgram, block_momentum_average, master_side,
                                 weighted_average)
 from iterreduce.rowfile import RowFile, local_directory
-from iterreduce.tables import FeatureStats
-from iterreduce.shards import read_labels, read_shard, same_classes, shard_classes, shard_info, spill_shard
+from iterreduce.scaling import FeatureStats
+from iterreduce.readers import read_labels, read_shard, same_classes, shard_classes, shard_info, spill_shard
 
 from ..data.table_data import STATS, attach_inputs, merge_stats_arrays, scaler_from, stats_arrays
 from ..data.validation import UNIT_INTERVAL_HINT, check_features, check_labels, class_warnings, minibatch_warnings
@@ -283,7 +283,7 @@ class DBNProgram(Program):
 class DBNWorker(WorkerProgram):
     """Worker side: trains RBM layers and the network on its shards.
 
-    With ``config["stream"]`` a shard is copied to local disk (:func:`iterreduce.shards.spill_shard`)
+    With ``config["stream"]`` a shard is copied to local disk (:func:`iterreduce.readers.spill_shard`)
     and every layer's input stays there, read a few minibatches ahead: a worker's memory then
     no longer grows with its data (see :mod:`dbn.jobs.memory`). The rows, and so the model,
     are the same bits either way."""

@@ -41,14 +41,15 @@ import numpy as np
 from iterreduce import ownership, runlog
 from iterreduce.exceptions import MasterKilled
 from iterreduce.local import PREVIOUS, RUN_FILES, gpu_count, local_processes, prune_previous, run_local, set_aside
-from iterreduce.shards import (describe_shard, filesystem, join, list_shards, set_shard_note,
-                               shard_info, shard_note)
+from iterreduce.readers import describe_shard, list_shards, shard_info
+from iterreduce.filesystems import filesystem, join
+from iterreduce.shards import set_shard_note, shard_note
 
 from .. import __version__
 from ..data.sharding import (csv_columns, load_dataset, load_shards, load_source, load_validation, no_labels,
                               shard_dataset)
-from ..data.table_data import (attach_inputs, open_test_table, prepare, raw_table_rows, read_table, scaler_of,
-                               table_layout, table_shards)
+from ..data.table_data import (attach_inputs, open_table, open_test_table, raw_table_rows, read_table, scaler_of,
+                               table_layout, table_scaler, table_shards)
 from ..data.validation import check_features, class_warnings, counted, label_indices, minibatch_warnings
 from ..exceptions import ConfigError, DataError, ModelFileError, UsageError
 from ..model import flops
@@ -415,9 +416,10 @@ class InProcess:
         n_classes = spec.model.n_classes
         table = classes = None
         if spec.data.features is not None and not spec.cluster.shards:  # a table, read in place
-            table = prepare(spec.data, spec.model.visible)
+            table = open_table(spec.data)
+            scaler = table_scaler(table, spec.scaling())
             source = spec.data.train
-            X, y = read_table(table)
+            X, y = read_table(table, scaler)
             if y is None and spec.fine_tunes:
                 raise DataError(f"{source}: [data] label names no column, but fine-tuning needs labels "
                                 f"([model] finetune_epochs = 0 pre-trains only)")
@@ -436,7 +438,7 @@ class InProcess:
         if classes is not None:
             n_classes = n_classes or len(classes)
         if table is not None:  # a table's rows come scaled from read_table, its labels mapped
-            scaler, classes = table.scaler, table.classes
+            classes = table.classes
         else:
             scaler = scaler_of(X, spec.scaling())
             X = X if scaler is None else scaler.transform(X)
@@ -609,7 +611,7 @@ def local_shards(spec: JobSpec, out: Path, n_shards: int) -> str:
     # Another source's shards (written here: listed in their manifest) are replaced; a folder
     # holding anything else is refused untouched (iterreduce.shards.shard_set).
     if spec.data.features is not None:
-        table_shards(spec.data, spec.model.visible, n_shards, str(shards))
+        table_shards(spec.data, n_shards, str(shards))
     else:
         shard_dataset(spec.data.train, str(shards), n_shards, split="train", mnist_dir=spec.data.mnist_dir,
                       limit=spec.data.limit, label=spec.data.label, labels=spec.fine_tunes)

@@ -30,8 +30,9 @@ from skein.model import parse_memory
 
 from iterreduce import ownership
 from iterreduce.exceptions import ForeignFileError
-from iterreduce.shards import filesystem, join, list_shards, open_output_file, shard_info
-from iterreduce.tables import read_table_shard
+from iterreduce.filesystems import filesystem, join, open_output_file
+from iterreduce.readers import list_shards, shard_info
+from iterreduce.tables import TableShard
 from iterreduce.yarn import locality
 from iterreduce.yarn.envpack import pack_environment
 from iterreduce.yarn.spec import YarnOptions, build_spec
@@ -105,7 +106,7 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
         shards = join(output, "shards")
         if not dry_run:
             log(f"splitting the table {cfg.data.train} among {opts.workers} workers (its shares under {shards})")
-            uris = table_shards(cfg.data, cfg.model.visible, opts.workers, shards)
+            uris = table_shards(cfg.data, opts.workers, shards)
             hosts = table_hosts(uris)
     elif not shards:
         shards = join(output, "shards")
@@ -157,7 +158,7 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
 def table_hosts(uris: list[str]) -> dict[str, list[str]]:
     """``{share: [hosts]}`` for a table's shares: the hosts holding the blocks of the files
     its pieces are in, those with the most of its rows first (``{}`` off HDFS)."""
-    shares = {uri: read_table_shard(uri) for uri in uris}
+    shares = {uri: TableShard.open(uri) for uri in uris}
     files = {}
     for share in shares.values():
         parts = urlparse(share.source.uri)

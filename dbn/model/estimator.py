@@ -378,7 +378,7 @@ class DBN(Estimator):
         """Attach what turned the raw table into the training data, so that the model takes raw
         rows and answers in label values; returns self. Saved with the model (:meth:`save`).
 
-        scaler : iterreduce.tables.Scaler or None
+        scaler : iterreduce.scaling.Scaler or None
             Scales every row that :meth:`transform`, :meth:`predict_proba`, :meth:`predict` and
             :meth:`score` get, before the input checks: raw rows outside [0, 1] suit Bernoulli
             visible units when the scaler maps them into [0, 1]. Its width must be

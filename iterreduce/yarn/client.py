@@ -32,7 +32,7 @@ import skein
 
 from .. import kerberos
 from ..exceptions import STOPPED_ON_BAD_DATA, HadoopConfigError
-from ..shards import kerberos_login, keytab_login
+from ..filesystems import kerberos_login, keytab_login
 from . import KV_PROGRESS, KV_UI, YarnError
 
 
@@ -402,7 +402,7 @@ def _seconds_since_end(client: skein.Client, app_id: str) -> float | None:
 
 def _yarn_logs(app_id: str, timeout: float = 300) -> tuple[str | None, str]:
     """``yarn logs -applicationId APP``'s output, or None and why not. Hadoop's tool takes no keytab:
-    a client logged in with one (:func:`~iterreduce.shards.kerberos_login`) lends it a ticket from it,
+    a client logged in with one (:func:`~iterreduce.filesystems.kerberos_login`) lends it a ticket from it,
     in a ticket cache of its own (:func:`iterreduce.kerberos.keytab_ticket`)."""
     yarn = shutil.which("yarn")
     if yarn is None:

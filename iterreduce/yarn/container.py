@@ -41,7 +41,8 @@ import skein
 from ..exceptions import STOPPED_ON_BAD_DATA, DataError
 from ..master import JOB_ERRORS, JobFailed, Master, MasterConfig
 from ..security import TlsCredentials, from_skein, new_token
-from ..shards import filesystem, join, list_shards, open_output_file
+from ..filesystems import filesystem, join, open_output_file
+from ..readers import list_shards
 from . import KV_ADDRESS, KV_PROGRESS, KV_SLOT, KV_TOKEN, KV_UI
 from .tokens import KV_TOKENS, TokenRefresher, remove_staged_keytab
 from .tokens import follow as follow_tokens
@@ -101,7 +102,7 @@ def upload_outputs(local_out: Path, output_uri: str) -> list[str]:
     """Copy the master's output files (model, log, ...) to ``output_uri``; returns their URIs.
 
     Each is written under a hidden temporary name and moved onto its own only once whole
-    (:func:`~iterreduce.shards.open_output_file`): a crash or an error part-way leaves an
+    (:func:`~iterreduce.filesystems.open_output_file`): a crash or an error part-way leaves an
     earlier attempt's file as it was, never a truncated one."""
     fs, base = filesystem(output_uri)
     fs.create_dir(base, recursive=True)

@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 
 from .. import kerberos
 from ..exceptions import HadoopConfigError
-from ..shards import keytab_login
+from ..filesystems import keytab_login
 
 log = logging.getLogger("iterreduce.yarn")
 

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from .. import hadoopconf
 from ..exceptions import JobFailed
+from ..filesystems import filesystem
 
 log = logging.getLogger("iterreduce.yarn")
 
@@ -181,8 +182,6 @@ def remove_staged_keytab(app) -> str | None:
     skein's application master deletes its staging folder then, but not when the submission's
     tokens have expired. Returns the copy's URI, or None where there was none; a failure is
     logged, never raised (the job's outcome stands)."""
-    from ..shards import filesystem
-
     try:
         staged = app.get_specification().master.files.get(KEYTAB_FILE)
         if staged is None or not staged.source.startswith("hdfs://"):
