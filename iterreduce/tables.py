@@ -19,7 +19,6 @@ source as written (an unknown key, a filter that is not allowed) are :class:`Tab
 
 from __future__ import annotations
 
-import ast
 import collections
 import dataclasses
 import difflib
@@ -27,7 +26,6 @@ import fnmatch
 import functools
 import heapq
 import json
-import keyword
 import operator
 from dataclasses import dataclass
 
@@ -37,7 +35,9 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from .exceptions import ShardError, TableError
+from .columns import feature_block, feature_kind, non_null, type_width
 from .filesystems import filesystem, open_output_file
+from .filters import FilterParser, filter_columns, parse_filter
 from .labels import LabelMap, is_label_type, label_values
 
 FORMATS = ("parquet", "orc")
@@ -45,9 +45,6 @@ FORMATS = ("parquet", "orc")
 #: _temporary/, .part-*.crc): never data, and _temporary/ holds unfinished writes.
 SIDE_FILE_PREFIXES = ("_", ".")
 GLOB_CHARS = "*?["
-#: The fields of a Spark ML vector as Spark stores it: type 1 dense (``values`` holds every
-#: entry), type 0 sparse (``size`` entries, the nonzero ``values`` at ``indices``).
-VECTOR_FIELDS = frozenset({"type", "size", "indices", "values"})
 #: What pyarrow raises when an expression does not fit the table's types.
 EXPRESSION_ERRORS = (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid)
 ROW = "__row_in_file"  # the column read_piece adds: each row's index in its file, for errors
@@ -124,176 +121,6 @@ class TableSource:
             raise TableError(f"table source: missing key{'s' if len(missing) > 1 else ''} "
                              f"{', '.join(map(repr, missing))}")
         return cls(**d)
-
-
-# ------------------------------------------------------------------ filters
-
-_COMPARISONS = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt,
-                ast.LtE: operator.le, ast.Gt: operator.gt, ast.GtE: operator.ge}
-#: the longest filter text read, and the deepest nesting of its parts (parentheses, not, and, or,
-#: comparisons): a filter is a few conditions, and bounding it bounds the parser's time, memory and
-#: recursion (Python's own parser and pyarrow's expressions recurse as deep as the text nests)
-MAX_FILTER_CHARS = 10_000
-MAX_FILTER_DEPTH = 50
-#: what Python's parser and pyarrow raise for a text too deep, too large or of literals out of range
-#: (a 30-digit integer, ``not`` nested 3000 deep): all become a TableError naming the filter
-_PARSE_ERRORS = (SyntaxError, ValueError, TypeError, RecursionError, MemoryError, OverflowError, pa.ArrowException)
-_FILTER_HELP = ("a filter compares columns with literals (year >= 2020, country != 'NL', "
-                "day in ('2024-01-01', '2024-01-02'), income is not None), joined by and, or, not; "
-                "a column name that is not a Python name goes in backticks (`m 3` > 0)")
-
-
-def parse_filter(text: str) -> ds.Expression:
-    """The ``pyarrow.dataset`` expression of a filter such as ``"year >= 2020 and country ==
-    'NL'"``. Only comparisons (``== != < <= > >=``, chained too), ``in`` / ``not in`` a literal
-    tuple or list, ``is None`` / ``is not None`` (a missing value: null, or NaN in a float
-    column), ``and``, ``or``, ``not``, column names and literals (strings, numbers, booleans)
-    are allowed; anything else raises :class:`TableError` naming the part. A column name that
-    is not a Python name goes in backticks, as in pandas' ``query``: ```m 3` is not None``.
-    The text is parsed, never evaluated."""
-    return _FilterParser(text).parse()[0]
-
-
-def filter_columns(text: str) -> list[str]:
-    """The column names a filter reads, in order of first use."""
-    return _FilterParser(text).parse()[1]
-
-
-class _FilterParser:
-    """Parses one filter text (see :func:`parse_filter`): any text gives an expression or a
-    :class:`TableError` naming the filter."""
-
-    def __init__(self, text: str):
-        if not isinstance(text, str):
-            raise TableError(f"filter {text!r}: a {type(text).__name__}, not a text; {_FILTER_HELP}")
-        if len(text) > MAX_FILTER_CHARS:
-            raise TableError(f"filter {text[:40]!r}...: {len(text)} characters, at most {MAX_FILTER_CHARS} are read")
-        self.text = text.strip()  # Python refuses leading blanks in an expression
-        self.columns: list[str] = []
-        # What Python parses: each `quoted name` replaced by a placeholder name (self.quoted: -> the name).
-        self.source, self.quoted = self._unquote(self.text)
-
-    def _unquote(self, text: str) -> tuple[str, dict[str, str]]:
-        out, quoted, i, quote = [], {}, 0, None
-        while i < len(text):
-            char = text[i]
-            if quote:  # inside a string literal: copied as it is
-                out.append(text[i:i + 2] if char == "\\" else char)
-                i += 2 if char == "\\" else 1
-                quote = None if char == quote else quote
-                continue
-            if char == "`":
-                end = text.find("`", i + 1)
-                if end < 0 or end == i + 1:
-                    raise TableError(f"filter {text!r}: {'an empty' if end > 0 else 'an unclosed'} `column name` "
-                                     f"at character {i + 1}; {_FILTER_HELP}")
-                placeholder = f"__column_{len(quoted)}__"
-                quoted[placeholder] = text[i + 1:end]
-                out.append(placeholder)
-                i = end + 1
-                continue
-            quote = char if char in "'\"" else None
-            out.append(char)
-            i += 1
-        return "".join(out), quoted
-
-    def parse(self) -> tuple[ds.Expression, list[str]]:
-        """The filter's expression and the columns it reads."""
-        try:
-            tree = ast.parse(self.source, mode="eval")
-        except _PARSE_ERRORS as exc:  # SyntaxError; RecursionError or MemoryError for a text nested too deep
-            why = (exc.msg if isinstance(exc, SyntaxError) else "nested too deep for Python's parser"
-                   if isinstance(exc, (RecursionError, MemoryError)) else f"{type(exc).__name__}: {exc}")
-            raise TableError(f"filter {self.text!r}: not an expression ({why}); {_FILTER_HELP}") from None
-        depth = _depth(tree.body)
-        if depth > MAX_FILTER_DEPTH:
-            raise TableError(f"filter {self.text!r}: nested {depth} deep, at most {MAX_FILTER_DEPTH}; {_FILTER_HELP}")
-        try:
-            return self.condition(tree.body), list(dict.fromkeys(self.columns))
-        except TableError:
-            raise
-        except _PARSE_ERRORS as exc:  # e.g. pyarrow's OverflowError for an integer beyond 64 bits
-            raise TableError(f"filter {self.text!r}: cannot be read ({type(exc).__name__}: {exc}); "
-                             f"{_FILTER_HELP}") from None
-
-    def condition(self, node: ast.AST) -> ds.Expression:
-        if isinstance(node, ast.BoolOp):
-            join = operator.and_ if isinstance(node.op, ast.And) else operator.or_
-            return _balanced(join, [self.condition(value) for value in node.values])
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
-            return ~self.condition(node.operand)
-        if isinstance(node, ast.Compare):  # a < b < c is a < b and b < c, as in Python
-            lefts = [node.left, *node.comparators[:-1]]
-            return _balanced(operator.and_, [self.comparison(left, op, right) for left, op, right
-                                             in zip(lefts, node.ops, node.comparators)])
-        raise self.not_allowed(node, "expected a comparison, 'and', 'or' or 'not'")
-
-    def comparison(self, left: ast.AST, op: ast.cmpop, right: ast.AST) -> ds.Expression:
-        if isinstance(op, (ast.In, ast.NotIn)):
-            if not isinstance(left, ast.Name):
-                raise self.not_allowed(left, "expected a column name before 'in'")
-            test = self.operand(left).isin(self.literals(right))
-            return ~test if isinstance(op, ast.NotIn) else test
-        if isinstance(op, (ast.Is, ast.IsNot)):
-            if not isinstance(left, ast.Name):
-                raise self.not_allowed(left, "expected a column name before 'is'")
-            if not (isinstance(right, ast.Constant) and right.value is None):
-                raise self.not_allowed(right, "'is' and 'is not' take None: a missing value")
-            missing = self.operand(left).is_null(nan_is_null=True)
-            return ~missing if isinstance(op, ast.IsNot) else missing
-        return _COMPARISONS[type(op)](self.operand(left), self.operand(right))
-
-    def operand(self, node: ast.AST) -> ds.Expression:
-        if isinstance(node, ast.Name):
-            name = self.quoted.get(node.id, node.id)
-            self.columns.append(name)
-            return pc.field(name)
-        return pc.scalar(self.literal(node))
-
-    def literal(self, node: ast.AST):
-        negative = isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub)
-        value_node = node.operand if negative else node
-        if isinstance(value_node, ast.Constant):
-            value = value_node.value
-            if type(value) in ((int, float) if negative else (str, int, float, bool)):
-                value = -value if negative else value
-                if type(value) is int and not -(1 << 63) <= value < (1 << 63):
-                    raise self.not_allowed(node, "an integer beyond 64 bits (-2**63 to 2**63 - 1)")
-                return value
-        raise self.not_allowed(node, "expected a column name or a literal string, number or boolean")
-
-    def literals(self, node: ast.AST) -> list:
-        if not isinstance(node, (ast.Tuple, ast.List)) or not node.elts:
-            raise self.not_allowed(node, "expected a non-empty tuple or list of literals after 'in'")
-        values = [self.literal(element) for element in node.elts]
-        if len({str if isinstance(v, str) else bool if isinstance(v, bool) else float for v in values}) > 1:
-            raise self.not_allowed(node, "the values of an 'in' list must be all strings, all numbers or all booleans")
-        return values
-
-    def not_allowed(self, node: ast.AST, hint: str) -> TableError:
-        """The error that names ``node``'s text in the filter, with ``hint``."""
-        part = ast.get_source_segment(self.source, node) or type(node).__name__
-        for placeholder, name in self.quoted.items():
-            part = part.replace(placeholder, f"`{name}`")
-        return TableError(f"filter {self.text!r}: {part!r} is not allowed here ({hint}); {_FILTER_HELP}")
-
-
-def _depth(tree: ast.AST) -> int:
-    """How deep ``tree``'s nodes nest (walked without recursion: the tree may be deeper than Python's stack)."""
-    deepest, stack = 0, [(tree, 1)]
-    while stack:
-        node, depth = stack.pop()
-        deepest = max(deepest, depth)
-        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
-    return deepest
-
-
-def _balanced(join, items: list):
-    """``items`` joined by ``join`` as a balanced tree (a and b and ... of n terms nests log n deep,
-    not n: pyarrow evaluates an expression by recursion)."""
-    while len(items) > 1:
-        items = [join(items[i], items[i + 1]) if i + 1 < len(items) else items[i] for i in range(0, len(items), 2)]
-    return items[0]
 
 
 # ------------------------------------------------------------------ opening and checking
@@ -386,7 +213,7 @@ def _check_feature_type(schema: pa.Schema, name: str, where: str, found_in=lambd
     """Refuse column ``name`` of ``schema`` unless it holds features, naming its type (and where it
     is found); a column of strings is named as one of categories."""
     type_ = _column_type(schema, name, where)
-    if _feature_kind(type_) is not None:
+    if feature_kind(type_) is not None:
         return
     found = found_in(name)
     categories = pa.types.is_string(type_) or pa.types.is_large_string(type_) or pa.types.is_dictionary(type_)
@@ -411,31 +238,6 @@ def _some_columns(names: list[str], shown: int = 10) -> str:
     return f"columns: {listed}" if names else "no columns"
 
 
-def _is_number(type_: pa.DataType) -> bool:
-    return pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_boolean(type_)
-
-
-def _is_list(type_: pa.DataType) -> bool:
-    return pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_)
-
-
-def _feature_kind(type_: pa.DataType) -> str | None:
-    """"scalar" (one feature), "array" (a list of numbers), "vector" (a Spark ML vector) or
-    None for a type that holds no features. Spark and Hive write money and measurements
-    as DECIMAL: a scalar too, read through float64."""
-    if _is_number(type_) or pa.types.is_decimal(type_):
-        return "scalar"
-    if _is_list(type_) and _is_number(type_.value_type):
-        return "array"
-    if pa.types.is_struct(type_) and {type_.field(i).name for i in range(type_.num_fields)} == VECTOR_FIELDS:
-        parts = {name: type_.field(name).type for name in VECTOR_FIELDS}
-        if (pa.types.is_integer(parts["type"]) and pa.types.is_integer(parts["size"])
-                and _is_list(parts["indices"]) and pa.types.is_integer(parts["indices"].value_type)
-                and _is_list(parts["values"]) and _is_number(parts["values"].value_type)):
-            return "vector"
-    return None
-
-
 def _check_label(schema: pa.Schema, name: str, where: str, found_in=lambda name: "") -> None:
     type_ = _column_type(schema, name, where)
     if not is_label_type(type_):
@@ -446,7 +248,7 @@ def _check_label(schema: pa.Schema, name: str, where: str, found_in=lambda name:
 
 def _check_filter(text: str, schema: pa.Schema, where: str) -> None:
     """Refuse a filter on a column ``schema`` lacks or comparing values of other types."""
-    expression, columns = _FilterParser(text).parse()
+    expression, columns = FilterParser(text).parse()
     for name in columns:
         _column_type(schema, name, f"{where}: filter {text!r}")
     try:  # pyarrow checks the types when it evaluates: on no rows, that is all it does
@@ -552,16 +354,16 @@ def read_piece(source: TableSource, piece: Piece, *, classes: LabelMap | None = 
     table = _read_rows(source, piece, fragment, schema, names + ([source.label] if source.label else []))
     rows = table.column(ROW).to_numpy()
     if table.num_rows:
-        features = np.hstack([_feature_block(table.column(name).combine_chunks(), name, piece.path, rows)
+        features = np.hstack([feature_block(table.column(name).combine_chunks(), name, piece.path, rows)
                               for name in names])
     else:  # every row filtered out: only the column types tell the width
-        features = np.zeros((0, n_features if n_features is not None else _type_width(schema, names)), np.float32)
+        features = np.zeros((0, n_features if n_features is not None else type_width(schema, names)), np.float32)
     if n_features is not None and features.shape[1] != n_features:
         raise ShardError(f"{piece.path}: {features.shape[1]} features per row from row {rows[0]} on, "
                          f"expected {n_features} (columns: {', '.join(names)})")
     labels = None
     if source.label is not None:
-        labels = classes.encode(_non_null(table.column(source.label).combine_chunks(), source.label,
+        labels = classes.encode(non_null(table.column(source.label).combine_chunks(), source.label,
                                           piece.path, rows), where=piece.path)
     return features, labels
 
@@ -576,9 +378,9 @@ def named_features(table: pa.Table, names, where: str = "X") -> np.ndarray:
     for name in names:
         _check_feature_type(table.schema, name, where)
     if not table.num_rows:
-        return np.zeros((0, _type_width(table.schema, names)), np.float32)
+        return np.zeros((0, type_width(table.schema, names)), np.float32)
     rows = np.arange(table.num_rows)
-    return np.hstack([_feature_block(table.column(name).combine_chunks(), name, where, rows, in_file=False)
+    return np.hstack([feature_block(table.column(name).combine_chunks(), name, where, rows, in_file=False)
                       for name in names])
 
 
@@ -628,122 +430,6 @@ def _read_rows(source: TableSource, piece: Piece, fragment: ds.FileFragment, sch
     return table.select(columns + [ROW])
 
 
-def _non_null(column: pa.Array, name: str, path: str, rows: np.ndarray, in_file: bool = True) -> pa.Array:
-    """``column``, refused naming its first null (and, ``in_file``, the filter that leaves such rows out)."""
-    if column.null_count:
-        first = int(np.argmax(column.is_null().to_numpy(zero_copy_only=False)))
-        raise ShardError(f"{path}: column {name!r} is null at row {rows[first]} "
-                         f"({column.null_count} null{'s' if column.null_count > 1 else ''} in rows "
-                         f"{rows[0]}..{rows[-1]}){_leave_out_missing(name) if in_file else ''}")
-    return column
-
-
-def _leave_out_missing(name: str) -> str:
-    """How a filter leaves out the rows where column ``name`` is missing (null or NaN)."""
-    quoted = name if name.isidentifier() and not keyword.iskeyword(name) else f"`{name}`"
-    return f": a filter such as \"{quoted} is not None\" leaves such rows out, or fill them in first"
-
-
-def _feature_block(column: pa.Array, name: str, path: str, rows: np.ndarray, in_file: bool = True) -> np.ndarray:
-    """One feature column as float32 rows x (1, or its lists' or vectors' width), checked (errors
-    of a file, ``in_file``, say how a filter leaves rows with missing values out)."""
-    _non_null(column, name, path, rows, in_file)
-    kind = _feature_kind(column.type)
-    with np.errstate(over="ignore"):  # a float64 float32 cannot hold becomes inf, refused just below
-        if kind == "scalar":
-            if pa.types.is_decimal(column.type):
-                column = column.cast(pa.float64())
-            block = column.to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, 1)
-        elif kind == "array":
-            block = _array_rows(column, name, path, rows)
-        else:
-            block = _vector_rows(column, name, path, rows)
-    bad = ~np.isfinite(block)
-    if bad.any():
-        row, col = (int(i) for i in np.argwhere(bad)[0])
-        where = f", value {col}" if block.shape[1] > 1 else ""
-        missing = _leave_out_missing(name) if in_file and kind == "scalar" and np.isnan(block[row, col]) else ""
-        raise ShardError(f"{path}: column {name!r} holds NaN or an infinite value (or a number float32 "
-                         f"cannot hold) at row {rows[row]}{where} ({int(bad.sum())} in this piece){missing}")
-    return block
-
-
-def _same_width(widths: np.ndarray, name: str, path: str, rows: np.ndarray) -> int:
-    width = int(widths[0])
-    ragged = widths != width
-    if ragged.any():
-        i = int(np.argmax(ragged))
-        raise ShardError(f"{path}: column {name!r} has {int(widths[i])} values at row {rows[i]} but {width} at "
-                         f"row {rows[0]}: every row needs the same number")
-    if width == 0:
-        raise ShardError(f"{path}: column {name!r} holds empty lists at row {rows[0]}: no feature to train on")
-    return width
-
-
-def _null_element(values: pa.Array, parents: pa.Array, name: str, path: str, rows: np.ndarray) -> None:
-    if values.null_count:
-        first = int(np.argmax(values.is_null().to_numpy(zero_copy_only=False)))
-        raise ShardError(f"{path}: column {name!r} holds a null value at row {rows[parents[first].as_py()]}")
-
-
-def _array_rows(column: pa.Array, name: str, path: str, rows: np.ndarray) -> np.ndarray:
-    """A column of lists of numbers as rows x width."""
-    width = _same_width(pc.list_value_length(column).to_numpy(zero_copy_only=False), name, path, rows)
-    values = pc.list_flatten(column)
-    _null_element(values, pc.list_parent_indices(column), name, path, rows)
-    return values.to_numpy(zero_copy_only=False).astype(np.float32).reshape(len(column), width)
-
-
-def _vector_rows(column: pa.Array, name: str, path: str, rows: np.ndarray) -> np.ndarray:
-    """A column of Spark ML vectors, dense and sparse, as dense rows x width."""
-    def part(field: str) -> pa.Array:
-        return pc.struct_field(column, field)
-
-    def numbers(array: pa.Array) -> np.ndarray:  # a null (a missing part) as -1, which no valid part is
-        return array.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-
-    kind, size = numbers(part("type")), numbers(part("size"))
-    values, indices = part("values"), part("indices")
-    n_values, n_indices = numbers(pc.list_value_length(values)), numbers(pc.list_value_length(indices))
-    dense = kind == 1
-    malformed = (n_values < 0) | ~(dense | (kind == 0)) | (~dense & ((size < 0) | (n_indices != n_values)))
-    if malformed.any():
-        i = int(np.argmax(malformed))
-        raise ShardError(f"{path}: column {name!r} at row {rows[i]} is not a Spark ML vector ({column[i]}): type 1 "
-                         f"needs values, type 0 needs size and as many indices as values")
-    width = _same_width(np.where(dense, n_values, size), name, path, rows)
-    flat, parents = pc.list_flatten(values), pc.list_parent_indices(values)
-    _null_element(flat, parents, name, path, rows)
-    parents = parents.to_numpy()
-    # Each value's place in its row: its position in the values list (dense), its index (sparse).
-    first = np.cumsum(n_values) - n_values
-    place = np.arange(len(flat)) - first[parents]
-    sparse = ~dense[parents]
-    if sparse.any():
-        flat_indices, index_parents = pc.list_flatten(indices), pc.list_parent_indices(indices)
-        _null_element(flat_indices, index_parents, name, path, rows)
-        # A sparse row has as many indices as values, so they pair up in order.
-        place[sparse] = flat_indices.to_numpy()[~dense[index_parents.to_numpy()]]
-        outside = sparse & ((place < 0) | (place >= width))
-        if outside.any():
-            i = int(np.argmax(outside))
-            raise ShardError(f"{path}: column {name!r} at row {rows[parents[i]]} has index {place[i]}, outside "
-                             f"its size {width}")
-    block = np.zeros((len(column), width), np.float32)
-    block[parents, place] = flat.to_numpy(zero_copy_only=False)
-    return block
-
-
-def _type_width(schema: pa.Schema, names: list[str]) -> int:
-    """The features the column types alone give: 1 per number, a fixed-size list's size (0 for
-    other lists and vectors, whose width only their rows tell)."""
-    width = 0
-    for name in names:
-        type_ = schema.field(name).type
-        width += 1 if _feature_kind(type_) == "scalar" else getattr(type_, "list_size", 0)
-    return width
-
-
 # ------------------------------------------------------------------ labels
 
 
@@ -759,7 +445,7 @@ def label_classes(source: TableSource, dataset: ds.FileSystemDataset | None = No
         fragment, schema = _open_piece(source, piece)
         _check_label(schema, source.label, piece.path)
         table = _read_rows(source, piece, fragment, schema, [source.label])
-        column = _non_null(table.column(source.label).combine_chunks(), source.label, piece.path,
+        column = non_null(table.column(source.label).combine_chunks(), source.label, piece.path,
                            table.column(ROW).to_numpy())
         classes.update(pc.unique(label_values(column)).to_pylist())
     if not classes:  # not a null among them (that raised): no rows
@@ -770,7 +456,6 @@ def label_classes(source: TableSource, dataset: ds.FileSystemDataset | None = No
     except TypeError:  # integers in some files, strings in others
         raise ShardError(f"{source.uri}: label column {source.label!r} holds integers in some files and "
                          f"strings in others") from None
-
 
 
 # ------------------------------------------------------------------ a worker's share of a table
@@ -855,7 +540,7 @@ class TableShard:
             fragment, schema = _open_piece(self.source, piece)
             _check_label(schema, self.source.label, piece.path)
             table = _read_rows(self.source, piece, fragment, schema, [self.source.label])
-            column = _non_null(table.column(self.source.label).combine_chunks(), self.source.label, piece.path,
+            column = non_null(table.column(self.source.label).combine_chunks(), self.source.label, piece.path,
                                table.column(ROW).to_numpy())
             parts.append(self.classes.encode(column, where=piece.path))
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)

@@ -15,7 +15,8 @@ import pytest
 from iterreduce.exceptions import ShardError
 from iterreduce.scaling import FeatureStats, Scaler
 from iterreduce.labels import LabelMap
-from iterreduce.tables import assign, filter_columns, label_classes, open_dataset, parse_filter, Piece, pieces, read_piece, resolve, TableSource
+from iterreduce.filters import filter_columns, parse_filter
+from iterreduce.tables import Piece, TableSource, assign, label_classes, open_dataset, pieces, read_piece, resolve
 from iterreduce.exceptions import TableError
 
 # Spark ML's VectorUDT as Spark stores it in Parquet.
