@@ -42,8 +42,8 @@ def test_one_process_stops_in_the_epoch_that_diverged_and_says_what_to_lower():
 def test_the_default_rate_of_a_gaussian_first_layer_trains_that_data():
     X, y = gaussian_data()
     model = DBN(hidden_layers=[200, 20], visible="gaussian", pretrain_epochs=3, finetune_epochs=2, device="cpu")
-    assert model._pretrain_rates() == [GAUSSIAN_LEARNING_RATE, LEARNING_RATE]
-    assert DBN(hidden_layers=[200, 20])._pretrain_rates() == [LEARNING_RATE, LEARNING_RATE]
+    assert model.pretrain_rates() == [GAUSSIAN_LEARNING_RATE, LEARNING_RATE]
+    assert DBN(hidden_layers=[200, 20]).pretrain_rates() == [LEARNING_RATE, LEARNING_RATE]
     model.fit(X, y)
     errors = [r["reconstruction_error"] for r in model.history_ if r["phase"] == "pretrain" and r["layer"] == 0]
     assert all(math.isfinite(e) for e in errors) and errors[-1] < errors[0]

@@ -131,7 +131,7 @@ def _version_1_file(model, path):
         for i, (w, b) in enumerate(zip(model.network_.weights, model.network_.biases)):
             arrays[f"network.weights.{i}"], arrays[f"network.biases.{i}"] = w, b
     params = {k: v for k, v in model.get_params().items() if k != "callback"}
-    params["pretrain_learning_rate"] = [float(r) for r in model._pretrain_rates()]  # version 1 kept one per layer
+    params["pretrain_learning_rate"] = [float(r) for r in model.pretrain_rates()]  # version 1 kept one per layer
     header = {"version": 1, "params": params, "n_features_in": model.n_features_in_,
               "n_classes": getattr(model, "n_classes_", None), "n_rbms": len(model.rbms_),
               "has_network": model.network_ is not None}

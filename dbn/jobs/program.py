@@ -33,7 +33,7 @@ from ..exceptions import DataError
 from ..model.divergence import check_arrays
 from ..model import state
 from . import view
-from ..model.estimator import DBN
+from ..model.estimator import DBN, layer_seed
 from ..model.minibatch import CHUNK_ROWS, chunks, column_mean
 from ..model.network import Network
 from ..model.rbm import RBM
@@ -165,7 +165,7 @@ class DBNProgram(Program):
         sizes = [shards[0]["features"], *self.layers]
         params = {}
         for layer in range(len(self.layers)):
-            rbm = self.model._make_rbm(layer).set_params(seed=seed + 1000 * (layer + 1))  # from the job's seed
+            rbm = self.model.make_rbm(layer, seed=layer_seed(seed, layer))  # from the job's seed
             rbm.initialize(n_visible=sizes[layer])
             params.update(state.named_rbm_state(layer, rbm.get_state()))
         rng = np.random.default_rng([seed, 99])
@@ -235,7 +235,7 @@ class DBNProgram(Program):
         trained = {name: parameters[name] for name in step.arrays}
         if trained and step.phase == "pretrain":
             layer = step.info["layer"]
-            check_arrays(trained, "pretrain", step.info["epoch"], layer=layer, rate=self.model._pretrain_rates()[layer],
+            check_arrays(trained, "pretrain", step.info["epoch"], layer=layer, rate=self.model.pretrain_rates()[layer],
                          gaussian=layer == 0 and self.model.visible == "gaussian")
         elif trained and step.phase == "finetune":
             check_arrays(trained, "finetune", step.info["epoch"], rate=step.info["learning_rate"])
@@ -327,11 +327,11 @@ class DBNWorker(WorkerProgram):
                 if self.stream:
                     rows = RowFile.new(self._spill_directory(), f"shard-{shard.index:05d}-layer-{layer}-",
                                        self.layers[layer - 1], np.float32)
-                    for block in below._hidden_probs_chunks(data):
+                    for block in below.hidden_probs_chunks(data):
                         rows.append(block)
                     self._inputs[key] = rows
                 else:
-                    self._inputs[key] = below._hidden_probs(data)
+                    self._inputs[key] = below.hidden_probs(data)
             for old in [k for k in self._inputs if k[0] == shard.index and 0 < k[1] < layer]:
                 dropped = self._inputs.pop(old)  # no longer needed: a later layer is training
                 if isinstance(dropped, RowFile):
@@ -390,7 +390,7 @@ class DBNWorker(WorkerProgram):
             # The shuffle of each epoch depends on (job seed, layer, shard) only, so the
             # parts of an epoch synced every k minibatches walk one consistent order.
             seed = int(np.random.SeedSequence([self.model.seed, layer, shard.index]).generate_state(1)[0])
-            self._rbms[key] = self.model._make_rbm(layer).set_params(seed=seed)
+            self._rbms[key] = self.model.make_rbm(layer, seed=seed)
         return self._rbms[key]
 
     def run(self, step: Step, parameters, shard, seed) -> Update:

@@ -58,6 +58,11 @@ LEARNING_RATE = 0.1
 GAUSSIAN_LEARNING_RATE = 0.001
 
 
+def layer_seed(seed: int, layer: int) -> int:
+    """The seed of the RBM of hidden layer ``layer`` in a DBN seeded ``seed``."""
+    return seed + 1000 * (layer + 1)
+
+
 class DBN(Estimator):
     """A stack of RBMs, fine-tuned as a classifier with a softmax output layer.
 
@@ -177,7 +182,7 @@ class DBN(Estimator):
             sizes_ok = False
         if not sizes_ok:
             raise ValueError(f"hidden_layers must be a non-empty list of positive sizes, got {self.hidden_layers!r}")
-        for rate in self._pretrain_rates():
+        for rate in self.pretrain_rates():
             _check_range("pretrain_learning_rate", rate, "positive")
         for name, rule in _PARAM_RANGES.items():
             _check_range(name, getattr(self, name), rule)
@@ -198,8 +203,8 @@ class DBN(Estimator):
             return rate, start
         return rate, final if epoch >= ramp else start + (final - start) * epoch / ramp
 
-    def _pretrain_rates(self) -> list:
-        """One pre-training learning rate per hidden layer."""
+    def pretrain_rates(self) -> list:
+        """One pre-training learning rate per hidden layer (``pretrain_learning_rate`` or the defaults)."""
         rate, n = self.pretrain_learning_rate, len(self.hidden_layers)
         if rate is None:
             first = GAUSSIAN_LEARNING_RATE if self.visible == "gaussian" else LEARNING_RATE
@@ -209,13 +214,15 @@ class DBN(Estimator):
             raise ValueError(f"pretrain_learning_rate has {len(rates)} values for {n} hidden layers")
         return rates
 
-    def _make_rbm(self, layer: int) -> RBM:
+    def make_rbm(self, layer: int, seed: int | None = None) -> RBM:
+        """The untrained RBM of hidden layer ``layer`` with this DBN's settings, seeded ``seed``
+        (default: :func:`layer_seed` of this DBN's seed)."""
         return RBM(
             self.hidden_layers[layer],
             visible=self.visible if layer == 0 else "bernoulli",
             cd_k=self.cd_k,
             persistent=self.persistent,
-            learning_rate=self._pretrain_rates()[layer],
+            learning_rate=self.pretrain_rates()[layer],
             momentum=self.momentum,
             final_momentum=self.final_momentum,
             momentum_epoch=self.momentum_epoch,
@@ -223,7 +230,7 @@ class DBN(Estimator):
             batch_size=self.pretrain_batch_size,
             epochs=self.pretrain_epochs,
             device=self.device,
-            seed=self.seed + 1000 * (layer + 1),
+            seed=layer_seed(self.seed, layer) if seed is None else seed,
         )
 
     def _report(self, record: dict) -> None:
@@ -263,7 +270,7 @@ class DBN(Estimator):
         self.n_features_in_ = data.shape[1]
         self.rbms_, self.network_ = [], None
         for layer in range(len(self.hidden_layers)):
-            rbm = self._make_rbm(layer)
+            rbm = self.make_rbm(layer)
             rbm.initialize(data)
             start = time.perf_counter()
             for epoch in range(self.pretrain_epochs):
@@ -277,7 +284,7 @@ class DBN(Estimator):
                             rate=rbm.learning_rate, gaussian=rbm.visible == "gaussian")
             self.rbms_.append(rbm)
             if layer + 1 < len(self.hidden_layers):
-                data = rbm._hidden_probs(data)
+                data = rbm.hidden_probs(data)
         return self
 
     def finetune(self, X, y, *, validation_data=None) -> "DBN":
@@ -480,7 +487,7 @@ class DBN(Estimator):
         data = self._input_X(X)
         if self.network_ is None:
             for rbm in self.rbms_:
-                data = rbm._hidden_probs(data)
+                data = rbm.hidden_probs(data)
             return self.backend.to_numpy(data)
         net, be = self.network_, self.backend
         for w, b in zip(net.weights[:-1], net.biases[:-1]):
@@ -543,7 +550,7 @@ class DBN(Estimator):
         softmax layer's initial weights, which is no network yet).
         """
         n = len(self.hidden_layers)
-        self.rbms_ = [self._make_rbm(layer).set_state(state.rbm_state(arrays, layer)) for layer in range(n)]
+        self.rbms_ = [self.make_rbm(layer).set_state(state.rbm_state(arrays, layer)) for layer in range(n)]
         self.n_features_in_ = self.rbms_[0].n_visible
         has_network = state.net_name(0, "weights") in arrays
         self.network_ = Network.from_state(arrays, n + 1, self.backend) if has_network else None

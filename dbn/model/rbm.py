@@ -331,9 +331,9 @@ class RBM(Estimator):
         Returns an array on the model's device.
         """
         X = self._check(X)
-        return self._hidden_probs(X)
+        return self.hidden_probs(X)
 
-    def _hidden_probs(self, X):
+    def hidden_probs(self, X):
         """Hidden probabilities of every row of ``X`` (a device array), in blocks of
         :data:`~dbn.model.minibatch.CHUNK_ROWS` rows."""
         out = self.backend.empty((X.shape[0], self.n_hidden))
@@ -341,9 +341,9 @@ class RBM(Estimator):
             self._hidden(block, out=out[start:start + block.shape[0]])
         return out
 
-    def _hidden_probs_chunks(self, X):
+    def hidden_probs_chunks(self, X):
         """Hidden probabilities of ``X`` (in memory or streamed) block by block, as host
-        arrays, for writing to disk: the same blocks and bits as :meth:`_hidden_probs`."""
+        arrays, for writing to disk: the same blocks and bits as :meth:`hidden_probs`."""
         be = self.backend
         for _, block in chunks(X, be):
             yield be.to_numpy(self._hidden(block, out=be.empty((block.shape[0], self.n_hidden))))
