@@ -37,7 +37,7 @@ def output_columns(model, X, *, features: bool = False) -> dict:
         return {FEATURES_COLUMNS[0]: pa.FixedSizeListArray.from_arrays(pa.array(top.ravel()), top.shape[1])}
     proba = model.predict_proba(X)
     best = proba.argmax(axis=1)
-    classes = getattr(model, "classes_", None)
+    classes = model.learned("classes_")
     return {PREDICTION_COLUMNS[0]: pa.array(best if classes is None else classes[best]),
             PREDICTION_COLUMNS[1]: pa.array(proba[np.arange(len(best)), best].astype(np.float32))}
 
@@ -284,7 +284,7 @@ def predict_file(model, source: str, out: str, *, mnist_dir: str | None = None, 
     fmt = output_format(out)
     check_output_file(out, overwrite=overwrite)
     X, y = load_dataset(source, split=split, mnist_dir=mnist_dir, label=label,
-                        columns=getattr(model, "input_columns_", None))  # by name, as the model was trained
+                        columns=model.learned("input_columns_"))  # by name, as the model was trained
     columns = output_columns(model, X, features=features)
     table = pa.table({"row": pa.array(np.arange(len(X), dtype=np.int64)), **columns})
     with open_output_file(out, overwrite=overwrite) as stream:
@@ -295,7 +295,7 @@ def predict_file(model, source: str, out: str, *, mnist_dir: str | None = None, 
     if y is not None and not features:  # the labels as DBN.score takes them: class indices, or the classes' values
         from ..model.preprocess import encode_labels
 
-        name, classes = f"{source} labels", getattr(model, "classes_", None)
+        name, classes = f"{source} labels", model.learned("classes_")
         truth = (check_labels(y, n_samples=len(X), n_classes=model.n_classes_, name=name) if classes is None
                  else encode_labels(classes, y, len(X), name=name))
         predicted = columns[PREDICTION_COLUMNS[0]].to_numpy(zero_copy_only=False)

@@ -238,7 +238,7 @@ def predict_table(model, data, out: str, *, table: str | None = None, filter: st
     uri = table or data.test or data.train
     if filter is None:
         filter = data.test_filter if uri == data.test else data.filter if uri == data.train else None
-    columns = getattr(model, "input_columns_", None)  # the model's, by name, where it names them
+    columns = model.learned("input_columns_")  # the model's, by name, where it names them
     source = source_of(data)
     source = dataclasses.replace(source, uri=uri, label=None, filter=filter,
                                  features=source.features if columns is None else tuple(columns))

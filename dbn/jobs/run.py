@@ -154,7 +154,7 @@ def _run(spec: JobSpec, launcher: Launcher, out: Path, created: bool, *, on_reco
         n_test, test_error = tested["n_samples"], tested["test_error"]
     result = {
         "name": spec.job.name, "on": launcher.where, "test_error": test_error, "n_test": n_test,
-        "layers": [model.n_features_in_, *model.hidden_layers, getattr(model, "n_classes_", None)],
+        "layers": [model.n_features_in_, *model.hidden_layers, model.learned("n_classes_")],
         "epochs": {"pretrain": spec.model.pretrain_epochs, "finetune": spec.model.finetune_epochs},
         "wall_seconds": time.perf_counter() - start, **figures,
         "seed": spec.job.seed, "device": resolve_device(spec.job.device), "device_name": device_name(spec.job.device),
@@ -225,7 +225,7 @@ def flop_figures(out: Path, model: DBN, spec: JobSpec, train_seconds: float, *, 
     start-up, every step, the model written) over the limit. Without ``measure``, or
     under :data:`LIMIT_MIN_FLOPS`, only the flops. A resumed run's log also counts the
     steps of the run before, so its ratio reads low."""
-    sizes = [model.n_features_in_, *model.hidden_layers, getattr(model, "n_classes_", None) or 1]
+    sizes = [model.n_features_in_, *model.hidden_layers, model.learned("n_classes_") or 1]
     total = flops.job_flops(runlog.read_progress(out / runlog.LOG_NAME), sizes, cd_k=spec.model.cd_k,
                             persistent=spec.model.persistent, top_layer_epochs=spec.model.top_layer_epochs)
     sgemm = None
@@ -347,10 +347,10 @@ def evaluate_model(model: DBN | str | Path, data: str, *, mnist_dir: str | None 
     if path is not None:
         model = load_classifier(path, device=device, use="evaluate")
     if table is not None:  # read as the model's columns, by name, where it names them
-        X, y = raw_table_rows(table, getattr(model, "input_columns_", None))
+        X, y = raw_table_rows(table, model.learned("input_columns_"))
     else:
         X, y = load_dataset(data, split="test", mnist_dir=mnist_dir, labels=True, label=label,
-                            columns=getattr(model, "input_columns_", None))  # a CSV's columns by name
+                            columns=model.learned("input_columns_"))  # a CSV's columns by name
     try:
         error = 1.0 - model.score(X, y)
     except DataError as exc:  # the model says "X" and "y": name the data

@@ -47,6 +47,11 @@ class Estimator:
             self._backend = None
         return self
 
+    def learned(self, name: str):
+        """The learned attribute ``name`` (its name ends in ``_``), or None where this estimator
+        has not learned it: before ``fit``, or a model trained without it (a scaler, classes, columns)."""
+        return getattr(self, name, None)
+
     @property
     def backend(self) -> Backend:
         """The array module, dtype and random stream on this estimator's device."""

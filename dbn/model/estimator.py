@@ -258,7 +258,7 @@ class DBN(Estimator):
         if y is None:
             raise ValueError(f"y is None, but fine-tuning ({self.finetune_epochs} epochs) needs labels; "
                              f"finetune_epochs=0 pre-trains only")
-        label_indices(y, n_samples=X.shape[0], n_classes=self.n_classes, classes=getattr(self, "classes_", None))
+        label_indices(y, n_samples=X.shape[0], n_classes=self.n_classes, classes=self.learned("classes_"))
         self.pretrain(X)
         return self.finetune(X, y, validation_data=validation_data)
 
@@ -298,7 +298,7 @@ class DBN(Estimator):
         self.validate_params()
         be = self.backend
         X = self._check_X(self._rows(X))
-        classes = getattr(self, "classes_", None)
+        classes = self.learned("classes_")
         y, found = label_indices(y, n_samples=X.shape[0], n_classes=self.n_classes, classes=classes)
         if classes is None and found is not None:  # string labels: their sorted values are the classes
             classes = np.asarray(found.classes)
@@ -306,9 +306,9 @@ class DBN(Estimator):
             n_classes = self.network_.n_classes
         else:  # with classes_ set, every class gets an output, those absent from y too
             n_classes = self.n_classes or (len(classes) if classes is not None else int(y.max()) + 1)
-        if classes is not getattr(self, "classes_", None):
-            self.set_inputs(scaler=getattr(self, "input_scaler_", None), classes=classes,
-                            columns=getattr(self, "input_columns_", None))
+        if classes is not self.learned("classes_"):
+            self.set_inputs(scaler=self.learned("input_scaler_"), classes=classes,
+                            columns=self.learned("input_columns_"))
         self._check_inputs(n_classes=n_classes)
         self.n_classes_ = n_classes
         y = check_labels(y, n_samples=X.shape[0], n_classes=self.n_classes_)
@@ -407,7 +407,7 @@ class DBN(Estimator):
         Training (``fit``, ``pretrain``, ``finetune``) still takes scaled features and class
         indices, as the training job makes them.
         """
-        n_features = getattr(self, "n_features_in_", None) if self.rbms_ else None
+        n_features = self.learned("n_features_in_") if self.rbms_ else None
         n_classes = self.network_.n_classes if self.network_ is not None else None
         scaler = None if scaler is None else preprocess.check_scaler(scaler, n_features)
         classes = None if classes is None else preprocess.check_classes(classes, n_classes)
@@ -417,7 +417,7 @@ class DBN(Estimator):
 
     def _check_inputs(self, n_features: int | None = None, n_classes: int | None = None) -> None:
         """Training data of ``n_features`` features and ``n_classes`` classes must fit inputs set before training."""
-        scaler, classes = getattr(self, "input_scaler_", None), getattr(self, "classes_", None)
+        scaler, classes = self.learned("input_scaler_"), self.learned("classes_")
         try:
             if scaler is not None and n_features is not None:
                 preprocess.check_scaler(scaler, n_features)
@@ -430,7 +430,7 @@ class DBN(Estimator):
         """Raw rows as the network takes them: scaled by ``input_scaler_`` when set, then checked
         as scaled (the [0, 1] of Bernoulli units is a property of what the network sees)."""
         X = self._rows(X)
-        scaler = getattr(self, "input_scaler_", None)
+        scaler = self.learned("input_scaler_")
         if scaler is None:
             return self._check_X(X)
         X = check_features(X, n_features=self.n_features_in_)  # numeric, 2-D, finite and of the model's width
@@ -438,7 +438,7 @@ class DBN(Estimator):
 
     def _class_indices(self, y, n_samples: int) -> np.ndarray:
         """``y`` as class indices: label values of ``classes_`` when set, else indices 0..n_classes_-1."""
-        classes = getattr(self, "classes_", None)
+        classes = self.learned("classes_")
         if classes is None:
             if is_string_labels(y):
                 raise DataError(f"y: labels that are strings (e.g. {np.asarray(y).ravel()[0].item()!r}), but this model "
@@ -465,11 +465,11 @@ class DBN(Estimator):
             if not hasattr(X, "columns") or not all(isinstance(name, str) for name in X.columns):
                 return X  # a Series, or a DataFrame of numbered columns: by position
             X = pa.Table.from_pandas(X, preserve_index=False)
-        columns = getattr(self, "input_columns_", None)
+        columns = self.learned("input_columns_")
         if columns is None:
             columns = tuple(X.column_names)
             if record:
-                self.set_inputs(scaler=getattr(self, "input_scaler_", None), classes=getattr(self, "classes_", None),
+                self.set_inputs(scaler=self.learned("input_scaler_"), classes=self.learned("classes_"),
                                 columns=columns)
         try:
             return named_features(X, columns)
@@ -477,7 +477,7 @@ class DBN(Estimator):
             raise DataError(str(exc)) from None
 
     def _check_X(self, X, fitted: bool = True, name: str = "X"):
-        n_features = getattr(self, "n_features_in_", None) if fitted else None
+        n_features = self.learned("n_features_in_") if fitted else None
         X = check_features(X, name=name, n_features=n_features, unit_interval=self.visible == "bernoulli")
         return self.backend.asarray(X)
 
@@ -505,7 +505,7 @@ class DBN(Estimator):
     def predict(self, X) -> np.ndarray:
         """Most probable class of each raw row: its label value from ``classes_`` when set, else its index."""
         indices = self.predict_proba(X).argmax(axis=1)
-        classes = getattr(self, "classes_", None)
+        classes = self.learned("classes_")
         return indices if classes is None else classes[indices]
 
     def score(self, X, y) -> float:
@@ -570,12 +570,12 @@ class DBN(Estimator):
         readers refuse rather than predict from unscaled rows; others stay version 2.
         """
         self._require_fitted()
-        inputs, input_arrays = preprocess.to_file(getattr(self, "input_scaler_", None), getattr(self, "classes_", None),
-                                                  getattr(self, "input_columns_", None))
+        inputs, input_arrays = preprocess.to_file(self.learned("input_scaler_"), self.learned("classes_"),
+                                                  self.learned("input_columns_"))
         header = {
             "params": {k: v for k, v in self.get_params().items() if k != "callback"},
             "n_features_in": self.n_features_in_,
-            "n_classes": getattr(self, "n_classes_", None),
+            "n_classes": self.learned("n_classes_"),
             "has_network": self.network_ is not None,
             **inputs,
         }

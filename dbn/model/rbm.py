@@ -160,7 +160,7 @@ class RBM(Estimator):
         shape = np.shape(state["weights"])
         if len(shape) != 2 or shape[1] != self.n_hidden:
             raise ValueError(f"state weights have shape {shape}, expected (n_visible, {self.n_hidden})")
-        if getattr(self, "weights_", None) is None or self.weights_.shape != shape:
+        if self.learned("weights_") is None or self.weights_.shape != shape:
             self._buffers.clear()  # sized by n_visible
         for key in RBM_KEYS:
             current = getattr(self, key + "_", None)
