@@ -351,7 +351,7 @@ def test_threads_per_process_reaches_the_local_launcher(monkeypatch, tmp_path):
                               "cluster": {"workers": 2, "threads_per_process": 1}})
     assert spec.cluster.threads_per_process == 1
     with pytest.raises(SystemExit):
-        run_module.LocalCluster().train(spec, tmp_path / "out", on_record=lambda record: None)
+        run_module.MiniCluster().train(spec, tmp_path / "out", on_record=lambda record: None)
     assert seen["threads_per_worker"] == 1
 
 

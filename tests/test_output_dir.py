@@ -19,7 +19,7 @@ import pytest
 from conftest_runtime import DELAY_ENV, SLOW_DBN, events, kill_master, records, subprocess_env
 from dbn import DBN
 from dbn.cli import main
-from dbn.jobs.run import other_job
+from dbn.jobs.run import why_another_job
 from dbn.jobs.spec import load_spec
 from iterreduce import checkpoint, ownership
 from iterreduce.local import prune_previous, set_aside
@@ -109,7 +109,7 @@ def test_a_failed_attempt_holds_no_run(job, capsys, monkeypatch):
         assert train(config, out, "--layers", "3") == 2
     log = (out / "log.jsonl").read_bytes()
     assert b'"event": "start"' in log and not (out / "model.npz").exists()
-    assert other_job(out, load_spec(config, {})) is None
+    assert why_another_job(out, load_spec(config, {})) is None
     assert train(config, out) == 0
     assert (out / "previous" / "1" / "log.jsonl").read_bytes() == log
 
@@ -143,8 +143,8 @@ def test_a_folder_with_only_the_config_and_empty_files_is_no_trace(tmp_path, mon
 def test_settings_of_where_a_job_runs_do_not_make_another_job(job):
     config, out = job
     assert train(config, out) == 0
-    assert other_job(out, load_spec(config, {"cluster.max_restarts": 9, "output.dir": "elsewhere"})) is None
-    assert "model.pretrain_epochs 1 there, 2 here" in other_job(out, load_spec(config, {"model.pretrain_epochs": 2}))
+    assert why_another_job(out, load_spec(config, {"cluster.max_restarts": 9, "output.dir": "elsewhere"})) is None
+    assert "model.pretrain_epochs 1 there, 2 here" in why_another_job(out, load_spec(config, {"model.pretrain_epochs": 2}))
 
 
 # ------------------------------------------------------------------ --overwrite

@@ -26,7 +26,7 @@ from iterreduce.shards import write_shards
 from ..data.mnist import load_mnist
 from ..exceptions import UsageError
 from ..model.persist import atomic_write
-from .run import MODEL_FILE, RESULT_FILE, LocalCluster, Yarn, check_folder, other_job, run
+from .run import MODEL_FILE, RESULT_FILE, MiniCluster, Yarn, check_folder, why_another_job, run
 from .spec import PAPER, QUICK, JobSpec, load_spec
 
 #: Published test errors of 784-500-500-2000-10 on MNIST (see the README).
@@ -123,7 +123,7 @@ def _evaluate(spec: JobSpec, *, validation: int, yarn_report_dir: str | None, on
         launcher = Yarn(yarn_report_dir, log=log, overwrite=overwrite)
     else:
         spec = prepare_validation(spec, validation, str(Path(spec.output.dir).resolve()))
-        launcher = LocalCluster(resume=resume)
+        launcher = MiniCluster(resume=resume)
     spec = spec.replace(data={"test": "mnist"})
     if keep_finished:
         done = finished_result(Path(launcher.output_dir(spec)), spec)
@@ -151,7 +151,7 @@ def finished_result(out: Path, spec: JobSpec) -> dict | None:
         result = json.loads((out / RESULT_FILE).read_text())
     except (OSError, ValueError):
         return None
-    if not (out / MODEL_FILE).is_file() or other_job(out, spec) is not None or result.get("test_error") is None:
+    if not (out / MODEL_FILE).is_file() or why_another_job(out, spec) is not None or result.get("test_error") is None:
         return None
     return {**result, "plots": [str(p) for p in sorted(out.glob("*.png"))]}
 

@@ -34,7 +34,7 @@ INTRODUCTION = (
     "In Python the job is a `dbn.jobs.spec.JobSpec`: `load_spec(\"job.toml\", {\"model.pretrain_epochs\": 5})`, "
     "`JobSpec.from_dict(d)`, `spec.to_dict()` (what `config.json` and the YARN job file hold) and "
     "`spec.to_toml()`; every value is checked once, on the way in. `dbn.jobs.run.run(spec, launcher)` "
-    "trains it with `InProcess()`, `LocalCluster()` or `Yarn(report_dir)` and returns the result that "
+    "trains it with `InProcess()`, `MiniCluster()` or `Yarn(report_dir)` and returns the result that "
     "`result.json` holds, whichever launcher ran it.",
     "A default of `none` means that the key is unset (left out of the file; `--set section.key=none` "
     "on the command line); its meaning says what that does. The flags column names the commands that "

@@ -5,7 +5,7 @@ output folder, ``config.json``, loading the model, the test error, the result)
 is the same for all three:
 
 - :class:`InProcess`: a :class:`dbn.DBN` in this process (``dbn train``);
-- :class:`LocalCluster`: the IterativeReduce master and N worker processes on this
+- :class:`MiniCluster`: the IterativeReduce master and N worker processes on this
   machine (``dbn train --local N``, ``dbn mnist``);
 - :class:`Yarn`: the same master and workers in YARN containers, followed to the end,
   with the model and log fetched into the local output folder (``dbn mnist --yarn``).
@@ -253,7 +253,7 @@ def check_folder(out: Path) -> None:
 def claim_output(out: Path, spec: JobSpec, *, resume: bool = False, overwrite: bool = False) -> Path | None:
     """Make the output folder ``out`` ready for a run of ``spec``, or refuse it.
 
-    - A folder that holds a run of another job (see :func:`other_job`) is refused with a
+    - A folder that holds a run of another job (see :func:`why_another_job`) is refused with a
       :class:`UsageError`, unless ``overwrite``.
     - A folder holding, under a name the run writes (:data:`RUN_NAMES`), a file no run of the
       project wrote (its run record does not prove it, :mod:`iterreduce.ownership`) is
@@ -270,7 +270,7 @@ def claim_output(out: Path, spec: JobSpec, *, resume: bool = False, overwrite: b
     """
     check_folder(out)
     ownership.check_owned(out, RUN_NAMES)
-    why = other_job(out, spec)
+    why = why_another_job(out, spec)
     if why and not overwrite:
         raise UsageError(f"{out}: holds a run of another job ({why}); pass --overwrite to replace it (the earlier "
                          f"run is kept in {out / PREVIOUS}), or choose another output directory ([output] dir "
@@ -282,7 +282,7 @@ def claim_output(out: Path, spec: JobSpec, *, resume: bool = False, overwrite: b
     return aside
 
 
-def other_job(out: Path, spec: JobSpec) -> str | None:
+def why_another_job(out: Path, spec: JobSpec) -> str | None:
     """Why ``out`` holds a run of another job than ``spec``, or None when it holds none (no
     model, result or checkpoint: e.g. a failed attempt) or one of the same job.
 
@@ -518,7 +518,7 @@ class _EpochRecords:
                     "samples_per_s": rec["samples"] / seconds if seconds > 0 else None, "elapsed": self.elapsed()})
 
 
-class LocalCluster:
+class MiniCluster:
     """The master and worker processes on this machine for ``[cluster] workers`` shards (one
     per data-parallel worker; ``[data] train`` is cut into OUT/shards unless ``[cluster] shards``
     names shards already written), run in ``[cluster] processes`` processes (0: chosen by
@@ -546,7 +546,7 @@ class LocalCluster:
         processes = self.processes(spec, workers)
         text = f"local mini-cluster of {counted(workers, 'worker')}" + (
             f" in {counted(processes, 'process', 'processes')}" if processes != workers else "")
-        fewer = shards is not None and spec.fewer_shards(shards)
+        fewer = shards is not None and spec.why_fewer_shards(shards)
         return f"{text}: {fewer}" if fewer else text
 
     def train(self, spec: JobSpec, out: Path, on_record: OnRecord) -> dict:
@@ -684,7 +684,7 @@ class Yarn:
 def launcher_for(spec: JobSpec, *, resume: bool = False) -> Launcher:
     """In this process when ``[cluster] workers`` is 0, else on a local mini-cluster."""
     if spec.cluster.workers > 0:
-        return LocalCluster(resume=resume)
+        return MiniCluster(resume=resume)
     if resume:
         raise UsageError("--resume continues a distributed job: add --local N (or [cluster] workers)")
     return InProcess()

@@ -326,7 +326,7 @@ class JobSpec:
                             heartbeat_timeout=c.heartbeat_timeout, float16_wire=c.float16_wire,
                             reduce=self.reduce_on(on_yarn), name=self.job.name or "", ui=c.ui)
 
-    def fewer_shards(self, shards: int) -> str | None:
+    def why_fewer_shards(self, shards: int) -> str | None:
         """Why the job trains on fewer workers than ``[cluster] workers``, when its data makes
         only ``shards`` shards (one worker each): e.g. "1 shard for the 3 workers asked (...)"."""
         workers = self.cluster.workers

@@ -116,7 +116,7 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
                                  mnist_dir=cfg.data.mnist_dir, limit=cfg.data.limit, labels=cfg.fine_tunes)
     elif not dry_run:
         uris = list_shards(shards)
-    fewer = uris and cfg.fewer_shards(len(uris))
+    fewer = uris and cfg.why_fewer_shards(len(uris))
     if fewer:  # no container to hold idle: one worker a shard
         log(f"{fewer}: starting {counted(len(uris), 'worker container')}")
         opts.workers = len(uris)
@@ -253,7 +253,7 @@ def claim_remote_output(cfg: JobSpec, *, running, overwrite: bool = False, log=p
             raise ForeignFileError(f"{join(uri, foreign)}: in the way of this job's files, and not written by a job "
                                    f"of this tool (not claimed in {join(uri, ownership.RECORD_NAME)}); it is left as it "
                                    f"is: choose another output folder ([output] dir or --out), or move it away")
-        why = _remote_other_job(fs, base, cfg, _differences)
+        why = _why_another_remote_job(fs, base, cfg, _differences)
         if why and not overwrite:
             raise UsageError(f"{uri}: holds a run of another job ({why}); pass --overwrite to replace it (the earlier "
                              f"run is kept in {join(uri, ownership.PREVIOUS)}), or choose another output folder "
@@ -270,9 +270,9 @@ def claim_remote_output(cfg: JobSpec, *, running, overwrite: bool = False, log=p
     return lock
 
 
-def _remote_other_job(fs, base: str, cfg: JobSpec, differences) -> str | None:
+def _why_another_remote_job(fs, base: str, cfg: JobSpec, differences) -> str | None:
     """Why the remote folder ``base`` holds a run of another job than ``cfg`` (as
-    :func:`dbn.jobs.run.other_job` says of a local folder), or None."""
+    :func:`dbn.jobs.run.why_another_job` says of a local folder), or None."""
     import pyarrow.fs as pafs
 
     def there(name: str) -> bool:
