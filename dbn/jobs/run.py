@@ -86,6 +86,10 @@ class Launcher(Protocol):
     #: True when this process writes the log (the run's summary then ends it); a master's
     #: log is the master's own and ends with its ``done`` event
     writes_log: bool
+    #: True when the run continues a killed run from its newest checkpoint (``--resume``)
+    resume: bool
+    #: True when training runs on this machine, so that its sgemm rate bounds the training time
+    trains_here: bool
 
     def output_dir(self, spec: JobSpec) -> str:
         """The local folder that gets model.npz, log.jsonl, config.json and result.json."""
@@ -132,7 +136,7 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
 def _run(spec: JobSpec, launcher: Launcher, out: Path, created: bool, *, on_record: OnRecord | None,
          extra: dict | None, overwrite: bool) -> dict:
     """:func:`run` in the output folder ``out`` (``created``: by this run), its lock held."""
-    claim_output(out, spec, resume=getattr(launcher, "resume", False), overwrite=overwrite)
+    claim_output(out, spec, resume=launcher.resume, overwrite=overwrite)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / CONFIG_FILE, spec.to_dict())
     commit = _commit()  # the code that trains: the checkout may move on during a long run
@@ -145,8 +149,8 @@ def _run(spec: JobSpec, launcher: Launcher, out: Path, created: bool, *, on_reco
         raise
     train_seconds = time.perf_counter() - start
     model = DBN.load(out / MODEL_FILE, device="cpu")
-    # On YARN other machines train: this one's sgemm rate says nothing of their limit.
-    flop_result = flop_figures(out, model, spec, train_seconds, measure=not isinstance(launcher, Yarn))
+    # Where other machines train (YARN), this one's sgemm rate says nothing of their limit.
+    flop_result = flop_figures(out, model, spec, train_seconds, measure=launcher.trains_here)
     n_test, test_error = None, None
     if spec.data.test is not None and model.network_ is not None:  # pre-training only: nothing to test
         tested = evaluate_model(model, spec.data.test, mnist_dir=spec.data.mnist_dir,
@@ -404,7 +408,7 @@ class InProcess:
     shards, else on ``[data] train``; the log gets a ``start`` event and one ``epoch`` record
     per epoch of every phase."""
 
-    where, writes_log = "in-process", True
+    where, writes_log, resume, trains_here = "in-process", True, False, True
 
     def output_dir(self, spec: JobSpec) -> str:
         return spec.output.dir
@@ -524,7 +528,7 @@ class MiniCluster:
     names shards already written), run in ``[cluster] processes`` processes (0: chosen by
     :func:`iterreduce.local.local_processes` for this machine's cores)."""
 
-    where, writes_log = "local mini-cluster", False
+    where, writes_log, trains_here = "local mini-cluster", False, True
 
     def __init__(self, resume: bool = False):
         self.resume = resume
@@ -641,7 +645,7 @@ class Yarn:
     """The job on YARN (as ``dbn submit`` stages it), followed to its end; the model and
     the log are fetched from ``[output] dir`` (on HDFS) into ``report_dir``."""
 
-    where, writes_log = "yarn", False
+    where, writes_log, resume, trains_here = "yarn", False, False, False
 
     def __init__(self, report_dir: str, log: Callable[[str], None] = print, poll: float = 5.0,
                  overwrite: bool = False):
