@@ -41,16 +41,15 @@ import numpy as np
 from iterreduce import ownership, runlog
 from iterreduce.exceptions import MasterKilled
 from iterreduce.local import PREVIOUS, RUN_FILES, gpu_count, local_processes, prune_previous, run_local, set_aside
-from iterreduce.readers import describe_shard, list_shards, shard_info
+from iterreduce.readers import list_shards, shard_info
 from iterreduce.filesystems import filesystem, join
 from iterreduce.shards import set_shard_note, shard_note
 
 from .. import __version__
-from ..data.sharding import (csv_columns, load_dataset, load_shards, load_source, load_validation, no_labels,
-                              shard_dataset)
-from ..data.table_data import (attach_inputs, open_table, open_test_table, raw_table_rows, read_table, scaler_of,
-                               table_layout, table_scaler, table_shards)
-from ..data.validation import check_features, class_warnings, counted, label_indices, minibatch_warnings
+from ..data.sharding import load_dataset, load_validation
+from ..data.table_data import attach_inputs, open_test_table, raw_table_rows
+from ..data.training import training_data
+from ..data.validation import class_warnings, counted, minibatch_warnings
 from ..exceptions import ConfigError, DataError, ModelFileError, UsageError
 from ..model import flops
 from ..model.backend import Backend, check_environment, resolve_device
@@ -187,29 +186,19 @@ def check_test_data(spec: JobSpec) -> None:
     data = spec.data
     if data.test is None or not spec.fine_tunes:
         return
-    shards = shard_info(list_shards(spec.cluster.shards)) if spec.cluster.shards else None
-    table = table_layout(data) if data.features is not None else None  # (columns, width): opened once
+    train = training_data(spec)
     # The test data read as the model will read it: the training data's columns, by name, where they have names.
-    if table is not None:
-        width = open_test_table(data, table[0]).n_features
+    columns = train.columns()
+    if data.features is not None:
+        width = open_test_table(data, columns).n_features
     else:
-        columns = shards[0].get("columns") if shards else csv_columns(data.train, data.label)
         width = load_dataset(data.test, split="test", mnist_dir=data.mnist_dir, labels=True,
                              label=data.label, columns=columns)[0].shape[1]
-    if shards:
-        if not all(s["labels"] for s in shards):
-            return  # training shards without labels: the launcher refuses them first, naming them
-        train, trained = spec.cluster.shards, shards[0]["features"]
-    elif table is not None:
-        train, trained = data.train, table[1]
-    else:
-        train = data.train
-        X, y = load_source(train, split="train", mnist_dir=data.mnist_dir, label=data.label)  # no float32 copy
-        if y is None:  # the training data's own fault, named first
-            raise no_labels(train, data.label)
-        trained = X.shape[1]
+    trained, labelled = train.width()
+    if not labelled:
+        return  # training shards without labels: the launcher refuses them first, naming them
     if width != trained:
-        raise DataError(f"{data.test}: {width} features a row, but the training data {train} has {trained}: "
+        raise DataError(f"{data.test}: {width} features a row, but the training data {train.uri} has {trained}: "
                         f"the model could not test it ([data] test)")
 
 
@@ -417,38 +406,10 @@ class InProcess:
         return f"{'-'.join(map(str, spec.model.hidden_layers))} in this process on {spec.job.device}"
 
     def train(self, spec: JobSpec, out: Path, on_record: OnRecord) -> dict:
-        n_classes = spec.model.n_classes
-        table = classes = None
-        if spec.data.features is not None and not spec.cluster.shards:  # a table, read in place
-            table = open_table(spec.data)
-            scaler = table_scaler(table, spec.scaling())
-            source = spec.data.train
-            X, y = read_table(table, scaler)
-            if y is None and spec.fine_tunes:
-                raise DataError(f"{source}: [data] label names no column, but fine-tuning needs labels "
-                                f"([model] finetune_epochs = 0 pre-trains only)")
-            n_classes = n_classes or (len(table.classes) if table.classes is not None else None)
-        elif spec.cluster.shards:  # the job names its data as shards: train on those, never on [data] train
-            source = spec.cluster.shards
-            X, y, classes = load_shards(source, limit=spec.data.limit, n_classes=n_classes,
-                                        unit_interval=spec.model.visible == "bernoulli" and not spec.scaling(),
-                                        labels=spec.fine_tunes)
-        else:
-            source = spec.data.train
-            X, y = load_dataset(source, split="train", mnist_dir=spec.data.mnist_dir, limit=spec.data.limit,
-                                labels=spec.fine_tunes, label=spec.data.label)
-            if spec.fine_tunes:
-                y, classes = label_indices(y, n_samples=X.shape[0], n_classes=n_classes, name=f"{source} labels")
-        if classes is not None:
-            n_classes = n_classes or len(classes)
-        if table is not None:  # a table's rows come scaled from read_table, its labels mapped
-            classes = table.classes
-        else:
-            scaler = scaler_of(X, spec.scaling())
-            X = X if scaler is None else scaler.transform(X)
-            if spec.model.visible == "bernoulli":  # named here: the model would only say "X"
-                check_features(X, name=str(source) if scaler is None else f"{source} scaled ({scaler.kind})",
-                               unit_interval=True)
+        data = training_data(spec)
+        rows = data.read()
+        X, y, classes, scaler, source = rows.X, rows.y, rows.classes, rows.scaler, data.uri
+        n_classes = spec.model.n_classes or (len(classes) if classes is not None else None)
         if resolve_device(spec.job.device) == "cpu":
             check_one_process(X.shape[0], X.shape[1], spec.model.hidden_layers, available_bytes=available_memory())
         validation = None
@@ -462,11 +423,8 @@ class InProcess:
         model = DBN(**spec.dbn_params())
         # The columns the features come from (a table's resolved glob, a CSV's header, the shards'
         # record of it): the model reads them by name from later tables and files.
-        columns = (table.source.features if table is not None
-                   else describe_shard(list_shards(source)[0])["columns"] if spec.cluster.shards
-                   else csv_columns(source, spec.data.label))
-        if any(x is not None for x in (scaler, classes, columns)):  # before training: every class gets an output
-            attach_inputs(model, classes, scaler, columns)
+        if any(x is not None for x in (scaler, classes, rows.columns)):  # before training: every class gets an output
+            attach_inputs(model, classes, scaler, rows.columns)
         with runlog.RunLog(out / runlog.LOG_NAME) as log:
             def write(record: dict) -> None:
                 log.write(record)
@@ -602,23 +560,16 @@ def local_shards(spec: JobSpec, out: Path, n_shards: int) -> str:
     Shards written here are reused by a later run (e.g. ``--resume``) of the same data: their
     manifest's note :data:`SHARDS_SOURCE` says what they were cut from.
     """
-    if spec.cluster.shards:
-        return spec.cluster.shards
+    data = training_data(spec)
+    source = data.source_note(n_shards)
+    if source is None:  # shards already
+        return data.uri
     shards = out / "shards"
-    if spec.data.features is not None:  # a table, read in place: only its shares are written
-        source = {"table": dataclasses.asdict(spec.data), "visible": spec.model.visible, "shards": n_shards}
-    else:
-        source = {"train": spec.data.train, "limit": spec.data.limit, "shards": n_shards,
-                  "mnist_dir": spec.data.mnist_dir, **({"label": spec.data.label} if spec.data.label else {})}
     if shards.is_dir() and shard_note(str(shards), SHARDS_SOURCE) == source:
         return str(shards)
     # Another source's shards (written here: listed in their manifest) are replaced; a folder
     # holding anything else is refused untouched (iterreduce.shards.shard_set).
-    if spec.data.features is not None:
-        table_shards(spec.data, n_shards, str(shards))
-    else:
-        shard_dataset(spec.data.train, str(shards), n_shards, split="train", mnist_dir=spec.data.mnist_dir,
-                      limit=spec.data.limit, label=spec.data.label, labels=spec.fine_tunes)
+    data.shards(str(shards), n_shards)
     set_shard_note(str(shards), SHARDS_SOURCE, source)
     return str(shards)
 

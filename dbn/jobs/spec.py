@@ -49,7 +49,8 @@ import tomli_w
 from iterreduce.master import REDUCE_CHOICES, MasterConfig
 from iterreduce.tables import FORMATS
 
-from ..data.table_data import SCALINGS, scale_kind
+from ..data.table_data import SCALINGS
+from ..data.training import training_data
 from ..data.validation import counted
 from ..exceptions import ConfigError
 from .memory import STREAM_CHOICES
@@ -332,10 +333,7 @@ class JobSpec:
         workers = self.cluster.workers
         if shards >= workers:
             return None
-        why = (f"{self.cluster.shards} holds {counted(shards, 'shard')}" if self.cluster.shards else
-               f"the table has {counted(shards, 'piece')}, a worker's unit of work (a Parquet row group, an ORC "
-               f"file): write it in smaller row groups or more files to train on more workers")
-        return f"{counted(shards, 'shard')} for the {workers} workers asked ({why})"
+        return f"{counted(shards, 'shard')} for the {workers} workers asked ({self.training_data().why_fewer(shards)})"
 
     def check_distributed(self) -> None:
         """Refuse the ``[model]`` settings workers cannot honour, rather than ignore them: held-out
@@ -347,7 +345,7 @@ class JobSpec:
             raise ConfigError(f"{where}: [model] validation_fraction = {m.validation_fraction} holds out rows in "
                               f"one process only: on workers name a labelled validation shard in [cluster] "
                               f"validation (e.g. cut by `dbn shard`), or train in one process (no --local)")
-        if self.data.features is not None and not self.cluster.shards and self.data.label is None \
+        if self.training_data().in_place and self.data.label is None \
                 and self.fine_tunes:  # known before the table's shares are written
             raise ConfigError(f"{where}: the table {self.data.train} has no label column named ([data] label), "
                               f"but fine-tuning needs labels ([model] finetune_epochs = 0 pre-trains only)")
@@ -375,9 +373,12 @@ class JobSpec:
     def scaling(self) -> str | None:
         """How the features are scaled before training (the workers gather the statistics in a
         distributed job), and the scaler saved with the model: ``[data] scale`` for this job's
-        data (see :func:`dbn.data.table_data.scale_kind`), None for none."""
-        table = self.data.features is not None and not self.cluster.shards
-        return scale_kind(self.data, self.model.visible, table=table)
+        data (:meth:`dbn.data.training.TrainingData.scaling`), None for none."""
+        return self.training_data().scaling()
+
+    def training_data(self):
+        """The job's :class:`~dbn.data.training.TrainingData`: shards, a table read in place or a data file."""
+        return training_data(self)
 
 
 #: The paper's run (784-500-500-2000-10 on MNIST), used when no config file is given;

@@ -37,8 +37,6 @@ from iterreduce.yarn import locality
 from iterreduce.yarn.envpack import pack_environment
 from iterreduce.yarn.spec import YarnOptions, build_spec
 
-from ..data.sharding import shard_dataset
-from ..data.table_data import table_shards
 from ..data.validation import counted
 from ..exceptions import ConfigError, UsageError
 from .memory import plan as plan_memory
@@ -100,20 +98,16 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
     validation = cfg.cluster.validation and _shared_uri("[cluster] validation", cfg.cluster.validation)
     uris: list[str] = []
     hosts: dict[str, list[str]] = {}
-    table = not shards and cfg.data.features is not None
-    if table:  # a table, read in place: only its shares are written, the workers read the table itself
+    data = cfg.training_data()
+    table = data.in_place  # the workers read the table itself: it must be on a file system they reach
+    if table:
         _shared_uri("[data] train (a table the workers read in place)", cfg.data.train)
+    if not shards:  # cut into the job's own folder (a table: only its shares, naming its pieces)
         shards = join(output, "shards")
         if not dry_run:
-            log(f"splitting the table {cfg.data.train} among {opts.workers} workers (its shares under {shards})")
-            uris = table_shards(cfg.data, opts.workers, shards)
-            hosts = table_hosts(uris)
-    elif not shards:
-        shards = join(output, "shards")
-        if not dry_run:
-            log(f"sharding {cfg.data.train} into {opts.workers} shards under {shards}")
-            uris = shard_dataset(cfg.data.train, shards, opts.workers, split="train", label=cfg.data.label,
-                                 mnist_dir=cfg.data.mnist_dir, limit=cfg.data.limit, labels=cfg.fine_tunes)
+            log(data.cut_message(opts.workers, shards))
+            uris = data.shards(shards, opts.workers)
+            hosts = table_hosts(uris) if table else {}
     elif not dry_run:
         uris = list_shards(shards)
     fewer = uris and cfg.why_fewer_shards(len(uris))

@@ -1,0 +1,216 @@
+"""A job's training data, decided once from ``[data]`` and ``[cluster]`` (:func:`training_data`).
+
+Three kinds, one class each, with what every path needs of them:
+
+- :class:`ShardFolder`: ``[cluster] shards``, Parquet shards already written (``dbn shard``);
+- :class:`Table`: ``[data] train`` with ``[data] features``, a table read in place;
+- :class:`DataFile`: ``[data] train`` read whole ("mnist", a .npz, .csv or Parquet file).
+
+In one process a job reads them with :meth:`TrainingData.read` (rows scaled and labels mapped
+as the model will keep them); a distributed job hands its workers :meth:`TrainingData.shards`
+(written into a folder where they are not already shards); its :meth:`TrainingData.columns`
+and :meth:`TrainingData.width` are what a test set must match. A new kind of source is one more class here and a line in :func:`training_data`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+
+import numpy as np
+
+from iterreduce.labels import LabelMap
+from iterreduce.readers import describe_shard, list_shards, shard_info
+from iterreduce.scaling import Scaler
+
+from .sharding import csv_columns, load_dataset, load_shards, load_source, no_labels, shard_dataset
+from .table_data import open_table, read_table, scale_kind, scaler_of, table_layout, table_scaler, table_shards
+from .validation import DataError, check_features, counted, label_indices
+
+
+@dataclass
+class Rows:
+    """The training rows in memory, as the network sees them, and what the model keeps of them."""
+
+    X: np.ndarray                    # float32 features, scaled by ``scaler``
+    y: np.ndarray | None             # class indices (None: no labels read)
+    classes: LabelMap | None         # the label values the indices stand for (None: class i is i)
+    scaler: Scaler | None            # how raw rows are scaled (None: they are not)
+    columns: list[str] | tuple[str, ...] | None  # the columns the features come from, by name
+
+
+class TrainingData:
+    """The training data of ``spec`` (a :class:`dbn.jobs.spec.JobSpec`); see the module docstring."""
+
+    #: the rows are a table read in place (whose features "auto" scales to [0, 1] for Bernoulli units)
+    in_place = False
+
+    def __init__(self, spec):
+        self.spec = spec
+
+    @property
+    def uri(self) -> str:
+        """What messages name: the folder, table or file."""
+        return self.spec.data.train
+
+    def scaling(self) -> str | None:
+        """How the features are scaled: "min_max", "standard" or None (:func:`dbn.data.table_data.scale_kind`)."""
+        return scale_kind(self.spec.data, self.spec.model.visible, table=self.in_place)
+
+    def read(self) -> Rows:
+        """Every training row in this process, scaled, with class indices where the job fine-tunes."""
+        raise NotImplementedError
+
+    def columns(self) -> list[str] | tuple[str, ...] | None:
+        """The columns the features come from, by name (None: unnamed), read cheaply."""
+        raise NotImplementedError
+
+    def width(self) -> tuple[int, bool]:
+        """``(features a row, whether the rows have labels)``, read cheaply where the data allows it."""
+        raise NotImplementedError
+
+    def shards(self, folder: str, n: int) -> list[str]:
+        """The URIs of the shards ``n`` workers read, written into ``folder`` where the data is
+        not shards already (only shards written there are ever replaced)."""
+        raise NotImplementedError
+
+    def cut_message(self, n: int, folder: str) -> str:
+        """What :meth:`shards` does for ``n`` workers into ``folder``, for the log."""
+        return f"sharding {self.uri} into {n} shards under {folder}"
+
+    def source_note(self, n: int) -> dict | None:
+        """What shards cut into a job's own folder come from (their manifest's note: a later run of
+        the same data reuses them); None where the data is shards already."""
+        raise NotImplementedError
+
+    def why_fewer(self, n: int) -> str:
+        """Why the data makes only ``n`` shards, for fewer workers than asked."""
+        return f"{self.uri} makes {n}"
+
+    def _scaled(self, X: np.ndarray, y, classes, columns) -> Rows:
+        """Rows whose scaler is fitted on ``X`` itself (data read whole), checked for Bernoulli units."""
+        scaler = scaler_of(X, self.scaling())
+        X = X if scaler is None else scaler.transform(X)
+        if self.spec.model.visible == "bernoulli":  # named here: the model would only say "X"
+            check_features(X, name=str(self.uri) if scaler is None else f"{self.uri} scaled ({scaler.kind})",
+                           unit_interval=True)
+        return Rows(X, y, classes, scaler, columns)
+
+
+class ShardFolder(TrainingData):
+    """``[cluster] shards``: Parquet shards already written; training never reads ``[data] train``."""
+
+    @property
+    def uri(self) -> str:
+        return self.spec.cluster.shards
+
+    def read(self) -> Rows:
+        spec = self.spec
+        X, y, classes = load_shards(self.uri, limit=spec.data.limit, n_classes=spec.model.n_classes,
+                                    unit_interval=spec.model.visible == "bernoulli" and not self.scaling(),
+                                    labels=spec.fine_tunes)
+        return self._scaled(X, y, classes, describe_shard(list_shards(self.uri)[0])["columns"])
+
+    @functools.cached_property
+    def _infos(self) -> list[dict]:
+        return shard_info(list_shards(self.uri))
+
+    def columns(self):
+        return self._infos[0].get("columns")
+
+    def width(self):
+        return self._infos[0]["features"], all(info["labels"] for info in self._infos)
+
+    def shards(self, folder: str, n: int) -> list[str]:
+        return list_shards(self.uri)
+
+    def source_note(self, n: int) -> None:
+        return None
+
+    def why_fewer(self, n: int) -> str:
+        return f"{self.uri} holds {counted(n, 'shard')}"
+
+
+class Table(TrainingData):
+    """``[data] train`` with ``[data] features``: a table read in place, a piece at a time; its
+    workers' shares are small files naming their pieces."""
+
+    in_place = True
+
+    def read(self) -> Rows:
+        table = open_table(self.spec.data)
+        scaler = table_scaler(table, self.scaling())
+        X, y = read_table(table, scaler)
+        if y is None and self.spec.fine_tunes:
+            raise DataError(f"{self.uri}: [data] label names no column, but fine-tuning needs labels "
+                            f"([model] finetune_epochs = 0 pre-trains only)")
+        return Rows(X, y, table.classes, scaler, table.source.features)
+
+    @functools.cached_property
+    def _layout(self) -> tuple[tuple[str, ...], int]:
+        return table_layout(self.spec.data)  # (columns, width): the table opened once
+
+    def columns(self):
+        return self._layout[0]
+
+    def width(self):
+        return self._layout[1], True
+
+    def shards(self, folder: str, n: int) -> list[str]:
+        return table_shards(self.spec.data, n, folder)
+
+    def cut_message(self, n: int, folder: str) -> str:
+        return f"splitting the table {self.uri} among {n} workers (its shares under {folder})"
+
+    def source_note(self, n: int) -> dict:
+        return {"table": dataclasses.asdict(self.spec.data), "visible": self.spec.model.visible, "shards": n}
+
+    def why_fewer(self, n: int) -> str:
+        return (f"the table has {counted(n, 'piece')}, a worker's unit of work (a Parquet row group, an "
+                f"ORC file): write it in smaller row groups or more files to train on more workers")
+
+
+class DataFile(TrainingData):
+    """``[data] train`` read whole: "mnist", a .npz, .csv or Parquet file; cut into Parquet shards for workers."""
+
+    def read(self) -> Rows:
+        spec, data = self.spec, self.spec.data
+        X, y = load_dataset(self.uri, split="train", mnist_dir=data.mnist_dir, limit=data.limit,
+                            labels=spec.fine_tunes, label=data.label)
+        classes = None
+        if spec.fine_tunes:
+            y, classes = label_indices(y, n_samples=X.shape[0], n_classes=spec.model.n_classes,
+                                       name=f"{self.uri} labels")
+        return self._scaled(X, y, classes, csv_columns(self.uri, data.label))
+
+    def columns(self):
+        return csv_columns(self.uri, self.spec.data.label)
+
+    def width(self):
+        data = self.spec.data
+        X, y = load_source(self.uri, split="train", mnist_dir=data.mnist_dir, label=data.label)  # no float32 copy
+        if y is None:  # the training data's own fault, named before any comparison
+            raise no_labels(self.uri, data.label)
+        return X.shape[1], True
+
+    def shards(self, folder: str, n: int) -> list[str]:
+        data = self.spec.data
+        return shard_dataset(self.uri, folder, n, split="train", mnist_dir=data.mnist_dir, limit=data.limit,
+                             label=data.label, labels=self.spec.fine_tunes)
+
+    def source_note(self, n: int) -> dict:
+        data = self.spec.data
+        return {"train": data.train, "limit": data.limit, "shards": n, "mnist_dir": data.mnist_dir,
+                **({"label": data.label} if data.label else {})}
+
+
+def training_data(spec) -> TrainingData:
+    """The training data of ``spec``: shards when ``[cluster] shards`` names them (``[data] train``
+    is then never read), else a table read in place when ``[data] features`` names its columns,
+    else a data file read whole."""
+    if spec.cluster.shards:
+        return ShardFolder(spec)
+    if spec.data.features is not None:
+        return Table(spec)
+    return DataFile(spec)
