@@ -41,6 +41,7 @@ import numpy as np
 
 from . import checkpoint, exchange, log_level, runlog, wire
 from .lifeline import follow_launcher
+from .memory import keep_freed_memory
 from .program import MASTER_ONLY, MASTER_STATE, Program, Update, load_class, master_side, step_to_json
 from .proto import iterreduce_pb2 as pb
 from .proto import iterreduce_pb2_grpc as pb_grpc
@@ -939,27 +940,6 @@ def log_failure(output: str, exc: BaseException) -> None:
             run_log.event("failed", reason=str(exc))
     except OSError as err:
         log.warning("could not log the failure: %s", err)
-
-
-def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 << 30) -> bool:
-    """Have glibc's malloc keep the memory this process frees, for its next allocations.
-
-    A sync moves each tensor through a few megabyte-sized buffers per worker (gRPC's message
-    bytes, the decoded arrays); with glibc's defaults many of these come from fresh
-    ``mmap`` pages or from heaps that were just trimmed, so every sync pays a page fault
-    and a zeroing for each 4 KiB it receives: a fifth of the master's CPU time in a sync
-    of 10 workers. Raising the mmap and trim thresholds makes the buffers reuse the same
-    pages. Returns False where there is no glibc (the defaults stay)."""
-    import ctypes
-    import ctypes.util
-
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):
-        return False
-    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
-    return bool(mallopt(M_MMAP_THRESHOLD, mmap_threshold)) and bool(mallopt(M_TRIM_THRESHOLD, trim_threshold))
 
 
 def _task_chunk_bytes(message) -> bytes:

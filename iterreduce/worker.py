@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import json
 import logging
@@ -17,7 +18,7 @@ import numpy as np
 
 from . import exchange, log_level, wire
 from .lifeline import follow_launcher
-from .master import keep_freed_memory
+from .memory import keep_freed_memory, peak_rss_bytes
 from .program import Update, WorkerProgram, load_class, master_side, shard_seed, step_from_json
 from .proto import iterreduce_pb2 as pb
 from .proto import iterreduce_pb2_grpc as pb_grpc
@@ -543,17 +544,8 @@ def answered(pending: futures.Future) -> bool:
     return header.kind != pb.TaskHeader.WAIT
 
 
-def peak_rss_bytes() -> int:
-    """The most resident memory this process has held (what YARN's container limit measures)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-
-
 def main(argv=None) -> int:
     """``python -m iterreduce.worker --master HOST:PORT --name NAME`` (token in $ITERREDUCE_TOKEN)."""
-    import argparse
-
     ap = argparse.ArgumentParser(prog="iterreduce.worker")
     ap.add_argument("--master", required=True, help="host:port of the master")
     ap.add_argument("--name", required=True, help="stable worker name (kept across restarts)")
