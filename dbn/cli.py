@@ -182,27 +182,19 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_predict(args) -> int:
-    from .data.sharding import predict_file
-    from .data.table_data import predict_table
+    from .data.training import scored_rows
     from .jobs.run import load_classifier
     from .jobs.spec import load_spec
     from .model.estimator import DBN
 
     spec = load_spec(args.job)
     keep = tuple(name for name in (args.keep or "").split(",") if name)
-    if spec.data.features is None:  # a data file ("mnist", .npz, .csv): read whole, every column a feature
-        if keep or args.filter:
-            raise UsageError(f"{args.job}: [data] features names no columns, so the data is a file whose every "
-                             f"column is a feature: --keep and --filter are for tables")
+    rows = scored_rows(spec.data)
+    rows.check_options(keep, args.filter, args.job)
     features = args.command == "transform"  # the rows' features, from any model; else predictions, from a classifier
     model = DBN.load(args.model, device=args.device) if features else load_classifier(args.model, device=args.device)
-    if spec.data.features is None:
-        record = predict_file(model, args.table or spec.data.test or spec.data.train, args.out,
-                              mnist_dir=spec.data.mnist_dir, label=spec.data.label, features=features,
-                              overwrite=args.overwrite)
-    else:
-        record = predict_table(model, spec.data, args.out, table=args.table, filter=args.filter, keep=keep,
-                               features=features, overwrite=args.overwrite)
+    record = rows.predict(model, args.out, table=args.table, filter=args.filter, keep=keep, features=features,
+                          overwrite=args.overwrite)
     error = "" if record["error"] is None else f"  (error {100 * record['error']:.2f} % against '{record['label']}')"
     done = "transformed" if features else "predicted"
     print(to_json(record) if args.json else f"{record['rows']} rows of {record['table']} {done} -> {args.out}{error}")

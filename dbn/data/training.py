@@ -8,8 +8,10 @@ Three kinds, one class each, with what every path needs of them:
 
 In one process a job reads them with :meth:`TrainingData.read` (rows scaled and labels mapped
 as the model will keep them); a distributed job hands its workers :meth:`TrainingData.shards`
-(written into a folder where they are not already shards); its :meth:`TrainingData.columns`
-and :meth:`TrainingData.width` are what a test set must match. A new kind of source is one more class here and a line in :func:`training_data`.
+(written into a folder where they are not already shards); its :meth:`TrainingData.columns` and
+:meth:`TrainingData.width` are what a test set must match. :func:`scored_rows` is the same
+decision for the rows a trained model reads (the test set, ``dbn predict``, ``dbn transform``).
+A new kind of source is one more class here and a line in :func:`training_data`.
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from iterreduce.labels import LabelMap
 from iterreduce.readers import describe_shard, list_shards, shard_info
 from iterreduce.scaling import Scaler
 
-from .sharding import csv_columns, load_dataset, load_shards, load_source, no_labels, shard_dataset
-from .table_data import open_table, read_table, scale_kind, scaler_of, table_layout, table_scaler, table_shards
+from ..exceptions import UsageError
+from .sharding import csv_columns, load_dataset, load_shards, load_source, no_labels, predict_file, shard_dataset
+from .table_data import (open_table, open_test_table, predict_table, raw_table_rows, read_table, scale_kind, scaler_of,
+                         table_layout, table_scaler, table_shards)
 from .validation import DataError, check_features, counted, label_indices
 
 
@@ -214,3 +218,73 @@ def training_data(spec) -> TrainingData:
     if spec.data.features is not None:
         return Table(spec)
     return DataFile(spec)
+
+
+# ------------------------------------------------------------------ the rows a trained model reads
+
+
+class ScoredRows:
+    """The rows a trained model reads, raw, by the columns it names (the model scales them and
+    answers in its labels): the job's test set, or the rows ``dbn predict`` and ``dbn transform``
+    write. A table when ``[data] features`` names columns, else a data file (:func:`scored_rows`)."""
+
+    def __init__(self, data):
+        self.data = data  # the job's [data] section
+
+    def test_rows(self, columns=None) -> tuple[np.ndarray, np.ndarray]:
+        """The test set's features (of ``columns``, a model's, where given) and label values."""
+        raise NotImplementedError
+
+    def test_width(self, columns=None) -> int:
+        """The test set's features a row, read as :meth:`test_rows` reads them (as cheaply as it can)."""
+        raise NotImplementedError
+
+    def check_options(self, keep: tuple[str, ...], filter: str | None, job: str) -> None:
+        """Refuse ``dbn predict`` options these rows cannot honour, before anything is read."""
+
+    def predict(self, model, out: str, *, table: str | None, filter: str | None, keep: tuple[str, ...],
+                features: bool, overwrite: bool) -> dict:
+        """Write ``model``'s predictions (or with ``features``, its features) of the rows to ``out``."""
+        raise NotImplementedError
+
+
+class TableRows(ScoredRows):
+    """A table's rows (``[data] test`` or another table with the training table's columns), a piece at a time."""
+
+    def test_rows(self, columns=None):
+        return raw_table_rows(self.data, columns)
+
+    def test_width(self, columns=None):
+        return open_test_table(self.data, columns).n_features
+
+    def predict(self, model, out, *, table, filter, keep, features, overwrite):
+        return predict_table(model, self.data, out, table=table, filter=filter, keep=keep, features=features,
+                             overwrite=overwrite)
+
+
+class FileRows(ScoredRows):
+    """A data file's rows ("mnist", a .npz or .csv), read whole, every column but the label a feature."""
+
+    def test_rows(self, columns=None):
+        data = self.data
+        return load_dataset(data.test, split="test", mnist_dir=data.mnist_dir, labels=True, label=data.label,
+                            columns=columns)  # a CSV's columns by name
+
+    def test_width(self, columns=None):
+        return self.test_rows(columns)[0].shape[1]
+
+    def check_options(self, keep, filter, job):
+        if keep or filter:
+            raise UsageError(f"{job}: [data] features names no columns, so the data is a file whose every "
+                             f"column is a feature: --keep and --filter are for tables")
+
+    def predict(self, model, out, *, table, filter, keep, features, overwrite):
+        data = self.data
+        return predict_file(model, table or data.test or data.train, out, mnist_dir=data.mnist_dir, label=data.label,
+                            features=features, overwrite=overwrite)
+
+
+def scored_rows(data) -> ScoredRows:
+    """The rows a model trained on ``[data]`` (a job's section) reads: a table's when ``[data]
+    features`` names its columns, else a data file's."""
+    return FileRows(data) if data.features is None else TableRows(data)

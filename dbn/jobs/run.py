@@ -47,8 +47,8 @@ from iterreduce.shards import set_shard_note, shard_note
 
 from .. import __version__
 from ..data.sharding import load_dataset, load_validation
-from ..data.table_data import attach_inputs, open_test_table, raw_table_rows
-from ..data.training import training_data
+from ..data.table_data import attach_inputs
+from ..data.training import ScoredRows, scored_rows, training_data
 from ..data.validation import class_warnings, counted, minibatch_warnings
 from ..exceptions import ConfigError, DataError, ModelFileError, UsageError
 from ..model import flops
@@ -152,8 +152,7 @@ def _run(spec: JobSpec, launcher: Launcher, out: Path, created: bool, *, on_reco
     flop_result = flop_figures(out, model, spec, train_seconds, measure=launcher.trains_here)
     n_test, test_error = None, None
     if spec.data.test is not None and model.network_ is not None:  # pre-training only: nothing to test
-        tested = evaluate_model(model, spec.data.test, mnist_dir=spec.data.mnist_dir,
-                                table=spec.data if spec.data.features is not None else None, label=spec.data.label)
+        tested = evaluate_model(model, spec.data.test, rows=scored_rows(spec.data))
         n_test, test_error = tested["n_samples"], tested["test_error"]
     result = {
         "name": spec.job.name, "on": launcher.where, "test_error": test_error, "n_test": n_test,
@@ -189,11 +188,7 @@ def check_test_data(spec: JobSpec) -> None:
     train = training_data(spec)
     # The test data read as the model will read it: the training data's columns, by name, where they have names.
     columns = train.columns()
-    if data.features is not None:
-        width = open_test_table(data, columns).n_features
-    else:
-        width = load_dataset(data.test, split="test", mnist_dir=data.mnist_dir, labels=True,
-                             label=data.label, columns=columns)[0].shape[1]
+    width = scored_rows(data).test_width(columns)
     trained, labelled = train.width()
     if not labelled:
         return  # training shards without labels: the launcher refuses them first, naming them
@@ -331,19 +326,19 @@ def load_classifier(path: str | Path, *, device: str = "cpu", use: str = "predic
 
 
 def evaluate_model(model: DBN | str | Path, data: str, *, mnist_dir: str | None = None, device: str = "cpu",
-                   table=None, label: str | None = None) -> dict:
+                   label: str | None = None, rows: ScoredRows | None = None) -> dict:
     """Test error of ``model`` (a DBN, or a model file loaded onto ``device``) on ``data``
-    ("mnist" for its 10,000 test images, a .npz or a .csv with labels; with ``table``, a job's
-    ``[data]`` section, a table with the training table's columns: its raw rows and labels go
-    to the model, which scales and maps them as it was trained)."""
+    ("mnist" for its 10,000 test images, a .npz or a .csv with labels), or on a job's test set
+    ``rows`` (:func:`dbn.data.training.scored_rows`: a table's raw rows and labels go to the
+    model, which scales and maps them as it was trained), read by the model's columns."""
     path = None if isinstance(model, DBN) else str(model)
     if path is not None:
         model = load_classifier(path, device=device, use="evaluate")
-    if table is not None:  # read as the model's columns, by name, where it names them
-        X, y = raw_table_rows(table, model.learned("input_columns_"))
+    columns = model.learned("input_columns_")  # by name, where the model names them
+    if rows is not None:
+        X, y = rows.test_rows(columns)
     else:
-        X, y = load_dataset(data, split="test", mnist_dir=mnist_dir, labels=True, label=label,
-                            columns=model.learned("input_columns_"))  # a CSV's columns by name
+        X, y = load_dataset(data, split="test", mnist_dir=mnist_dir, labels=True, label=label, columns=columns)
     try:
         error = 1.0 - model.score(X, y)
     except DataError as exc:  # the model says "X" and "y": name the data
