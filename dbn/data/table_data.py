@@ -8,7 +8,7 @@ turns that into what training needs, with no copy of the data:
   workers, balanced by rows, each share saved as a small ``.table.json`` file that the
   runtime hands out like a Parquet shard (:class:`iterreduce.tables.TableShard`);
 - :func:`table_scaler`: the feature scaler from one pass over the rows (a distributed job
-  gathers the same statistics on its workers: :data:`STATS`);
+  gathers the same statistics on its workers: :data:`dbn.data.scaling.STATS`);
 - :func:`read_table`: the whole table (or a test table with the same columns) in memory;
 - the label classes (:class:`~iterreduce.labels.LabelMap`) and the feature scaler
   (:class:`~iterreduce.scaling.Scaler`), computed once, are the same for every share and
@@ -23,16 +23,12 @@ import numpy as np
 
 from iterreduce.filesystems import join
 from iterreduce.labels import LabelMap
-from iterreduce.scaling import FeatureStats, Scaler, merged
+from iterreduce.scaling import FeatureStats, Scaler
 from iterreduce.shards import shard_set
 from iterreduce.tables import TableShard, TableSource, assign, label_classes, open_dataset, pieces, read_piece, resolve
 
 from .sharding import FEATURES_COLUMNS, PREDICTION_COLUMNS, RowsWriter, output_columns, output_format
 from .validation import DataError
-
-#: ``[data] scale``: how features are mapped before training. "auto": to [0, 1] by each
-#: feature's min and max for Bernoulli visible units, to mean 0 and deviation 1 for Gaussian ones.
-SCALINGS = ("auto", "min_max", "standard", "none")
 
 
 def source_of(data, test: bool = False) -> TableSource:
@@ -66,51 +62,6 @@ def _width(source: TableSource, found) -> int:
             return X.shape[1]
     raise DataError(f"{source.uri}: no row passes the filter {source.filter!r}" if source.filter
                     else f"{source.uri}: the table has no rows")
-
-
-def scale_kind(data, visible: str, table: bool = True) -> str | None:
-    """The scaling ``[data] scale`` asks for: "min_max", "standard" or None. "auto" standardises
-    every feature for Gaussian visible units, whatever the data; for Bernoulli units it maps a
-    table's features to [0, 1] by their range, while other data (MNIST, a .npz or .csv, Parquet
-    shards: ``table=False``) is taken as it is, which those units check is within [0, 1]."""
-    if data.scale == "auto":
-        if visible == "gaussian":
-            return "standard"
-        return "min_max" if table else None
-    return None if data.scale == "none" else data.scale
-
-
-#: The per-feature statistics of a table's raw rows, as arrays of the distributed job's
-#: parameters: its first superstep ("stats") has every worker count its rows and the master
-#: add them up; each worker then scales its rows by them, as the model scales new rows.
-STATS = ("input.count", "input.min", "input.max", "input.sum", "input.sum_sq")
-
-
-def stats_arrays(stats: FeatureStats) -> dict:
-    """``stats`` as the float64 arrays of :data:`STATS` (:meth:`FeatureStats.arrays`, each reduced
-    element by element)."""
-    return {f"input.{name}": values for name, values in stats.arrays().items()}
-
-
-def merge_stats_arrays(parts: list[dict]) -> dict:
-    """The :data:`STATS` arrays of all rows from each worker's (in shard order: the same bits every time)."""
-    return stats_arrays(merged([stats_from(part) for part in parts]))
-
-
-def stats_from(arrays: dict) -> FeatureStats:
-    """The statistics in the :data:`STATS` arrays of a job's parameters."""
-    return FeatureStats.from_arrays({name.removeprefix("input."): arrays[name] for name in STATS})
-
-
-def scaler_of(X, kind: str | None) -> Scaler | None:
-    """The scaler of ``kind`` fitted on all rows of ``X`` in one pass (None: no scaling), with
-    the same statistics and formula as the workers' gathered ones (:data:`STATS`)."""
-    return None if kind is None else FeatureStats.of(X).scaler(kind)
-
-
-def scaler_from(arrays: dict, kind: str | None) -> Scaler | None:
-    """The scaler of ``kind`` from merged :data:`STATS` arrays (None: no scaling)."""
-    return None if kind is None else stats_from(arrays).scaler(kind)
 
 
 def _opened(data, test: bool = False, columns: tuple[str, ...] | None = None):
@@ -159,7 +110,7 @@ def table_scaler(table: TableShard, kind: str | None) -> Scaler | None:
 def table_shards(data, workers: int, directory: str) -> list[str]:
     """Split the table among ``workers`` (balanced by rows; fewer shares when it has fewer
     pieces) and save each share in ``directory``; returns their URIs in worker order. The
-    shares hold raw rows: the workers gather the statistics that scale them (:data:`STATS`).
+    shares hold raw rows: the workers gather the statistics that scale them (:data:`dbn.data.scaling.STATS`).
     ``directory`` is empty or holds shards written here (:func:`iterreduce.shards.shard_set`)."""
     whole = open_table(data)
     shares = [share for share in assign(list(whole.pieces), workers) if share]

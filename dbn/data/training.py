@@ -27,8 +27,9 @@ from iterreduce.readers import describe_shard, list_shards, shard_info
 from iterreduce.scaling import Scaler
 
 from ..exceptions import UsageError
+from .scaling import fit_scaler, scale_kind
 from .sharding import csv_columns, load_dataset, load_shards, load_source, no_labels, predict_file, shard_dataset
-from .table_data import (open_table, open_test_table, predict_table, raw_table_rows, read_table, scale_kind, scaler_of,
+from .table_data import (open_table, open_test_table, predict_table, raw_table_rows, read_table,
                          table_layout, table_scaler, table_shards)
 from .validation import DataError, check_features, counted, label_indices
 
@@ -59,7 +60,7 @@ class TrainingData:
         return self.spec.data.train
 
     def scaling(self) -> str | None:
-        """How the features are scaled: "min_max", "standard" or None (:func:`dbn.data.table_data.scale_kind`)."""
+        """How the features are scaled: "min_max", "standard" or None (:func:`dbn.data.scaling.scale_kind`)."""
         return scale_kind(self.spec.data, self.spec.model.visible, table=self.in_place)
 
     def read(self) -> Rows:
@@ -94,7 +95,7 @@ class TrainingData:
 
     def _scaled(self, X: np.ndarray, y, classes, columns) -> Rows:
         """Rows whose scaler is fitted on ``X`` itself (data read whole), checked for Bernoulli units."""
-        scaler = scaler_of(X, self.scaling())
+        scaler = fit_scaler(X, self.scaling())
         X = X if scaler is None else scaler.transform(X)
         if self.spec.model.visible == "bernoulli":  # named here: the model would only say "X"
             check_features(X, name=str(self.uri) if scaler is None else f"{self.uri} scaled ({scaler.kind})",

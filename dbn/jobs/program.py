@@ -27,7 +27,8 @@ from iterreduce.rowfile import RowFile, local_directory
 from iterreduce.scaling import FeatureStats
 from iterreduce.readers import read_labels, read_shard, same_classes, shard_classes, shard_info, spill_shard
 
-from ..data.table_data import STATS, attach_inputs, merge_stats_arrays, scaler_from, stats_arrays
+from ..data.scaling import STATS, gathered_scaler, merge_stats_arrays, stats_arrays
+from ..data.table_data import attach_inputs
 from ..data.validation import UNIT_INTERVAL_HINT, check_features, check_labels, class_warnings, minibatch_warnings
 from ..exceptions import DataError
 from ..model.divergence import check_arrays
@@ -218,7 +219,7 @@ class DBNProgram(Program):
             return {}
         if self._validation is None:
             self._validation = read_shard(uri, need_labels=True)
-            scaler = scaler_from(parameters, self.config.get("scale"))  # raw rows, scaled as the training rows
+            scaler = gathered_scaler(parameters, self.config.get("scale"))  # raw rows, scaled as the training rows
             if scaler is not None:
                 self._validation.features = scaler.transform(self._validation.features)
         net = Network.from_state(parameters, len(self.layers) + 1, self.model.backend)
@@ -276,7 +277,7 @@ class DBNProgram(Program):
         scaler (when the job scales its data), so that it predicts from raw rows."""
         model = DBN(**dbn_params(self.config), device="cpu").set_state(
             {k: v for k, v in parameters.items() if k not in STATS and not master_side(k)})
-        scaler = scaler_from(parameters, self.config.get("scale"))  # gathered by the workers in the first step
+        scaler = gathered_scaler(parameters, self.config.get("scale"))  # gathered by the workers in the first step
         return attach_inputs(model, self._classes, scaler, self._columns)
 
 
@@ -358,7 +359,7 @@ class DBNWorker(WorkerProgram):
         kind = self.config.get("scale")
         if not kind or shard.index in self._scaled_shards:
             return
-        scaler = scaler_from(parameters, kind)
+        scaler = gathered_scaler(parameters, kind)
         raw = shard.features
         if isinstance(raw, RowFile):
             rows = RowFile.new(self._spill_directory(), f"shard-{shard.index:05d}-scaled-", raw.shape[1], np.float32)

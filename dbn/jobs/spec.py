@@ -49,7 +49,7 @@ import tomli_w
 from iterreduce.master import REDUCE_CHOICES, MasterConfig
 from iterreduce.tables import FORMATS
 
-from ..data.table_data import SCALINGS
+from ..data.scaling import SCALINGS
 from ..data.training import training_data
 from ..data.validation import counted
 from ..exceptions import ConfigError
