@@ -39,7 +39,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from .exceptions import ForeignFileError, OutputBusy
+from .exceptions import ForeignFileError, OutputBusy, OutputExists
 from .filesystems import open_output_file
 
 #: The lock file in a run's output folder (see the module docstring).
@@ -304,8 +304,6 @@ def create_exclusive(fs: pafs.FileSystem, path: str, data: bytes) -> bool:
     without overwrite (:func:`~iterreduce.durable.place_new`): atomic among all clients on HDFS
     (the NameNode's rename without OVERWRITE) and on local disk (``link(2)``); elsewhere a look,
     then a move."""
-    from .exceptions import OutputExists
-
     try:
         with open_output_file(path, resolve=lambda _: (fs, path), overwrite=False) as f:
             f.write(data)

@@ -24,6 +24,8 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
+from .readers import read_shard
+
 Arrays = dict[str, np.ndarray]
 
 
@@ -172,8 +174,6 @@ class WorkerProgram(ABC):
         """This worker's copy of shard ``index``: by default read whole into memory
         (:func:`iterreduce.readers.read_shard`). A program whose data may not fit returns
         :func:`iterreduce.readers.spill_shard`'s streamed copy instead."""
-        from .readers import read_shard
-
         return read_shard(uri, index)
 
     @abstractmethod

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import queue
+import tempfile
 import threading
 from typing import Callable, Iterable, Iterator
 
@@ -44,8 +45,6 @@ class RowFile:
     @classmethod
     def new(cls, directory: str, prefix: str, width: int, dtype, *, convert: Callable | None = None) -> "RowFile":
         """A row file under a fresh, unique name in ``directory`` (never another file's)."""
-        import tempfile
-
         fd, path = tempfile.mkstemp(prefix=prefix, suffix=".rows", dir=directory)
         os.close(fd)
         return cls(path, width, dtype, convert=convert)
@@ -196,7 +195,5 @@ def prefetch(items: Iterable, depth: int = 2) -> Iterator:
 def local_directory() -> str:
     """Where a worker keeps its row files: ``$ITERREDUCE_LOCAL_DIR``, else the first of YARN's
     local directories for the container (``$LOCAL_DIRS``), else the temporary directory."""
-    import tempfile
-
     chosen = os.environ.get("ITERREDUCE_LOCAL_DIR") or os.environ.get("LOCAL_DIRS", "").split(",")[0]
     return chosen or tempfile.gettempdir()

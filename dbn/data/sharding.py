@@ -13,8 +13,12 @@ from pathlib import Path
 import numpy as np
 
 from iterreduce.exceptions import ShardError
+from iterreduce.filesystems import check_output_file, open_output_file
+from iterreduce.readers import describe_shard, list_shards, read_shard, same_classes, shard_classes
 from iterreduce.shards import as_float32, write_shards
 
+from ..model.preprocess import encode_labels
+from .mnist import load_mnist
 from .validation import DataError, check_features, check_labels, integer_labels, is_string_labels, label_indices
 
 
@@ -110,8 +114,6 @@ def load_source(source: str, *, split: str = "train", mnist_dir: str | None = No
     are class indices (checked) or strings, label values as they were in the file (map them
     with :func:`~dbn.data.validation.label_indices`)."""
     if source == "mnist":
-        from .mnist import load_mnist
-
         data = load_mnist(mnist_dir)
         X, y = (data.x_train, data.y_train) if split == "train" else (data.x_test, data.y_test)
     else:
@@ -177,8 +179,6 @@ def load_shards(uri: str, *, limit: int | None = None, n_classes: int | None = N
     outside ``0..n_classes-1``, or (with ``unit_interval``) a feature outside [0, 1], is an
     error naming its shard and row. ``labels=False`` (pre-training only) reads shards without
     labels too, and then gives ``y`` None."""
-    from iterreduce.readers import list_shards, read_shard, shard_classes
-
     uris = list_shards(uri)
     parts = [read_shard(shard, i, need_labels=labels) for i, shard in enumerate(uris)]
     labels = labels or all(part.labels is not None for part in parts)
@@ -279,8 +279,6 @@ def predict_file(model, source: str, out: str, *, mnist_dir: str | None = None, 
     predictions where the file has labels."""
     import pyarrow as pa
 
-    from iterreduce.filesystems import check_output_file, open_output_file
-
     fmt = output_format(out)
     check_output_file(out, overwrite=overwrite)
     X, y = load_dataset(source, split=split, mnist_dir=mnist_dir, label=label,
@@ -293,8 +291,6 @@ def predict_file(model, source: str, out: str, *, mnist_dir: str | None = None, 
         writer.close()
     error = None
     if y is not None and not features:  # the labels as DBN.score takes them: class indices, or the classes' values
-        from ..model.preprocess import encode_labels
-
         name, classes = f"{source} labels", model.learned("classes_")
         truth = (check_labels(y, n_samples=len(X), n_classes=model.n_classes_, name=name) if classes is None
                  else encode_labels(classes, y, len(X), name=name))
@@ -309,8 +305,6 @@ def load_validation(uri: str, *, n_features: int, classes=None, scaler=None) -> 
     ready to score a model trained in this process: scaled by the training data's ``scaler``,
     checked to have ``n_features`` features and the training labels' ``classes`` (a LabelMap,
     None: class indices), as a distributed job checks it."""
-    from iterreduce.readers import describe_shard, read_shard, same_classes
-
     info = describe_shard(uri)
     part = read_shard(uri, 0, need_labels=True)
     if part.features.shape[1] != n_features:

@@ -21,11 +21,12 @@ import dataclasses
 
 import numpy as np
 
-from iterreduce.filesystems import join
+from iterreduce.filesystems import check_output_file, join, open_output_file
 from iterreduce.labels import LabelMap
 from iterreduce.scaling import FeatureStats, Scaler
 from iterreduce.shards import shard_set
-from iterreduce.tables import TableShard, TableSource, assign, label_classes, open_dataset, pieces, read_piece, resolve
+from iterreduce.tables import (TableShard, TableSource, assign, label_classes, open_dataset, pieces, read_columns,
+                               read_piece, resolve)
 
 from .sharding import FEATURES_COLUMNS, PREDICTION_COLUMNS, RowsWriter, output_columns, output_format
 from .validation import DataError
@@ -175,9 +176,6 @@ def predict_table(model, data, out: str, *, table: str | None = None, filter: st
     which replaces it atomically. Returns the rows written, and the error of the predictions
     where the table has the label column."""
     import pyarrow as pa
-
-    from iterreduce.filesystems import check_output_file, open_output_file
-    from iterreduce.tables import read_columns
 
     fmt = output_format(out)
     written = FEATURES_COLUMNS if features else PREDICTION_COLUMNS

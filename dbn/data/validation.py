@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+
+from iterreduce.exceptions import IterReduceError
+
 from ..exceptions import DataError
 
 #: A class with fewer examples than this share of the median class is reported as rare.
@@ -141,7 +144,6 @@ def label_indices(y, *, n_samples: int, n_classes: int | None = None, classes=No
     sorted distinct values, as a table's labels are. A null or a value that is not a class
     raises :class:`DataError` naming it and its row.
     """
-    from iterreduce.exceptions import IterReduceError
     from iterreduce.labels import LabelMap
 
     host = np.asarray(_to_host(y))

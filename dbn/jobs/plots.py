@@ -23,6 +23,8 @@ from matplotlib.ticker import FormatStrFormatter, MaxNLocator
 
 from iterreduce.runlog import LOG_NAME, read_progress
 
+from ..model.estimator import DBN
+
 METRICS = ("reconstruction_error", "loss", "train_error", "valid_error")
 #: The files :func:`plot_run` writes into a run's folder.
 PLOT_FILES = RECONSTRUCTION_PNG, FINETUNE_PNG, FILTERS_PNG = "reconstruction.png", "finetune.png", "filters.png"
@@ -163,8 +165,6 @@ def plot_run(out_dir) -> list[Path]:
     """Write ``reconstruction.png``, ``finetune.png`` and ``filters.png`` into a run's
     directory, from its ``log.jsonl`` and ``model.npz``; a plot whose data is absent is
     skipped. Returns the paths written."""
-    from ..model.estimator import DBN
-
     out_dir = Path(out_dir)
     log, model_path = out_dir / LOG_NAME, out_dir / "model.npz"
     if not log.exists() and not model_path.exists():

@@ -13,6 +13,7 @@ that are gone, and :func:`render` refuses to write a reference with either
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import re
 import sys
@@ -253,8 +254,6 @@ def toml_value(value) -> str:
 def flags() -> dict[str, list[str]]:
     """The command-line flags that set each key, from ``dbn``'s parser: a flag whose destination is the
     key, or whose help names it in parentheses (``--local N``: "... (cluster.workers)")."""
-    import argparse
-
     from ..cli import build_parser  # the command line sits above the jobs: imported only to read it
 
     known, found = set(keys()), {}

@@ -64,10 +64,6 @@ RUN_NAMES = (CONFIG_FILE, MODEL_FILE, RESULT_FILE, *RUN_FILES)
 
 OnRecord = Callable[[dict], None]
 
-#: Settings that say where or how a job runs, not what it trains: a run whose config.json
-#: differs from the job only in these is still a run of the same job.
-NOT_THE_JOB = ("source", "output.dir", "cluster.max_restarts", "cluster.heartbeat_timeout", "yarn")
-
 
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C during training; ``hint`` says what was kept and how to go on."""
@@ -274,7 +270,7 @@ def why_another_job(out: Path, spec: JobSpec) -> str | None:
     """Why ``out`` holds a run of another job than ``spec``, or None when it holds none (no
     model, result or checkpoint: e.g. a failed attempt) or one of the same job.
 
-    A run's job is its config.json; settings in :data:`NOT_THE_JOB` do not count.
+    A run's job is its config.json (:meth:`JobSpec.differs_from`).
     """
     if not out.is_dir():
         return None
@@ -289,30 +285,7 @@ def why_another_job(out: Path, spec: JobSpec) -> str | None:
         return f"{', '.join(held)} but no {CONFIG_FILE} saying of which job"
     except (OSError, ValueError) as exc:
         return f"{out / CONFIG_FILE}: unreadable: {exc}"
-    differ = _differences(earlier, spec.to_dict())
-    if not differ:
-        return None
-    shown = "; ".join(f"{key} {there!r} there, {here!r} here" for key, there, here in differ[:3])
-    more = f" and {len(differ) - 3} more" if len(differ) > 3 else ""
-    return f"its {CONFIG_FILE} differs: {shown}{more}"
-
-
-def _differences(earlier: dict, now: dict) -> list[tuple[str, object, object]]:
-    """(dotted key, earlier value, value now) of each setting of the job that differs."""
-    def flat(d, prefix=""):
-        items = {}
-        for key, value in (d.items() if isinstance(d, dict) else ()):
-            if isinstance(value, dict):
-                items.update(flat(value, f"{prefix}{key}."))
-            else:
-                items[f"{prefix}{key}"] = value
-        return items
-
-    def counts(key: str) -> bool:
-        return not any(key == name or key.startswith(f"{name}.") for name in NOT_THE_JOB)
-
-    a, b = flat(earlier), flat(now)
-    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if counts(k) and a.get(k) != b.get(k)]
+    return spec.differs_from(earlier)
 
 
 def load_classifier(path: str | Path, *, device: str = "cpu", use: str = "predict") -> DBN:

@@ -38,7 +38,6 @@ import difflib
 import inspect
 import re
 import tomllib
-import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +52,7 @@ from ..data.scaling import SCALINGS
 from ..data.training import training_data
 from ..data.validation import counted
 from ..exceptions import ConfigError
+from .hints import accepts, convert, describe_value, parse_literal, quoted
 from .memory import STREAM_CHOICES
 from ..model.backend import DEVICES
 from ..model.estimator import DBN
@@ -203,6 +203,10 @@ REDUCE_ON_WORKERS_FROM = 8
 _AT_LEAST_ONE = {"cd_k", "pretrain_batch_size", "finetune_batch_size"}
 _PATH_KEYS = {("data", "train"), ("data", "test"), ("data", "mnist_dir"), ("yarn", "keytab")}
 
+#: Settings that say where or how a job runs, not what it trains: a run whose config.json
+#: differs from the job only in these is still a run of the same job.
+NOT_THE_JOB = ("source", "output.dir", "cluster.max_restarts", "cluster.heartbeat_timeout", "yarn")
+
 
 @dataclass(frozen=True)
 class JobSpec:
@@ -234,7 +238,7 @@ class JobSpec:
             if section not in SECTIONS:
                 raise ConfigError(f"{origin}: unknown section [{section}]{_suggest(section, SECTIONS)}")
             if not isinstance(table, dict):
-                raise ConfigError(f"{origin}: '{section}' must be a [{section}] table, got {_describe(table)}")
+                raise ConfigError(f"{origin}: '{section}' must be a [{section}] table, got {describe_value(table)}")
             for key, value in table.items():
                 value = _check(origin, section, key, value)
                 if (base is not None and (section, key) in _PATH_KEYS and value is not None and value != "mnist"
@@ -326,6 +330,30 @@ class JobSpec:
                             workers=c.workers, token=token, output=output, seed=self.job.seed,
                             heartbeat_timeout=c.heartbeat_timeout, float16_wire=c.float16_wire,
                             reduce=self.reduce_on(on_yarn), name=self.job.name or "", ui=c.ui)
+
+    def differs_from(self, earlier: dict) -> str | None:
+        """Why an earlier run's ``config.json`` (``earlier``, as :meth:`to_dict` wrote it) is of
+        another job than this one, e.g. "its config.json differs: model.pretrain_epochs 5 there,
+        10 here"; None when it is this job. Settings in :data:`NOT_THE_JOB` do not count."""
+        def flat(d, prefix=""):
+            items = {}
+            for key, value in (d.items() if isinstance(d, dict) else ()):
+                if isinstance(value, dict):
+                    items.update(flat(value, f"{prefix}{key}."))
+                else:
+                    items[f"{prefix}{key}"] = value
+            return items
+
+        def counts(key: str) -> bool:
+            return not any(key == name or key.startswith(f"{name}.") for name in NOT_THE_JOB)
+
+        a, b = flat(earlier), flat(self.to_dict())
+        differ = [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if counts(k) and a.get(k) != b.get(k)]
+        if not differ:
+            return None
+        shown = "; ".join(f"{key} {there!r} there, {here!r} here" for key, there, here in differ[:3])
+        more = f" and {len(differ) - 3} more" if len(differ) > 3 else ""
+        return f"its config.json differs: {shown}{more}"
 
     def why_fewer_shards(self, shards: int) -> str | None:
         """Why the job trains on fewer workers than ``[cluster] workers``, when its data makes
@@ -495,11 +523,6 @@ def _suggest(word: str, choices) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _describe(value) -> str:
-    kind = {bool: "boolean", int: "integer", float: "float", str: "string", list: "array", dict: "table"}
-    return f"{kind.get(type(value), type(value).__name__)} {value!r}"
-
-
 def _check(origin: str, section: str, key: str, value, parse_strings: bool = False):
     """Validate one setting against its section's field type; return the stored value."""
     cls = SECTIONS[section]
@@ -510,18 +533,18 @@ def _check(origin: str, section: str, key: str, value, parse_strings: bool = Fal
         hint = f" (it belongs in [{owner[0]}])" if owner else _suggest(key, fields)
         raise ConfigError(f"{where} unknown key {key!r}{hint}")
     hint = typing.get_type_hints(cls)[key]
-    if parse_strings and isinstance(value, str) and value.lower() in ("none", "null") and _accepts(hint, type(None)):
+    if parse_strings and isinstance(value, str) and value.lower() in ("none", "null") and accepts(hint, type(None)):
         value = None  # --set data.test=none unsets an optional key, string settings included
-    elif parse_strings and isinstance(value, str) and not _accepts(hint, str):
-        value = _parse_literal(value, _accepts(hint, type(None)))
+    elif parse_strings and isinstance(value, str) and not accepts(hint, str):
+        value = parse_literal(value, accepts(hint, type(None)))
         if hint is tuple and isinstance(value, int):  # --layers 500: one hidden layer
             value = [value]
     elif parse_strings and isinstance(value, str) and value[:1] in ("'", '"'):
-        value = _quoted(value)
+        value = quoted(value)
     try:
-        value = _convert(value, hint)
+        value = convert(value, hint)
     except TypeError as exc:
-        raise ConfigError(f"{where} {key}: expected {exc}, got {_describe(value)}") from None
+        raise ConfigError(f"{where} {key}: expected {exc}, got {describe_value(value)}") from None
     if (section, key) == ("job", "name") and value is not None and name_problem(value):
         raise ConfigError(f"{where} name: {name_problem(value)}")
     choices = CHOICES.get((section, key))
@@ -546,80 +569,3 @@ def _check(origin: str, section: str, key: str, value, parse_strings: bool = Fal
     return value
 
 
-def _members(hint) -> tuple:
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        return typing.get_args(hint)
-    return (hint,)
-
-
-def _accepts(hint, kind) -> bool:
-    return any(m is kind or typing.get_origin(m) is kind for m in _members(hint))
-
-
-def _parse_literal(text: str, nullable: bool):
-    """A command-line value as TOML (5, 0.1, true, [1, 2], "x"); "a,b" as a list; else the text."""
-    if nullable and text.lower() in ("none", "null"):
-        return None
-    for candidate in (text, f"[{text}]" if "," in text else None):
-        if candidate is None:
-            continue
-        try:
-            return tomllib.loads(f"v = {candidate}")["v"]
-        except tomllib.TOMLDecodeError:
-            pass
-    return text
-
-
-def _quoted(text: str) -> str:
-    """A string setting given quoted as in the job file (``--set 'job.name="run 1"'``) without
-    its quotes; any other text as it is."""
-    try:
-        value = tomllib.loads(f"v = {text}")["v"]
-    except tomllib.TOMLDecodeError:
-        return text
-    return value if isinstance(value, str) else text
-
-
-def _convert(value, hint):
-    """Return ``value`` converted to ``hint``, or raise TypeError(<what was expected>)."""
-    if hint is Any:
-        return value
-    members = _members(hint)
-    if value is None:
-        if type(None) in members:
-            return None
-        raise TypeError(_name(hint))
-    for m in members:
-        origin = typing.get_origin(m) or m
-        if m is bool and isinstance(value, bool):
-            return value
-        if m is int and isinstance(value, int) and not isinstance(value, bool):
-            return value
-        if m is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if m is str and isinstance(value, str):
-            return value
-        if origin in (list, tuple) and isinstance(value, (list, tuple)):
-            return _convert_list(value, m)
-    raise TypeError(_name(hint))
-
-
-def _convert_list(value, hint):
-    args = [a for a in typing.get_args(hint) if a is not Ellipsis]
-    if args == [str]:
-        if all(isinstance(v, str) for v in value):
-            return tuple(value)
-        raise TypeError("an array of strings")
-    if hint is tuple or args == [int]:  # hidden_layers (untyped, default a tuple of ints)
-        if value and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value):
-            return tuple(value)
-        raise TypeError("a non-empty array of positive integers")
-    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
-        return tuple(float(v) for v in value)
-    raise TypeError("an array of numbers")
-
-
-def _name(hint) -> str:
-    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-             list: "an array", tuple: "an array of positive integers", type(None): "none"}
-    return " or ".join(names.get(typing.get_origin(m) or m, str(m)) for m in _members(hint))

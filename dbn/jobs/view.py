@@ -17,6 +17,7 @@ from iterreduce import runlog
 from iterreduce.webui import ViewServer
 
 from ..model import state
+from ..model.estimator import DBN
 
 #: The DBN's charts (record keys of its step records and of the in-process epoch records).
 CHARTS = (
@@ -83,8 +84,6 @@ def serve_run(out_dir, host: str = "127.0.0.1", port: int = 0) -> ViewServer:
     model_file = out / "model.npz"
     images = None
     if model_file.is_file():
-        from ..model.estimator import DBN
-
         model = DBN.load(model_file, device="cpu")
         image = filters_of(model.get_state())
         images = (lambda: {FILTERS: image}) if image is not None else None

@@ -235,8 +235,6 @@ def claim_remote_output(cfg: JobSpec, *, running, overwrite: bool = False, log=p
     refused unless ``overwrite``; an earlier run's files move into ``previous/N`` (nothing is
     deleted); then this job's ``config.json`` is written and its names claimed. Returns the
     lock (let go with its ``release`` when the submission fails)."""
-    from .run import _differences
-
     uri = cfg.output.dir.rstrip("/")
     fs, base = filesystem(uri)
     fs.create_dir(base, recursive=True)
@@ -247,7 +245,7 @@ def claim_remote_output(cfg: JobSpec, *, running, overwrite: bool = False, log=p
             raise ForeignFileError(f"{join(uri, foreign)}: in the way of this job's files, and not written by a job "
                                    f"of this tool (not claimed in {join(uri, ownership.RECORD_NAME)}); it is left as it "
                                    f"is: choose another output folder ([output] dir or --out), or move it away")
-        why = _why_another_remote_job(fs, base, cfg, _differences)
+        why = _why_another_remote_job(fs, base, cfg)
         if why and not overwrite:
             raise UsageError(f"{uri}: holds a run of another job ({why}); pass --overwrite to replace it (the earlier "
                              f"run is kept in {join(uri, ownership.PREVIOUS)}), or choose another output folder "
@@ -264,7 +262,7 @@ def claim_remote_output(cfg: JobSpec, *, running, overwrite: bool = False, log=p
     return lock
 
 
-def _why_another_remote_job(fs, base: str, cfg: JobSpec, differences) -> str | None:
+def _why_another_remote_job(fs, base: str, cfg: JobSpec) -> str | None:
     """Why the remote folder ``base`` holds a run of another job than ``cfg`` (as
     :func:`dbn.jobs.run.why_another_job` says of a local folder), or None."""
     import pyarrow.fs as pafs
@@ -287,8 +285,4 @@ def _why_another_remote_job(fs, base: str, cfg: JobSpec, differences) -> str | N
         if not there("config.json"):
             return f"{', '.join(held)} but no config.json saying of which job"
         return f"{join(base, 'config.json')}: unreadable: {exc}"
-    differ = differences(earlier, cfg.to_dict())
-    if not differ:
-        return None
-    shown = "; ".join(f"{key} {a!r} there, {b!r} here" for key, a, b in differ[:3])
-    return f"its config.json differs: {shown}{f' and {len(differ) - 3} more' if len(differ) > 3 else ''}"
+    return cfg.differs_from(earlier)

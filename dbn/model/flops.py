@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import time
 
+from .backend import Backend
+
 
 def cd_per_sample(n_visible: int, n_hidden: int, cd_k: int = 1, persistent: bool = False) -> int:
     """CD-k per training sample: the hidden layer, k (visible, hidden) Gibbs steps and the
@@ -48,8 +50,6 @@ def sgemm_gflops(backend=None, size: int = 2048, repeats: int = 3, arrays=None) 
     """This machine's sgemm rate: the best of ``repeats`` float32 ``size``-cubed products
     (after one untimed), with all BLAS threads, on ``backend``'s device (NumPy by default)."""
     if backend is None:
-        from .backend import Backend
-
         backend = Backend("cpu", seed=0)
     xp = backend.xp
     a, b, out = arrays or (backend.normal((size, size)) for _ in range(3))

@@ -27,6 +27,8 @@ from __future__ import annotations
 import os
 import warnings
 
+from ..exceptions import BackendError
+
 #: The environment variable that turns graphs off when set to "0".
 ENV_SWITCH = "DBN_CUDA_GRAPHS"
 
@@ -43,8 +45,6 @@ def graphs_enabled() -> bool:
     value = os.environ.get(ENV_SWITCH, "").strip().lower()
     if value in _OFF or value in _ON:
         return value not in _OFF
-    from ..exceptions import BackendError
-
     raise BackendError(f"{ENV_SWITCH}={os.environ[ENV_SWITCH]!r}: expected 1 or 0 (also true/false, yes/no, on/off)")
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from iterreduce.exceptions import ShardError
+
 from . import preprocess
 from ..data.validation import DataError, check_features, check_labels, is_string_labels
 
@@ -88,7 +90,6 @@ class RawInputs:
             return X
         import pyarrow as pa
 
-        from iterreduce.exceptions import ShardError
         from iterreduce.tables import named_features
 
         if isinstance(X, pa.RecordBatch):

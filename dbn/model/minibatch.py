@@ -13,6 +13,8 @@ from typing import Iterator
 
 import numpy as np
 
+from iterreduce.rowfile import prefetch
+
 #: Rows per block when a whole data set is passed through a layer (transform, means):
 #: one value for in-memory and streamed data keeps their products, and results, identical.
 CHUNK_ROWS = 8192
@@ -42,8 +44,6 @@ def minibatches(X, order: np.ndarray, batch: int, numbers, out, backend, labels=
             xp.take(X, index, axis=0, out=out)
             yield out if labels is None else (out, labels[index])
         return
-    from iterreduce.rowfile import prefetch
-
     def read():
         for i in numbers:
             index = order[i * batch:(i + 1) * batch]
@@ -62,8 +62,6 @@ def chunks(X, backend) -> Iterator:
         for start in range(0, X.shape[0], rows):
             yield start, X[start:start + rows]
         return
-    from iterreduce.rowfile import prefetch
-
     for start, block in zip(range(0, X.shape[0], rows), prefetch(X.chunks(rows), 2)):
         yield start, backend.asarray(block)
 

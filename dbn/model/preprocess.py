@@ -19,6 +19,7 @@ import collections
 
 import numpy as np
 
+from iterreduce.exceptions import ShardError
 from iterreduce.scaling import Scaler
 
 from ..data.validation import check_label_shape
@@ -116,7 +117,6 @@ def encode_labels(classes: np.ndarray, y, n_samples: int, name: str = "y") -> np
     """The class index (int64) of each label value in ``y`` (1-D, ``n_samples`` of them), by
     :meth:`LabelMap.encode <iterreduce.labels.LabelMap.encode>` as the training job maps them;
     a value that is not one of ``classes`` raises :class:`DataError` naming it and its row."""
-    from iterreduce.exceptions import ShardError
     from iterreduce.labels import LabelMap  # pyarrow: only when labels are encoded
 
     if type(y).__module__.startswith("cupy"):

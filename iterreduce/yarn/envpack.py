@@ -8,10 +8,12 @@ archive's own interpreter by its full path.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
+
 from ..exceptions import EnvPackError
 
 ENV_DIR = "environment"  # the archive's name inside the containers
@@ -30,8 +32,6 @@ def environment_kind(prefix: str | None = None) -> str | None:
 def check_contained(modules: tuple[str, ...], prefix: str) -> None:
     """Raise :class:`EnvPackError` if a module the containers import lives outside ``prefix``
     (an editable install, or PYTHONPATH): the archive would not carry it."""
-    import importlib.util
-
     root = Path(prefix).resolve()
     for name in modules:
         spec = importlib.util.find_spec(name)
