@@ -7,8 +7,8 @@ back), forwards the master's progress lines, and stops everything on Ctrl-C.
 
 A new run (not a resume) into a folder that holds an earlier run never deletes that
 run's files: its log, checkpoints and process logs move to ``OUTPUT/previous/N/``
-(:func:`set_aside`), so its checkpoints can never be mistaken for the new run's. Only what
-a run of the runtime wrote, and its run record proves (:mod:`iterreduce.ownership`), is ever
+(:func:`iterreduce.ownership.set_aside`), so its checkpoints can never be mistaken for the new
+run's. Only what a run of the runtime wrote, and its run record proves (:mod:`iterreduce.ownership`), is ever
 moved or deleted; a run holds its output folder's lock from start to end.
 """
 
@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import json
 import os
-import shutil
 import signal
 import threading
 import subprocess
@@ -37,69 +36,6 @@ from .worker import EXIT_MASTER_GONE
 
 
 #: One run's files in its output directory, besides the program's own output (e.g. model.npz).
-RUN_FILES = (runlog.LOG_NAME, "checkpoints", "logs", "job.json", "error.txt", "master.json")
-#: Where earlier runs' files are kept: ``OUTPUT/previous/1``, ``2``, ... (the highest is the newest).
-PREVIOUS = ownership.PREVIOUS
-#: Earlier runs that ``previous/`` keeps once a new run has succeeded.
-KEEP_PREVIOUS = 3
-
-
-def set_aside(out, move=RUN_FILES, keep_in_place=()) -> Path | None:
-    """Keep an earlier run's files in a new folder ``out/previous/N`` (N: one more than the
-    highest of the folders it made there, passing over any other) instead of deleting them;
-    returns it, or None when there was nothing.
-
-    ``move`` (names in ``out``) move there: a new run starts without them. ``keep_in_place``
-    (files) are hard-linked there (copied where links fail) and stay where they are until
-    the new run replaces them atomically: the link then still holds the earlier bytes.
-    Only files the run record of ``out`` proves a run's (:mod:`iterreduce.ownership`) are
-    moved: any other under those names is refused
-    (:class:`~iterreduce.exceptions.ForeignFileError`, naming it) before anything moves. The
-    new folder gets a run record of what it holds, which :func:`prune_previous` goes by.
-    """
-    out = Path(out)
-    ownership.check_owned(out, (*move, *keep_in_place))
-    moving = [name for name in move if (out / name).exists()]
-    linking = [name for name in keep_in_place if (out / name).is_file()]
-    if not moving and not linking:
-        return None
-    (out / PREVIOUS).mkdir(exist_ok=True)  # perhaps someone else's folder: a new numbered folder is added to it
-    number = 1 + max((int(p.name) for p in (out / PREVIOUS).iterdir()
-                      if p.name.isdigit() and (p / ownership.RECORD_NAME).is_file()), default=0)
-    while (out / PREVIOUS / str(number)).exists() or (out / PREVIOUS / str(number)).is_symlink():
-        number += 1  # a numbered folder of someone else's: passed over
-    folder = out / PREVIOUS / str(number)
-    folder.mkdir()
-    aside = ownership.RunRecord(folder, claimed=[*moving, *linking])
-    aside.write()  # first: a move cut short leaves nothing there that is not provably the runtime's
-    for name in linking:  # first: a failure here has moved nothing yet
-        try:
-            os.link(out / name, folder / name)
-        except OSError:
-            shutil.copy2(out / name, folder / name)
-    record = ownership.RunRecord.read(out)
-    for name in moving:
-        (out / name).rename(folder / name)
-        record.forget(name)
-    record.write()
-    aside.take_inventory([*moving, *linking])
-    aside.write()
-    return folder
-
-
-def prune_previous(out, keep: int = KEEP_PREVIOUS) -> None:
-    """Delete all but the newest ``keep`` earlier runs that :func:`set_aside` put in
-    ``out/previous`` (call it once a new run has written its own files, never before). Only
-    folders with a run record count, and only what the record proves the runtime's goes:
-    anything else there (a ``previous/2019`` of the user's, a file added to a ``previous/N``)
-    stays byte for byte."""
-    previous = Path(out) / PREVIOUS
-    if not previous.is_dir():
-        return
-    folders = sorted((p for p in previous.iterdir() if p.name.isdigit() and p.is_dir() and not p.is_symlink()
-                      and (p / ownership.RECORD_NAME).is_file()), key=lambda p: int(p.name))
-    for old in folders[:max(0, len(folders) - keep)]:
-        ownership.remove_owned(old)
 
 
 def _signal_name(signum: int) -> str:
@@ -307,17 +243,19 @@ class LocalCluster:
 
 
 def run_local(config: MasterConfig, *, max_restarts: int = 3, device: str = "cpu",
-              threads_per_worker: int | None = None, on_record: Callable[[dict], None] | None = None) -> Path:
+              threads_per_worker: int | None = None, on_record: Callable[[dict], None] | None = None,
+              earlier_runs: bool = True) -> Path:
     """:func:`_run_local` holding the output folder's lock (:func:`iterreduce.ownership.hold`)
     from start to end: a second run into the same folder is refused at once
     (:class:`~iterreduce.exceptions.OutputBusy`), naming the folder and the holder."""
     with ownership.hold(Path(config.output).resolve()):
         return _run_local(config, max_restarts=max_restarts, device=device, threads_per_worker=threads_per_worker,
-                          on_record=on_record)
+                          on_record=on_record, earlier_runs=earlier_runs)
 
 
 def _run_local(config: MasterConfig, *, max_restarts: int = 3, device: str = "cpu",
-               threads_per_worker: int | None = None, on_record: Callable[[dict], None] | None = None) -> Path:
+               threads_per_worker: int | None = None, on_record: Callable[[dict], None] | None = None,
+               earlier_runs: bool = True) -> Path:
     """Run the job ``config`` describes on a local mini-cluster of ``config.workers`` worker
     processes; returns the output dir.
 
@@ -327,14 +265,16 @@ def _run_local(config: MasterConfig, *, max_restarts: int = 3, device: str = "cp
     A run without a ``run_id`` gets a fresh one (:func:`~iterreduce.master.new_run_id`), written
     in each of its checkpoints.
     A new run keeps an earlier run's log and checkpoints in OUTPUT/previous/N
-    (:func:`set_aside`); once it has succeeded, the newest :data:`KEEP_PREVIOUS` stay.
+    (:func:`~iterreduce.ownership.set_aside`); once it has succeeded, the newest
+    :data:`~iterreduce.ownership.KEEP_PREVIOUS` stay. ``earlier_runs=False``: the caller
+    keeps the folder's earlier runs itself (a job's run, whose own files go there too).
     """
     out = Path(config.output).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    ownership.check_owned(out, RUN_FILES)  # a resume too: it writes on under these names
-    if not config.resume:  # a new run's log and checkpoints start afresh; a resumed one continues them
-        set_aside(out)
-    ownership.claim(out, RUN_FILES)
+    ownership.check_owned(out, ownership.RUN_FILES)  # a resume too: it writes on under these names
+    if earlier_runs and not config.resume:  # a new run's log and checkpoints start afresh; a resumed one continues them
+        ownership.set_aside(out)
+    ownership.claim(out, ownership.RUN_FILES)
     shards = list_shards(config.shards) if isinstance(config.shards, str) else list(config.shards)
     config = dataclasses.replace(config, shards=shards, output=str(out), token=config.token or new_token(),
                                  run_id=config.run_id or new_run_id(),
@@ -349,8 +289,9 @@ def _run_local(config: MasterConfig, *, max_restarts: int = 3, device: str = "cp
             cluster.stop()  # never leave a master or workers behind
             raise
         finally:
-            ownership.settle(out, RUN_FILES)
-    prune_previous(out)
+            ownership.settle(out, ownership.RUN_FILES)
+    if earlier_runs:
+        ownership.prune_previous(out)
     return out
 
 

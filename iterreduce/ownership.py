@@ -30,6 +30,7 @@ import errno
 import fcntl
 import json
 import os
+import shutil
 import socket
 import sys
 import threading
@@ -41,6 +42,7 @@ import pyarrow.fs as pafs
 
 from .exceptions import ForeignFileError, OutputBusy, OutputExists
 from .filesystems import open_output_file
+from .runlog import LOG_NAME
 
 #: The lock file in a run's output folder (see the module docstring).
 LOCK_NAME = ".iterreduce.lock"
@@ -53,6 +55,8 @@ MANIFEST_NAME = "_iterreduce_shards.json"
 BOOKKEEPING = (LOCK_NAME, RECORD_NAME)
 #: Where earlier runs' files are kept in an output folder: ``previous/1``, ``2``, ... (the highest is the newest).
 PREVIOUS = "previous"
+#: What a run of the runtime writes in its output folder (:func:`iterreduce.local.run_local`).
+RUN_FILES = (LOG_NAME, "checkpoints", "logs", "job.json", "error.txt", "master.json")
 
 
 # ------------------------------------------------------------------ the lock
@@ -542,3 +546,67 @@ def remote_set_aside(fs: pafs.FileSystem, path: str, names) -> str | None:
     for name in present:
         fs.move(_join(path, name), _join(folder, name))
     return folder
+
+
+# ------------------------------------------------------------------ earlier runs, on local disk
+
+#: Earlier runs that ``previous/`` keeps once a new run has succeeded.
+KEEP_PREVIOUS = 3
+
+
+def set_aside(out, move=None, keep_in_place=()) -> Path | None:
+    """Keep an earlier run's files in a new folder ``out/previous/N`` (N: one more than the
+    highest of the folders it made there, passing over any other) instead of deleting them;
+    returns it, or None when there was nothing.
+
+    ``move`` (names in ``out``; default :data:`RUN_FILES`) move there: a new run starts without them. ``keep_in_place``
+    (files) are hard-linked there (copied where links fail) and stay where they are until
+    the new run replaces them atomically: the link then still holds the earlier bytes.
+    Only files the run record of ``out`` proves a run's (:mod:`iterreduce.ownership`) are
+    moved: any other under those names is refused
+    (:class:`~iterreduce.exceptions.ForeignFileError`, naming it) before anything moves. The
+    new folder gets a run record of what it holds, which :func:`prune_previous` goes by.
+    """
+    out, move = Path(out), RUN_FILES if move is None else move
+    check_owned(out, (*move, *keep_in_place))
+    moving = [name for name in move if (out / name).exists()]
+    linking = [name for name in keep_in_place if (out / name).is_file()]
+    if not moving and not linking:
+        return None
+    (out / PREVIOUS).mkdir(exist_ok=True)  # perhaps someone else's folder: a new numbered folder is added to it
+    number = 1 + max((int(p.name) for p in (out / PREVIOUS).iterdir()
+                      if p.name.isdigit() and (p / RECORD_NAME).is_file()), default=0)
+    while (out / PREVIOUS / str(number)).exists() or (out / PREVIOUS / str(number)).is_symlink():
+        number += 1  # a numbered folder of someone else's: passed over
+    folder = out / PREVIOUS / str(number)
+    folder.mkdir()
+    aside = RunRecord(folder, claimed=[*moving, *linking])
+    aside.write()  # first: a move cut short leaves nothing there that is not provably the runtime's
+    for name in linking:  # first: a failure here has moved nothing yet
+        try:
+            os.link(out / name, folder / name)
+        except OSError:
+            shutil.copy2(out / name, folder / name)
+    record = RunRecord.read(out)
+    for name in moving:
+        (out / name).rename(folder / name)
+        record.forget(name)
+    record.write()
+    aside.take_inventory([*moving, *linking])
+    aside.write()
+    return folder
+
+
+def prune_previous(out, keep: int = KEEP_PREVIOUS) -> None:
+    """Delete all but the newest ``keep`` earlier runs that :func:`set_aside` put in
+    ``out/previous`` (call it once a new run has written its own files, never before). Only
+    folders with a run record count, and only what the record proves the runtime's goes:
+    anything else there (a ``previous/2019`` of the user's, a file added to a ``previous/N``)
+    stays byte for byte."""
+    previous = Path(out) / PREVIOUS
+    if not previous.is_dir():
+        return
+    folders = sorted((p for p in previous.iterdir() if p.name.isdigit() and p.is_dir() and not p.is_symlink()
+                      and (p / RECORD_NAME).is_file()), key=lambda p: int(p.name))
+    for old in folders[:max(0, len(folders) - keep)]:
+        remove_owned(old)

@@ -22,7 +22,7 @@ from dbn.cli import main
 from dbn.jobs.run import why_another_job
 from dbn.jobs.spec import load_spec
 from iterreduce import checkpoint, ownership
-from iterreduce.local import prune_previous, set_aside
+from iterreduce.ownership import prune_previous, set_aside
 from test_cli import make_dataset
 
 RUN_FILES = ("model.npz", "result.json", "config.json", "log.jsonl")

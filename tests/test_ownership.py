@@ -30,7 +30,7 @@ from dbn import DBN
 from dbn.cli import main
 from iterreduce import ownership
 from iterreduce.exceptions import ForeignFileError, OutputBusy
-from iterreduce.local import prune_previous, set_aside
+from iterreduce.ownership import prune_previous, set_aside
 from iterreduce.readers import list_shards, read_shard
 from iterreduce.shards import write_shards
 from test_cli import make_dataset

@@ -40,7 +40,8 @@ import numpy as np
 
 from iterreduce import ownership, runlog
 from iterreduce.exceptions import MasterKilled
-from iterreduce.local import PREVIOUS, RUN_FILES, gpu_count, local_processes, prune_previous, run_local, set_aside
+from iterreduce.local import gpu_count, local_processes, run_local
+from iterreduce.ownership import PREVIOUS, RUN_FILES, prune_previous, set_aside
 from iterreduce.readers import list_shards, shard_info
 from iterreduce.filesystems import filesystem, join
 from iterreduce.shards import set_shard_note, shard_note
@@ -498,7 +499,8 @@ class MiniCluster:
             config = dataclasses.replace(spec.master_config(shards=uris, output=str(out), stream=stream),
                                          workers=processes, resume=self.resume)
             run_local(config, max_restarts=spec.cluster.max_restarts, device=spec.job.device,
-                      threads_per_worker=spec.cluster.threads_per_process or None, on_record=on_record)
+                      threads_per_worker=spec.cluster.threads_per_process or None, on_record=on_record,
+                      earlier_runs=False)  # run() keeps them: claim_output set them aside, _run prunes
         except MasterKilled as killed:
             if killed.checkpoint is None:
                 raise
