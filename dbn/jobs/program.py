@@ -53,11 +53,16 @@ SINCE_BEST, STOP = f"{MASTER_STATE}epochs_since_best", f"{MASTER_STATE}stop"
 
 
 class DBNProgram(Program):
-    """Master side. ``config``: DBN hyperparameters (see :class:`dbn.DBN`) plus
-    ``n_classes`` (None: counted from the labels), ``seed``, ``sync_every`` (minibatches per synchronisation;
-    0 or absent = once per epoch, the paper's setting) and ``block_momentum``
-    for fine-tuning (0 = plain averaging; see :func:`iterreduce.program.block_momentum_average`),
-    and ``validation``: URI of a labelled shard for a validation error per fine-tuning epoch.
+    """Master side. ``config`` (:meth:`dbn.jobs.spec.JobSpec.program_config` makes it): DBN
+    hyperparameters (see :class:`dbn.DBN`) plus ``n_classes`` (None: counted from the labels),
+    ``seed``, ``sync_every`` (minibatches per synchronisation; 0 or absent = once per epoch, the
+    paper's setting), the block momentum of fine-tuning and of pre-training (``block_momentum``,
+    ``pretrain_block_momentum``, ``block_nesterov``; 0 = plain averaging) and its step
+    (``block_learning_rate``, ``pretrain_block_learning_rate``; see
+    :func:`iterreduce.program.block_momentum_average`), ``validation`` (URI of a labelled shard
+    for a validation error per fine-tuning epoch), ``stream`` (workers read their shards from
+    local disk a block at a time) and ``scale`` (the scaler the workers' first step gathers:
+    "min_max", "standard" or None).
 
     The parameters are the flat state of :mod:`dbn.model.state` (``rbm.{l}.*``, ``net.{i}.*``),
     plus the runtime's ``master.*`` arrays; before fine-tuning, ``net.{n}.weights`` holds the

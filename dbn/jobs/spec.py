@@ -3,10 +3,12 @@
 ::
 
     [data]
-    train = "mnist"            # "mnist" or a .npz with arrays X (n x d) and y (n,)
+    train = "mnist"            # "mnist", a .npz (X, y), a .csv or Parquet file; or a table (with features)
     test = "mnist"             # optional, same forms ("mnist" = the 10,000 test images)
     mnist_dir = "~/mnist"      # optional: where the MNIST files are (else found)
     limit = 10000              # optional: train on the first N rows only
+    # features = ["pixel_*"]   # a table's feature columns: train is then a table read in place
+    # label = "digit"          # its label column; filter = "split == 'train'" its rows
 
     [model]                    # any DBN hyperparameter except callback, seed, device
     hidden_layers = [500, 500, 2000]
@@ -24,6 +26,7 @@
     workers = 10               # 10 data-parallel workers on a local mini-cluster (0: one process)
     sync_every = 0             # average every k minibatches; 0: once per epoch
 
+Every key, its type, default and meaning: docs/settings.md (generated from these sections).
 The ``[model]`` section is generated from the signature of :class:`dbn.DBN`, so
 its keys and defaults are DBN's own. ``seed`` and ``device`` live in ``[job]``.
 Relative paths under ``[data]`` are relative to the config file; ``output.dir``
