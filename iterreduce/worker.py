@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import logging
 import os
-import queue
 import socket
 import threading
 import time
@@ -17,13 +15,14 @@ import grpc
 import numpy as np
 
 from . import exchange, log_level, wire
+from .collective import Collective
 from .lifeline import follow_launcher
+from .masterlink import MasterLink
 from .memory import keep_freed_memory, peak_rss_bytes
 from .program import Update, WorkerProgram, load_class, master_side, shard_seed, step_from_json
 from .proto import iterreduce_pb2 as pb
-from .proto import iterreduce_pb2_grpc as pb_grpc
 from .exceptions import DataError
-from .security import TlsCredentials, TokenError, check_token, metadata, open_channel
+from .security import TlsCredentials, TokenError, check_token, open_channel
 from .readers import ShardData
 
 log = logging.getLogger("iterreduce.worker")
@@ -41,14 +40,17 @@ class Worker:
     ``peer_host``), so the master can have it reduce its rows of each update
     (:mod:`iterreduce.exchange`); without, the master reduces this worker's updates itself. After
     an exchange, where the task names the next step, it computes that step's updates while its
-    push is on its way and the master ends the step (:meth:`_run_ahead`)."""
+    push is on its way and the master ends the step (:meth:`_run_ahead`).
+
+    Its parts: ``link`` (:class:`~iterreduce.masterlink.MasterLink`: its calls to the master)
+    and, once registered, ``collective`` (:class:`~iterreduce.collective.Collective`: its
+    sends to the other workers in an exchange)."""
 
     def __init__(self, address: str, token: str, name: str, device: str = "cpu", resources: dict | None = None,
                  tls: TlsCredentials | None = None, peer_host: str | None = None, peer_bind: str | None = None):
         # Mutual TLS with ``tls``: the master must present ``tls.cert``, and so does this worker.
         self.channel = open_channel(address, tls, wire.MAX_MESSAGE_BYTES)
-        self.stub = pb_grpc.MasterStub(self.channel)
-        self.metadata = metadata(token)
+        self.link = MasterLink(self.channel, token)
         self.name = name
         self.device = device
         self.resources = resources or {}
@@ -59,38 +61,34 @@ class Worker:
         self._stop = threading.Event()
         self.token, self.tls = token, tls
         self.peer_address = ""
+        self._peer_server: grpc.Server | None = None
         self.inbox = exchange.Inbox()
         if peer_host:
             keep_freed_memory()  # parts arrive in fresh buffers every sync, as updates do at the master
             self._peer_server, self.peer_address = exchange.serve(self.inbox, token, peer_bind or peer_host,
                                                                   peer_host, tls)
-        self.peers: exchange.Peers | None = None
+        self.collective: Collective | None = None  # this worker's sends in the exchange, once registered
         self.reducer = None  # the master-side program, for the rows this worker reduces
         self._kept: dict[tuple[int, int], Update] = {}  # (step, shard) -> update, while a step may be redone
-        self._layout: tuple[int, pb.TaskHeader] = (0, pb.TaskHeader())  # the exchange's layout held: (version, its fields)
-        self._heard = 0.0  # when the last call to the master ended (the heartbeat skips a beat after one)
         self._results: dict[int, tuple[int, int, dict]] = {}  # round -> (parts, part, this reducer's result)
         # The push that ends an exchange, with the fetch of the next task, runs here while this worker
         # computes ahead (see _run_ahead); its updates wait in _ahead, with what they guessed.
         self._calls = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="push")
         self._ahead: tuple[tuple, list[Update], float, dict] | None = None
-        self._steps: tuple[queue.SimpleQueue, object] | None = None  # the open Steps stream: (requests, replies)
 
     def register(self) -> None:
-        reply = self.stub.Register(pb.RegisterRequest(
+        reply = self.link.register(pb.RegisterRequest(
             worker_name=self.name, host=socket.gethostname(), pid=os.getpid(),
-            resources_json=json.dumps(self.resources), peer_address=self.peer_address),
-            metadata=self.metadata, wait_for_ready=True, timeout=120)
+            resources_json=json.dumps(self.resources), peer_address=self.peer_address))
         self.worker_id = reply.worker_id
-        # The master may be a new one (or have dropped this worker): its versions, layouts and stream are not ours.
-        self.parameters, self.versions, self._ahead = {}, {}, None
-        self._close_steps()
-        self._layout, self._results = (0, pb.TaskHeader()), {}
-        if self.peers is not None:
-            self.peers.close()
-        self.peers = exchange.Peers(self.worker_id, self.token, self.tls)
+        # The master may be a new one (or have dropped this worker): the versions and results it knew are not ours.
+        self.parameters, self.versions, self._ahead, self._results = {}, {}, None, {}
+        if self.collective is not None:
+            self.collective.close()
         self.heartbeat_interval = reply.heartbeat_interval_s
         self.float16 = reply.float16_wire
+        self.collective = Collective(self.worker_id, exchange.Peers(self.worker_id, self.token, self.tls), self.inbox,
+                                     self.float16)
         program_cls = load_class(reply.program)
         worker_cls = load_class(program_cls.worker_class)
         config = json.loads(reply.program_config_json)
@@ -103,11 +101,10 @@ class Worker:
         finished fetch or push also counts at the master: with a sync a second, heartbeats would
         double its calls)."""
         while not self._stop.wait(self.heartbeat_interval):
-            if time.monotonic() - self._heard < self.heartbeat_interval:
+            if time.monotonic() - self.link.heard < self.heartbeat_interval:
                 continue
             try:
-                reply = self.stub.Heartbeat(pb.HeartbeatRequest(
-                    worker_id=self.worker_id, status_json=json.dumps(self.status)), metadata=self.metadata, timeout=10)
+                reply = self.link.heartbeat(self.worker_id, self.status)
                 if not reply.known:
                     log.warning("master no longer knows %s", self.worker_id)
                 # A round the master has left (its exchange failed) will not complete: stop waiting for it.
@@ -154,9 +151,9 @@ class Worker:
                     # Another process would read the same bytes: report it, and the master
                     # ends the job (the next fetch says DONE) instead of retrying it.
                     log.error("bad data: %s", exc)
-                    self.stub.ReportDataError(pb.DataErrorReport(
+                    self.link.report_data_error(pb.DataErrorReport(
                         worker_id=self.worker_id, step=header.step, shard=self.status.get("shard", -1),
-                        message=str(exc)), metadata=self.metadata, timeout=30)
+                        message=str(exc)))
                     continue
                 pushing = time.perf_counter()
                 if header.reducers:
@@ -168,40 +165,15 @@ class Worker:
         finally:
             self._stop.set()
             self._calls.shutdown(wait=False, cancel_futures=True)
-            self._close_steps()
-            if self.peers is not None:
-                self.peers.close()
-            if self.peer_address:
+            self.link.close()
+            if self.collective is not None:
+                self.collective.close()
+            if self._peer_server is not None:
                 self._peer_server.stop(grace=1.0)
 
-    def _task_request(self) -> pb.TaskRequest:
-        """What this worker holds, for the master to send only what it lacks."""
-        return pb.TaskRequest(worker_id=self.worker_id, versions=self.versions, layout_version=self._layout[0])
-
     def _fetch(self):
-        task = self._read_task(self.stub.FetchTask(self._task_request(), metadata=self.metadata))
-        self._heard = time.monotonic()
-        return task
-
-    def _read_task(self, messages):
-        """The task's header and its arrays, from its messages."""
-        header, decoder = None, wire.Decoder()
-        for chunk in messages:
-            if chunk.HasField("header"):
-                header = chunk.header
-            for tensor in chunk.tensors:
-                decoder.add(tensor)
-        held, layout = self._layout
-        if header.layout_version and header.reducers:  # a new layout: keep it
-            self._layout = (header.layout_version, pb.TaskHeader(
-                reducers=header.reducers, reduce_shards=header.reduce_shards, columns=header.columns,
-                shard_reducers=header.shard_reducers))
-        elif header.layout_version:  # the layout this worker holds: the master sent no copy
-            if header.layout_version != held:  # never guess whom to send rows to
-                raise RuntimeError(f"task of round {header.round}: layout {header.layout_version} was not "
-                                   f"sent, and this worker holds layout {held}")
-            header.MergeFrom(layout)
-        return header, decoder.finish()
+        """The next task's header and arrays."""
+        return self.link.fetch(self.worker_id, self.versions)
 
     def _compute(self, header, ahead_s: float = 0.0) -> list[Update]:
         """This task's updates, one a shard (those computed already, kept or ahead, are not computed
@@ -227,68 +199,15 @@ class Worker:
     def _push(self, header, updates: list[Update], arrays: dict | None = None, float16: bool | None = None,
               **fields):
         """Push to the master: the updates' results, and ``arrays`` (default: the updates' tensors,
-        named ``<shard>/<array>``); ``fields`` go into the :class:`UpdateHeader`. A push of one
-        message asks for the next task in the same call (Sync); returns that task's header and
-        arrays when it came, else None (fetch it)."""
+        named ``<shard>/<array>``); ``fields`` go into the :class:`UpdateHeader`. Returns the next
+        task when it came with the push, else None (see :meth:`MasterLink.push`)."""
         results = [pb.ShardResult(index=u.shard, samples=u.samples, metrics_json=json.dumps(u.metrics)) for u in updates]
         if arrays is None:
             arrays = {f"{u.shard}/{k}": v for u in updates for k, v in u.arrays.items()}
-
-        def stream():  # the header and as many chunks as fit share a message (wire.packed)
-            first = pb.UpdateHeader(worker_id=self.worker_id, step=header.step, round=header.round,
-                                    results=results, compute_s=self.compute_s, **fields)
-            chunks = wire.encode(arrays, float16=self.float16 if float16 is None else float16)
-            for group in wire.packed(itertools.chain([first], chunks), size=lambda message: message.ByteSize()):
-                if group[0] is first:
-                    yield pb.UpdateChunk(header=first, tensors=group[1:])
-                else:
-                    yield pb.UpdateChunk(tensors=group)
-
-        messages = stream()
-        first = next(messages)
-        second = next(messages, None)
-        task = None
-        if second is None:
-            try:
-                reply = self._sync(pb.SyncRequest(update=first, next=self._task_request()))
-            except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.NOT_FOUND:
-                    raise
-                return None  # the master dropped this worker: the next fetch says so, and it registers again
-            pushed = reply.pushed
-            if not reply.fetch:
-                task = self._read_task([reply.task])
-        else:
-            pushed = self.stub.PushUpdate(itertools.chain([first, second], messages), metadata=self.metadata)
-        self._heard = time.monotonic()
-        if not pushed.accepted:
-            log.warning("update for step %d not accepted: %s", header.step, pushed.reason)
-        return task
-
-    def _sync(self, request: pb.SyncRequest) -> pb.SyncReply:
-        """A Sync on this worker's stream to the master (Steps: opened at the first, kept open for
-        the job, since a message on it costs the master less than a call)."""
-        if self._steps is None:
-            requests = queue.SimpleQueue()
-            self._steps = requests, self.stub.Steps(iter(requests.get, None), metadata=self.metadata)
-        requests, replies = self._steps
-        requests.put(request)
-        try:
-            return next(replies)
-        except grpc.RpcError:
-            self._close_steps()
-            raise
-        except StopIteration:  # the master answers every request until it ends the stream with an error
-            self._close_steps()
-            raise RuntimeError("the master closed this worker's stream without an error") from None
-
-    def _close_steps(self) -> None:
-        """End the Steps stream, if one is open."""
-        if self._steps is not None:
-            requests, replies = self._steps
-            self._steps = None
-            requests.put(None)
-            replies.cancel()
+        first = pb.UpdateHeader(worker_id=self.worker_id, step=header.step, round=header.round,
+                                results=results, compute_s=self.compute_s, **fields)
+        chunks = wire.encode(arrays, float16=self.float16 if float16 is None else float16)
+        return self.link.push(first, chunks, self.versions)
 
     # ------------------------------------------------------------ the reduce on the workers
 
@@ -300,15 +219,12 @@ class Worker:
         self.status = {"state": "scattering", "step": header.step}
         named = {f"{u.shard}/{k}": v for u in updates for k, v in u.arrays.items()}
         samples = {u.shard: u.samples for u in updates}
-        grid = header.columns > 0 and header.part >= 0
         if parameters is None:
             error = f"the rows of {sorted(header.rows_kept)} from round {header.rows_round} are not held"
         elif not exchange.can_cut(named):
             error = "an update holds an array without rows (0-d)"
-        elif grid:
-            error = self._grid_scatter(header, named, samples)
         else:
-            error = self._send_parts(header, exchange.UPDATE, named, samples)
+            error = self.collective.scatter(header, named, samples)
         if error or header.part < 0:
             return self._push(header, updates, arrays={}, scattered=True, exchange_error=error)
         result, error = self._reduce(header, parameters)
@@ -317,10 +233,7 @@ class Worker:
             self._results = {r: kept for r, kept in self._results.items() if r >= header.round - 3}
             self._results[header.round] = (len(header.reducers), header.part, result)
             shared = {k: v for k, v in result.items() if not master_side(k)}
-            if grid:
-                error = self._grid_gather(header, shared)
-            else:
-                undelivered = self._send_parts_to_all(header, shared)
+            undelivered, error = self.collective.all_gather(header, shared)
         push = dict(arrays={} if error else result, float16=False, scattered=True, reduced=not error,
                     part=header.part, undelivered=undelivered, exchange_error=error)
         if error or not header.ahead_info_json:
@@ -383,18 +296,6 @@ class Worker:
         self._kept.update({(header.step, u.shard): u for u in updates})
         return seconds, joined
 
-    def _send_parts(self, header, kind: int, arrays: dict, samples: dict[int, int]) -> str:
-        """Send block j of ``arrays`` to reducer j (this worker's own block straight to its inbox);
-        returns why some could not be delivered, or ""."""
-        parts = len(header.reducers)
-        for j, reducer in enumerate(header.reducers):
-            if reducer.worker_id == self.worker_id:
-                own = exchange.as_received(exchange.rows_of(arrays, parts, j), self.float16)
-                self.inbox.put(header.round, kind, j, own, samples)
-        messages = ((j, self.peers.encode(kind, header.round, j, exchange.rows_of(arrays, parts, j), self.float16, samples))
-                    for j, reducer in enumerate(header.reducers) if reducer.worker_id != self.worker_id)
-        return "; ".join(self._send_all(header, messages).values())  # each on its way while the next is encoded
-
     def _reduce(self, header, parameters: dict) -> tuple[dict, str]:
         """Reduce this worker's rows (block ``header.part``) of the round's shards' updates from
         ``parameters`` (its rows of them, at full precision); returns the result and an error or ""."""
@@ -422,84 +323,6 @@ class Worker:
             return {}, f"the reduce failed on block {header.part}: {exc}"
         log.debug("round %d: block %d reduced in %.3f s", header.round, header.part, time.perf_counter() - started)
         return result, ""
-
-    def _send_parts_to_all(self, header, rows: dict) -> list[str]:
-        """All-gather: this reducer's rows to every reducer; returns the reducers that did not get them."""
-        self.inbox.put(header.round, exchange.REDUCED, header.part, exchange.as_received(rows, self.float16))
-        message = self.peers.encode(exchange.REDUCED, header.round, header.part, rows, self.float16)  # encoded once
-        return sorted(self._send_all(header, [(j, message) for j, r in enumerate(header.reducers)
-                                              if r.worker_id != self.worker_id]))
-
-    def _grid_scatter(self, header, named: dict, samples: dict[int, int]) -> str:
-        """The scatter through the grid (see :mod:`iterreduce.exchange`): this worker's rows for the
-        reducers of each column to that column's relay (:func:`~iterreduce.exchange.grid_relay`);
-        then, as a relay, the rows of the shards it relays to each reducer of its column.
-        Returns why a message failed, or ""."""
-        k, columns, me, round_ = len(header.reducers), header.columns, header.part, header.round
-
-        def part(target: int, arrays: dict, part_samples: dict) -> bytes:
-            return self.peers.encode(exchange.UPDATE, round_, target, arrays, self.float16, part_samples)
-
-        messages = []
-        for column in range(columns):
-            targets, relay = exchange.grid_column(k, columns, column), exchange.grid_relay(k, columns, me, column)
-            if relay == me:  # this worker relays these: they wait in its inbox with the others it relays
-                for t in targets:
-                    own = exchange.as_received(exchange.rows_of(named, k, t), self.float16)
-                    self.inbox.put(round_, exchange.UPDATE, t, own, samples)
-            else:
-                messages.append((relay, b"".join(part(t, exchange.rows_of(named, k, t), samples) for t in targets)))
-        error = "; ".join(self._send_all(header, messages).values())
-        if error:
-            return error
-        # This worker relays its senders' rows (its row's, see grid_relayed) to the reducers of its column.
-        step = step_from_json(header.info_json)
-        senders = set(exchange.grid_relayed(k, columns, me))
-        mine = [s for s, j in zip(header.reduce_shards, header.shard_reducers) if j in senders]
-        names = [f"{s}/{name}" for s in mine for name in step.arrays]
-        messages = []
-        for t in exchange.grid_column(k, columns, me % columns):
-            if t == me:
-                continue
-            rows = self.inbox.wait(round_, exchange.UPDATE, t, names, timeout=None)
-            if rows is None:
-                return f"rows of shards {mine} for block {t} did not all arrive"
-            counts = self.inbox.samples(round_, exchange.UPDATE, t)
-            messages.append((t, part(t, rows, {s: counts[s] for s in mine})))
-        return "; ".join(self._send_all(header, messages).values())
-
-    def _grid_gather(self, header, shared: dict) -> str:
-        """The all-gather through the grid: this reducer's block to its relay of every column, then,
-        once the blocks it relays are in, all of them down its column. Returns why a message
-        failed, or ""."""
-        k, columns, me, round_ = len(header.reducers), header.columns, header.part, header.round
-        self.inbox.put(round_, exchange.REDUCED, me, exchange.as_received(shared, self.float16))
-        block = self.peers.encode(exchange.REDUCED, round_, me, shared, self.float16)
-        relays = {exchange.grid_relay(k, columns, me, column) for column in range(columns)} - {me}
-        error = "; ".join(self._send_all(header, [(relay, block) for relay in sorted(relays)]).values())
-        if error:
-            return error
-        parts = []
-        for j in exchange.grid_relayed(k, columns, me):
-            rows = self.inbox.wait(round_, exchange.REDUCED, j, list(shared), timeout=None)
-            if rows is None:
-                return f"block {j} of the new parameters did not arrive"
-            parts.append(self.peers.encode(exchange.REDUCED, round_, j, rows, self.float16))
-        message = b"".join(parts)
-        column = [t for t in exchange.grid_column(k, columns, me % columns) if t != me]
-        return "; ".join(self._send_all(header, [(t, message) for t in column]).values())
-
-    def _send_all(self, header, messages) -> dict[str, str]:
-        """Send each ``(reducer index, message)`` as it comes (each is on its way while the next is
-        made), then wait for all; returns the reducers that did not get theirs, each with why."""
-        pending = {}
-        for j, message in messages:
-            reducer = header.reducers[j]
-            pending[self.peers.send(reducer.address, message)] = (reducer.worker_id, reducer.address)
-        failed = self.peers.wait(pending)
-        if failed:
-            log.warning("round %d: could not send to %s", header.round, "; ".join(failed.values()))
-        return failed
 
     def _rows_kept(self, header) -> dict | None:
         """This reducer's rows the master did not send again (``header.rows_kept``): its own of the
