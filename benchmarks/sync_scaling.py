@@ -304,7 +304,7 @@ def run_clients(args) -> None:
 
     md = metadata(args.token)
     try:  # as the master does (not in a --root copy that lacks it)
-        from iterreduce.master import keep_freed_memory
+        from iterreduce.memory import keep_freed_memory
     except ImportError:
         pass
     else:
@@ -475,7 +475,7 @@ def peer_receiver() -> None:
     """A Peer service alone (the receiving half of :func:`measure_peer_costs`): prints its
     address, then its CPU time at each line read from stdin."""
     from iterreduce import exchange
-    from iterreduce.master import keep_freed_memory
+    from iterreduce.memory import keep_freed_memory
 
     keep_freed_memory()
     inbox = exchange.Inbox()
@@ -492,7 +492,7 @@ def measure_peer_costs(batch: int = 10) -> dict:
     peer to receive it (two processes on loopback, nothing else running: what one worker of a
     cluster pays), from parts of 8 KB and 8 MB sent ``batch`` at a time."""
     from iterreduce import exchange
-    from iterreduce.master import keep_freed_memory
+    from iterreduce.memory import keep_freed_memory
 
     keep_freed_memory()
     receiver = subprocess.Popen([sys.executable, __file__, "--role", "peer-receiver"], stdin=subprocess.PIPE,
