@@ -11,6 +11,9 @@ import zipfile
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
 
 from iterreduce.exceptions import ShardError
 from iterreduce.filesystems import check_output_file, open_output_file
@@ -34,8 +37,6 @@ NPZ_LABELS, CSV_LABELS = "y", "label"
 def output_columns(model, X, *, features: bool = False) -> dict:
     """The columns that ``dbn predict`` (or with ``features``, ``dbn transform``) writes for the
     raw rows ``X``: ``prediction`` and its ``probability``, or the ``features``."""
-    import pyarrow as pa
-
     if features:
         top = np.ascontiguousarray(model.transform(X), dtype=np.float32)
         return {FEATURES_COLUMNS[0]: pa.FixedSizeListArray.from_arrays(pa.array(top.ravel()), top.shape[1])}
@@ -72,8 +73,6 @@ class RowsWriter:
         self.stream, self.format, self._writer = stream, fmt, None
 
     def write(self, table) -> None:
-        import pyarrow as pa
-
         if self.format == "csv":
             columns = {}
             for name, column in zip(table.column_names, table.columns):
@@ -85,12 +84,8 @@ class RowsWriter:
             table = pa.table(columns)
         if self._writer is None:
             if self.format == "csv":
-                import pyarrow.csv as pacsv
-
                 self._writer = pacsv.CSVWriter(self.stream, table.schema)
             else:
-                import pyarrow.parquet as pq
-
                 self._writer = pq.ParquetWriter(self.stream, table.schema)
         self._writer.write_table(table)
 
@@ -201,8 +196,6 @@ def csv_columns(source: str, label: str | None = None) -> list[str] | None:
     but the label), from its header alone; None for other sources, whose features have no names."""
     if not str(source).lower().endswith(".csv"):
         return None
-    import pyarrow.csv as pacsv
-
     path = Path(source).expanduser()
     try:
         with pacsv.open_csv(path) as reader:
@@ -216,9 +209,6 @@ def _read_csv(path: Path, label: str | None = None, columns: tuple[str, ...] | N
     """Features (every column but the ``label`` column, or ``columns`` by name, all numeric) and
     labels (None without the column, an error when ``label`` names one that is not there; an
     empty cell is a null, which :func:`~dbn.data.validation.label_indices` names)."""
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-
     try:
         table = pacsv.read_csv(path, convert_options=pacsv.ConvertOptions(strings_can_be_null=True))
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for bad CSV
@@ -277,8 +267,6 @@ def predict_file(model, source: str, out: str, *, mnist_dir: str | None = None, 
     read (:class:`~iterreduce.exceptions.OutputExists`, the file untouched) unless
     ``overwrite``, which replaces it atomically. Returns the rows written, and the error of the
     predictions where the file has labels."""
-    import pyarrow as pa
-
     fmt = output_format(out)
     check_output_file(out, overwrite=overwrite)
     X, y = load_dataset(source, split=split, mnist_dir=mnist_dir, label=label,

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+import pyarrow as pa
 
 from iterreduce.filesystems import check_output_file, join, open_output_file
 from iterreduce.labels import LabelMap
@@ -175,8 +176,6 @@ def predict_table(model, data, out: str, *, table: str | None = None, filter: st
     (:class:`~iterreduce.exceptions.OutputExists`, the file untouched) unless ``overwrite``,
     which replaces it atomically. Returns the rows written, and the error of the predictions
     where the table has the label column."""
-    import pyarrow as pa
-
     fmt = output_format(out)
     written = FEATURES_COLUMNS if features else PREDICTION_COLUMNS
     taken = [name for name in written if name in keep]

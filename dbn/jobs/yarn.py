@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+import pyarrow.fs as pafs
 from skein.model import parse_memory
 
 from iterreduce import ownership
@@ -265,7 +266,6 @@ def claim_remote_output(cfg: JobSpec, *, running, overwrite: bool = False, log=p
 def _why_another_remote_job(fs, base: str, cfg: JobSpec) -> str | None:
     """Why the remote folder ``base`` holds a run of another job than ``cfg`` (as
     :func:`dbn.jobs.run.why_another_job` says of a local folder), or None."""
-    import pyarrow.fs as pafs
 
     def there(name: str) -> bool:
         return fs.get_file_info(join(base, name)).type != pafs.FileType.NotFound

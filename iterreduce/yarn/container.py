@@ -26,6 +26,7 @@ new one), is what gives a worker its shards back after a restart.
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
@@ -39,10 +40,11 @@ from pathlib import Path
 import skein
 
 from ..exceptions import STOPPED_ON_BAD_DATA, DataError
-from ..master import JOB_ERRORS, JobFailed, Master, MasterConfig
-from ..security import TlsCredentials, from_skein, new_token
 from ..filesystems import filesystem, join, open_output_file
+from ..master import JOB_ERRORS, JobFailed, Master, MasterConfig
 from ..readers import list_shards
+from ..security import TlsCredentials, from_skein, new_token
+from ..worker import Worker
 from . import KV_ADDRESS, KV_PROGRESS, KV_SLOT, KV_TOKEN, KV_UI
 from .tokens import KV_TOKENS, TokenRefresher, remove_staged_keytab
 from .tokens import follow as follow_tokens
@@ -245,8 +247,6 @@ def claim_slot(app, workers: int, owner: str, preferred: list[int] | None = None
 
 def run_worker(job_file: str, app: skein.ApplicationClient) -> int:
     """A worker container's job; returns the exit code."""
-    from ..worker import Worker
-
     job = read_job(job_file)
     tls = app_credentials(app)
     follow_tokens(app)  # before any HDFS access: the master's tokens, where it renews them
@@ -266,8 +266,6 @@ def run_worker(job_file: str, app: skein.ApplicationClient) -> int:
 
 def main(argv=None) -> int:
     """Entry point of the containers' scripts."""
-    import argparse
-
     ap = argparse.ArgumentParser(prog="iterreduce.yarn.container")
     ap.add_argument("role", choices=["master", "worker"])
     ap.add_argument("job", help="the job file shipped with the application")
