@@ -39,6 +39,7 @@ from .columns import feature_block, feature_kind, non_null, type_width
 from .filesystems import filesystem, open_output_file
 from .filters import FilterParser, filter_columns, parse_filter
 from .labels import LabelMap, is_label_type, label_values
+from .lakehouse import check_not_lakehouse
 
 FORMATS = ("parquet", "orc")
 #: Names of Spark's and Hadoop's side files and folders (_SUCCESS, _committed_*, _started_*,
@@ -128,8 +129,10 @@ class TableSource:
 
 def open_dataset(source: TableSource) -> ds.FileSystemDataset:
     """The table at ``source.uri`` as a ``pyarrow.dataset``: its data files (Spark's and
-    Hadoop's side files skipped) and hive partition folders (``key=value``) as columns."""
+    Hadoop's side files skipped) and hive partition folders (``key=value``) as columns. A
+    lakehouse table's folder is refused (:func:`iterreduce.lakehouse.check_not_lakehouse`)."""
     fs, path = filesystem(source.uri)
+    check_not_lakehouse(fs, path, source.uri)  # its folder holds files that are no longer the table
     try:
         # exclude_invalid_files would open every file while listing (slow on HDFS): side files are
         # skipped by name instead, and a file that is not Parquet/ORC fails when read, named.

@@ -1,0 +1,61 @@
+"""Lakehouse tables told apart from plain folders of Parquet files.
+
+A Delta Lake, Apache Iceberg or Apache Hudi table is data files plus a log or metadata folder
+that says which of them are the table now: an overwrite, a delete or an update leaves the old
+files on disk (until a VACUUM or an expiry) and only the log says they are gone. Read as plain
+Parquet, such a folder trains on rows the table no longer holds. :func:`check_not_lakehouse`
+refuses it, naming the format and what to do, before anything is read.
+"""
+
+from __future__ import annotations
+
+import posixpath
+
+import pyarrow.fs as pafs
+
+from .exceptions import TableError
+
+#: The folder each format keeps beside its data files, and the format's name.
+MARKERS = {"_delta_log": "Delta Lake", "metadata": "Apache Iceberg", ".hoodie": "Apache Hudi"}
+#: How an Iceberg ``metadata`` folder is told from a folder that happens to bear that name.
+ICEBERG_FILES = (".metadata.json", "version-hint.text")
+#: Folders above a table's that are looked at (a partition folder of a lakehouse table, say).
+MAX_LEVELS_UP = 8
+
+
+def lakehouse_format(fs: pafs.FileSystem, path: str) -> tuple[str, str] | None:
+    """``(format name, marker folder)`` of the lakehouse table whose folder is ``path`` or one
+    of the :data:`MAX_LEVELS_UP` folders above it; None for a plain folder or file."""
+    folder = path.rstrip("/") or "/"
+    for _ in range(MAX_LEVELS_UP + 1):
+        markers = [posixpath.join(folder, name) for name in MARKERS]
+        for info in fs.get_file_info(markers):
+            if info.type != pafs.FileType.Directory:
+                continue
+            name = MARKERS[info.base_name]
+            if name != "Apache Iceberg" or _iceberg_metadata(fs, info.path):
+                return name, info.path
+        parent = posixpath.dirname(folder)
+        if parent == folder or not parent:
+            return None
+        folder = parent
+    return None
+
+
+def _iceberg_metadata(fs: pafs.FileSystem, folder: str) -> bool:
+    selector = pafs.FileSelector(folder, allow_not_found=True)
+    return any(info.base_name.endswith(ICEBERG_FILES) for info in fs.get_file_info(selector))
+
+
+def check_not_lakehouse(fs: pafs.FileSystem, path: str, uri: str) -> None:
+    """Refuse the table at ``uri`` (``path`` on ``fs``) when it is, or is inside, a lakehouse
+    table: :class:`~iterreduce.exceptions.TableError` naming the format, its log or metadata
+    folder and what to do."""
+    found = lakehouse_format(fs, path)
+    if found is None:
+        return
+    name, marker = found
+    raise TableError(f"{uri}: part of {'an' if name[0] in 'AEIOU' else 'a'} {name} table ({marker} says which of "
+                     f"its files are the table now): read as plain Parquet it would train on rows the table no longer "
+                     f"holds, so it is refused. {name} tables are not read in place yet: write the version to train "
+                     f"on as plain Parquet (e.g. with Spark, df.write.parquet(...)) and name that folder")
