@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
@@ -45,7 +46,7 @@ class Rows:
     columns: list[str] | tuple[str, ...] | None  # the columns the features come from, by name
 
 
-class TrainingData:
+class TrainingData(ABC):
     """The training data of ``spec`` (a :class:`dbn.jobs.spec.JobSpec`); see the module docstring."""
 
     #: the rows are a table read in place (whose features "auto" scales to [0, 1] for Bernoulli units)
@@ -63,31 +64,31 @@ class TrainingData:
         """How the features are scaled: "min_max", "standard" or None (:func:`dbn.data.scaling.scale_kind`)."""
         return scale_kind(self.spec.data, self.spec.model.visible, table=self.in_place)
 
+    @abstractmethod
     def read(self) -> Rows:
         """Every training row in this process, scaled, with class indices where the job fine-tunes."""
-        raise NotImplementedError
 
+    @abstractmethod
     def columns(self) -> list[str] | tuple[str, ...] | None:
         """The columns the features come from, by name (None: unnamed), read cheaply."""
-        raise NotImplementedError
 
+    @abstractmethod
     def width(self) -> tuple[int, bool]:
         """``(features a row, whether the rows have labels)``, read cheaply where the data allows it."""
-        raise NotImplementedError
 
+    @abstractmethod
     def shards(self, folder: str, n: int) -> list[str]:
         """The URIs of the shards ``n`` workers read, written into ``folder`` where the data is
         not shards already (only shards written there are ever replaced)."""
-        raise NotImplementedError
 
     def cut_message(self, n: int, folder: str) -> str:
         """What :meth:`shards` does for ``n`` workers into ``folder``, for the log."""
         return f"sharding {self.uri} into {n} shards under {folder}"
 
+    @abstractmethod
     def source_note(self, n: int) -> dict | None:
         """What shards cut into a job's own folder come from (their manifest's note: a later run of
         the same data reuses them); None where the data is shards already."""
-        raise NotImplementedError
 
     def why_fewer(self, n: int) -> str:
         """Why the data makes only ``n`` shards, for fewer workers than asked."""
@@ -224,7 +225,7 @@ def training_data(spec) -> TrainingData:
 # ------------------------------------------------------------------ the rows a trained model reads
 
 
-class ScoredRows:
+class ScoredRows(ABC):
     """The rows a trained model reads, raw, by the columns it names (the model scales them and
     answers in its labels): the job's test set, or the rows ``dbn predict`` and ``dbn transform``
     write. A table when ``[data] features`` names columns, else a data file (:func:`scored_rows`)."""
@@ -232,21 +233,21 @@ class ScoredRows:
     def __init__(self, data):
         self.data = data  # the job's [data] section
 
+    @abstractmethod
     def test_rows(self, columns=None) -> tuple[np.ndarray, np.ndarray]:
         """The test set's features (of ``columns``, a model's, where given) and label values."""
-        raise NotImplementedError
 
+    @abstractmethod
     def test_width(self, columns=None) -> int:
         """The test set's features a row, read as :meth:`test_rows` reads them (as cheaply as it can)."""
-        raise NotImplementedError
 
     def check_options(self, keep: tuple[str, ...], filter: str | None, job: str) -> None:
         """Refuse ``dbn predict`` options these rows cannot honour, before anything is read."""
 
+    @abstractmethod
     def predict(self, model, out: str, *, table: str | None, filter: str | None, keep: tuple[str, ...],
                 features: bool, overwrite: bool) -> dict:
         """Write ``model``'s predictions (or with ``features``, its features) of the rows to ``out``."""
-        raise NotImplementedError
 
 
 class TableRows(ScoredRows):
