@@ -5,7 +5,8 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
 #       -d .whl grpcio==<.venv's> protobuf==<.venv's> tomli-w     # what the GPU image lacks
 #   mkdir -p shared/data && cp -r ../shared/data/mnist shared/data/
-#   bash benchmarks/gpu_check.sh [PART...]   # parts: tests bench mnist transfers scaling; default: tests bench mnist
+#   bash benchmarks/gpu_check.sh [PART...]   # parts: tests bench profile mnist accuracy transfers scaling;
+#                                            # default: tests bench mnist
 #   (scaling: the local mini-cluster on $SCALING_WORKERS CPU workers (1,8), $SCALING_EPOCHS epochs (3) a
 #   phase, $SCALING_ARGS added to cpu_scaling.py's; each run's logs kept in OUT/scaling$SCALING_TAG.tgz)
 set -u
@@ -48,6 +49,12 @@ step "bench all"
 timeout 60 dbn bench all --device gpu --mapping one-process --seconds 1.5 2>&1 | tee "$OUT/bench-all.log"
 fi
 
+if want profile; then
+step "where a step's time goes (benchmarks/gpu_profile.py), and TF32 products"
+timeout 120 python3 benchmarks/gpu_profile.py --batch 100 2>&1 | tee "$OUT/profile.log"
+CUPY_TF32=1 timeout 60 dbn bench all --device gpu --mapping one-process --seconds 1.5 2>&1 | tee "$OUT/bench-all-tf32.log"
+fi
+
 if want mnist; then
 step "MNIST, 1 process on the GPU, 50 RBM epochs a layer"
 # At debug level the logs say each step's reduce, checkpoint and push seconds (kept in one tar).
@@ -55,6 +62,30 @@ ITERREDUCE_LOG_LEVEL=DEBUG timeout 260 dbn mnist --local 1 --device gpu --epochs
     | tail -25 | tee "$OUT/mnist.log"
 cp /tmp/mnist-gpu/result.json "$OUT/mnist-result.json" 2>/dev/null
 tar -czf "$OUT/mnist-logs.tgz" -C /tmp/mnist-gpu log.jsonl logs 2>/dev/null
+fi
+
+if want accuracy; then
+# Seeds $ACCURACY_SEEDS (0 1 2) of one recipe at once (the GPU waits on launches: runs overlap),
+# 5,000 validation images held out; $ACCURACY_ARGS are dbn mnist's flags for the recipe.
+step "accuracy: seeds ${ACCURACY_SEEDS:=0 1 2}, ${ACCURACY_ARGS:=}"
+rm -rf /tmp/accuracy  # runs of this call only (a folder of an earlier recipe's run is refused)
+for seed in $ACCURACY_SEEDS; do
+    timeout "${ACCURACY_TIMEOUT:-400}" dbn mnist --local 1 --device "${ACCURACY_DEVICE:-gpu}" --validation 5000 --no-ui --quiet --json \
+        --seed "$seed" $ACCURACY_ARGS --out "/tmp/accuracy/s$seed" > "/tmp/accuracy-s$seed.json" 2>&1 &
+done
+wait
+for seed in $ACCURACY_SEEDS; do
+    python3 - "/tmp/accuracy/s$seed" "$seed" <<'PY' 2>&1 | tee -a "$OUT/accuracy${ACCURACY_TAG:-}.log"
+import json, sys
+out, seed = sys.argv[1:]
+valid = [r["valid_error"] for r in map(json.loads, open(out + "/log.jsonl")) if "valid_error" in r]
+r = json.load(open(out + "/result.json"))
+print(f"seed {seed}: test {100 * r['test_error']:.2f} %, last validation {100 * valid[-1]:.2f} %, best validation "
+      f"{100 * min(valid):.2f} %, training {r['train_wall_seconds']:.1f} s, sync {r['sync_fraction']}")
+PY
+    tail -3 "/tmp/accuracy-s$seed.json" >> "$OUT/accuracy${ACCURACY_TAG:-}.log"
+done
+tar -czf "$OUT/accuracy${ACCURACY_TAG:-}.tgz" -C /tmp/accuracy . 2>/dev/null
 fi
 
 if want transfers; then

@@ -361,3 +361,12 @@ def test_block_momentum_unset_follows_the_worker_count(workers, settings, expect
     assert (resolved["block_momentum"], resolved["pretrain_block_momentum"], resolved["block_nesterov"]) == expected
     config = spec.program_config()
     assert {k: config[k] for k in resolved} == resolved  # what the workers and master train with
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLES.glob("*.toml")), ids=lambda path: path.name)
+def test_every_shipped_example_loads_and_names_its_own_output(example):
+    """Each file in examples/ is a valid job, and no two write to the same folder."""
+    spec = load_spec(example)
+    others = [load_spec(path) for path in EXAMPLES.glob("*.toml") if path != example]
+    assert spec.output.dir not in {other.output.dir for other in others}
+    assert spec.job.name not in {other.job.name for other in others}
