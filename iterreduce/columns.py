@@ -17,14 +17,53 @@ from .exceptions import ShardError
 VECTOR_FIELDS = frozenset({"type", "size", "indices", "values"})
 
 
+def plain_type(type_: pa.DataType) -> pa.DataType:
+    """``type_`` with Arrow's view layouts of strings and bytes (``string_view``, ``binary_view``,
+    as delta-rs, DuckDB and Polars may record them in a Parquet file's Arrow schema) as the plain
+    types that hold the same values: what the label checks know, and what a scan casts them to.
+    (A ``list_view`` a scan cannot cast: it stays, a list like any other: :func:`is_list`.)"""
+    if pa.types.is_string_view(type_):
+        return pa.string()
+    if pa.types.is_binary_view(type_):
+        return pa.binary()
+    return type_
+
+
+def without_list_views(table: pa.Table) -> pa.Table:
+    """``table`` with its ``list_view`` columns as large lists of the same values (:func:`as_large_list`)."""
+    for i, field in enumerate(table.schema):
+        if is_list_view(field.type):
+            table = table.set_column(i, field.name, as_large_list(table.column(i).combine_chunks()))
+    return table
+
+
+def is_list_view(type_: pa.DataType) -> bool:
+    return pa.types.is_list_view(type_) or pa.types.is_large_list_view(type_)
+
+
+def as_large_list(column: pa.Array) -> pa.Array:
+    """A ``list_view`` array as a large list array of the same rows, built from its lengths and
+    flattened values: pyarrow's own cast gave wrong lengths for views a filter had reordered."""
+    lengths = pc.fill_null(pc.list_value_length(column), 0).to_numpy(zero_copy_only=False)
+    offsets = pa.array(np.concatenate([[0], np.cumsum(lengths, dtype=np.int64)]), pa.int64())
+    return pa.LargeListArray.from_arrays(offsets, pc.list_flatten(column),
+                                         mask=column.is_null() if column.null_count else None)
+
+
+def plain_schema(schema: pa.Schema) -> pa.Schema:
+    """``schema`` with every column's type :func:`plain_type`."""
+    return pa.schema([field.with_type(plain_type(field.type)) for field in schema], schema.metadata)
+
+
 def is_number(type_: pa.DataType) -> bool:
     """Whether a column of ``type_`` holds one number a row (integers, floats, booleans)."""
     return pa.types.is_integer(type_) or pa.types.is_floating(type_) or pa.types.is_boolean(type_)
 
 
 def is_list(type_: pa.DataType) -> bool:
-    """Whether ``type_`` is a list type (of any length kind)."""
-    return pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_)
+    """Whether ``type_`` is a list type (of any length kind or layout)."""
+    return (pa.types.is_list(type_) or pa.types.is_large_list(type_) or pa.types.is_fixed_size_list(type_)
+            or is_list_view(type_))
 
 
 def feature_kind(type_: pa.DataType) -> str | None:
@@ -71,6 +110,8 @@ def feature_block(column: pa.Array, name: str, path: str, rows: np.ndarray, in_f
                 column = column.cast(pa.float64())
             block = column.to_numpy(zero_copy_only=False).astype(np.float32).reshape(-1, 1)
         elif kind == "array":
+            if is_list_view(column.type):
+                column = as_large_list(column)
             block = _array_rows(column, name, path, rows)
         else:
             block = _vector_rows(column, name, path, rows)

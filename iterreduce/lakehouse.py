@@ -55,7 +55,10 @@ def check_not_lakehouse(fs: pafs.FileSystem, path: str, uri: str) -> None:
     if found is None:
         return
     name, marker = found
+    what = (f"read it as one with format = 'delta' (its table folder, {posixpath.dirname(marker)}; a filter picks "
+            f"partitions)" if name == "Delta Lake" else
+            f"{name} tables are not read in place yet: write the version to train on as plain Parquet "
+            f"(e.g. with Spark, df.write.parquet(...)) and name that folder")
     raise TableError(f"{uri}: part of {'an' if name[0] in 'AEIOU' else 'a'} {name} table ({marker} says which of "
                      f"its files are the table now): read as plain Parquet it would train on rows the table no longer "
-                     f"holds, so it is refused. {name} tables are not read in place yet: write the version to train "
-                     f"on as plain Parquet (e.g. with Spark, df.write.parquet(...)) and name that folder")
+                     f"holds, so it is refused; {what}")

@@ -35,13 +35,19 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from .exceptions import ShardError, TableError
-from .columns import feature_block, feature_kind, non_null, type_width
+from .columns import feature_block, feature_kind, non_null, plain_schema, type_width, without_list_views
 from .filesystems import filesystem, open_output_file
 from .filters import FilterParser, filter_columns, parse_filter
 from .labels import LabelMap, is_label_type, label_values
+from . import delta
 from .lakehouse import check_not_lakehouse
 
-FORMATS = ("parquet", "orc")
+#: A table's format, and the format of its data files: a Delta Lake table's are Parquet files
+#: that its log lists (:mod:`iterreduce.delta`).
+FILE_FORMATS = {"parquet": "parquet", "orc": "orc", "delta": "parquet"}
+FORMATS = tuple(FILE_FORMATS)
+#: The formats whose tables have versions (``version``: a number or a time).
+VERSIONED_FORMATS = ("delta",)
 #: Names of Spark's and Hadoop's side files and folders (_SUCCESS, _committed_*, _started_*,
 #: _temporary/, .part-*.crc): never data, and _temporary/ holds unfinished writes.
 SIDE_FILE_PREFIXES = ("_", ".")
@@ -63,6 +69,8 @@ class TableSource:
     A column gives one feature (int, float or bool) or several (a list of numbers, or a Spark
     ML vector). ``label``: the class column (integers or strings), None for unlabelled data.
     ``filter``: the rows to keep, e.g. ``"year >= 2020 and country == 'NL'"`` (:func:`parse_filter`).
+    ``format``: one of :data:`FORMATS`. ``version``: a Delta Lake table's version, a number or an
+    ISO 8601 time (the newest when None; :func:`pin` fixes it before a job reads).
     """
 
     uri: str
@@ -70,6 +78,7 @@ class TableSource:
     label: str | None = None
     format: str = "parquet"
     filter: str | None = None
+    version: int | str | None = None
 
     def __post_init__(self):
         if not isinstance(self.uri, str) or not self.uri:
@@ -98,6 +107,11 @@ class TableSource:
             if not isinstance(self.filter, str):
                 raise TableError(f"table source: 'filter' must be a string expression, got {self.filter!r}")
             parse_filter(self.filter)
+        if self.version is not None:
+            if self.format not in VERSIONED_FORMATS:
+                raise TableError(f"table source: 'version' = {self.version!r} is for a Delta Lake table "
+                                 f"(format = 'delta'), and the format is {self.format!r}")
+            delta.parse_version(self.version)
 
     def to_dict(self) -> dict:
         """The fields as a JSON-friendly dict (what :meth:`from_dict` reads back)."""
@@ -127,17 +141,32 @@ class TableSource:
 # ------------------------------------------------------------------ opening and checking
 
 
+def pin(source: TableSource) -> TableSource:
+    """``source`` with its version fixed to the number it names now (the newest when none), so
+    that every step of a job reads the same files however the table changes meanwhile; a
+    table without versions as it is."""
+    if source.format not in VERSIONED_FORMATS or isinstance(source.version, int):
+        return source
+    return dataclasses.replace(source, version=delta.pin(source.uri, source.version))
+
+
 def open_dataset(source: TableSource) -> ds.FileSystemDataset:
     """The table at ``source.uri`` as a ``pyarrow.dataset``: its data files (Spark's and
-    Hadoop's side files skipped) and hive partition folders (``key=value``) as columns. A
+    Hadoop's side files skipped) and hive partition folders (``key=value``) as columns; a
+    Delta Lake table's live files at its version (:mod:`iterreduce.delta`). Any other
     lakehouse table's folder is refused (:func:`iterreduce.lakehouse.check_not_lakehouse`)."""
+    if source.format == "delta":
+        return delta.dataset(source.uri, pin(source).version)
     fs, path = filesystem(source.uri)
     check_not_lakehouse(fs, path, source.uri)  # its folder holds files that are no longer the table
     try:
         # exclude_invalid_files would open every file while listing (slow on HDFS): side files are
         # skipped by name instead, and a file that is not Parquet/ORC fails when read, named.
-        dataset = ds.dataset(path, filesystem=fs, format=source.format, partitioning="hive",
-                             ignore_prefixes=list(SIDE_FILE_PREFIXES), exclude_invalid_files=False)
+        options = dict(filesystem=fs, format=source.format, partitioning="hive",
+                       ignore_prefixes=list(SIDE_FILE_PREFIXES), exclude_invalid_files=False)
+        dataset = ds.dataset(path, **options)
+        if plain_schema(dataset.schema) != dataset.schema:  # string views: read as the strings they hold
+            dataset = ds.dataset(path, schema=plain_schema(dataset.schema), **options)
     except FileNotFoundError:
         raise ShardError(f"{source.uri}: no such file or directory") from None
     except (OSError, pa.ArrowException) as exc:
@@ -401,14 +430,14 @@ def _open_piece(source: TableSource, piece: Piece) -> tuple[ds.FileFragment, pa.
                   else pc.field(name) == pa.scalar(value, pa.type_for_alias(t)) for name, t, value in piece.partition]
     known = functools.reduce(operator.and_, conditions) if conditions else None
     try:
-        if source.format == "parquet":
+        if FILE_FORMATS[source.format] == "parquet":
             fragment = ds.ParquetFileFormat().make_fragment(piece.path, filesystem=fs, partition_expression=known,
                                                             row_groups=[piece.row_group])
         else:
             fragment = ds.OrcFileFormat().make_fragment(piece.path, filesystem=fs, partition_expression=known)
-        physical = fragment.physical_schema
+        physical = plain_schema(fragment.physical_schema)
     except (OSError, pa.ArrowException) as exc:
-        raise ShardError(f"{piece.path}: not a readable {source.format} file ({type(exc).__name__}: {exc})") from exc
+        raise ShardError(f"{piece.path}: not a readable {FILE_FORMATS[source.format]} file ({type(exc).__name__}: {exc})") from exc
     extra = [pa.field(name, pa.type_for_alias(t)) for name, t, _ in piece.partition if name not in physical.names]
     return fragment, pa.schema(list(physical) + extra)
 
@@ -421,7 +450,7 @@ def _read_rows(source: TableSource, piece: Piece, fragment: ds.FileFragment, sch
     for name in wanted:
         _column_type(schema, name, piece.path)
     try:
-        table = fragment.to_table(schema=schema, columns=wanted)
+        table = without_list_views(fragment.to_table(schema=schema, columns=wanted))
     except (OSError, pa.ArrowException) as exc:
         raise ShardError(f"{piece.path}: cannot read {', '.join(wanted)} ({type(exc).__name__}: {exc})") from exc
     table = table.append_column(ROW, pa.array(np.arange(piece.start, piece.start + table.num_rows)))

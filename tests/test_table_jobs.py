@@ -481,3 +481,23 @@ device = "cpu"
     assert outcomes["test"][0] < 0.25  # a model that learned something, so that a mix-up would show
     assert outcomes["reversed"][0] == outcomes["test"][0]
     assert outcomes["reversed"][1].equals(outcomes["test"][1])
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_view_typed_columns_read_as_the_plain_types_they_hold(tmp_path, workers):
+    """A Parquet file whose Arrow schema records view layouts (string_view, list_view: delta-rs,
+    DuckDB and Polars may write them) reads as strings and lists, the label and features alike."""
+    root = tmp_path / "views"
+    write_animals(root)
+    for path in root.rglob("*.parquet"):
+        table = pq.read_table(path)
+        viewed = table.set_column(table.schema.get_field_index("animal"), "animal",
+                                  table.column("animal").cast(pa.string_view()))
+        x3 = viewed.column("x3").combine_chunks()
+        listed = pa.ListViewArray.from_arrays(pa.array(np.arange(len(x3)), pa.int32()),
+                                              pa.array(np.ones(len(x3)), pa.int32()), x3)
+        viewed = viewed.set_column(viewed.schema.get_field_index("x3"), "x3", listed)
+        pq.write_table(viewed, path, row_group_size=32, store_schema=True)
+    assert pq.read_schema(next(root.rglob("*.parquet"))).field("animal").type == pa.string_view()
+    result, model = train(tmp_path / "job", root, workers)
+    assert set(model.classes_) == set(ANIMALS) and result["test_error"] < 0.1

@@ -26,8 +26,8 @@ from iterreduce.filesystems import check_output_file, join, open_output_file
 from iterreduce.labels import LabelMap
 from iterreduce.scaling import FeatureStats, Scaler
 from iterreduce.shards import shard_set
-from iterreduce.tables import (TableShard, TableSource, assign, label_classes, open_dataset, pieces, read_columns,
-                               read_piece, resolve)
+from iterreduce.tables import (TableShard, TableSource, assign, label_classes, open_dataset, pieces, pin,
+                               read_columns, read_piece, resolve)
 
 from .sharding import FEATURES_COLUMNS, PREDICTION_COLUMNS, RowsWriter, output_columns, output_format
 from .validation import DataError
@@ -38,11 +38,20 @@ def source_of(data, test: bool = False) -> TableSource:
     (``train``, ``filter``), or with ``test`` the test table (``test``, ``test_filter``)."""
     features = data.features if isinstance(data.features, str) else tuple(data.features)
     uri, filter_ = (data.test, data.test_filter) if test else (data.train, data.filter)
+    version = data.version if uri == data.train else None  # the training table's version, wherever it is read
     if str(uri).lower().endswith((".csv", ".npz")):
         raise DataError(f"{uri}: [data] features names the columns of a table (Parquet or ORC files), but this is "
                         f"a data file, read whole: every column but the label is a feature. Unset [data] features "
                         f"(and drop the columns that are not features), or write the data as Parquet")
-    return TableSource(uri, features, data.label, data.format, filter_)
+    return TableSource(uri, features, data.label, data.format, filter_, version)
+
+
+def pinned(data):
+    """``data`` (a job's ``[data]``) with the training table's version fixed as a number (a Delta
+    table's newest, or the one at the time named), so that every step of the job reads the same
+    files; as it is for a table without versions."""
+    source = pin(source_of(data))
+    return data if source.version == data.version else dataclasses.replace(data, version=source.version)
 
 
 def _stats(source: TableSource, found, n_features: int) -> FeatureStats:
@@ -73,6 +82,7 @@ def _opened(data, test: bool = False, columns: tuple[str, ...] | None = None):
     source = source_of(data, test=test)
     if columns is not None:
         source = dataclasses.replace(source, features=tuple(columns))
+    source = pin(source)
     dataset = open_dataset(source)
     source = resolve(source, dataset)
     found = pieces(dataset, source.filter)
@@ -188,8 +198,8 @@ def predict_table(model, data, out: str, *, table: str | None = None, filter: st
         filter = data.test_filter if uri == data.test else data.filter if uri == data.train else None
     columns = model.learned("input_columns_")  # the model's, by name, where it names them
     source = source_of(data)
-    source = dataclasses.replace(source, uri=uri, label=None, filter=filter,
-                                 features=source.features if columns is None else tuple(columns))
+    source = dataclasses.replace(source, uri=uri, label=None, filter=filter, version=source.version if uri == data.train
+                                 else None, features=source.features if columns is None else tuple(columns))
     dataset = open_dataset(source)
     source = resolve(source, dataset)
     label = data.label if data.label in dataset.schema.names and not features else None

@@ -30,7 +30,7 @@ from iterreduce.scaling import Scaler
 from ..exceptions import UsageError
 from .scaling import fit_scaler, scale_kind
 from .sharding import csv_columns, load_dataset, load_shards, load_source, no_labels, predict_file, shard_dataset
-from .table_data import (open_table, open_test_table, predict_table, raw_table_rows, read_table,
+from .table_data import (open_table, open_test_table, pinned, predict_table, raw_table_rows, read_table,
                          table_layout, table_scaler, table_shards)
 from .validation import DataError, check_features, counted, label_indices
 
@@ -144,8 +144,14 @@ class Table(TrainingData):
 
     in_place = True
 
+    @functools.cached_property
+    def data(self):
+        """``[data]`` with the table's version fixed when first asked (:func:`pinned`), so that the
+        columns, the shares and the rows all come from one version of a Delta table."""
+        return pinned(self.spec.data)
+
     def read(self) -> Rows:
-        table = open_table(self.spec.data)
+        table = open_table(self.data)
         scaler = table_scaler(table, self.scaling())
         X, y = read_table(table, scaler)
         if y is None and self.spec.fine_tunes:
@@ -155,7 +161,7 @@ class Table(TrainingData):
 
     @functools.cached_property
     def _layout(self) -> tuple[tuple[str, ...], int]:
-        return table_layout(self.spec.data)  # (columns, width): the table opened once
+        return table_layout(self.data)  # (columns, width): the table opened once
 
     def columns(self):
         return self._layout[0]
@@ -164,13 +170,13 @@ class Table(TrainingData):
         return self._layout[1], True
 
     def shards(self, folder: str, n: int) -> list[str]:
-        return table_shards(self.spec.data, n, folder)
+        return table_shards(self.data, n, folder)
 
     def cut_message(self, n: int, folder: str) -> str:
         return f"splitting the table {self.uri} among {n} workers (its shares under {folder})"
 
     def source_note(self, n: int) -> dict:
-        return {"table": dataclasses.asdict(self.spec.data), "visible": self.spec.model.visible, "shards": n}
+        return {"table": dataclasses.asdict(self.data), "visible": self.spec.model.visible, "shards": n}
 
     def why_fewer(self, n: int) -> str:
         return (f"the table has {counted(n, 'piece')}, a worker's unit of work (a Parquet row group, an "

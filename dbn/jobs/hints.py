@@ -3,6 +3,7 @@ a field's hint, a command-line string parsed as TOML, a hint or a value named fo
 
 from __future__ import annotations
 
+import datetime
 import tomllib
 import types
 import typing
@@ -69,6 +70,8 @@ def convert(value, hint):
             return float(value)
         if m is str and isinstance(value, str):
             return value
+        if m is str and isinstance(value, (datetime.date, datetime.time)):  # TOML's unquoted times
+            return value.isoformat()
         if origin in (list, tuple) and isinstance(value, (list, tuple)):
             return convert_list(value, m)
     raise TypeError(hint_name(hint))

@@ -85,7 +85,11 @@ DESCRIPTIONS = {
                    "`\"year >= 2020 and country == 'NL'\"`; a column name that is not a Python name goes in "
                    "backticks: `` \"`unit price` > 0\" ``.",
     "data.test_filter": "The test table's rows, in the same form (`data.test` may name the training table).",
-    "data.format": "A table's files.",
+    "data.format": "A table's format: Parquet or ORC files (a folder as Spark or Hive writes it), or a Delta Lake "
+                   "table (`\"delta\"`: the files its log lists at one version; needs the `delta` extra).",
+    "data.version": "A Delta Lake table's version to train on: a number, or a time as a string "
+                    "(`\"2026-11-27T10:00:00Z\"`, UTC unless it names its zone). Fixed when the job starts; also "
+                    "the test table's when `data.test` names the same table. none: the newest.",
     "data.scale": "Feature scaling by statistics of all training rows (the workers gather them), saved with "
                   "the model so that it predicts from raw rows: `\"min_max\"` (to [0, 1]; later rows beyond "
                   "the training range are clipped), `\"standard\"`, `\"none\"`. `\"auto\"`: standard for "

@@ -83,7 +83,8 @@ class DataSection:
     label: str | None = None  # a table's label column (integers or strings)
     filter: str | None = None  # a table's rows to train on, e.g. "year >= 2020 and country == 'NL'"
     test_filter: str | None = None  # the test table's rows, e.g. "split == 'test'" (test may be the train table)
-    format: str = "parquet"  # a table's file format: "parquet" or "orc"
+    format: str = "parquet"  # a table's format: "parquet", "orc" or "delta" (Delta Lake)
+    version: int | str | None = None  # a Delta table's version to train on: a number or a time; the newest when unset
     scale: str = "auto"  # feature scaling: "auto", "min_max", "standard" or "none" (saved with the model)
 
 

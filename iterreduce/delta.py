@@ -1,0 +1,178 @@
+"""Delta Lake tables read in place: the live data files of one version, from the table's log.
+
+A Delta table is a folder of Parquet files and a ``_delta_log/`` that says which of them are
+the table at each version: an overwrite, a delete or an update adds new files and marks old
+ones removed, which stay on disk until a VACUUM. The log is read with ``deltalake`` (delta-rs,
+the ``delta`` extra); the files it names are then read as any other Parquet files, so the
+pieces, the balance among workers and the checks are those of every table, and a worker
+needs no Delta library: the version is pinned when the job starts, and the pieces it is sent
+name the files.
+
+Read: the newest version, or one named by number or by time (``version``); partition values
+from the log; deletion vectors and column mapping are refused, naming the table and what to
+do, as is any other reader feature of the protocol this reader does not know.
+"""
+
+from __future__ import annotations
+
+import datetime
+import posixpath
+from urllib.parse import unquote, urlparse
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from .columns import plain_schema
+from .exceptions import ShardError, TableError
+from .filesystems import filesystem
+from . import hadoopconf
+
+#: Reader features whose tables this reader reads as the log lists them (the others change
+#: what a data file's rows mean: deletion vectors, column mapping, type widening, ...).
+KNOWN_READER_FEATURES = frozenset({"timestampNtz", "v2Checkpoint", "vacuumProtocolCheck"})
+#: What to run in Spark so that a table's deletions live in its files again.
+PURGE_HINT = "REORG TABLE delta.`{uri}` APPLY (PURGE) rewrites them into the files"
+
+
+def _deltalake():
+    try:
+        import deltalake
+    except ImportError:
+        raise TableError("reading a Delta Lake table needs the deltalake package: "
+                         "pip install 'dbn-yarn[delta]'") from None
+    return deltalake
+
+
+def parse_version(value) -> int | datetime.datetime | None:
+    """A ``version`` setting as a version number (int >= 0) or a time (an ISO 8601 string,
+    UTC unless it names its zone); None stays None. Raises :class:`TableError` naming it."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return value
+    if isinstance(value, str):
+        try:
+            when = datetime.datetime.fromisoformat(value)
+        except ValueError:
+            pass
+        else:
+            return when if when.tzinfo else when.replace(tzinfo=datetime.timezone.utc)
+    raise TableError(f"table source: 'version' = {value!r}: expected a version number (0, 1, ...) or a time "
+                     f"such as '2026-11-27T10:00:00Z'")
+
+
+def table_uri(uri: str) -> str:
+    """The URI delta-rs is given: an ``hdfs://`` table's NameNode as Hadoop's configuration names
+    it (``hdfs:///warehouse/t`` has none of its own), a local path absolute."""
+    parts = urlparse(uri)
+    if parts.scheme == "hdfs":
+        host, port = hadoopconf.namenode_address(parts.hostname or "", parts.port)
+        return f"hdfs://{host}:{port}{parts.path}" if port else f"hdfs://{host}{parts.path}"
+    if parts.scheme in ("", "file"):
+        return posixpath.abspath(parts.path if parts.scheme else uri)
+    return uri
+
+
+def load(uri: str, version=None):
+    """The ``deltalake.DeltaTable`` at ``uri``, at ``version`` (see :func:`parse_version`), checked
+    to be one this reader reads; :class:`TableError` naming the table otherwise."""
+    deltalake = _deltalake()
+    when = parse_version(version)
+    try:
+        table = deltalake.DeltaTable(table_uri(uri), version=when if isinstance(when, int) else None)
+        if isinstance(when, datetime.datetime):
+            table.load_as_version(when)
+    except deltalake.exceptions.TableNotFoundError:
+        raise TableError(f"{uri}: no Delta Lake table there (no _delta_log/ with a commit in it)") from None
+    except (deltalake.exceptions.DeltaError, OSError, ValueError) as exc:
+        at = f" at version {version!r}" if version is not None else ""
+        raise TableError(f"{uri}: cannot read the Delta Lake table{at}: {_first_line(exc)}") from None
+    _check_readable(uri, table)
+    return table
+
+
+def _first_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:300]
+
+
+def _check_readable(uri: str, table) -> None:
+    """Refuse what this reader would read wrongly: column mapping, deletion vectors on any file,
+    a reader feature it does not know."""
+    protocol = table.protocol()
+    features = set(protocol.reader_features or ())
+    mapping = table.metadata().configuration.get("delta.columnMapping.mode", "none")
+    if mapping != "none" or "columnMapping" in features or (protocol.min_reader_version == 2 and not features):
+        raise TableError(f"{uri}: the Delta Lake table maps its column names to other names in its files "
+                         f"(delta.columnMapping.mode = {mapping}), which this reader does not resolve yet: "
+                         f"write the version to train on as a table without column mapping, or as plain Parquet")
+    if "deletionVectors" in features:
+        try:
+            marked = pa.table(table.deletion_vectors()).num_rows
+        except Exception as exc:  # delta-rs's own error type varies with the fault
+            raise TableError(f"{uri}: cannot read the Delta Lake table's deletion vectors: {_first_line(exc)}") from None
+        if marked:
+            raise TableError(f"{uri}: {marked} data file{'s' if marked > 1 else ''} of the Delta Lake table "
+                             f"{'have' if marked > 1 else 'has'} rows deleted by deletion vectors, which this reader "
+                             f"does not apply yet: {PURGE_HINT.format(uri=uri)}")
+    unknown = sorted(features - KNOWN_READER_FEATURES - {"deletionVectors"})
+    if unknown:
+        raise TableError(f"{uri}: the Delta Lake table needs reader feature{'s' if len(unknown) > 1 else ''} "
+                         f"{', '.join(unknown)}, which this reader does not know: write the version to train on "
+                         f"as plain Parquet")
+
+
+def dataset(uri: str, version: int) -> ds.FileSystemDataset:
+    """The table at ``uri`` at ``version`` (a number: see :func:`pin`) as a ``pyarrow.dataset`` of its
+    live files, the partition values from the log, the schema the table's own."""
+    table = load(uri, version)
+    schema = plain_schema(pa.schema(table.schema().to_arrow()))
+    partition_columns = table.metadata().partition_columns
+    actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
+    if not actions:
+        raise ShardError(f"{uri}: the Delta Lake table holds no data files at version {table.version()}")
+    fs, root = filesystem(uri)
+    paths, partitions = [], []
+    for action in actions:
+        paths.append(_file_path(action["path"], root, uri))
+        partitions.append(_partition_expression(action, partition_columns, schema, uri))
+    return ds.FileSystemDataset.from_paths(paths, schema=schema, format=ds.ParquetFileFormat(), filesystem=fs,
+                                           partitions=partitions)
+
+
+def _file_path(path: str, root: str, uri: str) -> str:
+    """A data file's path on the table's file system: the log names it relative to the table's
+    folder, percent-encoded, or (a shallow clone's) as an absolute URI."""
+    if "://" in path:
+        parts = urlparse(path)
+        if (parts.scheme or "file") != (urlparse(uri).scheme or "file"):
+            raise TableError(f"{uri}: the Delta Lake log names a data file on another file system: {path}")
+        return unquote(parts.path)
+    return posixpath.join(root, unquote(path))
+
+
+def _partition_expression(action: dict, names: list[str], schema: pa.Schema, uri: str):
+    """The file's partition values as an expression (``year == 2024 and country == 'NL'``)."""
+    conditions = []
+    for name in names:
+        value, type_ = action.get(f"partition.{name}"), schema.field(name).type
+        if value is None:
+            conditions.append(pc.field(name).is_null())
+            continue
+        try:
+            scalar = pa.scalar(value).cast(type_) if not isinstance(value, str) or pa.types.is_string(type_) \
+                else pa.array([value]).cast(type_)[0]
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise TableError(f"{uri}: partition value {name} = {value!r} of {action['path']} is not a {type_}: "
+                             f"{exc}") from None
+        conditions.append(pc.field(name) == scalar)
+    if not conditions:
+        return pc.scalar(True)
+    expression = conditions[0]
+    for condition in conditions[1:]:
+        expression = expression & condition
+    return expression
+
+
+def pin(uri: str, version=None) -> int:
+    """The version number the table at ``uri`` has at ``version`` (a number, a time, or None for
+    the newest): what a job reads throughout, however the table changes meanwhile."""
+    return load(uri, version).version()
