@@ -39,16 +39,19 @@ def animals(rng, n: int, labels: str, days=(1, 2, 3)) -> pa.Table:
                      "day": pa.array(rng.choice(days, n), pa.int32())})
 
 
-@pytest.fixture(scope="module")
-def table(tmp_path_factory) -> Path:
+def write_versions(root: Path) -> Path:
     """The four versions, each committed a moment after the one before (times tell them apart)."""
-    root = tmp_path_factory.mktemp("delta") / "animals"
     rng = np.random.default_rng(0)
     deltalake.write_deltalake(str(root), animals(rng, 600, "abc"), partition_by=["day"])
     deltalake.write_deltalake(str(root), animals(rng, 600, "xy"), mode="overwrite", partition_by=["day"])
     deltalake.DeltaTable(str(root)).delete("label = 'y' and f4 > 0")
     deltalake.DeltaTable(str(root)).update({"label": "'z'"}, predicate="f5 > 1")
     return root
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory) -> Path:
+    return write_versions(tmp_path_factory.mktemp("delta") / "animals")
 
 
 def held(root: Path, version=None, filter=None) -> pa.Table:

@@ -499,6 +499,41 @@ label = "animal"
     assert np.mean(predicted != y_test) == pytest.approx(result["test_error"])
 
 
+def test_a_delta_table_on_hdfs_trains_its_current_version_on_yarn(yarn, env_archive, tmp_path):
+    """Issue 39 on the real cluster: a Delta Lake table in the warehouse, overwritten, deleted from
+    and updated, trains on YARN on exactly the rows its newest version holds (its old files
+    stay in the folder); the client reads the log from HDFS, the containers read the files the
+    pieces name, with no Delta library. Version 0 resolves from HDFS to the first version's files."""
+    deltalake = pytest.importorskip("deltalake")
+    from test_delta import write_versions
+
+    from dbn.jobs.run import Yarn, run
+    from dbn.jobs.spec import load_spec
+    from iterreduce.tables import TableSource, open_dataset, pieces, pin
+
+    local = write_versions(tmp_path / "delta")
+    fs = yarn.hadoop.fs()
+    upload(fs, local, "/warehouse/delta-animals")
+    table = yarn.hadoop.uri("/warehouse/delta-animals")
+    now = deltalake.DeltaTable(str(local)).to_pyarrow_table()
+    first = pin(TableSource(table, ["vec", "f4", "f5"], label="label", format="delta", version=0))
+    assert sum(p.rows for p in pieces(open_dataset(first))) == 600
+
+    output = yarn.hadoop.uri("/user/test/delta-job")
+    path = Path(job_file(tmp_path, output, env=env_archive, epochs=1, finetune=2))
+    path.write_text(re.sub(r'\[data\]\ntrain = "[^"]*"\n', f'''[data]
+train = "{table}"
+format = "delta"
+features = ["vec", "f4", "f5"]
+label = "label"
+''', path.read_text()).replace("hidden_layers = [12, 8]", "hidden_layers = [12]"))
+    spec = load_spec(str(path))
+    result = run(spec, Yarn(str(tmp_path / "report"), log=lambda msg: None, poll=1.0))
+    assert result["n_train"] == now.num_rows < 600
+    model = DBN.load(tmp_path / "report" / "model.npz")
+    assert list(model.classes_) == sorted(set(now.column("label").to_pylist()))
+
+
 def test_a_table_of_fewer_pieces_than_workers_asks_yarn_for_one_container_a_shard(yarn, env_archive, tmp_path):
     """A small table written as one row group makes one shard: the submission asks for one
     worker container, not the three the job names (the others would wait, holding memory),
