@@ -24,9 +24,10 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from .columns import plain_schema
+from . import hadoopconf
 from .exceptions import ShardError, TableError
 from .filesystems import filesystem
-from . import hadoopconf
+from .lakehouse import parse_version
 
 #: Reader features whose tables this reader reads as the log lists them (the others change
 #: what a data file's rows mean: deletion vectors, column mapping, type widening, ...).
@@ -42,22 +43,6 @@ def _deltalake():
         raise TableError("reading a Delta Lake table needs the deltalake package: "
                          "pip install 'dbn-yarn[delta]'") from None
     return deltalake
-
-
-def parse_version(value) -> int | datetime.datetime | None:
-    """A ``version`` setting as a version number (int >= 0) or a time (an ISO 8601 string,
-    UTC unless it names its zone); None stays None. Raises :class:`TableError` naming it."""
-    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
-        return value
-    if isinstance(value, str):
-        try:
-            when = datetime.datetime.fromisoformat(value)
-        except ValueError:
-            pass
-        else:
-            return when if when.tzinfo else when.replace(tzinfo=datetime.timezone.utc)
-    raise TableError(f"table source: 'version' = {value!r}: expected a version number (0, 1, ...) or a time "
-                     f"such as '2026-11-27T10:00:00Z'")
 
 
 def table_uri(uri: str) -> str:

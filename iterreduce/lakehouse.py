@@ -9,6 +9,7 @@ refuses it, naming the format and what to do, before anything is read.
 
 from __future__ import annotations
 
+import datetime
 import posixpath
 
 import pyarrow.fs as pafs
@@ -17,6 +18,8 @@ from .exceptions import TableError
 
 #: The folder each format keeps beside its data files, and the format's name.
 MARKERS = {"_delta_log": "Delta Lake", "metadata": "Apache Iceberg", ".hoodie": "Apache Hudi"}
+#: The formats read in place, by the ``format`` that reads them.
+READ_AS = {"Delta Lake": "delta", "Apache Iceberg": "iceberg"}
 #: How an Iceberg ``metadata`` folder is told from a folder that happens to bear that name.
 ICEBERG_FILES = (".metadata.json", "version-hint.text")
 #: Folders above a table's that are looked at (a partition folder of a lakehouse table, say).
@@ -55,10 +58,28 @@ def check_not_lakehouse(fs: pafs.FileSystem, path: str, uri: str) -> None:
     if found is None:
         return
     name, marker = found
-    what = (f"read it as one with format = 'delta' (its table folder, {posixpath.dirname(marker)}; a filter picks "
-            f"partitions)" if name == "Delta Lake" else
+    fmt = READ_AS.get(name)
+    what = (f"read it as one with format = '{fmt}' (its table folder, {posixpath.dirname(marker)}; a filter picks "
+            f"partitions)" if fmt else
             f"{name} tables are not read in place yet: write the version to train on as plain Parquet "
             f"(e.g. with Spark, df.write.parquet(...)) and name that folder")
     raise TableError(f"{uri}: part of {'an' if name[0] in 'AEIOU' else 'a'} {name} table ({marker} says which of "
                      f"its files are the table now): read as plain Parquet it would train on rows the table no longer "
                      f"holds, so it is refused; {what}")
+
+
+def parse_version(value) -> int | datetime.datetime | None:
+    """A ``version`` setting as a number (a Delta version, an Iceberg snapshot id: an int >= 0) or a
+    time (an ISO 8601 string, UTC unless it names its zone); None stays None. Raises
+    :class:`TableError` naming it."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return value
+    if isinstance(value, str):
+        try:
+            when = datetime.datetime.fromisoformat(value)
+        except ValueError:
+            pass
+        else:
+            return when if when.tzinfo else when.replace(tzinfo=datetime.timezone.utc)
+    raise TableError(f"table source: 'version' = {value!r}: expected a version number (0, 1, ...), a snapshot id or a time "
+                     f"such as '2026-11-27T10:00:00Z'")

@@ -39,15 +39,17 @@ from .columns import feature_block, feature_kind, non_null, plain_schema, type_w
 from .filesystems import filesystem, open_output_file
 from .filters import FilterParser, filter_columns, parse_filter
 from .labels import LabelMap, is_label_type, label_values
-from . import delta
-from .lakehouse import check_not_lakehouse
+from . import delta, iceberg
+from .lakehouse import check_not_lakehouse, parse_version
 
 #: A table's format, and the format of its data files: a Delta Lake table's are Parquet files
-#: that its log lists (:mod:`iterreduce.delta`).
-FILE_FORMATS = {"parquet": "parquet", "orc": "orc", "delta": "parquet"}
+#: that its log lists (:mod:`iterreduce.delta`), an Apache Iceberg table's those its metadata
+#: lists (:mod:`iterreduce.iceberg`).
+FILE_FORMATS = {"parquet": "parquet", "orc": "orc", "delta": "parquet", "iceberg": "parquet"}
 FORMATS = tuple(FILE_FORMATS)
-#: The formats whose tables have versions (``version``: a number or a time).
-VERSIONED_FORMATS = ("delta",)
+#: The formats whose tables have versions (``version``: a Delta version or an Iceberg snapshot id,
+#: or a time), and the module that reads each: ``pin(uri, version)`` and ``dataset(uri, version)``.
+VERSIONED_FORMATS = {"delta": delta, "iceberg": iceberg}
 #: Names of Spark's and Hadoop's side files and folders (_SUCCESS, _committed_*, _started_*,
 #: _temporary/, .part-*.crc): never data, and _temporary/ holds unfinished writes.
 SIDE_FILE_PREFIXES = ("_", ".")
@@ -69,8 +71,9 @@ class TableSource:
     A column gives one feature (int, float or bool) or several (a list of numbers, or a Spark
     ML vector). ``label``: the class column (integers or strings), None for unlabelled data.
     ``filter``: the rows to keep, e.g. ``"year >= 2020 and country == 'NL'"`` (:func:`parse_filter`).
-    ``format``: one of :data:`FORMATS`. ``version``: a Delta Lake table's version, a number or an
-    ISO 8601 time (the newest when None; :func:`pin` fixes it before a job reads).
+    ``format``: one of :data:`FORMATS`. ``version``: a Delta Lake table's version or an Iceberg
+    table's snapshot id, or an ISO 8601 time (the newest when None; :func:`pin` fixes it
+    before a job reads).
     """
 
     uri: str
@@ -109,9 +112,9 @@ class TableSource:
             parse_filter(self.filter)
         if self.version is not None:
             if self.format not in VERSIONED_FORMATS:
-                raise TableError(f"table source: 'version' = {self.version!r} is for a Delta Lake table "
-                                 f"(format = 'delta'), and the format is {self.format!r}")
-            delta.parse_version(self.version)
+                raise TableError(f"table source: 'version' = {self.version!r} is for a Delta Lake or Apache "
+                                 f"Iceberg table (format = 'delta' or 'iceberg'), and the format is {self.format!r}")
+            parse_version(self.version)
 
     def to_dict(self) -> dict:
         """The fields as a JSON-friendly dict (what :meth:`from_dict` reads back)."""
@@ -147,16 +150,17 @@ def pin(source: TableSource) -> TableSource:
     table without versions as it is."""
     if source.format not in VERSIONED_FORMATS or isinstance(source.version, int):
         return source
-    return dataclasses.replace(source, version=delta.pin(source.uri, source.version))
+    return dataclasses.replace(source, version=VERSIONED_FORMATS[source.format].pin(source.uri, source.version))
 
 
 def open_dataset(source: TableSource) -> ds.FileSystemDataset:
     """The table at ``source.uri`` as a ``pyarrow.dataset``: its data files (Spark's and
     Hadoop's side files skipped) and hive partition folders (``key=value``) as columns; a
-    Delta Lake table's live files at its version (:mod:`iterreduce.delta`). Any other
-    lakehouse table's folder is refused (:func:`iterreduce.lakehouse.check_not_lakehouse`)."""
-    if source.format == "delta":
-        return delta.dataset(source.uri, pin(source).version)
+    Delta Lake or Iceberg table's live files at its version (:data:`VERSIONED_FORMATS`). A
+    lakehouse table's folder read as plain files is refused
+    (:func:`iterreduce.lakehouse.check_not_lakehouse`)."""
+    if source.format in VERSIONED_FORMATS:
+        return VERSIONED_FORMATS[source.format].dataset(source.uri, pin(source).version)
     fs, path = filesystem(source.uri)
     check_not_lakehouse(fs, path, source.uri)  # its folder holds files that are no longer the table
     try:

@@ -60,12 +60,13 @@ def held(root: Path, version=None, filter=None) -> pa.Table:
     return rows.filter(filter) if filter is not None else rows
 
 
-def job(tmp_path: Path, root: Path, data: str = "", workers: int = 0) -> Path:
+def job(tmp_path: Path, root, data: str = "", workers: int = 0, fmt: str = "delta") -> Path:
+    """A job file training on the table at ``root`` (of format ``fmt``), ``data`` added to [data]."""
     path = tmp_path / "job.toml"
     path.write_text(f"""
 [data]
 train = "{root}"
-format = "delta"
+format = "{fmt}"
 features = ["vec", "f4", "f5"]
 label = "label"
 {data}
@@ -89,8 +90,8 @@ device = "cpu"
     return path
 
 
-def train(tmp_path: Path, root: Path, data: str = "", workers: int = 0) -> tuple[dict, DBN]:
-    args = ["train", str(job(tmp_path, root, data, workers)), "--quiet", "--no-ui"]
+def train(tmp_path: Path, root, data: str = "", workers: int = 0, fmt: str = "delta") -> tuple[dict, DBN]:
+    args = ["train", str(job(tmp_path, root, data, workers, fmt)), "--quiet", "--no-ui"]
     assert main(args + (["--local", str(workers)] if workers else [])) == 0
     out = tmp_path / "out"
     return json.loads((out / "result.json").read_text()), DBN.load(out / "model.npz", device="cpu")
@@ -204,7 +205,7 @@ def test_a_version_that_is_neither_a_number_nor_a_time_is_refused(tmp_path, caps
 
 
 def test_a_version_of_a_table_without_versions_is_refused(tmp_path, capsys, table):
-    with pytest.raises(TableError, match="'version' = 1 is for a Delta Lake table"):
+    with pytest.raises(TableError, match="'version' = 1 is for a Delta Lake or Apache Iceberg table"):
         TableSource(str(table), "f4", format="parquet", version=1)
 
 

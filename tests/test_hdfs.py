@@ -584,3 +584,25 @@ def test_predict_out_on_hdfs_refuses_an_existing_file_untouched(hdfs, base, tmp_
             stream.write(b"our predictions")
             _plant(hdfs, path, {"late.parquet": b"theirs"})
     assert _contents(hdfs, path) == {**before, "late.parquet": b"theirs"}  # and no partial file
+
+
+def test_an_iceberg_table_on_hdfs_trains_on_its_current_and_first_snapshot(hdfs, base, tmp_path):
+    """Issue 39, part 3: the table's metadata, manifests and data files all read from HDFS through
+    the project's own file system (no libhdfs), the current snapshot and the first."""
+    pytest.importorskip("pyiceberg")
+    pytest.importorskip("sqlalchemy")
+    import json
+
+    from dbn.cli import main
+    from test_iceberg import job, write_on_hdfs
+
+    uri, path = base
+    table = write_on_hdfs(hdfs, tmp_path, path)
+    assert table.location().startswith("hdfs://")
+    for version, expected in ((None, table.scan().to_arrow().num_rows),
+                              (table.snapshots()[0].snapshot_id, 300)):
+        out = tmp_path / f"run-{version}"
+        out.mkdir()
+        spec = job(out, table.location(), f"version = {version}" if version else "")
+        assert main(["train", str(spec), "--quiet", "--no-ui"]) == 0
+        assert json.loads((out / "out" / "result.json").read_text())["n_train"] == expected

@@ -5,8 +5,8 @@ overwrite, removed by a delete) beside those that are, until a VACUUM or an expi
 Parquet their folder trains on rows the table no longer holds. Each is told by its log or metadata
 folder (``_delta_log/``, ``metadata/*.metadata.json``, ``.hoodie/``) and refused before anything is
 read, by every command that reads a table: train, a test table, predict. Here the markers are laid
-beside a Spark-layout table as the formats lay them; Delta tables as delta-rs writes them, read as
-Delta, are in tests/test_delta.py.
+beside a Spark-layout table as the formats lay them; Delta and Iceberg tables as their writers make
+them, read as such, are in tests/test_delta.py and tests/test_iceberg.py.
 """
 
 from __future__ import annotations
@@ -46,8 +46,9 @@ def job(tmp_path, train, test=None) -> str:
 
 
 NAMES = {"delta": ("Delta Lake", "_delta_log"), "iceberg": ("Apache Iceberg", "metadata"), "hudi": ("Apache Hudi", ".hoodie")}
-#: What the refusal says to do: a Delta table is read as one (tests/test_delta.py), the others not yet.
-REMEDY = {"delta": "read it as one with format = 'delta'", "iceberg": "write the version to train on as plain Parquet",
+#: What the refusal says to do: Delta and Iceberg tables are read as such (tests/test_delta.py,
+#: tests/test_iceberg.py), Hudi not yet.
+REMEDY = {"delta": "read it as one with format = 'delta'", "iceberg": "read it as one with format = 'iceberg'",
           "hudi": "write the version to train on as plain Parquet"}
 
 

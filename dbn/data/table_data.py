@@ -22,6 +22,7 @@ import dataclasses
 import numpy as np
 import pyarrow as pa
 
+from iterreduce import iceberg
 from iterreduce.filesystems import check_output_file, join, open_output_file
 from iterreduce.labels import LabelMap
 from iterreduce.scaling import FeatureStats, Scaler
@@ -39,6 +40,7 @@ def source_of(data, test: bool = False) -> TableSource:
     features = data.features if isinstance(data.features, str) else tuple(data.features)
     uri, filter_ = (data.test, data.test_filter) if test else (data.train, data.filter)
     version = data.version if uri == data.train else None  # the training table's version, wherever it is read
+    uri = table_location(data, uri)
     if str(uri).lower().endswith((".csv", ".npz")):
         raise DataError(f"{uri}: [data] features names the columns of a table (Parquet or ORC files), but this is "
                         f"a data file, read whole: every column but the label is a feature. Unset [data] features "
@@ -46,11 +48,25 @@ def source_of(data, test: bool = False) -> TableSource:
     return TableSource(uri, features, data.label, data.format, filter_, version)
 
 
+def table_location(data, name: str) -> str:
+    """Where the table ``name`` (``[data] train`` or ``test``) is: with ``[data] catalog``, the metadata
+    file the catalog holds for it now (a metadata file already is one); else ``name`` itself."""
+    if data.catalog is None or name.endswith(iceberg.METADATA_SUFFIX):
+        return name
+    if data.format != "iceberg":
+        raise DataError(f"[data] catalog = {data.catalog!r} names an Apache Iceberg catalog, and [data] format is "
+                        f"{data.format!r}: set format = \"iceberg\", or unset catalog to name files")
+    return iceberg.catalog_table(data.catalog, name)
+
+
 def pinned(data):
     """``data`` (a job's ``[data]``) with the training table's version fixed as a number (a Delta
     table's newest, or the one at the time named), so that every step of the job reads the same
     files; as it is for a table without versions."""
     source = pin(source_of(data))
+    if data.catalog is not None:  # the metadata file the catalog names now: fixed, whatever the catalog says later
+        return dataclasses.replace(data, train=source.uri, test=source.uri if data.test == data.train else data.test,
+                                   version=source.version)
     return data if source.version == data.version else dataclasses.replace(data, version=source.version)
 
 
@@ -193,12 +209,13 @@ def predict_table(model, data, out: str, *, table: str | None = None, filter: st
         raise DataError(f"--keep {','.join(keep)}: {', '.join(map(repr, taken))} would clash with the column of "
                         f"that name that {'transform' if features else 'predict'} writes")
     check_output_file(out, overwrite=overwrite)
-    uri = table or data.test or data.train
+    name = table or data.test or data.train
     if filter is None:
-        filter = data.test_filter if uri == data.test else data.filter if uri == data.train else None
+        filter = data.test_filter if name == data.test else data.filter if name == data.train else None
+    uri = table_location(data, name)
     columns = model.learned("input_columns_")  # the model's, by name, where it names them
     source = source_of(data)
-    source = dataclasses.replace(source, uri=uri, label=None, filter=filter, version=source.version if uri == data.train
+    source = dataclasses.replace(source, uri=uri, label=None, filter=filter, version=source.version if name == data.train
                                  else None, features=source.features if columns is None else tuple(columns))
     dataset = open_dataset(source)
     source = resolve(source, dataset)

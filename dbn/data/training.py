@@ -150,6 +150,11 @@ class Table(TrainingData):
         columns, the shares and the rows all come from one version of a Delta table."""
         return pinned(self.spec.data)
 
+    @property
+    def location(self) -> str:
+        """Where the table is (with ``[data] catalog``, its metadata file): what the workers read."""
+        return self.data.train
+
     def read(self) -> Rows:
         table = open_table(self.data)
         scaler = table_scaler(table, self.scaling())

@@ -85,11 +85,17 @@ DESCRIPTIONS = {
                    "`\"year >= 2020 and country == 'NL'\"`; a column name that is not a Python name goes in "
                    "backticks: `` \"`unit price` > 0\" ``.",
     "data.test_filter": "The test table's rows, in the same form (`data.test` may name the training table).",
-    "data.format": "A table's format: Parquet or ORC files (a folder as Spark or Hive writes it), or a Delta Lake "
-                   "table (`\"delta\"`: the files its log lists at one version; needs the `delta` extra).",
-    "data.version": "A Delta Lake table's version to train on: a number, or a time as a string "
-                    "(`\"2026-11-27T10:00:00Z\"`, UTC unless it names its zone). Fixed when the job starts; also "
-                    "the test table's when `data.test` names the same table. none: the newest.",
+    "data.format": "A table's format: Parquet or ORC files (a folder as Spark or Hive writes it), a Delta Lake "
+                   "table (`\"delta\"`: the files its log lists at one version; the `delta` extra) or an Apache "
+                   "Iceberg table (`\"iceberg\"`: the files a snapshot lists, the table named by its folder, a "
+                   "metadata file or, with `data.catalog`, its name; the `iceberg` extra).",
+    "data.version": "A Delta Lake table's version or an Iceberg table's snapshot id to train on, or a time as a "
+                    "string (`\"2026-11-27T10:00:00Z\"`, UTC unless it names its zone). Fixed when the job starts; "
+                    "also the test table's when `data.test` names the same table. none: the newest.",
+    "data.catalog": "With `data.format = \"iceberg\"`: the catalog whose tables `data.train` and `data.test` "
+                    "name (`\"db.table\"`), as pyiceberg's configuration describes it (`~/.pyiceberg.yaml` or "
+                    "`PYICEBERG_CATALOG__<NAME>__URI`: a Hive metastore, a REST or an SQL catalog). none: they "
+                    "are URIs.",
     "data.scale": "Feature scaling by statistics of all training rows (the workers gather them), saved with "
                   "the model so that it predicts from raw rows: `\"min_max\"` (to [0, 1]; later rows beyond "
                   "the training range are clipped), `\"standard\"`, `\"none\"`. `\"auto\"`: standard for "

@@ -83,8 +83,9 @@ class DataSection:
     label: str | None = None  # a table's label column (integers or strings)
     filter: str | None = None  # a table's rows to train on, e.g. "year >= 2020 and country == 'NL'"
     test_filter: str | None = None  # the test table's rows, e.g. "split == 'test'" (test may be the train table)
-    format: str = "parquet"  # a table's format: "parquet", "orc" or "delta" (Delta Lake)
-    version: int | str | None = None  # a Delta table's version to train on: a number or a time; the newest when unset
+    format: str = "parquet"  # a table's format: "parquet", "orc", "delta" (Delta Lake) or "iceberg" (Apache Iceberg)
+    version: int | str | None = None  # a Delta version or Iceberg snapshot id to train on, or a time; the newest when unset
+    catalog: str | None = None  # an Iceberg catalog (as pyiceberg's configuration names it): train and test are table names in it
     scale: str = "auto"  # feature scaling: "auto", "min_max", "standard" or "none" (saved with the model)
 
 
@@ -245,8 +246,9 @@ class JobSpec:
                 raise ConfigError(f"{origin}: '{section}' must be a [{section}] table, got {describe_value(table)}")
             for key, value in table.items():
                 value = _check(origin, section, key, value)
+                named = key in ("train", "test") and table.get("catalog") is not None  # a table's name in a catalog
                 if (base is not None and (section, key) in _PATH_KEYS and value is not None and value != "mnist"
-                        and "://" not in value):  # a URI (hdfs://, s3://, file://) is absolute
+                        and "://" not in value and not named):  # a URI (hdfs://, s3://, file://) is absolute
                     value = str(base / Path(value).expanduser())
                 values[section][key] = value
         for dotted, value in (overrides or {}).items():

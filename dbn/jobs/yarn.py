@@ -102,7 +102,7 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
     data = cfg.training_data()
     table = data.in_place  # the workers read the table itself: it must be on a file system they reach
     if table:
-        _shared_uri("[data] train (a table the workers read in place)", cfg.data.train)
+        _shared_uri("[data] train (a table the workers read in place)", data.location)
     if not shards:  # cut into the job's own folder (a table: only its shares, naming its pieces)
         shards = join(output, "shards")
         if not dry_run:
@@ -120,7 +120,7 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
     opts.worker_nodes = sorted({h for slot in slot_hosts for h in slot})
     opts.file_systems = list(dict.fromkeys([*opts.file_systems,
                                             *_name_services([output, shards, *([validation] if validation else []),
-                                                             *([cfg.data.train] if table else [])])]))
+                                                             *([data.location] if table else [])])]))
 
     stream = cfg.cluster.stream == "always"
     if uris:  # the shards are known: check the workers fit their containers, and stream if they must

@@ -1,0 +1,186 @@
+"""Apache Iceberg tables read in place: the live data files of one snapshot, from the table's metadata.
+
+An Iceberg table is data files plus a ``metadata/`` folder: each commit writes a new
+``*.metadata.json`` naming the table's snapshots, and a snapshot's manifests list the files that
+are the table then. Files an overwrite or a delete replaced stay on disk until snapshots
+expire. The metadata is read with ``pyiceberg`` (the ``iceberg`` extra), on the client only:
+the snapshot is pinned when the job starts and the workers' pieces name the files, read as any
+other Parquet files.
+
+The table is named by a metadata file (``.../metadata/00004-<uuid>.metadata.json``), by its
+folder (the newest metadata file there: ``version-hint.text``'s, else the highest number), or
+by its name in a catalog (:func:`catalog_table`: the catalog's current metadata file).
+Read: the current snapshot, or one named by id or by time (``version``). Refused, naming the
+table and what to do: delete files (merge-on-read deletes), data files other than Parquet,
+columns renamed since files were written (the files would hold them under their old names).
+"""
+
+from __future__ import annotations
+
+import datetime
+import posixpath
+import re
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+
+from .columns import plain_schema
+from .exceptions import ShardError, TableError
+from .filesystems import filesystem
+from .lakehouse import parse_version
+
+METADATA_SUFFIX = ".metadata.json"
+#: What to run in Spark so that a table's deletes live in its data files again.
+REWRITE_HINT = ("CALL <catalog>.system.rewrite_data_files(table => '<table>', options => map('delete-file-threshold', "
+                "'1')) rewrites them into the data files")
+
+
+def _pyiceberg():
+    try:
+        from pyiceberg.table import StaticTable
+    except ImportError:
+        raise TableError("reading an Apache Iceberg table needs the pyiceberg package: "
+                         "pip install 'dbn-yarn[iceberg]'") from None
+    return StaticTable
+
+
+def catalog_table(catalog: str, identifier: str) -> str:
+    """The metadata file of table ``identifier`` (``db.table``) in the catalog named ``catalog``,
+    as pyiceberg's own configuration describes it (``~/.pyiceberg.yaml``, or
+    ``PYICEBERG_CATALOG__<NAME>__URI`` and the like: a Hive metastore, a REST or SQL catalog)."""
+    _pyiceberg()
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.exceptions import NoSuchTableError
+
+    try:
+        found = load_catalog(catalog)
+    except Exception as exc:  # pyiceberg's errors vary: no such catalog, a missing library, no connection
+        raise TableError(f"catalog {catalog!r}: cannot open it as pyiceberg's configuration describes it "
+                         f"(~/.pyiceberg.yaml or PYICEBERG_CATALOG__{catalog.upper()}__URI ...): "
+                         f"{' '.join(str(exc).split())[:300]}") from None
+    try:
+        return found.load_table(identifier).metadata_location
+    except NoSuchTableError:
+        raise TableError(f"{identifier}: no such table in the Apache Iceberg catalog {catalog!r}") from None
+    except Exception as exc:
+        raise TableError(f"{identifier}: cannot load it from the Apache Iceberg catalog {catalog!r}: "
+                         f"{' '.join(str(exc).split())[:300]}") from None
+
+
+def metadata_file(uri: str) -> str:
+    """The metadata file that ``uri`` names: itself, or the newest in a table folder's ``metadata/``."""
+    if uri.endswith(METADATA_SUFFIX):
+        return uri
+    fs, path = filesystem(uri)
+    folder = posixpath.join(path, "metadata")
+    hint = _read_text(fs, posixpath.join(folder, "version-hint.text"))
+    if hint is not None and hint.strip().isdigit():
+        named = posixpath.join(folder, f"v{hint.strip()}{METADATA_SUFFIX}")
+        if fs.get_file_info(named).type == pafs.FileType.File:
+            return _same_scheme(uri, path, named)
+    found = [info.base_name for info in fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True))
+             if info.base_name.endswith(METADATA_SUFFIX)]
+    if not found:
+        raise TableError(f"{uri}: no Apache Iceberg table there (no metadata/*{METADATA_SUFFIX})")
+    newest = max(found, key=_metadata_number)
+    return _same_scheme(uri, path, posixpath.join(folder, newest))
+
+
+def _metadata_number(name: str) -> int:
+    """A metadata file's number: ``00004-<uuid>.metadata.json`` (catalogs) or ``v4.metadata.json``."""
+    match = re.match(r"v?(\d+)", name)
+    return int(match.group(1)) if match else -1
+
+
+def _read_text(fs, path: str) -> str | None:
+    try:
+        with fs.open_input_stream(path) as stream:
+            return stream.read(64).decode("ascii", "replace")
+    except (FileNotFoundError, OSError):
+        return None
+
+
+def _same_scheme(uri: str, path: str, found: str) -> str:
+    """``found`` (a path on ``uri``'s file system) as a URI of ``uri``'s form."""
+    return uri[: len(uri) - len(path.rstrip("/"))] + found if uri.rstrip("/").endswith(path.rstrip("/")) else found
+
+
+def load(uri: str, version=None):
+    """``(table, snapshot)``: the Iceberg table ``uri`` names and its snapshot at ``version`` (an
+    id, a time, or None for the current one), checked to be one this reader reads."""
+    StaticTable = _pyiceberg()
+    location = metadata_file(uri)
+    from .iceberg_io import PROPERTIES
+
+    try:
+        table = StaticTable.from_metadata(location, properties=PROPERTIES)
+    except Exception as exc:  # pyiceberg's errors vary with the fault (a missing file, bad JSON)
+        raise TableError(f"{uri}: cannot read the Apache Iceberg table's metadata {location}: "
+                         f"{' '.join(str(exc).split())[:300]}") from None
+    when = parse_version(version)
+    if when is None:
+        snapshot = table.current_snapshot()
+    elif isinstance(when, datetime.datetime):
+        snapshot = table.snapshot_as_of_timestamp(int(when.timestamp() * 1000))
+    else:
+        snapshot = table.snapshot_by_id(when)
+    if snapshot is None:
+        have = ", ".join(str(s.snapshot_id) for s in table.snapshots()) or "none"
+        raise TableError(f"{uri}: the Apache Iceberg table has no snapshot "
+                         f"{'yet' if when is None else f'at version {version!r}'} (snapshots: {have})")
+    _check_renames(uri, table)
+    return table, snapshot
+
+
+def _check_renames(uri: str, table) -> None:
+    """Refuse a table whose columns were renamed: its older files hold them under the old names
+    (Iceberg matches columns by id; this reader, by name)."""
+    names: dict[int, set[str]] = {}
+    for schema in table.metadata.schemas:
+        for field in schema.fields:
+            names.setdefault(field.field_id, set()).add(field.name)
+    renamed = sorted(" / ".join(sorted(n)) for n in names.values() if len(n) > 1)
+    if renamed:
+        raise TableError(f"{uri}: columns of the Apache Iceberg table were renamed ({', '.join(renamed)}), and files "
+                         f"written before hold the old names, which this reader does not map yet: write the "
+                         f"snapshot to train on as a new table, or as plain Parquet")
+
+
+def pin(uri: str, version=None) -> int:
+    """The id of the snapshot the table at ``uri`` has at ``version`` (an id, a time, or None for
+    the current one): what a job reads throughout, however the table changes meanwhile."""
+    return load(uri, version)[1].snapshot_id
+
+
+def dataset(uri: str, version: int) -> ds.FileSystemDataset:
+    """The table at ``uri`` at snapshot ``version`` as a ``pyarrow.dataset`` of its live data files."""
+    table, snapshot = load(uri, version)
+    tasks = list(table.scan(snapshot_id=snapshot.snapshot_id).plan_files())
+    deletes = {d.file_path: d for task in tasks for d in task.delete_files}
+    if deletes:
+        kinds = sorted({d.content.name.lower().replace("_", " ") for d in deletes.values()})
+        raise TableError(f"{uri}: snapshot {snapshot.snapshot_id} of the Apache Iceberg table has {len(deletes)} "
+                         f"delete file{'s' if len(deletes) > 1 else ''} ({', '.join(kinds)}: merge-on-read deletes), "
+                         f"which this reader does not apply yet: {REWRITE_HINT}")
+    if not tasks:
+        raise ShardError(f"{uri}: the Apache Iceberg table holds no data files at snapshot {snapshot.snapshot_id}")
+    fs, _ = filesystem(uri)
+    paths = []
+    for task in tasks:
+        if task.file.file_format.name != "PARQUET":
+            raise TableError(f"{uri}: {task.file.file_path} is {task.file.file_format.name}: this reader reads "
+                             f"Apache Iceberg tables of Parquet files")
+        paths.append(_file_path(task.file.file_path, uri))
+    schema = plain_schema(table.schema().as_arrow())
+    schema = pa.schema([field.remove_metadata() for field in schema])  # Parquet field ids: not the table's names
+    return ds.FileSystemDataset.from_paths(paths, schema=schema, format=ds.ParquetFileFormat(), filesystem=fs)
+
+
+def _file_path(location: str, uri: str) -> str:
+    """A data file's path on the table's file system (the metadata names it by a full URI)."""
+    parts = urlparse(location)
+    if (parts.scheme or "file") != (urlparse(uri).scheme or "file"):
+        raise TableError(f"{uri}: the Apache Iceberg metadata names a data file on another file system: {location}")
+    return parts.path

@@ -1,0 +1,48 @@
+"""pyiceberg's file access through this project's file systems (:func:`iterreduce.filesystems.filesystem`).
+
+pyiceberg reaches ``hdfs://`` through libhdfs (a Hadoop install and its JVM), which a client
+here need not have; this reaches it as every other read of the project does: hdfs-native,
+with the user's Kerberos ticket or keytab, and the NameNode as Hadoop's configuration names
+it. Reads only: this project never writes a table's metadata. Imported by pyiceberg, by name
+(``py-io-impl``), so only where pyiceberg is installed.
+"""
+
+from __future__ import annotations
+
+import pyarrow.fs as pafs
+from pyiceberg.io import FileIO, InputFile, OutputFile
+
+from .filesystems import filesystem
+
+#: pyiceberg's property that names the FileIO class a table reads with.
+PROPERTIES = {"py-io-impl": f"{__name__}.FileSystemIO"}
+
+
+class FileSystemInput(InputFile):
+    """A file pyiceberg reads (metadata, manifest lists, manifests)."""
+
+    def __init__(self, location: str):
+        super().__init__(location)
+        self._fs, self._path = filesystem(location)
+
+    def __len__(self) -> int:
+        return self._fs.get_file_info(self._path).size
+
+    def exists(self) -> bool:
+        return self._fs.get_file_info(self._path).type != pafs.FileType.NotFound
+
+    def open(self, seekable: bool = True):
+        return self._fs.open_input_file(self._path)
+
+
+class FileSystemIO(FileIO):
+    """pyiceberg's FileIO over :func:`~iterreduce.filesystems.filesystem`: reads only."""
+
+    def new_input(self, location: str) -> InputFile:
+        return FileSystemInput(location)
+
+    def new_output(self, location: str) -> OutputFile:
+        raise PermissionError(f"{location}: this project reads Apache Iceberg tables and never writes them")
+
+    def delete(self, location) -> None:
+        raise PermissionError(f"{getattr(location, 'location', location)}: this project never deletes a table's files")
