@@ -9,8 +9,9 @@ needs no Delta library: the version is pinned when the job starts, and the piece
 name the files.
 
 Read: the newest version, or one named by number or by time (``version``); partition values
-from the log; deletion vectors and column mapping are refused, naming the table and what to
-do, as is any other reader feature of the protocol this reader does not know.
+from the log; deletion vectors applied (the rows they mark are left out of each piece).
+Column mapping is refused, naming the table and what to do, as is any other reader feature
+of the protocol this reader does not know.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import datetime
 import posixpath
 from urllib.parse import unquote, urlparse
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -32,8 +34,6 @@ from .lakehouse import parse_version
 #: Reader features whose tables this reader reads as the log lists them (the others change
 #: what a data file's rows mean: deletion vectors, column mapping, type widening, ...).
 KNOWN_READER_FEATURES = frozenset({"timestampNtz", "v2Checkpoint", "vacuumProtocolCheck"})
-#: What to run in Spark so that a table's deletions live in its files again.
-PURGE_HINT = "REORG TABLE delta.`{uri}` APPLY (PURGE) rewrites them into the files"
 
 
 def _deltalake():
@@ -90,14 +90,7 @@ def _check_readable(uri: str, table) -> None:
                          f"(delta.columnMapping.mode = {mapping}), which this reader does not resolve yet: "
                          f"write the version to train on as a table without column mapping, or as plain Parquet")
     if "deletionVectors" in features:
-        try:
-            marked = pa.table(table.deletion_vectors()).num_rows
-        except Exception as exc:  # delta-rs's own error type varies with the fault
-            raise TableError(f"{uri}: cannot read the Delta Lake table's deletion vectors: {_first_line(exc)}") from None
-        if marked:
-            raise TableError(f"{uri}: {marked} data file{'s' if marked > 1 else ''} of the Delta Lake table "
-                             f"{'have' if marked > 1 else 'has'} rows deleted by deletion vectors, which this reader "
-                             f"does not apply yet: {PURGE_HINT.format(uri=uri)}")
+        _deletion_vectors(uri, table)  # refused now, not when a worker reads: they cannot be read
     unknown = sorted(features - KNOWN_READER_FEATURES - {"deletionVectors"})
     if unknown:
         raise TableError(f"{uri}: the Delta Lake table needs reader feature{'s' if len(unknown) > 1 else ''} "
@@ -161,3 +154,27 @@ def pin(uri: str, version=None) -> int:
     """The version number the table at ``uri`` has at ``version`` (a number, a time, or None for
     the newest): what a job reads throughout, however the table changes meanwhile."""
     return load(uri, version).version()
+
+
+def deleted_rows(uri: str, version: int) -> dict[str, np.ndarray]:
+    """The rows of each data file (by its path on the table's file system) that the version's
+    deletion vectors remove (Spark writes them for a DELETE, UPDATE or MERGE where
+    ``delta.enableDeletionVectors`` is on)."""
+    table = load(uri, version)
+    if "deletionVectors" not in set(table.protocol().reader_features or ()):
+        return {}
+    _, root = filesystem(uri)
+    vectors = _deletion_vectors(uri, table)
+    found = {}
+    for i in range(vectors.num_rows):
+        keep = vectors.column("selection_vector")[i].values.to_numpy(zero_copy_only=False)
+        found[_file_path(vectors.column("filepath")[i].as_py(), root, uri)] = np.flatnonzero(~keep)
+    return found
+
+
+def _deletion_vectors(uri: str, table) -> pa.Table:
+    """``(filepath, selection_vector)`` of each file with a deletion vector (True: a row kept)."""
+    try:
+        return pa.table(table.deletion_vectors())
+    except Exception as exc:  # delta-rs's own error type varies with the fault
+        raise TableError(f"{uri}: cannot read the Delta Lake table's deletion vectors: {_first_line(exc)}") from None

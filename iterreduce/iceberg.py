@@ -10,9 +10,10 @@ other Parquet files.
 The table is named by a metadata file (``.../metadata/00004-<uuid>.metadata.json``), by its
 folder (the newest metadata file there: ``version-hint.text``'s, else the highest number), or
 by its name in a catalog (:func:`catalog_table`: the catalog's current metadata file).
-Read: the current snapshot, or one named by id or by time (``version``). Refused, naming the
-table and what to do: delete files (merge-on-read deletes), data files other than Parquet,
-columns renamed since files were written (the files would hold them under their old names).
+Read: the current snapshot, or one named by id or by time (``version``); positional delete
+files (merge-on-read deletes) applied: the rows they name are left out of each piece. Refused,
+naming the table and what to do: equality delete files, data files other than Parquet, columns
+renamed since files were written (the files would hold them under their old names).
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ import posixpath
 import re
 from urllib.parse import urlparse
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
 from .columns import plain_schema
 from .exceptions import ShardError, TableError
@@ -33,8 +37,8 @@ from .lakehouse import parse_version
 
 METADATA_SUFFIX = ".metadata.json"
 #: What to run in Spark so that a table's deletes live in its data files again.
-REWRITE_HINT = ("CALL <catalog>.system.rewrite_data_files(table => '<table>', options => map('delete-file-threshold', "
-                "'1')) rewrites them into the data files")
+REWRITE_HINT = ("in Spark, CALL <catalog>.system.rewrite_data_files(table => '<table>', options => "
+                "map('delete-file-threshold', '1')) rewrites the deletes into the data files")
 
 
 def _pyiceberg():
@@ -155,15 +159,10 @@ def pin(uri: str, version=None) -> int:
 
 
 def dataset(uri: str, version: int) -> ds.FileSystemDataset:
-    """The table at ``uri`` at snapshot ``version`` as a ``pyarrow.dataset`` of its live data files."""
+    """The table at ``uri`` at snapshot ``version`` as a ``pyarrow.dataset`` of its live data files
+    (rows its positional delete files remove: :func:`deleted_rows`)."""
     table, snapshot = load(uri, version)
-    tasks = list(table.scan(snapshot_id=snapshot.snapshot_id).plan_files())
-    deletes = {d.file_path: d for task in tasks for d in task.delete_files}
-    if deletes:
-        kinds = sorted({d.content.name.lower().replace("_", " ") for d in deletes.values()})
-        raise TableError(f"{uri}: snapshot {snapshot.snapshot_id} of the Apache Iceberg table has {len(deletes)} "
-                         f"delete file{'s' if len(deletes) > 1 else ''} ({', '.join(kinds)}: merge-on-read deletes), "
-                         f"which this reader does not apply yet: {REWRITE_HINT}")
+    tasks = _tasks(uri, table, snapshot)
     if not tasks:
         raise ShardError(f"{uri}: the Apache Iceberg table holds no data files at snapshot {snapshot.snapshot_id}")
     fs, _ = filesystem(uri)
@@ -176,6 +175,42 @@ def dataset(uri: str, version: int) -> ds.FileSystemDataset:
     schema = plain_schema(table.schema().as_arrow())
     schema = pa.schema([field.remove_metadata() for field in schema])  # Parquet field ids: not the table's names
     return ds.FileSystemDataset.from_paths(paths, schema=schema, format=ds.ParquetFileFormat(), filesystem=fs)
+
+
+def _tasks(uri: str, table, snapshot) -> list:
+    """The snapshot's scan tasks (a data file and its delete files each), equality deletes refused."""
+    tasks = list(table.scan(snapshot_id=snapshot.snapshot_id).plan_files())
+    unsupported = {d.file_path: d for task in tasks for d in task.delete_files
+                   if d.content.name != "POSITION_DELETES" or d.file_format.name != "PARQUET"}
+    if unsupported:
+        kinds = sorted({f"{d.content.name.lower().replace('_', ' ')} in {d.file_format.name}"
+                        for d in unsupported.values()})
+        raise TableError(f"{uri}: snapshot {snapshot.snapshot_id} of the Apache Iceberg table has "
+                         f"{len(unsupported)} delete file{'s' if len(unsupported) > 1 else ''} of a kind this reader "
+                         f"does not apply ({', '.join(kinds)}; it applies positional deletes in Parquet): "
+                         f"{REWRITE_HINT}")
+    return tasks
+
+
+def deleted_rows(uri: str, version: int) -> dict[str, np.ndarray]:
+    """The rows of each data file (by its path on the table's file system) that the snapshot's
+    positional delete files remove: a delete file lists (data file, position) pairs."""
+    table, snapshot = load(uri, version)
+    readers: dict[str, list[str]] = {}  # delete file -> the data files it may name
+    for task in _tasks(uri, table, snapshot):
+        for delete in task.delete_files:
+            readers.setdefault(delete.file_path, []).append(task.file.file_path)
+    found: dict[str, list[np.ndarray]] = {}
+    for location, data_files in readers.items():
+        fs, path = filesystem(location)
+        try:
+            pairs = pq.read_table(path, filesystem=fs, columns=["file_path", "pos"])
+        except (OSError, pa.ArrowException) as exc:
+            raise ShardError(f"{location}: not a readable positional delete file ({type(exc).__name__}: {exc})") from exc
+        for data_file in data_files:
+            rows = pairs.filter(pc.equal(pairs.column("file_path"), data_file)).column("pos")
+            found.setdefault(_file_path(data_file, uri), []).append(rows.to_numpy())
+    return {path: np.unique(np.concatenate(parts)) for path, parts in found.items()}
 
 
 def _file_path(location: str, uri: str) -> str:

@@ -307,21 +307,39 @@ class Piece:
     start: int                 # the piece's first row within its file (errors name rows in the file)
     rows: int                  # its rows as stored (a filter on stored columns may keep fewer)
     partition: tuple = ()      # ((column, arrow type name, value or None), ...) from the folder names
+    deleted: tuple = ()        # rows of the piece (by their index in the file) a table's delete files removed
 
     def to_dict(self) -> dict:
         """The piece as JSON-friendly data (what :meth:`from_dict` reads back)."""
         return {"path": self.path, "row_group": self.row_group, "start": self.start, "rows": self.rows,
-                "partition": [list(p) for p in self.partition]}
+                "partition": [list(p) for p in self.partition], "deleted": list(self.deleted)}
 
     @classmethod
     def from_dict(cls, d: dict) -> Piece:
         """The piece :meth:`to_dict` wrote."""
-        return cls(d["path"], d["row_group"], d["start"], d["rows"], tuple(tuple(p) for p in d["partition"]))
+        return cls(d["path"], d["row_group"], d["start"], d["rows"], tuple(tuple(p) for p in d["partition"]),
+                   tuple(d.get("deleted", ())))
 
 
-def pieces(dataset: ds.FileSystemDataset, filter: str | None = None) -> list[Piece]:
+def table_pieces(source: TableSource, dataset: ds.FileSystemDataset) -> list[Piece]:
+    """The pieces of ``source``'s table (``dataset``, :func:`open_dataset`'s) that its filter may
+    keep, each with the rows the table's delete files removed from it."""
+    return pieces(dataset, source.filter, deleted_rows(source))
+
+
+def deleted_rows(source: TableSource) -> dict[str, np.ndarray]:
+    """The rows of each data file (by path) that ``source``'s table no longer holds although the
+    file does (an Iceberg table's positional delete files); none for other tables."""
+    reader = VERSIONED_FORMATS.get(source.format)
+    return {} if reader is None else reader.deleted_rows(source.uri, pin(source).version)
+
+
+def pieces(dataset: ds.FileSystemDataset, filter: str | None = None,
+           deleted: dict[str, np.ndarray] | None = None) -> list[Piece]:
     """The pieces of ``dataset``, sorted by path then row group, leaving out files whose
-    partition folders ``filter`` rules out, and pieces with no rows. Reads only the footers."""
+    partition folders ``filter`` rules out, and pieces with no rows. Reads only the footers.
+    ``deleted``: rows removed from each file (:func:`deleted_rows`), given to the pieces they fall in."""
+    deleted = deleted or {}
     expression = parse_filter(filter) if filter else None
     partition_fields = [dataset.schema.field(name) for name in _partition_names(dataset)]
     try:
@@ -332,11 +350,13 @@ def pieces(dataset: ds.FileSystemDataset, filter: str | None = None) -> list[Pie
     for fragment in fragments:
         keys = ds.get_partition_keys(fragment.partition_expression)
         partition = tuple((f.name, str(f.type), keys.get(f.name)) for f in partition_fields)
+        gone = np.sort(np.asarray(deleted.get(fragment.path, ()), np.int64))
         start = 0
         for group, rows in enumerate(_row_groups(fragment)):
-            if rows:
+            mine = gone[np.searchsorted(gone, start):np.searchsorted(gone, start + rows)]
+            if rows > len(mine):
                 found.append(Piece(fragment.path, group if isinstance(fragment, ds.ParquetFileFragment) else None,
-                                   start, rows, partition))
+                                   start, rows, partition, tuple(int(i) for i in mine)))
             start += rows
     return found
 
@@ -458,6 +478,8 @@ def _read_rows(source: TableSource, piece: Piece, fragment: ds.FileFragment, sch
     except (OSError, pa.ArrowException) as exc:
         raise ShardError(f"{piece.path}: cannot read {', '.join(wanted)} ({type(exc).__name__}: {exc})") from exc
     table = table.append_column(ROW, pa.array(np.arange(piece.start, piece.start + table.num_rows)))
+    if piece.deleted:  # rows the table's delete files removed
+        table = table.filter(pc.invert(pc.is_in(table.column(ROW), pa.array(piece.deleted, pa.int64()))))
     if source.filter:
         try:
             table = table.filter(parse_filter(source.filter))
@@ -477,7 +499,7 @@ def label_classes(source: TableSource, dataset: ds.FileSystemDataset | None = No
     dataset = open_dataset(source) if dataset is None else dataset
     _check_label(dataset.schema, source.label, source.uri)
     classes: set = set()
-    for piece in pieces(dataset, source.filter):
+    for piece in table_pieces(source, dataset):
         fragment, schema = _open_piece(source, piece)
         _check_label(schema, source.label, piece.path)
         table = _read_rows(source, piece, fragment, schema, [source.label])

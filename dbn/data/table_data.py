@@ -27,8 +27,8 @@ from iterreduce.filesystems import check_output_file, join, open_output_file
 from iterreduce.labels import LabelMap
 from iterreduce.scaling import FeatureStats, Scaler
 from iterreduce.shards import shard_set
-from iterreduce.tables import (TableShard, TableSource, assign, label_classes, open_dataset, pieces, pin,
-                               read_columns, read_piece, resolve)
+from iterreduce.tables import (TableShard, TableSource, assign, label_classes, open_dataset, pin, read_columns,
+                               read_piece, resolve, table_pieces)
 
 from .sharding import FEATURES_COLUMNS, PREDICTION_COLUMNS, RowsWriter, output_columns, output_format
 from .validation import DataError
@@ -101,7 +101,7 @@ def _opened(data, test: bool = False, columns: tuple[str, ...] | None = None):
     source = pin(source)
     dataset = open_dataset(source)
     source = resolve(source, dataset)
-    found = pieces(dataset, source.filter)
+    found = table_pieces(source, dataset)
     if not found:
         raise DataError(f"{source.uri}: no data file of the table passes the filter {source.filter!r}"
                         if source.filter else f"{source.uri}: the table has no rows")
@@ -225,7 +225,7 @@ def predict_table(model, data, out: str, *, table: str | None = None, filter: st
     try:
         with open_output_file(out, overwrite=overwrite) as stream:
             writer = RowsWriter(stream, fmt)
-            for piece in pieces(dataset, source.filter):
+            for piece in table_pieces(source, dataset):
                 X, _ = read_piece(source, piece, n_features=model.n_features_in_)
                 if not len(X):
                     continue

@@ -1,0 +1,48 @@
+"""Apache Spark in local mode, as the tests' writer of tables: plain Parquet and ORC, Delta Lake
+and Apache Iceberg, written the way users' Spark jobs write them.
+
+``pyspark`` (the test extra) runs on the Java 17 already needed for Hadoop; the table formats'
+jars (``tests/spark/pom.xml``) are fetched once by Maven into the cache beside Hadoop's. One
+session per test run, one core, no UI: what Spark costs the suite is said in
+``benchmarks/RESULTS.md`` ("Test suite").
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from minihadoop import cache_dir, fetch_jars
+
+POM = Path(__file__).resolve().parent / "spark" / "pom.xml"
+
+
+def spark_jars() -> list[str]:
+    """The Iceberg and Delta jars for Spark, fetched by Maven on first use."""
+    folder = fetch_jars(POM, cache_dir().parent / "spark-table-formats" / "jars")
+    return sorted(str(p) for p in folder.glob("*.jar"))
+
+
+def start_spark(warehouse: Path):
+    """A local Spark session that writes Delta tables by path and Iceberg tables in the Hadoop
+    catalog ``ice`` under ``warehouse``."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    return (SparkSession.builder.master("local[1]").appName("dbn-yarn-tests")
+            .config("spark.jars", ",".join(spark_jars()))
+            .config("spark.sql.extensions", "io.delta.sql.DeltaSparkSessionExtension,"
+                                            "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
+            .config("spark.sql.catalog.spark_catalog", "org.apache.spark.sql.delta.catalog.DeltaCatalog")
+            .config("spark.sql.catalog.ice", "org.apache.iceberg.spark.SparkCatalog")
+            .config("spark.sql.catalog.ice.type", "hadoop")
+            .config("spark.sql.catalog.ice.warehouse", str(warehouse))
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", "1")
+            .config("spark.default.parallelism", "1")
+            .config("spark.databricks.delta.snapshotPartitions", "1")
+            .config("spark.driver.memory", "1g")
+            .config("spark.sql.session.timeZone", "UTC")
+            .getOrCreate())

@@ -1,0 +1,133 @@
+"""Tables written by Apache Spark itself, trained on in place (issue 39, part 5).
+
+Spark in local mode (tests/sparktables.py) writes what users' jobs write: a Parquet and an ORC
+table partitioned by ``split`` and ``day`` with a ``VectorAssembler`` column and a string label;
+a Delta Lake table whose DELETE and UPDATE leave deletion vectors; an Iceberg table whose
+merge-on-read DELETE and UPDATE leave positional delete files. Each trains on exactly the rows
+Spark reads as the table.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("pyspark")
+
+from dbn import DBN  # noqa: E402
+from dbn.cli import main  # noqa: E402
+from minihadoop import ToolMissing  # noqa: E402
+from sparktables import start_spark  # noqa: E402
+
+pytestmark = pytest.mark.spark
+
+LABELS = ("cat", "dog", "eel")
+SCALARS = ["x0", "x1", "x2", "x3", "x4"]
+
+
+@pytest.fixture(scope="module")
+def spark(tmp_path_factory):
+    try:
+        session = start_spark(tmp_path_factory.mktemp("warehouse"))
+    except ToolMissing as missing:
+        pytest.skip(str(missing))
+    yield session
+    session.stop()
+
+
+def animals(spark, n: int = 600, seed: int = 0):
+    """A DataFrame of ``n`` rows: ``id``, five features around a centre per label, ``label``,
+    ``split`` (train or test) and ``day``."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, len(LABELS), n)
+    X = rng.normal(0, 1.5, (len(LABELS), len(SCALARS)))[y] + rng.normal(0, 1.0, (n, len(SCALARS)))
+    rows = [(i, *map(float, X[i]), LABELS[y[i]], "test" if i % 4 == 0 else "train", int(1 + i % 3))
+            for i in range(n)]
+    return spark.createDataFrame(rows, ["id", *SCALARS, "label", "split", "day"])
+
+
+def job(tmp_path: Path, uri, fmt: str, features, data: str = "") -> Path:
+    path = tmp_path / "job.toml"
+    path.write_text(f"""
+[data]
+train = "{uri}"
+format = "{fmt}"
+features = {json.dumps(list(features))}
+label = "label"
+{data}
+[model]
+hidden_layers = [16]
+pretrain_epochs = 2
+finetune_epochs = 8
+pretrain_batch_size = 20
+finetune_batch_size = 20
+finetune_learning_rate = 0.3
+
+[output]
+dir = "{tmp_path / 'out'}"
+
+[job]
+seed = 1
+device = "cpu"
+""")
+    return path
+
+
+def train(tmp_path: Path, uri, fmt: str, features, data: str = "", workers: int = 2) -> tuple[dict, DBN]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    assert main(["train", str(job(tmp_path, uri, fmt, features, data)), "--quiet", "--no-ui",
+                 "--local", str(workers)]) == 0
+    out = tmp_path / "out"
+    return json.loads((out / "result.json").read_text()), DBN.load(out / "model.npz", device="cpu")
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "orc"])
+def test_a_spark_table_with_an_assembled_vector_trains_in_place(tmp_path, spark, fmt):
+    from pyspark.ml.feature import VectorAssembler
+
+    table = tmp_path / f"animals-{fmt}"
+    rows = VectorAssembler(inputCols=SCALARS[:4], outputCol="vec").transform(animals(spark))
+    rows.drop(*SCALARS[:4]).write.partitionBy("split", "day").format(fmt).save(str(table))
+    assert (table / "_SUCCESS").is_file() and (table / "split=train" / "day=1").is_dir()
+    result, model = train(tmp_path / "run", table, fmt, ["vec", "x4"],
+                          f"filter = \"split == 'train'\"\ntest = \"{table}\"\ntest_filter = \"split == 'test'\"")
+    written = spark.read.format(fmt).load(str(table))
+    assert result["n_train"] == written.filter("split = 'train'").count() == 450
+    assert result["n_test"] == 150 and result["test_error"] < 0.2
+    assert list(model.classes_) == list(LABELS)
+
+
+def test_a_delta_table_with_deletion_vectors_trains_on_exactly_its_rows(tmp_path, spark):
+    table = tmp_path / "delta"
+    (animals(spark).write.format("delta").option("delta.enableDeletionVectors", "true").partitionBy("day")
+     .save(str(table)))
+    spark.sql(f"DELETE FROM delta.`{table}` WHERE label = 'dog' AND x4 > 0")
+    spark.sql(f"UPDATE delta.`{table}` SET label = 'fox' WHERE x0 > 1.5")
+    assert list(table.glob("deletion_vector_*.bin"))  # the rows are marked, not rewritten
+    now = spark.read.format("delta").load(str(table))
+    result, model = train(tmp_path / "now", table, "delta", SCALARS)
+    assert result["n_train"] == now.count() < 600
+    assert list(model.classes_) == sorted(r.label for r in now.select("label").distinct().collect())
+    first, model = train(tmp_path / "first", table, "delta", SCALARS, "version = 0")
+    assert first["n_train"] == 600 and list(model.classes_) == list(LABELS)
+
+
+def test_an_iceberg_table_with_positional_delete_files_trains_on_exactly_its_rows(tmp_path, spark):
+    spark.sql("CREATE TABLE ice.db.animals (id bigint, x0 double, x1 double, x2 double, x3 double, x4 double, "
+              "label string, split string, day int) USING iceberg PARTITIONED BY (day) TBLPROPERTIES "
+              "('format-version' = '2', 'write.delete.mode' = 'merge-on-read', 'write.update.mode' = 'merge-on-read')")
+    animals(spark).writeTo("ice.db.animals").append()
+    first = spark.sql("SELECT snapshot_id FROM ice.db.animals.snapshots ORDER BY committed_at").first()[0]
+    spark.sql("DELETE FROM ice.db.animals WHERE label = 'dog' AND x4 > 0")
+    spark.sql("UPDATE ice.db.animals SET label = 'fox' WHERE x0 > 1.5")
+    folder = Path(spark.conf.get("spark.sql.catalog.ice.warehouse")) / "db" / "animals"
+    assert list((folder / "data").rglob("*-deletes.parquet"))  # merge-on-read: delete files, not rewrites
+    now = spark.table("ice.db.animals")
+    result, model = train(tmp_path / "now", folder, "iceberg", SCALARS)
+    assert result["n_train"] == now.count() < 600
+    assert list(model.classes_) == sorted(r.label for r in now.select("label").distinct().collect())
+    then, model = train(tmp_path / "first", folder, "iceberg", SCALARS, f"version = {first}")
+    assert then["n_train"] == 600 and list(model.classes_) == list(LABELS)
