@@ -178,7 +178,8 @@ class Table(TrainingData):
         return table_shards(self.data, n, folder)
 
     def cut_message(self, n: int, folder: str) -> str:
-        return f"splitting the table {self.uri} among {n} workers (its shares under {folder})"
+        at = "" if self.data.version is None else f" at {self.data.format} version {self.data.version}"
+        return f"splitting the table {self.uri}{at} among {n} workers (its shares under {folder})"
 
     def source_note(self, n: int) -> dict:
         return {"table": dataclasses.asdict(self.data), "visible": self.spec.model.visible, "shards": n}
