@@ -131,3 +131,15 @@ def test_an_iceberg_table_with_positional_delete_files_trains_on_exactly_its_row
     assert list(model.classes_) == sorted(r.label for r in now.select("label").distinct().collect())
     then, model = train(tmp_path / "first", folder, "iceberg", SCALARS, f"version = {first}")
     assert then["n_train"] == 600 and list(model.classes_) == list(LABELS)
+
+
+def test_an_iceberg_table_of_orc_files_is_refused_naming_a_file(tmp_path, spark, capsys):
+    spark.sql("CREATE TABLE ice.db.orc_animals (id bigint, x0 double, label string) USING iceberg "
+              "TBLPROPERTIES ('write.format.default' = 'orc')")
+    animals(spark).select("id", "x0", "label").writeTo("ice.db.orc_animals").append()
+    folder = Path(spark.conf.get("spark.sql.catalog.ice.warehouse")) / "db" / "orc_animals"
+    path = job(tmp_path, folder, "iceberg", ["x0"])
+    assert main(["train", str(path), "--quiet", "--no-ui"]) == 2
+    err = capsys.readouterr().err
+    assert ".orc is ORC: this reader reads Apache Iceberg tables of Parquet files" in err
+    assert not (tmp_path / "out").exists()
