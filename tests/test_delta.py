@@ -266,3 +266,25 @@ def test_a_reader_feature_this_reader_does_not_know_is_refused(tmp_path, capsys)
                                                       allow_protocol_versions_increase=True)
     err = refused(tmp_path, capsys, root)
     assert "reader feature variantType" in err
+
+
+def test_a_resumed_run_keeps_the_version_its_shares_were_cut_from(tmp_path, table):
+    """The table moves on between a run and its --resume: the resumed run trains on the version it
+    started with (its shares name it), and a new run of the same job on the newest."""
+    from dbn.data.training import training_data
+    from dbn.jobs.spec import load_spec
+
+    root = copy_of(table, tmp_path)
+    path = job(tmp_path, root, workers=2)
+    before = held(root).num_rows
+    assert training_data(load_spec(path)).pinned().data.version == 3  # what the whole run reads
+    args = ["train", str(path), "--quiet", "--no-ui", "--local", "2"]
+    assert main(args) == 0
+    deltalake.DeltaTable(str(root)).delete("label = 'x'")
+    after = held(root).num_rows
+    assert after < before
+    assert main(args + ["--resume"]) == 0
+    assert json.loads((tmp_path / "out" / "result.json").read_text())["n_train"] == before
+    assert main(args) == 0
+    assert json.loads((tmp_path / "out" / "result.json").read_text())["n_train"] == after
+    assert {TableShard.open(uri).source.version for uri in list_shards(str(tmp_path / "out" / "shards"))} == {4}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
@@ -94,6 +95,11 @@ class TrainingData(ABC):
         """Why the data makes only ``n`` shards, for fewer workers than asked."""
         return f"{self.uri} makes {n}"
 
+    def pinned(self, earlier: dict | None = None):
+        """The job with what it reads fixed for the whole run (a table's version: :meth:`Table.pinned`);
+        ``earlier``: the :meth:`source_note` of the shards a resumed run was cut from."""
+        return self.spec
+
     def _scaled(self, X: np.ndarray, y, classes, columns) -> Rows:
         """Rows whose scaler is fitted on ``X`` itself (data read whole), checked for Bernoulli units."""
         scaler = fit_scaler(X, self.scaling())
@@ -149,6 +155,19 @@ class Table(TrainingData):
         """``[data]`` with the table's version fixed when first asked (:func:`pinned`), so that the
         columns, the shares and the rows all come from one version of a Delta table."""
         return pinned(self.spec.data)
+
+    def pinned(self, earlier: dict | None = None):
+        """The job with the table's version fixed for the whole run, so that its shares, the rows
+        read and the test table (when it is the training table) are all of one version: on a
+        resumed run the version its shares were cut from (``earlier``, when of this table),
+        else the newest now (or the one at the time named); with ``[data] catalog``, the
+        metadata file the catalog names now."""
+        mine = _plain(dataclasses.asdict(self.spec.data))
+        then = (earlier or {}).get("table")
+        if then and mine["version"] is None and {**_plain(then), "version": None} == mine:
+            return self.spec.replace(data={"version": then["version"]})
+        fixed = _plain(dataclasses.asdict(self.data))
+        return self.spec.replace(data={key: value for key, value in fixed.items() if value != mine[key]})
 
     @property
     def location(self) -> str:
@@ -221,6 +240,11 @@ class DataFile(TrainingData):
         data = self.spec.data
         return {"train": data.train, "limit": data.limit, "shards": n, "mnist_dir": data.mnist_dir,
                 **({"label": data.label} if data.label else {})}
+
+
+def _plain(section: dict) -> dict:
+    """A section's values as JSON gives them back (tuples as lists), for comparing with a note."""
+    return json.loads(json.dumps(section))
 
 
 def training_data(spec) -> TrainingData:

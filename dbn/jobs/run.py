@@ -138,6 +138,10 @@ def _run(spec: JobSpec, launcher: Launcher, out: Path, created: bool, *, on_reco
     commit = _commit()  # the code that trains: the checkout may move on during a long run
     start = time.perf_counter()
     try:
+        # What the job reads, fixed for the run (a table's version): config.json keeps the job as asked.
+        earlier = shard_note(str(out / "shards"), SHARDS_SOURCE) if launcher.resume and (out / "shards").is_dir() \
+            else None
+        spec = training_data(spec).pinned(earlier)
         figures = launcher.train(spec, out, on_record or (lambda record: None))
     except Exception:
         if created and _nothing_but_config(out):
