@@ -17,6 +17,11 @@ from .exceptions import ShardError
 VECTOR_FIELDS = frozenset({"type", "size", "indices", "values"})
 
 
+#: Field metadata of a table's schema: the column's name in the data files, where the table maps its
+#: names to others there (Delta Lake's column mapping).
+STORED_NAME = b"iterreduce.stored_name"
+
+
 def plain_type(type_: pa.DataType) -> pa.DataType:
     """``type_`` with Arrow's view layouts of strings and bytes (``string_view``, ``binary_view``,
     as delta-rs, DuckDB and Polars may record them in a Parquet file's Arrow schema) as the plain

@@ -9,14 +9,15 @@ needs no Delta library: the version is pinned when the job starts, and the piece
 name the files.
 
 Read: the newest version, or one named by number or by time (``version``); partition values
-from the log; deletion vectors applied (the rows they mark are left out of each piece).
-Column mapping is refused, naming the table and what to do, as is any other reader feature
-of the protocol this reader does not know.
+from the log; deletion vectors applied (the rows they mark are left out of each piece);
+column mapping resolved (the files' ``col-<uuid>`` names read as the table's). A reader
+feature of the protocol this reader does not know is refused, naming the table.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import posixpath
 from urllib.parse import unquote, urlparse
 
@@ -25,15 +26,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from .columns import plain_schema
+from .columns import STORED_NAME, plain_schema
 from . import hadoopconf
 from .exceptions import ShardError, TableError
 from .filesystems import filesystem
 from .lakehouse import parse_version
 
+#: The schema's field metadata naming a column in the data files, where the table maps names.
+PHYSICAL_NAME = "delta.columnMapping.physicalName"
 #: Reader features whose tables this reader reads as the log lists them (the others change
 #: what a data file's rows mean: deletion vectors, column mapping, type widening, ...).
-KNOWN_READER_FEATURES = frozenset({"timestampNtz", "v2Checkpoint", "vacuumProtocolCheck"})
+KNOWN_READER_FEATURES = frozenset({"timestampNtz", "v2Checkpoint", "vacuumProtocolCheck", "columnMapping"})
 
 
 def _deltalake():
@@ -82,13 +85,11 @@ def _first_line(exc: Exception) -> str:
 def _check_readable(uri: str, table) -> None:
     """Refuse what this reader would read wrongly: column mapping, deletion vectors on any file,
     a reader feature it does not know."""
-    protocol = table.protocol()
-    features = set(protocol.reader_features or ())
+    features = set(table.protocol().reader_features or ())
     mapping = table.metadata().configuration.get("delta.columnMapping.mode", "none")
-    if mapping != "none" or "columnMapping" in features or (protocol.min_reader_version == 2 and not features):
-        raise TableError(f"{uri}: the Delta Lake table maps its column names to other names in its files "
-                         f"(delta.columnMapping.mode = {mapping}), which this reader does not resolve yet: "
-                         f"write the version to train on as a table without column mapping, or as plain Parquet")
+    if mapping not in ("none", "name", "id"):
+        raise TableError(f"{uri}: the Delta Lake table's delta.columnMapping.mode is {mapping!r}, which this "
+                         f"reader does not know (it reads none, name and id)")
     if "deletionVectors" in features:
         _deletion_vectors(uri, table)  # refused now, not when a worker reads: they cannot be read
     unknown = sorted(features - KNOWN_READER_FEATURES - {"deletionVectors"})
@@ -102,7 +103,7 @@ def dataset(uri: str, version: int) -> ds.FileSystemDataset:
     """The table at ``uri`` at ``version`` (a number: see :func:`pin`) as a ``pyarrow.dataset`` of its
     live files, the partition values from the log, the schema the table's own."""
     table = load(uri, version)
-    schema = plain_schema(pa.schema(table.schema().to_arrow()))
+    schema = _with_stored_names(plain_schema(pa.schema(table.schema().to_arrow())), table)
     partition_columns = table.metadata().partition_columns
     actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
     if not actions:
@@ -114,6 +115,15 @@ def dataset(uri: str, version: int) -> ds.FileSystemDataset:
         partitions.append(_partition_expression(action, partition_columns, schema, uri))
     return ds.FileSystemDataset.from_paths(paths, schema=schema, format=ds.ParquetFileFormat(), filesystem=fs,
                                            partitions=partitions)
+
+
+def _with_stored_names(schema: pa.Schema, table) -> pa.Schema:
+    """``schema`` with each column's name in the data files (column mapping: ``col-<uuid>``) in its
+    field metadata (:data:`~iterreduce.columns.STORED_NAME`), where the table maps names."""
+    stored = {field["name"]: field["metadata"].get(PHYSICAL_NAME)
+              for field in json.loads(table.schema().to_json())["fields"]}
+    return pa.schema([field.with_metadata({STORED_NAME: stored[field.name]}) if stored.get(field.name) else field
+                      for field in schema])
 
 
 def _file_path(path: str, root: str, uri: str) -> str:

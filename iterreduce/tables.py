@@ -35,7 +35,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from .exceptions import ShardError, TableError
-from .columns import feature_block, feature_kind, non_null, plain_schema, type_width, without_list_views
+from .columns import (STORED_NAME, feature_block, feature_kind, non_null, plain_schema, type_width,
+                      without_list_views)
 from .filesystems import filesystem, open_output_file
 from .filters import FilterParser, filter_columns, parse_filter
 from .labels import LabelMap, is_label_type, label_values
@@ -82,6 +83,7 @@ class TableSource:
     format: str = "parquet"
     filter: str | None = None
     version: int | str | None = None
+    stored_names: tuple = ()  # ((column, its name in the data files), ...) where a table maps them (resolve)
 
     def __post_init__(self):
         if not isinstance(self.uri, str) or not self.uri:
@@ -110,6 +112,7 @@ class TableSource:
             if not isinstance(self.filter, str):
                 raise TableError(f"table source: 'filter' must be a string expression, got {self.filter!r}")
             parse_filter(self.filter)
+        object.__setattr__(self, "stored_names", tuple(tuple(pair) for pair in self.stored_names))
         if self.version is not None:
             if self.format not in VERSIONED_FORMATS:
                 raise TableError(f"table source: 'version' = {self.version!r} is for a Delta Lake or Apache "
@@ -121,6 +124,7 @@ class TableSource:
         d = dataclasses.asdict(self)
         if isinstance(self.features, tuple):
             d["features"] = list(self.features)
+        d["stored_names"] = [list(pair) for pair in self.stored_names]
         return d
 
     @classmethod
@@ -199,7 +203,9 @@ def resolve(source: TableSource, dataset: ds.FileSystemDataset) -> TableSource:
         _check_label(dataset.schema, source.label, source.uri, found_in)
     if source.filter is not None:
         _check_filter(source.filter, dataset.schema, source.uri)
-    return dataclasses.replace(source, features=tuple(names))
+    stored_names = tuple((field.name, field.metadata[STORED_NAME].decode()) for field in dataset.schema
+                         if field.metadata and STORED_NAME in field.metadata)
+    return dataclasses.replace(source, features=tuple(names), stored_names=stored_names)
 
 
 def _partition_names(dataset: ds.FileSystemDataset) -> list[str]:
@@ -403,7 +409,7 @@ def read_piece(source: TableSource, piece: Piece, *, classes: LabelMap | None = 
         raise TableError(f"{source.uri}: reading the label {source.label!r} needs its classes "
                          f"(the LabelMap from label_classes)")
     fragment, schema = _open_piece(source, piece)
-    stored = fragment.physical_schema.names
+    stored = [name for name in schema.names if name not in {p[0] for p in piece.partition}]
     names = _feature_columns(source, schema, stored, piece.path)
     if source.label is not None:
         _check_label(schema, source.label, piece.path)
@@ -462,6 +468,9 @@ def _open_piece(source: TableSource, piece: Piece) -> tuple[ds.FileFragment, pa.
         physical = plain_schema(fragment.physical_schema)
     except (OSError, pa.ArrowException) as exc:
         raise ShardError(f"{piece.path}: not a readable {FILE_FORMATS[source.format]} file ({type(exc).__name__}: {exc})") from exc
+    if source.stored_names:  # the files' own names, as the table names the columns
+        table_name = {stored: name for name, stored in source.stored_names}
+        physical = pa.schema([field.with_name(table_name.get(field.name, field.name)) for field in physical])
     extra = [pa.field(name, pa.type_for_alias(t)) for name, t, _ in piece.partition if name not in physical.names]
     return fragment, pa.schema(list(physical) + extra)
 
@@ -473,8 +482,13 @@ def _read_rows(source: TableSource, piece: Piece, fragment: ds.FileFragment, sch
     wanted = list(dict.fromkeys(columns + (filter_columns(source.filter) if source.filter else [])))
     for name in wanted:
         _column_type(schema, name, piece.path)
+    stored = dict(source.stored_names)
+    in_file = set(fragment.physical_schema.names)  # a partition column is not: it keeps the table's name
+    as_stored = {name: stored[name] for name in schema.names if stored.get(name) in in_file}
     try:
-        table = without_list_views(fragment.to_table(schema=schema, columns=wanted))
+        table = fragment.to_table(schema=pa.schema([f.with_name(as_stored.get(f.name, f.name)) for f in schema]),
+                                  columns=[as_stored.get(name, name) for name in wanted])
+        table = without_list_views(table.rename_columns(wanted))
     except (OSError, pa.ArrowException) as exc:
         raise ShardError(f"{piece.path}: cannot read {', '.join(wanted)} ({type(exc).__name__}: {exc})") from exc
     table = table.append_column(ROW, pa.array(np.arange(piece.start, piece.start + table.num_rows)))

@@ -251,12 +251,24 @@ def test_deletion_vectors_that_cannot_be_read_are_refused(tmp_path, capsys, tabl
     assert "deletion vectors" in err and str(root) in err
 
 
-def test_column_mapping_is_refused(tmp_path, capsys):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_column_mapping_reads_the_files_names_as_the_tables(tmp_path, workers):
+    """delta.columnMapping.mode = name: the files hold col-<uuid> columns; the job names the table's."""
     root = tmp_path / "mapped"
-    deltalake.write_deltalake(str(root), animals(np.random.default_rng(2), 50, "ab"),
-                              configuration={"delta.columnMapping.mode": "name"})
-    err = refused(tmp_path, capsys, root)
-    assert "maps its column names" in err and "columnMapping.mode = name" in err
+    rows = animals(np.random.default_rng(2), 300, "ab")
+    deltalake.write_deltalake(str(root), rows, partition_by=["day"], configuration={"delta.columnMapping.mode": "name"})
+    deltalake.DeltaTable(str(root)).delete("f4 > 1")
+    stored = pa.parquet.read_schema(next(root.rglob("*.parquet"))).names
+    assert "f4" not in stored and all(name.startswith("col-") for name in stored)
+    now = held(root)
+    path = job(tmp_path, root, 'filter = "day >= 2"', workers)
+    path.write_text(path.read_text().replace('["vec", "f4", "f5"]', '["vec", "f*", "day"]'))
+    args = ["train", str(path), "--quiet", "--no-ui"] + (["--local", str(workers)] if workers else [])
+    assert main(args) == 0
+    result = json.loads((tmp_path / "out" / "result.json").read_text())
+    assert result["n_train"] == now.filter(pa.compute.field("day") >= 2).num_rows
+    model = DBN.load(tmp_path / "out" / "model.npz", device="cpu")
+    assert list(model.input_columns_) == ["vec", "f4", "f5", "day"] and list(model.classes_) == ["a", "b"]
 
 
 def test_a_reader_feature_this_reader_does_not_know_is_refused(tmp_path, capsys):

@@ -153,7 +153,7 @@ def sorted_rows(X: np.ndarray, labels=None) -> np.ndarray:
 
 def test_source_round_trips_through_a_dict():
     d = {"uri": "hdfs://nn:8020/warehouse/events", "features": ["f0", "f1"], "label": "fruit",
-         "format": "orc", "filter": "year >= 2020 and country == 'NL'", "version": None}
+         "format": "orc", "filter": "year >= 2020 and country == 'NL'", "version": None, "stored_names": []}
     source = TableSource.from_dict(d)
     assert source.features == ("f0", "f1")
     assert source.to_dict() == d
