@@ -242,3 +242,24 @@ def test_a_catalog_with_another_format_is_refused(tmp_path, capsys):
     assert main(["train", str(path), "--quiet", "--no-ui"]) == 2
     assert "[data] catalog = 'test' names an Apache Iceberg catalog, and [data] format is 'delta'" in \
         capsys.readouterr().err
+
+
+def test_equality_delete_files_are_refused_naming_their_kind():
+    """No writer here makes equality deletes (Spark writes positional ones; Flink and others write
+    these): the scan task pyiceberg would plan holds one, in pyiceberg's own types."""
+    from types import SimpleNamespace
+
+    from pyiceberg.manifest import DataFileContent, FileFormat
+
+    from iterreduce import iceberg
+    from iterreduce.exceptions import TableError
+
+    data = SimpleNamespace(file_path="file:///t/data/a.parquet", content=DataFileContent.DATA,
+                           file_format=FileFormat.PARQUET)
+    deletes = [SimpleNamespace(file_path="file:///t/data/eq.parquet", content=DataFileContent.EQUALITY_DELETES,
+                               file_format=FileFormat.PARQUET)]
+    planned = SimpleNamespace(plan_files=lambda: [SimpleNamespace(file=data, delete_files=deletes)])
+    table = SimpleNamespace(scan=lambda snapshot_id: planned)
+    with pytest.raises(TableError, match=r"/t: snapshot 7 of the Apache Iceberg table has 1 delete file of a kind "
+                                         r"this reader does not apply \(equality deletes in PARQUET"):
+        iceberg._tasks("/t", table, SimpleNamespace(snapshot_id=7))
