@@ -201,6 +201,19 @@ def cmd_predict(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    from iterreduce.filesystems import check_output_file
+
+    from .model.estimator import DBN
+    from .model.onnx_export import export_onnx
+
+    check_output_file(args.out, overwrite=args.overwrite)  # before the model is read
+    record = export_onnx(DBN.load(args.model, device="cpu"), args.out, overwrite=args.overwrite)
+    print(to_json(record) if args.json else f"{args.model} -> {args.out} (ONNX opset {record['opset']}; inputs "
+          f"{', '.join(record['inputs'])}; outputs {', '.join(record['outputs'])})")
+    return 0
+
+
 def cmd_bench_rbm(args) -> int:
     from .jobs.bench import bench_rbm, format_table, sklearn_available
 
@@ -366,6 +379,14 @@ def build_parser() -> argparse.ArgumentParser:
     _command(sub, "transform", [common], "the features a saved model (a classifier or a pre-trained stack) gives "
              "the rows of a table (or a data file): its top hidden layer's activations, in a Parquet file's "
              "'features' column (a .csv file's features_0, features_1, ...)", cmd_predict, *rows_out("features"))
+    _command(sub, "export", [common], "a saved classifier as an ONNX file for ONNX Runtime, Triton or Spark: "
+             "raw rows in (by column where it has them), the table's labels and their probabilities out "
+             "(the scaler, the network and the classes in the graph)", cmd_export,
+             ("model", {"help": "model file written by dbn train (model.npz)"}),
+             ("--format", {"choices": ["onnx"], "default": "onnx", "help": "the format (onnx)"}),
+             ("--out", {"required": True, "help": "file to write (a path, or hdfs://, s3:// URI); a file already "
+                                                  "there is refused unless --overwrite"}),
+             ("--overwrite", {"action": "store_true", "help": "replace the file at --out, atomically"}), json_)
     bench = sub.add_parser("bench", parents=[common], help="speed benchmarks",
                            description="Speed benchmarks: `dbn bench rbm --help`, `dbn bench all --help`.")
     what = bench.add_subparsers(dest="bench", metavar="WHAT", required=True, help="what to measure")
