@@ -205,6 +205,16 @@ def cmd_export(args) -> int:
     from iterreduce.filesystems import check_output_file
 
     from .model.estimator import DBN
+
+    if args.format == "mlflow":
+        from .model.mlflow_flavor import export_mlflow
+
+        if Path(args.out).exists():  # MLflow writes a new folder: one there is never replaced
+            raise UsageError(f"--out {args.out}: already exists; an MLflow model is written to a new folder")
+        record = export_mlflow(args.model, args.out)
+        print(to_json(record) if args.json else f"{args.model} -> {args.out} (MLflow python_function; "
+              f"mlflow.pyfunc.load_model({args.out!r}).predict(frame))")
+        return 0
     from .model.onnx_export import export_onnx
 
     check_output_file(args.out, overwrite=args.overwrite)  # before the model is read
@@ -379,13 +389,14 @@ def build_parser() -> argparse.ArgumentParser:
     _command(sub, "transform", [common], "the features a saved model (a classifier or a pre-trained stack) gives "
              "the rows of a table (or a data file): its top hidden layer's activations, in a Parquet file's "
              "'features' column (a .csv file's features_0, features_1, ...)", cmd_predict, *rows_out("features"))
-    _command(sub, "export", [common], "a saved classifier as an ONNX file for ONNX Runtime, Triton or Spark: "
-             "raw rows in (by column where it has them), the table's labels and their probabilities out "
-             "(the scaler, the network and the classes in the graph)", cmd_export,
+    _command(sub, "export", [common], "a saved classifier for serving: an ONNX file (ONNX Runtime, Triton) or an "
+             "MLflow model; raw rows in (by column where it has them), the table's labels out (the scaler, "
+             "the network and the classes inside)", cmd_export,
              ("model", {"help": "model file written by dbn train (model.npz)"}),
-             ("--format", {"choices": ["onnx"], "default": "onnx", "help": "the format (onnx)"}),
-             ("--out", {"required": True, "help": "file to write (a path, or hdfs://, s3:// URI); a file already "
-                                                  "there is refused unless --overwrite"}),
+             ("--format", {"choices": ["onnx", "mlflow"], "default": "onnx",
+                           "help": "onnx (a file) or mlflow (a new folder: an MLflow python_function model)"}),
+             ("--out", {"required": True, "help": "onnx: file to write (a path, or hdfs://, s3:// URI), refused if "
+                                                  "there unless --overwrite; mlflow: a new local folder"}),
              ("--overwrite", {"action": "store_true", "help": "replace the file at --out, atomically"}), json_)
     bench = sub.add_parser("bench", parents=[common], help="speed benchmarks",
                            description="Speed benchmarks: `dbn bench rbm --help`, `dbn bench all --help`.")

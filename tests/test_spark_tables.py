@@ -143,3 +143,21 @@ def test_an_iceberg_table_of_orc_files_is_refused_naming_a_file(tmp_path, spark,
     err = capsys.readouterr().err
     assert ".orc is ORC: this reader reads Apache Iceberg tables of Parquet files" in err
     assert not (tmp_path / "out").exists()
+
+
+def test_an_mlflow_export_scores_a_spark_dataframe_as_a_udf(tmp_path, spark):
+    """docs/serving.md's Spark recipe (issue 41, part 4): the exported model as mlflow's Spark UDF
+    gives each row the label DBN.predict gives it."""
+    mlflow = pytest.importorskip("mlflow")
+    pytest.importorskip("scipy")
+    table = tmp_path / "animals"
+    animals(spark).write.parquet(str(table))
+    result, model = train(tmp_path / "run", table, "parquet", SCALARS, workers=0)
+    out = tmp_path / "mlflow-model"
+    assert main(["export", str(tmp_path / "run" / "out" / "model.npz"), "--format", "mlflow", "--out", str(out)]) == 0
+
+    predict = mlflow.pyfunc.spark_udf(spark, str(out), result_type="string")
+    rows = spark.read.parquet(str(table))
+    scored = rows.withColumn("prediction", predict(*SCALARS)).select("id", *SCALARS, "prediction").toPandas()
+    assert len(scored) == 600
+    assert list(scored["prediction"]) == list(model.predict(scored[SCALARS]))
