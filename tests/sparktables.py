@@ -24,11 +24,27 @@ def spark_jars() -> list[str]:
     return sorted(str(p) for p in folder.glob("*.jar"))
 
 
+def _spawned(popen):
+    """pyspark's ``Popen`` without its ``preexec_fn`` (which only ignores SIGINT in the JVM): with a
+    preexec function Python forks and runs Python code before exec, and in the suite's process,
+    full of threads (gRPC, hdfs-native), the child deadlocked on a lock another thread held at the
+    fork. Without one, the JVM starts by a plain fork and exec, in a session of its own."""
+    def spawn(*args, **kwargs):
+        kwargs.pop("preexec_fn", None)
+        return popen(*args, start_new_session=True, **kwargs)
+    return spawn
+
+
 def start_spark(warehouse: Path):
     """A local Spark session that writes Delta tables by path and Iceberg tables in the Hadoop
     catalog ``ice`` under ``warehouse``."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    import pyspark.java_gateway
     from pyspark.sql import SparkSession
+
+    if not getattr(pyspark.java_gateway.Popen, "spawned", False):
+        pyspark.java_gateway.Popen = _spawned(pyspark.java_gateway.Popen)
+        pyspark.java_gateway.Popen.spawned = True
 
     return (SparkSession.builder.master("local[1]").appName("dbn-yarn-tests")
             .config("spark.jars", ",".join(spark_jars()))
