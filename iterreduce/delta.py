@@ -17,6 +17,7 @@ feature of the protocol this reader does not know is refused, naming the table.
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import posixpath
 from urllib.parse import unquote, urlparse
@@ -30,7 +31,7 @@ from .columns import STORED_NAME, plain_schema
 from . import hadoopconf
 from .exceptions import ShardError, TableError
 from .filesystems import filesystem
-from .lakehouse import parse_version
+from .lakehouse import once_a_version, parse_version
 
 #: The schema's field metadata naming a column in the data files, where the table maps names.
 PHYSICAL_NAME = "delta.columnMapping.physicalName"
@@ -60,7 +61,7 @@ def table_uri(uri: str) -> str:
     return uri
 
 
-def load(uri: str, version=None):
+def _load(uri: str, version=None):
     """The ``deltalake.DeltaTable`` at ``uri``, at ``version`` (see :func:`parse_version`), checked
     to be one this reader reads; :class:`TableError` naming the table otherwise."""
     deltalake = _deltalake()
@@ -76,6 +77,10 @@ def load(uri: str, version=None):
         raise TableError(f"{uri}: cannot read the Delta Lake table{at}: {_first_line(exc)}") from None
     _check_readable(uri, table)
     return table
+
+
+#: A version number's table, read once (:func:`~iterreduce.lakehouse.once_a_version`).
+load = once_a_version(_load)
 
 
 def _first_line(exc: Exception) -> str:
@@ -166,6 +171,7 @@ def pin(uri: str, version=None) -> int:
     return load(uri, version).version()
 
 
+@functools.lru_cache(maxsize=4)
 def deleted_rows(uri: str, version: int) -> dict[str, np.ndarray]:
     """The rows of each data file (by its path on the table's file system) that the version's
     deletion vectors remove (Spark writes them for a DELETE, UPDATE or MERGE where

@@ -19,6 +19,7 @@ renamed since files were written (the files would hold them under their old name
 from __future__ import annotations
 
 import datetime
+import functools
 import posixpath
 import re
 from urllib.parse import urlparse
@@ -33,7 +34,7 @@ import pyarrow.parquet as pq
 from .columns import plain_schema
 from .exceptions import ShardError, TableError
 from .filesystems import filesystem
-from .lakehouse import parse_version
+from .lakehouse import once_a_version, parse_version
 
 METADATA_SUFFIX = ".metadata.json"
 #: What to run in Spark so that a table's deletes live in its data files again.
@@ -111,7 +112,7 @@ def _same_scheme(uri: str, path: str, found: str) -> str:
     return uri[: len(uri) - len(path.rstrip("/"))] + found if uri.rstrip("/").endswith(path.rstrip("/")) else found
 
 
-def load(uri: str, version=None):
+def _load(uri: str, version=None):
     """``(table, snapshot)``: the Iceberg table ``uri`` names and its snapshot at ``version`` (an
     id, a time, or None for the current one), checked to be one this reader reads."""
     StaticTable = _pyiceberg()
@@ -136,6 +137,10 @@ def load(uri: str, version=None):
                          f"{'yet' if when is None else f'at version {version!r}'} (snapshots: {have})")
     _check_renames(uri, table)
     return table, snapshot
+
+
+#: A version number's table, read once (:func:`~iterreduce.lakehouse.once_a_version`).
+load = once_a_version(_load)
 
 
 def _check_renames(uri: str, table) -> None:
@@ -192,6 +197,7 @@ def _tasks(uri: str, table, snapshot) -> list:
     return tasks
 
 
+@functools.lru_cache(maxsize=4)
 def deleted_rows(uri: str, version: int) -> dict[str, np.ndarray]:
     """The rows of each data file (by its path on the table's file system) that the snapshot's
     positional delete files remove: a delete file lists (data file, position) pairs."""

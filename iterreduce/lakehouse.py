@@ -10,6 +10,7 @@ refuses it, naming the format and what to do, before anything is read.
 from __future__ import annotations
 
 import datetime
+import functools
 import posixpath
 
 import pyarrow.fs as pafs
@@ -83,3 +84,19 @@ def parse_version(value) -> int | datetime.datetime | None:
             return when if when.tzinfo else when.replace(tzinfo=datetime.timezone.utc)
     raise TableError(f"table source: 'version' = {value!r}: expected a version number (0, 1, ...), a snapshot id or a time "
                      f"such as '2026-11-27T10:00:00Z'")
+
+
+def once_a_version(load):
+    """``load(uri, version)`` with the table at a version number read once: a version (a Delta
+    version, an Iceberg snapshot) never changes, so a job's steps, each opening the table at
+    its pinned version, share one read of its log. The newest (None) or a time is read each time."""
+    @functools.lru_cache(maxsize=4)
+    def pinned(uri: str, version: int):
+        return load(uri, version)
+
+    @functools.wraps(load)
+    def loaded(uri: str, version=None):
+        if isinstance(version, int) and not isinstance(version, bool):
+            return pinned(uri, version)
+        return load(uri, version)
+    return loaded
