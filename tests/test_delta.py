@@ -60,23 +60,29 @@ def held(root: Path, version=None, filter=None) -> pa.Table:
     return rows.filter(filter) if filter is not None else rows
 
 
-def job(tmp_path: Path, root, data: str = "", workers: int = 0, fmt: str = "delta") -> Path:
-    """A job file training on the table at ``root`` (of format ``fmt``), ``data`` added to [data]."""
+#: The [model] of these tests' jobs: a small network, a few epochs.
+SMALL_MODEL = """hidden_layers = [12]
+pretrain_epochs = 1
+finetune_epochs = 2
+pretrain_batch_size = 20
+finetune_batch_size = 20
+"""
+
+
+def job(tmp_path: Path, root, data: str = "", workers: int = 0, fmt: str = "delta",
+        features=("vec", "f4", "f5"), model: str = SMALL_MODEL) -> Path:
+    """A job file training on the table at ``root`` (of format ``fmt``) on ``features``, ``data``
+    added to [data], ``model`` the [model] section."""
     path = tmp_path / "job.toml"
     path.write_text(f"""
 [data]
 train = "{root}"
 format = "{fmt}"
-features = ["vec", "f4", "f5"]
+features = {json.dumps(list(features))}
 label = "label"
 {data}
 [model]
-hidden_layers = [12]
-pretrain_epochs = 1
-finetune_epochs = 2
-pretrain_batch_size = 20
-finetune_batch_size = 20
-
+{model}
 [cluster]
 workers = {workers}
 

@@ -4,9 +4,6 @@ environment are saved; no pickle."""
 
 from __future__ import annotations
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 mlflow = pytest.importorskip("mlflow")
@@ -14,16 +11,11 @@ pd = pytest.importorskip("pandas")
 
 from dbn import DBN, __version__  # noqa: E402
 from dbn.cli import main  # noqa: E402
-from test_onnx import table_job  # noqa: E402
+from test_onnx import scaled_table, table_job  # noqa: E402
 
 
 def test_an_mlflow_model_predicts_what_the_dbn_does_by_column_name(tmp_path, capsys):
-    rng = np.random.default_rng(1)
-    y = rng.integers(0, 3, 600)
-    columns = {f"m {i}": rng.normal(0, 1, 600) * 10 ** i + 3 * y for i in range(4)}
-    root = tmp_path / "table"
-    root.mkdir()
-    pq.write_table(pa.table({**columns, "animal": np.array(["cat", "dog", "eel"])[y]}), root / "part-0.parquet")
+    root, columns = scaled_table(tmp_path, seed=1)
     assert main(["train", str(table_job(tmp_path, root, '["m *"]')), "--quiet"]) == 0
     out = tmp_path / "mlflow-model"
     assert main(["export", str(tmp_path / "out" / "model.npz"), "--format", "mlflow", "--out", str(out)]) == 0

@@ -50,6 +50,18 @@ device = "cpu"
     return path
 
 
+def scaled_table(tmp_path: Path, seed: int) -> tuple[Path, dict]:
+    """A table of four scalar columns ``m 0``..``m 3`` on scales 1 to 1,000 and a string label
+    ``animal``; returns its folder and the columns."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, 600)
+    columns = {f"m {i}": rng.normal(0, 1, 600) * 10 ** i + 3 * y for i in range(4)}
+    root = tmp_path / "table"
+    root.mkdir()
+    pq.write_table(pa.table({**columns, "animal": np.array(["cat", "dog", "eel"])[y]}), root / "part-0.parquet")
+    return root, columns
+
+
 def test_mnist_test_set_through_onnx_runtime(tmp_path):
     data = load_mnist()
     model = DBN(hidden_layers=[64], pretrain_epochs=1, finetune_epochs=2, seed=0, device="cpu")
@@ -63,12 +75,7 @@ def test_mnist_test_set_through_onnx_runtime(tmp_path):
 def test_a_table_with_string_labels_and_scaled_columns_one_input_a_column(tmp_path, capsys):
     """Scalar columns on scales far from [0, 1] (min-max scaled in the graph), string labels: each
     column is an input by name, so rows whose columns come in another order feed it as they are."""
-    rng = np.random.default_rng(0)
-    y = rng.integers(0, 3, 600)
-    columns = {f"m {i}": rng.normal(0, 1, 600) * 10 ** i + 3 * y for i in range(4)}
-    root = tmp_path / "table"
-    root.mkdir()
-    pq.write_table(pa.table({**columns, "animal": np.array(["cat", "dog", "eel"])[y]}), root / "part-0.parquet")
+    root, columns = scaled_table(tmp_path, seed=0)
     assert main(["train", str(table_job(tmp_path, root, '["m *"]')), "--quiet"]) == 0
     model = DBN.load(tmp_path / "out" / "model.npz", device="cpu")
     assert model.input_scaler_ is not None and list(model.input_columns_) == ["m 0", "m 1", "m 2", "m 3"]

@@ -21,6 +21,7 @@ from dbn import DBN  # noqa: E402
 from dbn.cli import main  # noqa: E402
 from minihadoop import ToolMissing  # noqa: E402
 from sparktables import start_spark  # noqa: E402
+from test_delta import job as delta_job  # noqa: E402
 
 pytestmark = pytest.mark.spark
 
@@ -49,31 +50,18 @@ def animals(spark, n: int = 600, seed: int = 0):
     return spark.createDataFrame(rows, ["id", *SCALARS, "label", "split", "day"])
 
 
-def job(tmp_path: Path, uri, fmt: str, features, data: str = "") -> Path:
-    path = tmp_path / "job.toml"
-    path.write_text(f"""
-[data]
-train = "{uri}"
-format = "{fmt}"
-features = {json.dumps(list(features))}
-label = "label"
-{data}
-[model]
-hidden_layers = [16]
+#: Enough training for a test error to mean something.
+MODEL = """hidden_layers = [16]
 pretrain_epochs = 2
 finetune_epochs = 8
 pretrain_batch_size = 20
 finetune_batch_size = 20
 finetune_learning_rate = 0.3
+"""
 
-[output]
-dir = "{tmp_path / 'out'}"
 
-[job]
-seed = 1
-device = "cpu"
-""")
-    return path
+def job(tmp_path: Path, uri, fmt: str, features, data: str = "") -> Path:
+    return delta_job(tmp_path, uri, data, fmt=fmt, features=features, model=MODEL)
 
 
 def train(tmp_path: Path, uri, fmt: str, features, data: str = "", workers: int = 2) -> tuple[dict, DBN]:
