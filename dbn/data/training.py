@@ -153,7 +153,7 @@ class Table(TrainingData):
     @functools.cached_property
     def data(self):
         """``[data]`` with the table's version fixed when first asked (:func:`pinned`), so that the
-        columns, the shares and the rows all come from one version of a Delta table."""
+        columns, the shares and the rows all come from one version of a Delta or Iceberg table."""
         return pinned(self.spec.data)
 
     def pinned(self, earlier: dict | None = None):
