@@ -74,6 +74,23 @@ def new_run_id() -> str:
     return uuid.uuid4().hex
 
 
+#: The most of a worker's resources description the master reads (it is logged).
+MAX_RESOURCES_JSON = 4096
+
+
+def _local_share(resources_json: str) -> dict:
+    """``{"local": f}`` where a worker says which share (0 to 1) of its data's bytes are stored on its
+    own host (a launcher that knows the blocks' places, such as YARN's, tells it), else ``{}``."""
+    if not resources_json or len(resources_json) > MAX_RESOURCES_JSON:
+        return {}
+    try:
+        local = json.loads(resources_json).get("local")
+    except (ValueError, AttributeError):
+        return {}
+    ok = isinstance(local, (int, float)) and not isinstance(local, bool) and 0 <= local <= 1
+    return {"local": float(local)} if ok else {}
+
+
 @dataclass
 class MasterConfig:
     """Everything the master needs; JSON-friendly (the launcher writes it to a file)."""
@@ -222,10 +239,13 @@ class Master(pb_grpc.MasterServicer):
             for w in self.members.workers.values():
                 if w.name == name and w.alive:  # a restarted process replaces its predecessor
                     self._drop(w, "replaced by a new process of the same name")
-            worker = self.members.register(name, request.host, request.peer_address, self.rounds.in_flight)
+            share = _local_share(request.resources_json)
+            worker = self.members.register(name, request.host, request.peer_address, self.rounds.in_flight,
+                                           local=share.get("local"))
             log.info("registered %s from %s (pid %d) with shards %s", worker.worker_id, request.host,
                      request.pid, sorted(worker.shards))
-            self._event("worker_registered", worker=worker.worker_id, host=request.host, shards=sorted(worker.shards))
+            self._event("worker_registered", worker=worker.worker_id, host=request.host, shards=sorted(worker.shards),
+                        **share)
             self._notify_all()
         return pb.RegisterReply(
             worker_id=worker.worker_id, program=self.config.program,

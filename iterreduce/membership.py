@@ -47,6 +47,7 @@ class WorkerInfo:
     status: dict = field(default_factory=dict)
     peer_address: str = ""  # its Peer service ("": it cannot reduce rows)
     samples_per_s: float | None = None  # its shards' samples over its compute time, in its last push
+    local: float | None = None  # the share of its data's bytes stored on its host, where its launcher knows
 
 
 class Membership:
@@ -81,7 +82,8 @@ class Membership:
         worker = self.workers.get(worker_id)
         return worker if worker is not None and worker.alive else None
 
-    def register(self, name: str, host: str, peer_address: str, in_flight: dict[int, str]) -> WorkerInfo:
+    def register(self, name: str, host: str, peer_address: str, in_flight: dict[int, str],
+                 local: float | None = None) -> WorkerInfo:
         """A new process of worker ``name`` (its predecessors must be dropped first): it takes back
         its home shards, except those another live worker is computing right now (``in_flight``:
         shard -> worker id), and any shard without a live owner may go to it."""
@@ -89,7 +91,7 @@ class Membership:
             self.names.append(name)
         self.registrations[name] = self.registrations.get(name, 0) + 1
         self._incarnation += 1
-        worker = WorkerInfo(f"{name}#{self._incarnation}", name, host, peer_address=peer_address)
+        worker = WorkerInfo(f"{name}#{self._incarnation}", name, host, peer_address=peer_address, local=local)
         self.workers[worker.worker_id] = worker
         for shard in self.home(name):
             owner = self.owner[shard]
@@ -149,7 +151,8 @@ class Membership:
             newest[w.name] = w  # registration order: the last one of a name is the newest
         rows = [{"name": w.name, "state": (w.status.get("state", "idle") if w.alive else "lost")
                  if not finished else "finished",
-                 "host": w.host, "shards": sorted(w.shards), "restarts": self.registrations.get(w.name, 1) - 1,
+                 "host": w.host, "local": w.local, "shards": sorted(w.shards),
+                 "restarts": self.registrations.get(w.name, 1) - 1,
                  "samples_per_s": w.samples_per_s, "heartbeat_age_s": now - w.last_seen}
                 for w in newest.values()]
         return sorted(rows, key=lambda row: (len(row["name"]), row["name"]))

@@ -78,7 +78,7 @@ class Worker:
 
     def register(self) -> None:
         reply = self.link.register(pb.RegisterRequest(
-            worker_name=self.name, host=socket.gethostname(), pid=os.getpid(),
+            worker_name=self.name, host=self.resources.get("host") or socket.gethostname(), pid=os.getpid(),
             resources_json=json.dumps(self.resources), peer_address=self.peer_address))
         self.worker_id = reply.worker_id
         # The master may be a new one (or have dropped this worker): the versions and results it knew are not ours.

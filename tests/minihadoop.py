@@ -44,6 +44,7 @@ from xml.sax.saxutils import escape
 HERE = Path(__file__).resolve().parent / "hadoop"
 POM = HERE / "pom.xml"
 LAUNCHER = HERE / "MiniHadoop.java"
+NODE_LAUNCHER = HERE / "MiniNode.java"
 HADOOP_VERSION = re.search(r"<hadoop.version>([^<]+)<", POM.read_text()).group(1)  # one place: the pom
 JARS_ENV = "DBN_HADOOP_JARS"
 MIN_JAVA = 17
@@ -199,25 +200,43 @@ def _script(name: str, java: str, conf: Path, jars: Path, java_options: list[str
             f'"$main" "$@"\n')
 
 
-class MiniHadoop:
-    """HDFS + YARN on one node, in a fresh directory; ``start()``/``stop()`` or a context manager.
+#: Seconds after which a silent NodeManager is lost to the ResourceManager, and (about) a silent
+#: DataNode dead to the NameNode, on a multi-node cluster (production: 10 minutes each).
+NODE_EXPIRY_S = 15
 
-    ``gpus``: ``yarn.io/gpu`` units the NodeManager declares; ``memory_mb``/``vcores``: its
-    capacity for containers; ``conf``: more Hadoop settings; ``base_dir``: parent of the
-    cluster's directory; ``keep``: leave that directory (data and logs) after ``stop()``.
+
+class MiniHadoop:
+    """HDFS + YARN in a fresh directory; ``start()``/``stop()`` or a context manager.
+
+    ``nodes``: 1 runs a DataNode and a NodeManager in the cluster's JVM, on 127.0.0.1; more run
+    each node (a DataNode and a NodeManager) in a JVM of its own on an address of its own,
+    ``127.0.0.2`` and on (:attr:`node_hosts`, ``hadoop/MiniNode.java``), with blocks replicated
+    twice: :meth:`kill_node`, :meth:`stop_nodemanager` and :meth:`stop_datanode` take one away.
+    ``gpus``: ``yarn.io/gpu`` units the (first) NodeManager declares, the others none;
+    ``memory_mb``/``vcores``: each NodeManager's capacity for containers; ``conf``: more Hadoop
+    settings; ``base_dir``: parent of the cluster's directory; ``keep``: leave that directory (data
+    and logs) after ``stop()``.
     """
 
-    def __init__(self, *, gpus: int = 2, memory_mb: int = 8192, vcores: int = 8, heap: str = "1g",
+    def __init__(self, *, nodes: int = 1, gpus: int = 2, memory_mb: int = 8192, vcores: int = 8, heap: str = "1g",
                  conf: dict[str, object] | None = None, base_dir: str | os.PathLike | None = None,
                  keep: bool = False, startup_timeout: float = 180.0):
-        self.gpus, self.memory_mb, self.vcores, self.heap = gpus, memory_mb, vcores, heap
+        if nodes < 1:
+            raise ValueError(f"nodes={nodes}: a cluster has at least one node")
+        self.nodes, self.gpus, self.memory_mb, self.vcores, self.heap = nodes, gpus, memory_mb, vcores, heap
         self.extra_conf = dict(conf or {})
         self.base_dir, self.keep, self.startup_timeout = base_dir, keep, startup_timeout
         self.dir: Path | None = None
         self.url = self.rm_address = self.rm_web = self.nn_http = ""
         self._proc: subprocess.Popen | None = None
+        self._nodes: list[subprocess.Popen | None] = []
 
     # -------------------------------------------------------- what clients use
+
+    @property
+    def node_hosts(self) -> list[str]:
+        """Each node's address, which is also its host name to HDFS and YARN."""
+        return ["127.0.0.1"] if self.nodes == 1 else [f"127.0.0.{2 + k}" for k in range(self.nodes)]
 
     @property
     def conf_dir(self) -> Path:
@@ -284,8 +303,67 @@ class MiniHadoop:
                 raise
         return self
 
+    def kill_node(self, k: int) -> None:
+        """Lose node ``k`` as a machine is lost: SIGKILL its JVM (DataNode and NodeManager) and every
+        container process it started. The ResourceManager and NameNode notice once it stays silent
+        (:data:`NODE_EXPIRY_S`)."""
+        proc = self._node(k)
+        proc.kill()
+        proc.wait()
+        _kill_leftovers(self.dir / "nodes" / str(k))
+        self._nodes[k] = None
+
+    def stop_nodemanager(self, k: int) -> None:
+        """Stop node ``k``'s NodeManager (its containers go with it; it leaves the cluster)."""
+        self._command(k, "stop nodemanager")
+
+    def stop_datanode(self, k: int) -> None:
+        """Stop node ``k``'s DataNode (its blocks' other replicas remain)."""
+        self._command(k, "stop datanode")
+
+    def start_nodemanager(self, k: int) -> None:
+        """Start node ``k``'s stopped NodeManager again (a new one: it registers anew)."""
+        self._command(k, "start nodemanager")
+
+    def start_datanode(self, k: int) -> None:
+        """Start node ``k``'s stopped DataNode again, with the blocks it had."""
+        self._command(k, "start datanode")
+
+    def wait_nodes(self, timeout: float = 60.0) -> None:
+        """Wait until YARN and HDFS count every node live again."""
+        hosts, deadline = sorted(self.node_hosts), time.monotonic() + timeout
+        while self._live_or_why() != str((hosts, hosts)):
+            if time.monotonic() > deadline:
+                raise HadoopError(f"nodes not all live after {timeout:.0f} s: {self._live_or_why()}")
+            time.sleep(0.5)
+
+    def live_nodes(self) -> tuple[list[str], list[str]]:
+        """The hosts of the NodeManagers YARN runs containers on and of the DataNodes HDFS counts live."""
+        import json
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://{self.rm_web}/ws/v1/cluster/nodes?states=RUNNING", timeout=10) as r:
+            yarn = [n["nodeHostName"] for n in (json.load(r).get("nodes") or {}).get("node", [])]
+        query = "Hadoop:service=NameNode,name=NameNodeInfo"
+        with urllib.request.urlopen(f"http://{self.nn_http}/jmx?qry={query}", timeout=10) as r:
+            live = json.loads(json.load(r)["beans"][0]["LiveNodes"])
+        hdfs = [info["infoAddr"].rsplit(":", 1)[0] for info in live.values()]
+        return sorted(yarn), sorted(hdfs)
+
     def stop(self) -> None:
         """Stop the JVM (it stops its containers first) and remove the directory unless ``keep``. Idempotent."""
+        for k, node in enumerate(self._nodes):
+            if node is not None and node.poll() is None:
+                with contextlib.suppress(OSError):
+                    node.stdin.close()  # end of input: the node stops its NodeManager and DataNode
+        for node in self._nodes:
+            if node is not None:
+                try:
+                    node.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    node.kill()
+                    node.wait()
+        self._nodes = []
         if self._proc is not None:
             if self._proc.poll() is None:
                 self._proc.terminate()  # the JVM's shutdown hook stops YARN (and its containers), then HDFS
@@ -332,7 +410,7 @@ class MiniHadoop:
         return {
             "yarn.minicluster.fixed.ports": "true",
             **{key: f"localhost:{port}" for key, port in ports.items()},
-            "dfs.replication": 1,
+            "dfs.replication": min(2, self.nodes),
             "yarn.minicluster.yarn.nodemanager.resource.memory-mb": self.memory_mb,  # MiniYARNCluster's own key
             "yarn.nodemanager.resource.cpu-vcores": self.vcores,
             "yarn.scheduler.minimum-allocation-mb": 128,
@@ -347,13 +425,33 @@ class MiniHadoop:
                 "org.apache.hadoop.yarn.util.resource.DominantResourceCalculator",
             # What skein's application master and our containers run Java with.
             "yarn.application.classpath": f"{self.conf_dir},{jars}/*",
+            **(self._node_settings() if self.nodes > 1 else {}),
             **self.extra_conf,
+        }
+
+    def _node_settings(self) -> dict[str, object]:
+        """The NameNode's and ResourceManager's settings for nodes in JVMs of their own."""
+        return {
+            "minihadoop.nodes.in.process": 0,
+            # A rack a node (HDFS and YARN read the same table): YARN's relaxed requests then stay on
+            # their node for a while, where one rack would let them go to any node after a few heartbeats.
+            "net.topology.node.switch.mapping.impl": "org.apache.hadoop.net.TableMapping",
+            "net.topology.table.file.name": str(self.dir / "conf" / "racks.txt"),
+            # The ResourceManager's own store on local disk: HDFS has no DataNode yet when it starts.
+            "yarn.node-attribute.fs-store.root-dir": f"file://{self.dir}/cluster/nodeattributes",
+            # The nodes' addresses have no names: hosts are their IPs, on both sides.
+            "dfs.namenode.datanode.registration.ip-hostname-check": "false",
+            # A lost node is noticed within seconds (a DataNode is dead after 2 rechecks + 10 heartbeats).
+            "yarn.nm.liveness-monitor.expiry-interval-ms": NODE_EXPIRY_S * 1000,
+            "dfs.heartbeat.interval": 1,
+            "dfs.namenode.heartbeat.recheck-interval": (NODE_EXPIRY_S - 10) * 1000 // 2,
         }
 
     def _start(self, jars: Path) -> None:
         conf, bin_dir = self.conf_dir, self.bin_dir
         conf.mkdir()
         bin_dir.mkdir()
+        (conf / "racks.txt").write_text("".join(f"{host} /rack{k}\n" for k, host in enumerate(self.node_hosts)))
         # Read by every JVM that has the conf folder on its classpath: the cluster, skein's driver and
         # application master, and the scripts' tools (so all know the GPU resource type).
         (conf / "resource-types.xml").write_text(_site_xml({"yarn.resource-types": "yarn.io/gpu"}))
@@ -390,6 +488,60 @@ class MiniHadoop:
                 raise HadoopError(f"MiniHadoop not up after {self.startup_timeout:.0f} s:\n{self._tail()}")
             time.sleep(0.5)
         self.url, self.rm_address, self.rm_web, self.nn_http = ready.read_text().split()[:4]
+        if self.nodes > 1:
+            self._start_nodes(java, jars, deadline)
+
+    def _start_nodes(self, java: str, jars: Path, deadline: float) -> None:
+        """Start one JVM a node (``hadoop/MiniNode.java``) and wait until YARN and HDFS count them all."""
+        for k, host in enumerate(self.node_hosts):
+            node_dir = self.dir / "nodes" / str(k)
+            (node_dir / "conf").mkdir(parents=True)
+            (node_dir / "conf" / "node-resources.xml").write_text(
+                _site_xml({"yarn.nodemanager.resource-type.yarn.io/gpu": self.gpus if k == 0 else 0}))
+            settings = {"yarn.nodemanager.resource.memory-mb": self.memory_mb,
+                        "yarn.nodemanager.resource.cpu-vcores": self.vcores}
+            command = [java, "-Xmx384m", "-Dlog4j.configuration=file:" + str(self.dir / "cluster" / "log4j.properties"),
+                       *self._java_options(), "-cp", f"{node_dir / 'conf'}:{self._cluster_classpath(jars)}",
+                       str(NODE_LAUNCHER), host, str(node_dir), *(f"{key}={v}" for key, v in settings.items())]
+            with open(node_dir / "node.log", "wb") as log:
+                self._nodes.append(subprocess.Popen(command, cwd=node_dir, stdin=subprocess.PIPE, stdout=log,
+                                                    stderr=subprocess.STDOUT, env={**os.environ, **self.env()}))
+        hosts = sorted(self.node_hosts)
+        while True:
+            for k, node in enumerate(self._nodes):
+                if node.poll() is not None:
+                    log = (self.dir / "nodes" / str(k) / "node.log").read_text(errors="replace")
+                    raise HadoopError(f"node {k} ({self.node_hosts[k]}) exited with {node.returncode}:\n{log[-3000:]}")
+            with contextlib.suppress(OSError, ValueError, KeyError):
+                if self.live_nodes() == (hosts, hosts):
+                    return
+            if time.monotonic() > deadline:
+                raise HadoopError(f"the {self.nodes} nodes not all up after {self.startup_timeout:.0f} s "
+                                  f"(YARN's and HDFS's live nodes: {self._live_or_why()})")
+            time.sleep(0.5)
+
+    def _live_or_why(self) -> str:
+        try:
+            return str(self.live_nodes())
+        except (OSError, ValueError, KeyError) as exc:
+            return f"unknown: {exc}"
+
+    def _node(self, k: int) -> subprocess.Popen:
+        if not 0 <= k < len(self._nodes) or self._nodes[k] is None:
+            raise HadoopError(f"no running node {k} (the cluster has {self.nodes})")
+        return self._nodes[k]
+
+    def _command(self, k: int, line: str) -> None:
+        """Send node ``k`` a command and wait until it says it is done."""
+        proc, log = self._node(k), self.dir / "nodes" / str(k) / "node.log"
+        done = f"MiniNode {self.node_hosts[k]}: {line}: done"
+        proc.stdin.write(f"{line}\n".encode())
+        proc.stdin.flush()
+        deadline = time.monotonic() + 60
+        while done not in log.read_text(errors="replace"):
+            if time.monotonic() > deadline or proc.poll() is not None:
+                raise HadoopError(f"node {k} did not {line} (its log: {log})")
+            time.sleep(0.2)
 
     def _cluster_classpath(self, jars: Path) -> str:
         """The cluster JVM's classpath: the configuration folder, then Hadoop's jars."""
@@ -431,13 +583,14 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gpus", type=int, default=2, help="yarn.io/gpu units to declare (default 2)")
+    parser.add_argument("--nodes", type=int, default=1, help="nodes, each on an address of its own (default 1)")
+    parser.add_argument("--gpus", type=int, default=2, help="yarn.io/gpu units the first node declares (default 2)")
     parser.add_argument("--memory-mb", type=int, default=8192, help="NodeManager memory for containers")
     parser.add_argument("--keep", action="store_true", help="keep the cluster's directory (data, logs)")
     args = parser.parse_args(argv)
     started = time.monotonic()
     try:
-        cluster = MiniHadoop(gpus=args.gpus, memory_mb=args.memory_mb, keep=args.keep).start()
+        cluster = MiniHadoop(nodes=args.nodes, gpus=args.gpus, memory_mb=args.memory_mb, keep=args.keep).start()
     except HadoopError as exc:
         print(f"minihadoop: {exc}", file=sys.stderr)
         return 1

@@ -285,7 +285,7 @@ def test_a_job_submitted_with_a_keytab_outlives_its_delegation_tokens(short_live
     from dbn.jobs.yarn import CACHE
 
     shipped = json.loads(max((CACHE / "submissions").glob("*/job.json"), key=lambda p: p.stat().st_mtime).read_text())
-    assert shipped["slot_hosts"] and all(shipped["slot_hosts"]), shipped["slot_hosts"]  # fsck, with the keytab's ticket
+    assert shipped["slots"] and all(s["host"] for s in shipped["slots"]), shipped["slots"]  # fsck, with the keytab's ticket
     with skein.Client(principal=cluster.principal, keytab=str(cluster.user_keytab)) as client:
         yarn = Yarn(cluster, client)
         yarn.wait_step(app_id, 2)
@@ -295,7 +295,7 @@ def test_a_job_submitted_with_a_keytab_outlives_its_delegation_tokens(short_live
         while time.monotonic() - started < SHORT_LIFETIME_S + 5:  # the submission's tokens are dead
             assert str(yarn.report(app_id).state) == "RUNNING", yarn.report(app_id).diagnostics
             time.sleep(1)
-        victim = next(c for c in yarn.containers(app_id) if c.id == "worker_0")
+        victim = next(c for c in yarn.containers(app_id) if c.id == "worker-0_0")
         (pid,) = yarn.pids(victim.yarn_container_id, "iterreduce.yarn.container worker")
         os.kill(pid, signal.SIGKILL)
         report = yarn.wait(app_id, timeout=400)

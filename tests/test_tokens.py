@@ -188,10 +188,10 @@ def test_the_keytab_goes_to_the_application_master_alone(tmp_path):
                        file_systems=["hdfs://nn:8020"])
     spec = build_spec("j", str(tmp_path / "job.json"), opts)
     assert spec.master.files[tokens.KEYTAB_FILE].source.endswith(str(keytab))
-    assert tokens.KEYTAB_FILE not in spec.services["worker"].files
+    assert tokens.KEYTAB_FILE not in spec.services["worker-0"].files
     assert spec.master.env[tokens.PRINCIPAL_VAR] == "alice@EXAMPLE.COM"
     assert spec.master.env[tokens.FILE_SYSTEMS_VAR] == "hdfs://nn:8020"
-    assert spec.services["worker"].env[tokens.FROM_MASTER_VAR] == "1"
+    assert spec.services["worker-0"].env[tokens.FROM_MASTER_VAR] == "1"
     plain = build_spec("j", str(tmp_path / "job.json"), YarnOptions(python="/usr/bin/python3"))
-    assert tokens.KEYTAB_FILE not in plain.master.files and tokens.FROM_MASTER_VAR not in plain.services["worker"].env
+    assert tokens.KEYTAB_FILE not in plain.master.files and tokens.FROM_MASTER_VAR not in plain.services["worker-0"].env
     assert threading.active_count() >= 1

@@ -153,11 +153,11 @@ def test_the_workers_table_of_a_finished_job_comes_from_its_events():
                {"event": "worker_registered", "worker": "worker-2#2", "host": "b", "shards": [2]},
                {"event": "worker_lost", "worker": "worker-2#2", "reason": "x"},
                {"event": "worker_restarted", "worker": "worker-2", "restart": 1, "error": "x", "exit": 1},
-               {"event": "worker_registered", "worker": "worker-2#3", "host": "c", "shards": [2]},
+               {"event": "worker_registered", "worker": "worker-2#3", "host": "c", "shards": [2], "local": 0.5},
                {"event": "done", "steps": 1, "seconds": 1.0}]
     table = snapshot.workers_from_log(records)
-    assert [(w["name"], w["state"], w["host"], w["restarts"]) for w in table] == [
-        ("worker-2", "finished", "c", 1), ("worker-10", "finished", "a", 0)]
+    assert [(w["name"], w["state"], w["host"], w["restarts"], w["local"]) for w in table] == [
+        ("worker-2", "finished", "c", 1, 0.5), ("worker-10", "finished", "a", 0, None)]
 
 
 # ------------------------------------------------------------------ images

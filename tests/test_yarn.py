@@ -295,7 +295,7 @@ def test_gpu_workers_are_scheduled_against_the_declared_yarn_io_gpu(yarn, env_ar
 
 
 @pytest.mark.parametrize("flags, message", [
-    (["--worker-gpus", "3"], "each 'worker' container asks for 3 GPUs (yarn.io/gpu), but the largest of the "
+    (["--worker-gpus", "3"], "each worker container asks for 3 GPUs (yarn.io/gpu), but the largest of the "
                              "cluster's 1 nodes has 2"),
     (["--worker-gpus", "1", "--workers", "3"], "needs 3 GPUs (yarn.io/gpu) at once (master and all workers), "
                                                "but the cluster's 1 nodes have 2 in all"),
@@ -435,10 +435,11 @@ def test_block_locations_come_from_the_real_namenode(yarn, hdfs, tmp_path):
 
     X = np.random.default_rng(0).random((90, N_FEATURES), dtype=np.float32)
     uris = write_shards(X, np.zeros(90, dtype=np.int64), hdfs.uri("/user/test/located"), 3)
-    hosts = locality.block_hosts(uris)
+    blocks = locality.file_blocks(uris)
     node_host = yarn.client.get_nodes()[0].id.split(":")[0]
-    assert set(hosts) == set(uris) and all(h == [node_host] for h in hosts.values()), (hosts, node_host)
-    assert locality.slot_hosts(uris, 2, hosts) == [[node_host], [node_host]]
+    assert set(blocks) == set(uris), blocks
+    assert all(b.hosts() == [node_host] and b.size > 0 and b.local_fraction(node_host) == 1 for b in blocks.values())
+    assert locality.place(locality.slot_blocks(uris, 2, blocks)) == [node_host, node_host]
 
     # dbn submit turns them into the workers' preferred hosts.
     from dbn.jobs.spec import load_spec
@@ -447,8 +448,8 @@ def test_block_locations_come_from_the_real_namenode(yarn, hdfs, tmp_path):
     cfg = load_spec(job_file(tmp_path, hdfs.uri("/user/test/located-job"), env="hdfs:///x.tgz"),
                       {"cluster.shards": hdfs.uri("/user/test/located")})
     submission = prepare(cfg)
-    assert submission.job["slot_hosts"] == [[node_host], [node_host]]
-    assert submission.spec.services["worker"].nodes == [node_host]
+    assert [s["host"] for s in submission.job["slots"]] == [node_host, node_host]
+    assert submission.spec.services["worker-0"].nodes == submission.spec.services["worker-1"].nodes == [node_host]
 
 
 # ------------------------------------------------------------------ a table as Spark wrote it
@@ -484,7 +485,8 @@ label = "animal"
 
     submission = prepare(spec)  # the shares, and the hosts of the table's blocks
     node_host = yarn.client.get_nodes()[0].id.split(":")[0]
-    assert submission.job["slot_hosts"] == [[node_host], [node_host]]
+    assert [s["host"] for s in submission.job["slots"]] == [node_host, node_host]
+    assert all(s["bytes_on"] == {node_host: s["bytes"]} and s["bytes"] > 0 for s in submission.job["slots"])
     shares = fs.get_file_info(pafs.FileSelector("/user/test/table-job/shards"))
     assert sorted(s.base_name for s in shares) == [MANIFEST_NAME, "part-00000.table.json", "part-00001.table.json"]
 

@@ -12,7 +12,7 @@ from dbn.cli import main
 from iterreduce.master import MasterConfig
 from iterreduce.yarn.container import attempt_number
 from iterreduce.yarn.envpack import EnvPackError, environment_kind, pack_environment
-from iterreduce.yarn.locality import parse_fsck, slot_hosts
+from iterreduce.yarn.locality import Blocks, parse_fsck, place, slot_blocks
 from iterreduce.yarn.spec import YarnOptions, build_spec
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "yarn.toml"
@@ -40,11 +40,13 @@ def dry_run(capsys, *args) -> skein.ApplicationSpec:
 def test_dry_run_prints_a_spec_skein_accepts_with_workers_resources_gpus_and_env(capsys):
     spec = dry_run(capsys, "--workers", "4", "--worker-memory", "6 GiB", "--worker-vcores", "3",
                    "--worker-gpus", "1", "--env", "hdfs:///envs/dbn.tar.gz", "--queue", "ml", "--node-label", "gpu")
-    worker = spec.services["worker"]
-    assert worker.instances == 4 and worker.max_restarts == 4 * 3  # skein counts per service
+    assert sorted(spec.services) == ["worker-0", "worker-1", "worker-2", "worker-3"]  # a service a worker
+    assert all(s.instances == 1 and s.max_restarts == 3 and not s.nodes for s in spec.services.values())
+    worker = spec.services["worker-3"]
     assert (worker.resources.memory, worker.resources.vcores, worker.resources.gpus) == (6144, 3, 1)
     assert worker.files["environment"].source == "hdfs:///envs/dbn.tar.gz"
     assert str(worker.files["environment"].type) == "ARCHIVE"
+    assert str(worker.files["environment"].visibility) == "PRIVATE"  # cached by each node across jobs
     assert worker.env["ITERREDUCE_DEVICE"] == "gpu" and worker.env["OMP_NUM_THREADS"] == "3"
     assert (spec.queue, spec.node_label, spec.max_attempts) == ("ml", "gpu", 2)
     assert "hdfs://namenode:8020" in spec.file_systems  # delegation tokens for the output's name service
@@ -62,14 +64,14 @@ def test_a_validation_shard_on_another_name_service_gets_its_delegation_token(ca
 
 def test_dry_run_with_python_ships_no_environment(capsys):
     spec = dry_run(capsys, "--python", "/opt/py/bin/python")
-    assert "environment" not in spec.services["worker"].files
+    assert "environment" not in spec.services["worker-0"].files
     assert "exec /opt/py/bin/python -m iterreduce.yarn.container" in spec.master.script
 
 
 def test_dry_run_without_env_names_the_archive_it_would_pack(capsys):
     spec = dry_run(capsys)
     assert spec.master.files["environment"].source.endswith(".tar.gz")
-    assert spec.services["worker"].instances == 10  # examples/yarn.toml
+    assert len(spec.services) == 10  # examples/yarn.toml
 
 
 @pytest.mark.parametrize("args, message", [
@@ -103,20 +105,32 @@ def test_a_log_level_set_at_submit_reaches_every_container(monkeypatch):
     opts = YarnOptions(env_archive="/tmp/env.tar.gz")
     monkeypatch.delenv(LOG_LEVEL_VAR, raising=False)
     spec = build_spec("x", "/tmp/job.json", opts)
-    assert LOG_LEVEL_VAR not in spec.master.env and LOG_LEVEL_VAR not in spec.services["worker"].env
+    assert LOG_LEVEL_VAR not in spec.master.env and LOG_LEVEL_VAR not in spec.services["worker-0"].env
     monkeypatch.setenv(LOG_LEVEL_VAR, "debug")
     spec = build_spec("x", "/tmp/job.json", opts)
-    assert spec.master.env[LOG_LEVEL_VAR] == spec.services["worker"].env[LOG_LEVEL_VAR] == "DEBUG"
+    assert spec.master.env[LOG_LEVEL_VAR] == spec.services["worker-1"].env[LOG_LEVEL_VAR] == "DEBUG"
     monkeypatch.setenv(LOG_LEVEL_VAR, "chatty")
     with pytest.raises(ValueError, match=f"{LOG_LEVEL_VAR}='chatty': not a log level"):
         build_spec("x", "/tmp/job.json", opts)
 
 
 def test_spec_yaml_round_trip():
-    spec = build_spec("x", "/tmp/job.json", YarnOptions(env_archive="/tmp/env.tar.gz", worker_nodes=["h1", "h2"]))
+    spec = build_spec("x", "/tmp/job.json", YarnOptions(env_archive="/tmp/env.tar.gz", workers=3,
+                                                        slot_hosts=["h1", "h2", ""]))
     again = skein.ApplicationSpec.from_yaml(spec.to_yaml())
     assert again.to_dict() == spec.to_dict()
-    assert again.services["worker"].nodes == ["h1", "h2"] and again.services["worker"].relax_locality
+    assert again.services["worker-0"].nodes == ["h1"] and again.services["worker-0"].relax_locality
+    assert again.services["worker-1"].nodes == ["h2"]
+    assert again.services["worker-2"].nodes == [] and not again.services["worker-2"].relax_locality
+    with pytest.raises(ValueError, match="2 worker hosts for 3 workers"):
+        build_spec("x", "/tmp/job.json", YarnOptions(env_archive="/tmp/env.tar.gz", workers=3, slot_hosts=["h1", "h2"]))
+
+
+def test_a_worker_container_names_its_slot():
+    from iterreduce.yarn.spec import slot_of, worker_service
+
+    assert [slot_of(c) for c in ("worker-0_0", "worker-12_3", worker_service(7) + "_1")] == [0, 12, 7]
+    assert [slot_of(c) for c in ("worker_0", "master_0", "worker-x_0", "", "worker-_1")] == [None] * 5
 
 
 def test_yarn_spec_files_are_valid_skein_specs():
@@ -125,16 +139,39 @@ def test_yarn_spec_files_are_valid_skein_specs():
         assert "iterreduce.yarn.container" in spec.master.script, path
 
 
-def test_fsck_locations_are_parsed_per_file_most_blocks_first():
-    hosts = parse_fsck(FSCK)
-    assert hosts == {"/d/part-00000.parquet": ["10.0.0.5", "10.0.0.7", "10.0.0.6", "10.0.0.8"],
-                     "/d/part-00001.parquet": ["10.0.0.9"]}
+def test_fsck_locations_are_parsed_per_file_as_bytes_on_each_host():
+    blocks = parse_fsck(FSCK)
+    block = 134217728
+    assert blocks == {"/d/part-00000.parquet": Blocks(2 * block, {"10.0.0.5": 2 * block, "10.0.0.6": block,
+                                                                 "10.0.0.7": 2 * block, "10.0.0.8": block}),
+                      "/d/part-00001.parquet": Blocks(100, {"10.0.0.9": 100})}
+    assert blocks["/d/part-00000.parquet"].hosts() == ["10.0.0.5", "10.0.0.7", "10.0.0.6", "10.0.0.8"]
+    assert blocks["/d/part-00000.parquet"].local_fraction("10.0.0.6") == 0.5
+    assert blocks["/d/part-00000.parquet"].local_fraction("elsewhere") == 0.0
+    assert Blocks().local_fraction("any") == 1.0  # nothing to read: nothing read remotely
 
 
-def test_slot_hosts_follow_the_shards_of_each_worker():
+def test_slot_blocks_add_up_the_shards_of_each_worker():
     uris = [f"hdfs://nn/d/part-{i}" for i in range(4)]
-    hosts = {uris[0]: ["a", "b"], uris[1]: ["c"], uris[2]: ["b"], uris[3]: []}
-    assert slot_hosts(uris, 2, hosts) == [["b", "a"], ["c"]]
+    blocks = {uris[0]: Blocks(10, {"a": 10, "b": 10}), uris[1]: Blocks(5, {"c": 5}), uris[2]: Blocks(4, {"b": 4})}
+    assert slot_blocks(uris, 2, blocks) == [Blocks(14, {"a": 10, "b": 14}), Blocks(5, {"c": 5})]
+    assert Blocks(10, {"a": 10, "b": 4}).part(0.5) == Blocks(5, {"a": 5, "b": 2})
+
+
+def test_placement_puts_each_worker_where_most_of_its_bytes_are_spreading_over_replicas():
+    # Replication 2 on 3 nodes: every worker's data is on two nodes; one node a worker, all local.
+    slots = [Blocks(9, {"a": 9, "b": 9}), Blocks(9, {"a": 9, "b": 9}), Blocks(9, {"a": 9, "c": 9})]
+    placed = place(slots)
+    assert sorted(placed) == ["a", "b", "c"] and all(slot.local_fraction(h) == 1 for slot, h in zip(slots, placed))
+    # Locality first: a worker goes where most of its bytes are, even to a node that has others.
+    slots = [Blocks(10, {"a": 10}), Blocks(10, {"a": 8, "b": 2}), Blocks(10, {"a": 10}), Blocks(10, {"b": 10})]
+    assert place(slots) == ["a", "a", "a", "b"]
+    # Ties (replicas) spread: the least loaded of the hosts holding the most, fewest choices first.
+    slots = [Blocks(6, {"a": 6, "b": 6, "c": 6}), Blocks(6, {"a": 6}), Blocks(6, {"a": 6, "b": 6})]
+    assert place(slots) == ["c", "a", "b"]
+    # Nowhere known: any node.
+    assert place([Blocks(), Blocks(3, {"a": 3})]) == ["", "a"]
+    assert place([Blocks(), Blocks()]) == ["", ""]
 
 
 def test_attempt_number_from_the_container_id():
@@ -242,3 +279,47 @@ def test_each_submission_gets_credentials_of_its_own_kept_for_the_user_alone(tmp
     for bad in ("", "../x", ".hidden", "a/b"):
         with pytest.raises(YarnError, match="not an application id"):
             yarn_client.application_dir(bad)
+
+
+def test_a_worker_knows_the_share_of_its_data_on_its_host_from_the_job_file():
+    from iterreduce.yarn.container import placement
+
+    job = {"slots": [{"host": "a", "bytes": 10, "bytes_on": {"a": 10, "b": 4}}, {"host": "", "bytes": 0,
+                                                                                  "bytes_on": {}}]}
+    assert placement(job, 0, "a", "worker-0_0") == {"container": "worker-0_0", "host": "a", "asked": "a", "local": 1.0}
+    assert placement(job, 0, "b", "worker-0_1")["local"] == 0.4  # restarted where 4 of its 10 bytes are
+    assert placement(job, 1, "c", "worker-1_0")["local"] == 1.0  # no bytes: nothing read remotely
+    assert placement({}, 0, "a", "worker-0_0")["local"] is None  # no block places known (not on HDFS)
+
+
+@pytest.mark.parametrize("resources, expected", [
+    ('{"host": "a", "local": 0.75}', {"local": 0.75}),
+    ('{"host": "a", "local": 1}', {"local": 1.0}),
+    ('{"host": "a"}', {}),
+    ('{"local": true}', {}),
+    ('{"local": 1.5}', {}),
+    ('{"local": -0.1}', {}),
+    ('{"local": "0.5"}', {}),
+    ('[0.5]', {}),
+    ('not json', {}),
+    ("", {}),
+    ('{"local": 0.5, "pad": "' + "x" * 5000 + '"}', {}),  # oversized: not read at all
+])
+def test_the_master_logs_a_workers_local_share_only_when_it_is_a_plain_fraction(resources, expected):
+    from iterreduce.master import _local_share
+
+    assert _local_share(resources) == expected
+
+
+def test_status_lists_each_running_workers_node_and_local_share():
+    from iterreduce.yarn import KV_SLOT
+    from iterreduce.yarn.client import Status, _placements
+
+    slots = {f"{KV_SLOT}1": b'{"host": "n2", "local": 0.5}', f"{KV_SLOT}0": b'{"host": "n1", "local": 1.0}',
+             f"{KV_SLOT}2": b'{"host": "n3", "local": null}', f"{KV_SLOT}x": b"{}", f"{KV_SLOT}3": b"garbage"}
+    workers = _placements(slots)
+    assert workers == [{"name": "worker-0", "host": "n1", "local": 1.0}, {"name": "worker-1", "host": "n2", "local": 0.5},
+                       {"name": "worker-2", "host": "n3", "local": None}]
+    text = Status("application_1_0001", "RUNNING", "UNDEFINED", 0.5, "", "", workers=workers).describe()
+    assert "workers: worker-0 on n1 (100 % of its data there), worker-1 on n2 (50 % of its data there), " \
+           "worker-2 on n3" in text

@@ -55,9 +55,10 @@ class Yarn:
             assert time.monotonic() < deadline, f"{app_id} did not reach superstep {step} in {timeout} s"
             time.sleep(0.3)
 
-    def containers(self, app_id, service="worker", states=None):
+    def containers(self, app_id, states=None):
+        """The application's worker containers (services ``worker-K``)."""
         app = yarn_client.application(self.client, app_id)
-        return app.get_containers(services=[service], states=states)
+        return [c for c in app.get_containers(states=states) if c.service_name.startswith("worker-")]
 
     def pids(self, yarn_container_id: str, command_part: str) -> list[int]:
         """Processes of a container (by $CONTAINER_ID) whose command line contains ``command_part``."""
@@ -76,7 +77,8 @@ class Yarn:
         """The containers' logs straight from the NodeManager's log folder (for assertion messages):
         the last ``tail`` characters of each."""
         texts = []
-        for path in sorted(self.hadoop.dir.glob(f"cluster/**/*-logDir-*/{app_id}/container_*/*")):
+        for path in sorted([*self.hadoop.dir.glob(f"cluster/**/*-logDir-*/{app_id}/container_*/*"),
+                            *self.hadoop.dir.glob(f"nodes/*/nm-logs/{app_id}/container_*/*")]):
             texts.append(f"== {path.parent.name}/{path.name}\n" + path.read_text(errors="replace")[-tail:])
         return "\n".join(texts) or "(no container logs)"
 

@@ -52,7 +52,7 @@ class Submission:
     """What ``dbn submit`` hands to YARN."""
 
     spec: object          # skein.ApplicationSpec
-    job: dict             # the job file: {"master": MasterConfig fields, "slot_hosts", "spec": the JobSpec}
+    job: dict             # the job file: {"master": MasterConfig fields, "slots": placement, "spec": the JobSpec}
     job_file: Path
 
 
@@ -98,7 +98,7 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
     shards = cfg.cluster.shards and _shared_uri("[cluster] shards", cfg.cluster.shards)
     validation = cfg.cluster.validation and _shared_uri("[cluster] validation", cfg.cluster.validation)
     uris: list[str] = []
-    hosts: dict[str, list[str]] = {}
+    blocks: dict[str, locality.Blocks] = {}
     data = cfg.training_data()
     table = data.in_place  # the workers read the table itself: it must be on a file system they reach
     if table:
@@ -108,16 +108,20 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
         if not dry_run:
             log(data.cut_message(opts.workers, shards))
             uris = data.shards(shards, opts.workers)
-            hosts = table_hosts(uris) if table else {}
+            blocks = share_blocks(uris) if table else {}
     elif not dry_run:
         uris = list_shards(shards)
     fewer = uris and cfg.why_fewer_shards(len(uris))
     if fewer:  # no container to hold idle: one worker a shard
         log(f"{fewer}: starting {counted(len(uris), 'worker container')}")
         opts.workers = len(uris)
-    hosts = hosts or (locality.block_hosts(uris) if uris else {})
-    slot_hosts = locality.slot_hosts(uris, opts.workers, hosts) if hosts else []
-    opts.worker_nodes = sorted({h for slot in slot_hosts for h in slot})
+    blocks = blocks or (locality.file_blocks(uris) if uris else {})
+    slots = locality.slot_blocks(uris, opts.workers, blocks) if blocks else []
+    opts.slot_hosts = locality.place(slots) if slots else []
+    if any(opts.slot_hosts):
+        local = sum(slot.on.get(host, 0) for host, slot in zip(opts.slot_hosts, slots))
+        log(f"each worker asks for a node holding its data ({len(set(opts.slot_hosts) - {''})} nodes): "
+            f"{100 * local / max(1, sum(s.size for s in slots)):.0f} % of the bytes they read are on their own nodes")
     opts.file_systems = list(dict.fromkeys([*opts.file_systems,
                                             *_name_services([output, shards, *([validation] if validation else []),
                                                              *([data.location] if table else [])])]))
@@ -133,7 +137,8 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
                                n_shards=len(uris) if uris else None).to_dict()
     master["workers"] = opts.workers  # the containers started (fewer where the shards are fewer)
     del master["token"]  # each application master attempt makes its own
-    job = {"master": master, "slot_hosts": slot_hosts, "spec": cfg.to_dict()}
+    job = {"master": master, "slots": [{"host": host, "bytes": slot.size, "bytes_on": slot.on}
+                                       for host, slot in zip(opts.slot_hosts, slots)], "spec": cfg.to_dict()}
     text = json.dumps(job, indent=2)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     job_file = CACHE / "submissions" / f"{cfg.job.name}-{stamp}-{hashlib.sha256(text.encode()).hexdigest()[:8]}" / "job.json"
@@ -150,25 +155,23 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
     return Submission(spec, job, job_file)
 
 
-def table_hosts(uris: list[str]) -> dict[str, list[str]]:
-    """``{share: [hosts]}`` for a table's shares: the hosts holding the blocks of the files
-    its pieces are in, those with the most of its rows first (``{}`` off HDFS)."""
+def share_blocks(uris: list[str]) -> dict[str, locality.Blocks]:
+    """``{share: Blocks}`` for a table's shares: where the bytes of its pieces are, a piece counted
+    as its rows' part of its file (``{}`` off HDFS)."""
     shares = {uri: TableShard.open(uri) for uri in uris}
-    files = {}
+    files, file_rows = {}, {}
     for share in shares.values():
         parts = urlparse(share.source.uri)
         for piece in share.pieces:
             files.setdefault(piece.path, f"{parts.scheme}://{parts.netloc}{piece.path}" if parts.scheme else piece.path)
-    by_file = locality.block_hosts(sorted(set(files.values())))
+            file_rows[piece.path] = file_rows.get(piece.path, 0) + piece.rows
+    by_file = locality.file_blocks(sorted(set(files.values())))
     if not by_file:
         return {}
     found = {}
     for uri, share in shares.items():
-        rows: dict[str, int] = {}
-        for piece in share.pieces:
-            for host in by_file.get(files[piece.path], []):
-                rows[host] = rows.get(host, 0) + piece.rows
-        found[uri] = sorted(rows, key=lambda host: -rows[host])
+        found[uri] = sum((by_file.get(files[piece.path], locality.Blocks()).part(piece.rows / file_rows[piece.path])
+                          for piece in share.pieces if file_rows[piece.path]), locality.Blocks())
     return found
 
 

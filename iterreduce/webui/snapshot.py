@@ -215,10 +215,10 @@ def workers_from_log(records: list[dict]) -> list[dict]:
         if event not in ("worker_registered", "worker_lost", "worker_restarted", "worker_gave_up"):
             continue
         name = str(r.get("worker", "")).split("#")[0]
-        row = table.setdefault(name, {"name": name, "state": "", "shards": [], "restarts": 0, "host": "",
+        row = table.setdefault(name, {"name": name, "state": "", "shards": [], "restarts": 0, "host": "", "local": None,
                                       "samples_per_s": None, "heartbeat_age_s": None})
         if event == "worker_registered":
-            row.update(state="registered", shards=r.get("shards", []), host=r.get("host", ""))
+            row.update(state="registered", shards=r.get("shards", []), host=r.get("host", ""), local=r.get("local"))
         elif event == "worker_lost":
             row["state"] = "lost"
         elif event == "worker_restarted":

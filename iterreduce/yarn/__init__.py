@@ -4,12 +4,12 @@ The master and the workers are the same code as on the local mini-cluster; only
 how the processes start and find each other differs:
 
 - :mod:`.spec` builds the skein application spec (the application master's script
-  starts the iterreduce master; a ``worker`` service runs the workers);
+  starts the iterreduce master; worker K is the one container of service ``worker-K``);
 - :mod:`.envpack` packs the current Python environment for the containers;
 - :mod:`.container` is what runs inside the containers (rendezvous through skein's
   key-value store, progress, checkpoints and outputs on HDFS, exit status);
 - :mod:`.client` submits, watches, fetches logs of and kills applications;
-- :mod:`.locality` finds which hosts hold the shards' HDFS blocks.
+- :mod:`.locality` finds how many of each worker's bytes every host holds and picks its node.
 """
 
 from ..exceptions import YarnError  # noqa: F401 - re-exported

@@ -25,7 +25,7 @@ import os
 import shutil
 import subprocess
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import skein
@@ -33,7 +33,7 @@ import skein
 from .. import kerberos
 from ..exceptions import STOPPED_ON_BAD_DATA, HadoopConfigError
 from ..filesystems import kerberos_login, keytab_login
-from . import KV_PROGRESS, KV_UI, YarnError
+from . import KV_PROGRESS, KV_SLOT, KV_UI, YarnError
 
 
 def _config_dir() -> str:
@@ -172,7 +172,7 @@ def check_fits(client: skein.Client, spec: skein.ApplicationSpec) -> None:
     if not nodes:
         raise YarnError("the cluster has no running NodeManager: nothing could run the application")
     wanted = [("the application master", spec.master.resources, 1)]
-    wanted += [(f"each {name!r} container", s.resources, s.instances) for name, s in spec.services.items()]
+    wanted += [("each worker container", s.resources, s.instances) for s in spec.services.values()]
     for attr, unit in _RESOURCES:
         largest = max(getattr(n.total_resources, attr) for n in nodes)
         total = sum(getattr(n.total_resources, attr) for n in nodes)
@@ -266,6 +266,7 @@ class Status:
     tracking_url: str
     record: dict | None = None
     live_view: str = ""  # the job's live page through YARN's proxy, while it runs
+    workers: list[dict] = field(default_factory=list)  # where each running worker is (container.placement)
 
     def describe(self) -> str:
         """A few human lines."""
@@ -274,6 +275,11 @@ class Status:
             r = self.record
             where = " ".join(f"{k} {r[k]}" for k in ("layer", "epoch") if k in r)
             lines.append(f"  superstep {r['step'] + 1} of {r['of']}: {r['phase']} {where}".rstrip())
+        if self.workers:
+            lines.append("  workers: " + ", ".join(
+                f"{w['name']} on {w['host']}" + ("" if w.get("local") is None else f" ({100 * w['local']:.0f} % "
+                                                                                   f"of its data there)")
+                for w in self.workers))
         if self.tracking_url:
             lines.append(f"  tracking URL: {self.tracking_url}")
         if self.live_view:
@@ -299,12 +305,29 @@ def status(client: skein.Client, app_id: str) -> Status:
             value = kv.get(KV_PROGRESS)
             result.record = json.loads(value) if value else None
             result.live_view = (kv.get(KV_UI) or b"").decode()
+            result.workers = _placements(kv.get_prefix(KV_SLOT))
         except Exception:  # noqa: BLE001 - the report alone is still an answer
             pass
     return result
 
 
 TERMINAL_STATES = ("FINISHED", "FAILED", "KILLED")
+
+
+def _placements(slots: dict[str, bytes]) -> list[dict]:
+    """The running workers' places, from their slot keys (``{"name", "host", "local"}``, by slot)."""
+    found = []
+    for key, value in slots.items():
+        slot = key.removeprefix(KV_SLOT)
+        try:
+            where = json.loads(value)
+        except ValueError:
+            continue
+        if slot.isdigit() and isinstance(where, dict):
+            local = where.get("local")
+            found.append({"name": f"worker-{slot}", "host": str(where.get("host", "")),
+                          "local": local if isinstance(local, (int, float)) else None})
+    return sorted(found, key=lambda w: int(w["name"].rsplit("-", 1)[1]))
 
 
 def wait(client: skein.Client, app_id: str, poll: float = 2.0, on_status=None) -> Status:

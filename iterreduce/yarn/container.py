@@ -45,7 +45,8 @@ from ..master import JOB_ERRORS, JobFailed, Master, MasterConfig
 from ..readers import list_shards
 from ..security import TlsCredentials, from_skein, new_token
 from ..worker import Worker
-from . import KV_ADDRESS, KV_PROGRESS, KV_SLOT, KV_TOKEN, KV_UI
+from . import KV_ADDRESS, KV_PROGRESS, KV_SLOT, KV_TOKEN, KV_UI, locality
+from .spec import slot_of
 from .tokens import KV_TOKENS, TokenRefresher, remove_staged_keytab
 from .tokens import follow as follow_tokens
 
@@ -62,7 +63,7 @@ def attempt_number(container_id: str | None = None) -> int:
 
 def read_job(path: str) -> dict:
     """The job file that ``submit`` shipped with the application: ``{"master": the
-    MasterConfig fields without the token, "slot_hosts": [...], ...}`` (a launcher may add
+    MasterConfig fields without the token, "slots": [{"host", "bytes", "bytes_on"}], ...}`` (a launcher may add
     keys of its own, such as the job spec it came from)."""
     try:
         job = json.loads(Path(path).read_text())
@@ -222,27 +223,33 @@ def _report(app, record: dict) -> None:
         log.warning("could not report progress: %s", exc)
 
 
-def claim_slot(app, workers: int, owner: str, preferred: list[int] | None = None,
-               timeout: float = 120.0) -> int:
-    """Claim a free worker slot in the key-value store, as a key owned by this container.
-
-    Slots in ``preferred`` (e.g. those whose shards are stored on this host) are
-    tried first. A restarted container may start before YARN has released its
-    predecessor's slot, so this retries until ``timeout``.
+def claim_slot(app, slot: int, placement: dict, timeout: float = 120.0) -> None:
+    """Hold worker slot ``slot`` in the key-value store: a key owned by this container (YARN's
+    end of the container removes it), whose value is ``placement`` (JSON: the container, its
+    host and the share of its data there, which ``dbn status`` shows). A restarted container
+    may start before YARN has released its predecessor's key, so this retries until ``timeout``.
     """
-    order = list(dict.fromkeys([*(preferred or []), *range(workers)]))
+    key, owner = f"{KV_SLOT}{slot}", placement["container"]
     deadline = time.monotonic() + timeout
     while True:
-        for k in order:
-            key = f"{KV_SLOT}{k}"
-            result = app.kv.transaction(conditions=[skein.kv.missing(key)],
-                                        on_success=[skein.kv.put(key, value=owner.encode(), owner=owner)])
-            if result.succeeded:
-                return k
+        result = app.kv.transaction(conditions=[skein.kv.missing(key)],
+                                    on_success=[skein.kv.put(key, value=json.dumps(placement).encode(), owner=owner)])
+        if result.succeeded:
+            return
         if time.monotonic() > deadline:
-            raise JobFailed(f"no free worker slot of {workers} after {timeout:.0f} s: more worker "
-                            f"containers than workers in the job")
+            raise JobFailed(f"worker slot {slot} still held by an earlier container after {timeout:.0f} s")
         time.sleep(1.0)
+
+
+def placement(job: dict, slot: int, host: str, container: str) -> dict:
+    """Where worker ``slot`` runs: its container, host, the host the job asked for, and the share
+    of its data's bytes stored on this host (``local``; None where the job could not know)."""
+    slots = job.get("slots") or []
+    asked = slots[slot] if slot < len(slots) else {}
+    local = None
+    if asked.get("bytes_on") is not None:
+        local = round(locality.Blocks(int(asked.get("bytes", 0)), dict(asked["bytes_on"])).local_fraction(host), 4)
+    return {"container": container, "host": host, "asked": asked.get("host", ""), "local": local}
 
 
 def run_worker(job_file: str, app: skein.ApplicationClient) -> int:
@@ -253,15 +260,21 @@ def run_worker(job_file: str, app: skein.ApplicationClient) -> int:
     address = app.kv.wait(KV_ADDRESS).decode()
     token = app.kv.wait(KV_TOKEN).decode()
     host = os.environ.get("NM_HOST") or socket.getfqdn()
-    preferred = [k for k, hosts in enumerate(job.get("slot_hosts", [])) if host in hosts]
-    slot = claim_slot(app, int(job["master"]["workers"]), os.environ.get("SKEIN_CONTAINER_ID", host), preferred)
+    container = os.environ.get("SKEIN_CONTAINER_ID", "")
+    slot = slot_of(container)
+    if slot is None or slot >= int(job["master"]["workers"]):
+        raise JobFailed(f"container {container!r} is not one of the job's worker services "
+                        f"(worker-0 to worker-{int(job['master']['workers']) - 1})")
+    where = placement(job, slot, host, container)
+    claim_slot(app, slot, where)
     name = f"worker-{slot}"
     logging.getLogger().handlers[0].setFormatter(logging.Formatter(f"%(asctime)s {name} %(levelname)s %(message)s"))
-    log.info("working as %s for the master at %s", name, address)
+    log.info("working as %s on %s for the master at %s%s", name, host, address,
+             "" if where["local"] is None else f"; {100 * where['local']:.0f} % of its data's bytes are on this host")
     # Reducing on the workers: a Peer service on every interface, dialled by this host's name.
     peer = {"peer_host": host, "peer_bind": "0.0.0.0"} if job["master"].get("reduce") == "workers" else {}
     return Worker(address, token, name, os.environ.get("ITERREDUCE_DEVICE", "cpu"),
-                  resources={"container": os.environ.get("CONTAINER_ID"), "host": host}, tls=tls, **peer).run()
+                  resources={**where, "container_id": os.environ.get("CONTAINER_ID")}, tls=tls, **peer).run()
 
 
 def main(argv=None) -> int:

@@ -1,7 +1,8 @@
 """The skein application spec of an IterativeReduce job.
 
-The application master's script starts the iterreduce master; a ``worker`` service
-of N instances runs the workers. Every container gets the job file and the
+The application master's script starts the iterreduce master; worker K is the one container
+of service ``worker-K`` (:func:`worker_service`), which asks for the node holding its data
+where that is known, and is restarted on its own. Every container gets the job file and the
 Python environment (an archive unpacked as ``environment``, or a Python already
 installed on the nodes). Validation is skein's own: a bad value raises skein's
 ``ValueError``, which :func:`build_spec` re-raises as :class:`AppSpecError` naming the option at fault.
@@ -21,6 +22,20 @@ from . import tokens
 from .envpack import ENV_DIR
 
 JOB_FILE = "job.json"
+#: Worker slot K runs as the single container of service ``worker-K``.
+WORKER_SERVICE = "worker-"
+
+
+def worker_service(slot: int) -> str:
+    """The skein service of worker slot ``slot``."""
+    return f"{WORKER_SERVICE}{slot}"
+
+
+def slot_of(container_id: str) -> int | None:
+    """The worker slot of a skein container id (``worker-3_0`` is slot 3), else None."""
+    service = container_id.rsplit("_", 1)[0]
+    number = service.removeprefix(WORKER_SERVICE)
+    return int(number) if service.startswith(WORKER_SERVICE) and number.isdigit() else None
 
 #: The application master's JVM options. skein 0.8.2's web UI (the tracking URL's page) renders its
 #: list of service pages with mustache.java, which reflects into java.util's map entries: on Java 17+
@@ -44,12 +59,12 @@ class YarnOptions:
     master_vcores: int = 1
     queue: str = "default"
     node_label: str = ""
-    max_restarts: int = 3          # restarts per worker (skein counts them per service: x workers)
+    max_restarts: int = 3          # restarts per worker (a service each)
     max_attempts: int = 2          # of the application master; a new attempt resumes
     env_archive: str | None = None  # packed environment (local path or hdfs:// URI)
     python: str | None = None      # a Python installed on every node, instead of an archive
     file_systems: list[str] = field(default_factory=list)  # HDFS name services, for delegation tokens
-    worker_nodes: list[str] = field(default_factory=list)  # preferred hosts (data locality)
+    slot_hosts: list[str] = field(default_factory=list)  # each worker's node (its data's), "" for any
     tags: list[str] = field(default_factory=list)
     principal: str | None = None   # with keytab: shipped to the application master, which renews the tokens
     keytab: str | None = None
@@ -70,7 +85,7 @@ def _script(opts: YarnOptions, role: str) -> str:
 
 
 def build_spec(name: str, job_file: str, opts: YarnOptions, device: str = "cpu") -> skein.ApplicationSpec:
-    """The application spec: master + ``worker`` service, validated by skein.
+    """The application spec: master + a ``worker-K`` service a worker, validated by skein.
 
     ``job_file`` is the local path (or URI) of the job's JSON description; skein
     uploads local files to the application's staging directory.
@@ -81,7 +96,9 @@ def build_spec(name: str, job_file: str, opts: YarnOptions, device: str = "cpu")
         raise AppSpecError("no Python for the containers: give an environment archive (--env) or --python PATH")
     files = {JOB_FILE: skein.File(source=job_file, type="file")}
     if not opts.python:
-        files[ENV_DIR] = skein.File(source=opts.env_archive, type="archive")
+        # Kept in each NodeManager's cache of this user's files: the next job shipping the same archive
+        # (same path and timestamp, e.g. on HDFS) starts without unpacking hundreds of MB again.
+        files[ENV_DIR] = skein.File(source=opts.env_archive, type="archive", visibility="private")
     threads = str(max(1, opts.worker_vcores))
     try:  # a log level set where the job is submitted holds in its containers too
         log_env = {LOG_LEVEL_VAR: log_level()} if os.environ.get(LOG_LEVEL_VAR, "").strip() else {}
@@ -97,20 +114,23 @@ def build_spec(name: str, job_file: str, opts: YarnOptions, device: str = "cpu")
         master_env.update({tokens.PRINCIPAL_VAR: opts.principal or "",
                            tokens.FILE_SYSTEMS_VAR: ",".join(opts.file_systems)})
         worker_env[tokens.FROM_MASTER_VAR] = "1"
+    hosts = opts.slot_hosts or [""] * opts.workers
+    if len(hosts) != opts.workers:
+        raise AppSpecError(f"{len(hosts)} worker hosts for {opts.workers} workers")
     try:
-        worker = skein.Service(
+        # A node asked for is a preference: elsewhere once YARN's locality delay passes (or the node is gone).
+        workers = {worker_service(k): skein.Service(
             resources=skein.Resources(memory=opts.worker_memory, vcores=opts.worker_vcores, gpus=opts.worker_gpus),
-            script=_script(opts, "worker"), instances=opts.workers, files=files, env=worker_env,
-            # skein counts restarts for the whole service; the job's setting is per worker.
-            max_restarts=opts.max_restarts * opts.workers, node_label=opts.node_label,
-            nodes=list(opts.worker_nodes), relax_locality=bool(opts.worker_nodes))
+            script=_script(opts, "worker"), instances=1, files=files, env=worker_env,
+            max_restarts=opts.max_restarts, node_label=opts.node_label,
+            nodes=[host] if host else [], relax_locality=bool(host)) for k, host in enumerate(hosts)}
         master = skein.Master(
             resources=skein.Resources(memory=opts.master_memory, vcores=opts.master_vcores),
             script=_script(opts, "master"), files=master_files, env=master_env)
         spec = skein.ApplicationSpec(
             name=name, queue=opts.queue, node_label=opts.node_label, max_attempts=opts.max_attempts,
             file_systems=list(opts.file_systems), tags=list(opts.tags) or ["iterreduce"],
-            master=master, services={"worker": worker})  # skein validates on construction
+            master=master, services=workers)  # skein validates on construction
     except (ValueError, TypeError) as exc:
         raise AppSpecError(f"invalid YARN application spec: {exc}") from exc
     return spec

@@ -145,7 +145,8 @@ function renderWorkers(state) {
   const body = $("workers").tBodies[0];
   body.replaceChildren(...state.workers.map(w => {
     const row = document.createElement("tr");
-    cells(row, [w.name, w.state, w.host, (w.shards || []).join(" "), w.restarts,
+    cells(row, [w.name, w.state, w.host, w.local == null ? "" : Math.round(100 * w.local) + " %",
+      (w.shards || []).join(" "), w.restarts,
       w.samples_per_s === null ? "" : Math.round(w.samples_per_s),
       w.heartbeat_age_s === null ? "" : w.heartbeat_age_s.toFixed(1) + " s ago"]);
     return row;
@@ -167,7 +168,7 @@ function render(state) {
   renderProgress(state);
   once("charts", state.charts, () => renderCharts(state));
   renderImages(state);
-  once("workers", state.workers.map(w => [w.name, w.state, w.host, w.shards, w.restarts,
+  once("workers", state.workers.map(w => [w.name, w.state, w.host, w.local, w.shards, w.restarts,
     Math.round(w.samples_per_s || 0), Math.round(w.heartbeat_age_s || 0)]), () => renderWorkers(state));
   once("events", state.events, () => renderEvents(state));
   window.liveView.state = state;

@@ -1,0 +1,245 @@
+"""Jobs on a real three-node Hadoop 3 (tests/minihadoop.py with ``nodes=3``): each node a DataNode
+and a NodeManager in a JVM of its own, on 127.0.0.2-4, blocks replicated twice. What one node
+cannot show: workers placed next to their data by the blocks' real places, and a node, its
+NodeManager or its DataNode lost while a job trains."""
+
+from __future__ import annotations
+
+import sys
+import time
+from urllib.parse import urlparse
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from yarnjobs import N_FEATURES, job_file, shared_driver
+from dbn import DBN
+from dbn.cli import main
+from iterreduce.shards import write_shards
+
+pytestmark = [pytest.mark.multinode, pytest.mark.yarn, pytest.mark.hdfs,
+              pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """A three-node Hadoop for this module; GPUs (2 units) declared on the first node only."""
+    import os
+
+    from minihadoop import HadoopError, MiniHadoop, ToolMissing
+
+    try:
+        hadoop = MiniHadoop(nodes=3, gpus=2, memory_mb=4096, base_dir=tmp_path_factory.mktemp("multinode"),
+                            keep=bool(os.environ.get("DBN_HADOOP_KEEP"))).start()
+    except ToolMissing as exc:
+        pytest.skip(str(exc))
+    except HadoopError as exc:
+        pytest.fail(f"cannot start the three-node Hadoop: {exc}", pytrace=False)
+    try:
+        yield hadoop
+    finally:
+        hadoop.stop()
+
+
+@pytest.fixture(scope="module")
+def yarn(cluster, tmp_path_factory):
+    with shared_driver(cluster, tmp_path_factory.mktemp("skein")) as yarn:
+        yield yarn
+
+
+def data(rows=900, seed=0):
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, rows)
+    X = (rng.random((rows, N_FEATURES)) < 0.2 + 0.2 * y[:, None] * (np.arange(N_FEATURES) % 3 == y[:, None])
+         ).astype(np.float32)
+    return X, y
+
+
+def job(tmp_path, output, *, epochs=8, finetune=6, workers=3, gpus=0, cluster_extra="", data_extra=""):
+    """A small job run with this checkout's Python on every node (no environment shipped)."""
+    path = job_file(tmp_path, output, workers=workers, epochs=epochs, finetune=finetune, gpus=gpus,
+                    extra=f'python = "{sys.executable}"', cluster_extra=cluster_extra)
+    if data_extra:
+        text = open(path).read()
+        start = text.index("[data]")
+        end = text.index("[model]")
+        open(path, "w").write(text[:start] + "[data]\n" + data_extra + "\n" + text[end:])
+    return path
+
+
+def submit(capsys, *args) -> str:
+    assert main(["submit", *args, "--quiet"]) == 0
+    return capsys.readouterr().out.strip()
+
+
+def registered(yarn, output: str) -> dict[str, dict]:
+    """Each worker's newest registration in the job's log on HDFS: host and local share."""
+    records = yarn.hdfs_json_lines(urlparse(output).path + "/log.jsonl")
+    return {r["worker"].split("#")[0]: r for r in records if r.get("event") == "worker_registered"}
+
+
+def node_of(yarn, host: str) -> int:
+    return yarn.hadoop.node_hosts.index(host)
+
+
+def wait_running_workers(yarn, app_id, n, timeout=120):
+    deadline = time.monotonic() + timeout
+    yarn.wait(app_id, states=("RUNNING", "FINISHED", "FAILED", "KILLED"), timeout=timeout)
+    while len(running := yarn.containers(app_id, states=["RUNNING"])) < n:
+        report = yarn.report(app_id)
+        assert str(report.state) not in ("FINISHED", "FAILED", "KILLED"), report.diagnostics
+        assert time.monotonic() < deadline, f"{app_id}: {len(running)} of {n} workers running after {timeout} s"
+        time.sleep(0.5)
+    return running
+
+
+def test_the_cluster_has_three_nodes_each_its_own_host(yarn):
+    hosts = sorted(yarn.hadoop.node_hosts)
+    assert yarn.hadoop.live_nodes() == (hosts, hosts)
+    nodes = {n.id.split(":")[0]: n for n in yarn.client.get_nodes()}
+    assert sorted(nodes) == hosts
+    assert [nodes[h].total_resources.gpus for h in yarn.hadoop.node_hosts] == [2, 0, 0]
+
+
+def test_workers_run_where_their_shards_are_and_say_so(yarn, tmp_path, capsys):
+    """Issue 40: three shards spread over three nodes (two replicas each): every worker runs on a
+    node holding its shard (the replicas spread them where they can), reads all of its bytes there,
+    and `dbn status` and the job's log say so."""
+    X, y = data()
+    shards = yarn.hadoop.uri("/data/spread")
+    write_shards(X, y, shards, 3)
+    output = yarn.hadoop.uri("/user/test/spread")
+    app_id = submit(capsys, job(tmp_path, output, epochs=12, cluster_extra=f'shards = "{shards}"'))
+    yarn.wait_step(app_id, 1)
+    code = main(["status", app_id])
+    out = capsys.readouterr().out
+    assert code == 0 and "workers: worker-0 on 127.0.0." in out and "% of its data there)" in out, out
+    placed = wait_running_workers(yarn, app_id, 3)
+    on = {c.id.split("_")[0]: c.yarn_node_http_address.split(":")[0] for c in placed}
+    report = yarn.wait(app_id, timeout=300)
+    assert str(report.final_status) == "SUCCEEDED", (report.diagnostics, yarn.node_logs(app_id))
+    records = yarn.hdfs_json_lines(urlparse(output).path + "/log.jsonl")
+    events = [r for r in records if r.get("event", "").startswith("worker_")]
+    assert sorted((r["event"], r["worker"].split("#")[0]) for r in events) == [
+        ("worker_registered", f"worker-{k}") for k in range(3)], events  # none lost or restarted
+    for r in events:
+        name = r["worker"].split("#")[0]
+        assert r["host"] == on[name] and r["local"] >= 0.9, (name, r, on)  # issue 40's bar: 90 %
+
+
+@pytest.mark.skip(reason="issue 40, open: hdfs-native 0.14.7's hsync waits forever once a DataNode of the "
+                         "write's pipeline stops, so the master's next checkpoint write never ends")
+def test_a_datanode_stopped_mid_job_is_read_and_written_around(yarn, tmp_path, capsys):
+    """Issue 40: a DataNode holding blocks of the job's shards stops mid-job: reads go to the
+    other replicas, writes to the other DataNodes, and the job ends SUCCEEDED."""
+    X, y = data(seed=3)
+    shards = yarn.hadoop.uri("/data/dn-lost")
+    write_shards(X, y, shards, 3)
+    app_id = submit(capsys, job(tmp_path, yarn.hadoop.uri("/user/test/dn-lost"), epochs=20,
+                                cluster_extra=f'shards = "{shards}"'))
+    placed = wait_running_workers(yarn, app_id, 3)
+    yarn.wait_step(app_id, 2)
+    victim = node_of(yarn, placed[0].yarn_node_http_address.split(":")[0])
+    yarn.hadoop.stop_datanode(victim)
+    try:
+        report = yarn.wait(app_id, timeout=240)
+    finally:
+        yarn.hadoop.start_datanode(victim)  # for the next tests
+        yarn.hadoop.wait_nodes()
+    assert str(report.final_status) == "SUCCEEDED", (report.diagnostics, yarn.node_logs(app_id))
+
+
+def test_gpu_workers_land_on_the_one_node_that_declares_gpus(yarn, tmp_path, capsys):
+    """Issue 40: yarn.io/gpu on the first node only: `--worker-gpus 1` workers run there; more
+    GPU workers than it holds are refused before anything is submitted."""
+    hosts = yarn.hadoop.node_hosts
+    before = len(yarn.client.get_applications(states=["ACCEPTED", "RUNNING", "FINISHED", "FAILED", "KILLED"]))
+    assert main(["submit", job(tmp_path, yarn.hadoop.uri("/user/test/gpus3"), workers=3), "--worker-gpus", "1",
+                 "--quiet"]) == 2
+    assert "needs 3 GPUs (yarn.io/gpu) at once (master and all workers), but the cluster's 3 nodes have 2 in all" \
+        in capsys.readouterr().err
+    assert len(yarn.client.get_applications(
+        states=["ACCEPTED", "RUNNING", "FINISHED", "FAILED", "KILLED"])) == before  # none submitted
+    app_id = submit(capsys, job(tmp_path, yarn.hadoop.uri("/user/test/gpus"), workers=2, epochs=400), "--worker-gpus",
+                    "1")
+    try:
+        placed = wait_running_workers(yarn, app_id, 2)
+        assert {c.yarn_node_http_address.split(":")[0] for c in placed} == {hosts[0]}
+    finally:
+        yarn.client.kill_application(app_id)
+        yarn.wait(app_id, timeout=60)
+
+
+def write_table(fs, folder: str, files=6, rows=150) -> tuple[np.ndarray, np.ndarray]:
+    """A plain Parquet table of ``files`` files on HDFS, each its own block (placed by HDFS)."""
+    X, y = data(files * rows, seed=1)
+    for i in range(files):
+        part = slice(i * rows, (i + 1) * rows)
+        columns = {f"f{j}": X[part, j] for j in range(N_FEATURES)} | {"label": y[part]}
+        pq.write_table(pa.table(columns), f"{folder}/part-{i:05d}.parquet", filesystem=fs)
+    return X, y
+
+
+TABLE_DATA = 'train = "{table}"\nfeatures = [{features}]\nlabel = "label"\n'
+
+
+def test_a_lost_nodemanager_restarts_its_worker_elsewhere_and_the_model_matches_an_undisturbed_run(
+        yarn, tmp_path, capsys):
+    """Issue 40: a table's files spread over the nodes, each worker next to its share (>= 90 % of
+    its bytes local); the NodeManager of a worker's node stops mid-job (its containers with it):
+    YARN restarts that worker on another node, the job ends SUCCEEDED, and its model is that of
+    the same job undisturbed on the local mini-cluster, within the tolerance of one superstep
+    averaged without the lost worker's shard (docs/design.md, Faults)."""
+    X, y = write_table(yarn.hadoop.fs(), "/warehouse/spread")
+    features = ", ".join(f'"f{j}"' for j in range(N_FEATURES))
+    table = TABLE_DATA.format(table=yarn.hadoop.uri("/warehouse/spread"), features=features)
+    output = yarn.hadoop.uri("/user/test/node-lost")
+    app_id = submit(capsys, job(tmp_path, output, epochs=30, data_extra=table))
+    placed = wait_running_workers(yarn, app_id, 3)
+    yarn.wait_step(app_id, 3)
+    am_host = yarn.report(app_id).host
+    on = {c.id.split("_")[0]: c.yarn_node_http_address.split(":")[0] for c in placed}
+    victim = next(name for name in sorted(on) if on[name] != am_host)
+    yarn.hadoop.stop_nodemanager(node_of(yarn, on[victim]))
+    try:
+        report = yarn.wait(app_id, timeout=300)
+    finally:
+        yarn.hadoop.start_nodemanager(node_of(yarn, on[victim]))  # for the next tests
+        yarn.hadoop.wait_nodes()
+    assert str(report.final_status) == "SUCCEEDED", (report.diagnostics, yarn.node_logs(app_id))
+    workers = registered(yarn, output)
+    assert workers[victim]["host"] != on[victim]  # restarted on another node
+    records = yarn.hdfs_json_lines(urlparse(output).path + "/log.jsonl")
+    first = {r["worker"].split("#")[0]: r for r in reversed(records) if r.get("event") == "worker_registered"}
+    assert all(first[name]["local"] >= 0.9 for name in on), first  # issue 40's bar, as first placed
+    assert [r["event"] for r in records if r.get("event") == "worker_lost"] == ["worker_lost"]
+
+    local_out = tmp_path / "undisturbed"
+    path = job(tmp_path, str(local_out), epochs=30, data_extra=table)
+    assert main(["train", path, "--local", "3", "--quiet", "--no-ui", "--set", "cluster.processes=3"]) == 0
+    with yarn.hadoop.fs().open_input_stream(urlparse(output).path + "/model.npz") as f:
+        (tmp_path / "yarn-model.npz").write_bytes(f.read())
+    lost, undisturbed = DBN.load(tmp_path / "yarn-model.npz"), DBN.load(local_out / "model.npz")
+    p, q = lost.predict_proba(X), undisturbed.predict_proba(X)
+    assert np.abs(p - q).mean() < 0.05, np.abs(p - q).mean()
+    assert abs(np.mean(lost.predict(X) == y) - np.mean(undisturbed.predict(X) == y)) < 0.02
+
+
+def test_the_application_masters_node_lost_the_next_attempt_resumes(yarn, tmp_path, capsys):
+    """Issue 40: the node running the application master is lost (its JVM and every process it
+    started SIGKILLed, as when a machine goes): once the ResourceManager notices, YARN starts the
+    next attempt on another node, which resumes from the newest checkpoint; SUCCEEDED."""
+    X, y = data(seed=2)
+    shards = yarn.hadoop.uri("/data/am-lost")
+    write_shards(X, y, shards, 3)
+    output = yarn.hadoop.uri("/user/test/am-lost")
+    app_id = submit(capsys, job(tmp_path, output, epochs=30, cluster_extra=f'shards = "{shards}"'))
+    yarn.wait_step(app_id, 4)
+    yarn.hadoop.kill_node(node_of(yarn, yarn.report(app_id).host))
+    report = yarn.wait(app_id, timeout=300)
+    assert str(report.final_status) == "SUCCEEDED", (report.diagnostics, yarn.node_logs(app_id))
+    records = yarn.hdfs_json_lines(urlparse(output).path + "/log.jsonl")
+    resumed = [r for r in records if r.get("event") == "resumed"]
+    assert len(resumed) == 1 and resumed[0]["step"] >= 1, resumed
