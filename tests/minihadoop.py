@@ -436,6 +436,8 @@ class MiniHadoop:
             # A rack a node (HDFS and YARN read the same table): YARN's relaxed requests then stay on
             # their node for a while, where one rack would let them go to any node after a few heartbeats.
             "net.topology.node.switch.mapping.impl": "org.apache.hadoop.net.TableMapping",
+            # and off-rack only after as many missed chances as rack-local (else after one, on a small cluster)
+            "yarn.scheduler.capacity.rack-locality-additional-delay": 0,
             "net.topology.table.file.name": str(self.dir / "conf" / "racks.txt"),
             # The ResourceManager's own store on local disk: HDFS has no DataNode yet when it starts.
             "yarn.node-attribute.fs-store.root-dir": f"file://{self.dir}/cluster/nodeattributes",

@@ -558,7 +558,7 @@ def test_a_table_of_fewer_pieces_than_workers_asks_yarn_for_one_container_a_shar
                            f'features = "x*"\nlabel = "label"\n', path.read_text()))
     said = []
     submission = prepare(load_spec(str(path)), log=said.append)
-    assert submission.spec.services["worker"].instances == 1
+    assert list(submission.spec.services) == ["worker-0"]  # one container
     assert submission.job["master"]["workers"] == 1
     assert submission.job["master"]["program_config"]["block_momentum"] == 0.0
     assert ("1 shard for the 3 workers asked (the table has 1 piece, a worker's unit of work (a Parquet row group, "

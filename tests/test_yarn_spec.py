@@ -323,3 +323,15 @@ def test_status_lists_each_running_workers_node_and_local_share():
     text = Status("application_1_0001", "RUNNING", "UNDEFINED", 0.5, "", "", workers=workers).describe()
     assert "workers: worker-0 on n1 (100 % of its data there), worker-1 on n2 (50 % of its data there), " \
            "worker-2 on n3" in text
+
+
+def test_a_container_takes_the_free_slot_whose_data_is_on_its_node_else_its_own():
+    from iterreduce.yarn.container import slot_order
+
+    job = {"master": {"workers": 3}, "slots": [{"host": "a", "bytes": 10, "bytes_on": {"a": 10, "b": 10}},
+                                               {"host": "b", "bytes": 10, "bytes_on": {"b": 10, "c": 10}},
+                                               {"host": "c", "bytes": 10, "bytes_on": {"c": 5, "a": 10}}]}
+    assert slot_order(job, "a", own=0) == [0, 2, 1]  # its own slot's data is here: that first
+    assert slot_order(job, "c", own=0) == [1, 2, 0]  # placed on slot 1's node: slot 1 first
+    assert slot_order(job, "z", own=2) == [2, 0, 1]  # no data here: its own slot
+    assert slot_order({"master": {"workers": 2}}, "a", own=1) == [1, 0]  # no block places known

@@ -4,7 +4,7 @@ The master and the workers are the same code as on the local mini-cluster; only
 how the processes start and find each other differs:
 
 - :mod:`.spec` builds the skein application spec (the application master's script
-  starts the iterreduce master; worker K is the one container of service ``worker-K``);
+  starts the iterreduce master; a service ``worker-K`` of one container a worker);
 - :mod:`.envpack` packs the current Python environment for the containers;
 - :mod:`.container` is what runs inside the containers (rendezvous through skein's
   key-value store, progress, checkpoints and outputs on HDFS, exit status);

@@ -223,22 +223,31 @@ def _report(app, record: dict) -> None:
         log.warning("could not report progress: %s", exc)
 
 
-def claim_slot(app, slot: int, placement: dict, timeout: float = 120.0) -> None:
-    """Hold worker slot ``slot`` in the key-value store: a key owned by this container (YARN's
-    end of the container removes it), whose value is ``placement`` (JSON: the container, its
-    host and the share of its data there, which ``dbn status`` shows). A restarted container
-    may start before YARN has released its predecessor's key, so this retries until ``timeout``.
-    """
-    key, owner = f"{KV_SLOT}{slot}", placement["container"]
+def claim_slot(app, order: list[int], where, timeout: float = 120.0) -> int:
+    """Hold the first free worker slot of ``order`` in the key-value store: a key owned by this
+    container (YARN's end of the container removes it), whose value is ``where(slot)`` (JSON: the
+    container, its host and the share of the slot's data there, which ``dbn status`` shows).
+    A restarted container may start before YARN has released its predecessor's key, so this
+    retries until ``timeout``. Returns the slot."""
     deadline = time.monotonic() + timeout
     while True:
-        result = app.kv.transaction(conditions=[skein.kv.missing(key)],
-                                    on_success=[skein.kv.put(key, value=json.dumps(placement).encode(), owner=owner)])
-        if result.succeeded:
-            return
+        for slot in order:
+            placed = where(slot)
+            result = app.kv.transaction(conditions=[skein.kv.missing(f"{KV_SLOT}{slot}")], on_success=[
+                skein.kv.put(f"{KV_SLOT}{slot}", value=json.dumps(placed).encode(), owner=placed["container"])])
+            if result.succeeded:
+                return slot
         if time.monotonic() > deadline:
-            raise JobFailed(f"worker slot {slot} still held by an earlier container after {timeout:.0f} s")
+            raise JobFailed(f"no free worker slot after {timeout:.0f} s: more worker containers than workers")
         time.sleep(1.0)
+
+
+def slot_order(job: dict, host: str, own: int) -> list[int]:
+    """The worker slots in the order a container on ``host`` tries them: most of their data's bytes
+    on this host first (YARN may place a container on another slot's node: it takes that slot,
+    and the other container this one's), then its own service's slot, then by number."""
+    workers = int(job["master"]["workers"])
+    return sorted(range(workers), key=lambda k: (-(placement(job, k, host, "")["local"] or 0.0), k != own, k))
 
 
 def placement(job: dict, slot: int, host: str, container: str) -> dict:
@@ -261,12 +270,12 @@ def run_worker(job_file: str, app: skein.ApplicationClient) -> int:
     token = app.kv.wait(KV_TOKEN).decode()
     host = os.environ.get("NM_HOST") or socket.getfqdn()
     container = os.environ.get("SKEIN_CONTAINER_ID", "")
-    slot = slot_of(container)
-    if slot is None or slot >= int(job["master"]["workers"]):
+    own = slot_of(container)
+    if own is None or own >= int(job["master"]["workers"]):
         raise JobFailed(f"container {container!r} is not one of the job's worker services "
                         f"(worker-0 to worker-{int(job['master']['workers']) - 1})")
+    slot = claim_slot(app, slot_order(job, host, own), lambda k: placement(job, k, host, container))
     where = placement(job, slot, host, container)
-    claim_slot(app, slot, where)
     name = f"worker-{slot}"
     logging.getLogger().handlers[0].setFormatter(logging.Formatter(f"%(asctime)s {name} %(levelname)s %(message)s"))
     log.info("working as %s on %s for the master at %s%s", name, host, address,

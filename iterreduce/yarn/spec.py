@@ -1,8 +1,9 @@
 """The skein application spec of an IterativeReduce job.
 
-The application master's script starts the iterreduce master; worker K is the one container
-of service ``worker-K`` (:func:`worker_service`), which asks for the node holding its data
-where that is known, and is restarted on its own. Every container gets the job file and the
+The application master's script starts the iterreduce master; each worker slot K has a service
+``worker-K`` (:func:`worker_service`) of one container, which asks for the node holding slot K's
+data where that is known, and is restarted on its own (a container that YARN places on another
+slot's node works as that slot: :func:`iterreduce.yarn.container.slot_order`). Every container gets the job file and the
 Python environment (an archive unpacked as ``environment``, or a Python already
 installed on the nodes). Validation is skein's own: a bad value raises skein's
 ``ValueError``, which :func:`build_spec` re-raises as :class:`AppSpecError` naming the option at fault.
@@ -22,7 +23,7 @@ from . import tokens
 from .envpack import ENV_DIR
 
 JOB_FILE = "job.json"
-#: Worker slot K runs as the single container of service ``worker-K``.
+#: Worker slot K's container is asked for as the single container of service ``worker-K``.
 WORKER_SERVICE = "worker-"
 
 
