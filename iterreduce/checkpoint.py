@@ -18,6 +18,7 @@ import io
 import json
 import logging
 import re
+import threading
 import time
 from concurrent import futures
 from typing import Callable
@@ -27,7 +28,7 @@ import pyarrow.fs as pafs
 
 from . import npzfile
 from .filesystems import filesystem, join, open_output_file
-from .exceptions import CheckpointError
+from .exceptions import CheckpointError, CheckpointTimeout
 
 log = logging.getLogger("iterreduce.checkpoint")
 
@@ -67,6 +68,12 @@ def save(directory: str, step: int, header: dict, arrays: dict, keep: int = 2) -
     return join(directory, name)
 
 
+#: The longest the first checkpoint write may take; later ones may take 10 times the slowest
+#: before them (at least :data:`MIN_WRITE_TIMEOUT_S`). Past that the write is given up as hung.
+FIRST_WRITE_TIMEOUT_S = 600.0
+MIN_WRITE_TIMEOUT_S = 30.0
+
+
 class Writer:
     """Saves checkpoints in a background thread, so that the next superstep computes while one is
     written (the MNIST network's 13 MB took 20-70 ms a step on local disk, more on HDFS: a
@@ -78,36 +85,67 @@ class Writer:
     starts (a killed master redoes at most one step more than with synchronous writes).
     :meth:`flush` waits for the last. ``on_saved(step, uri)`` is called from the writer's
     thread once a checkpoint is complete. The arrays must not change in place
-    while they are written (the master replaces its parameters, never writes into them)."""
+    while they are written (the master replaces its parameters, never writes into them).
+
+    A write is waited for a bounded time (:data:`FIRST_WRITE_TIMEOUT_S`, then ten times the
+    slowest so far): past it :meth:`flush` raises :class:`CheckpointTimeout`, and the write's
+    thread (a daemon) is left behind, so that a hung HDFS client cannot hang the job."""
 
     def __init__(self, on_saved: Callable[[int, str], None] | None = None):
-        self._pool = futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="checkpoint")
-        self._pending: futures.Future | None = None
+        self._pending: tuple[futures.Future, int, str] | None = None
         self._on_saved = on_saved
+        self.slowest: float | None = None  # seconds of the slowest write so far
+
+    @property
+    def timeout(self) -> float:
+        """How long the write in flight is waited for."""
+        return FIRST_WRITE_TIMEOUT_S if self.slowest is None else max(MIN_WRITE_TIMEOUT_S, 10 * self.slowest)
 
     def save(self, directory: str, step: int, header: dict, arrays: dict, keep: int = 2) -> None:
         """Start writing checkpoint ``step`` (see :func:`save`) once the one before is written."""
         self.flush()
-        self._pending = self._pool.submit(self._write, directory, step, header, dict(arrays), keep)
+        future: futures.Future = futures.Future()
+
+        def write() -> None:
+            try:
+                future.set_result(self._write(directory, step, header, dict(arrays), keep))
+            except BaseException as exc:  # noqa: BLE001 - handed to flush()
+                future.set_exception(exc)
+
+        threading.Thread(target=write, name=f"checkpoint-{step}", daemon=True).start()
+        self._pending = (future, step, directory)
 
     def _write(self, directory, step, header, arrays, keep) -> str:
         started = time.perf_counter()
         uri = save(directory, step, header, arrays, keep)
-        log.debug("checkpoint %d written in %.4f s", step, time.perf_counter() - started)
+        seconds = time.perf_counter() - started
+        self.slowest = max(self.slowest or 0.0, seconds)
+        log.debug("checkpoint %d written in %.4f s", step, seconds)
         if self._on_saved is not None:
             self._on_saved(step, uri)
         return uri
 
     def flush(self) -> str | None:
-        """Wait for the write in flight; its URI (None when there was none), or its error."""
+        """Wait for the write in flight; its URI (None when there was none), or its error
+        (:class:`CheckpointTimeout` when it did not end in :attr:`timeout` seconds)."""
         pending, self._pending = self._pending, None
-        return pending.result() if pending is not None else None
+        if pending is None:
+            return None
+        future, step, directory = pending
+        try:
+            return future.result(timeout=self.timeout)
+        except futures.TimeoutError:
+            raise CheckpointTimeout(
+                f"{directory}: checkpoint {step} still not written after {self.timeout:.0f} s (an HDFS client "
+                f"waits forever on a DataNode lost mid-write): given up; the newest complete checkpoint "
+                f"stays") from None
 
     def close(self) -> None:
-        """Wait for the write in flight without raising its error (a failing job's own error
-        is the one to report), then stop the thread."""
-        self._pending = None
-        self._pool.shutdown(wait=True)
+        """Wait (a bounded time) for the write in flight without raising its error: a failing
+        job's own error is the one to report."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            futures.wait([pending[0]], timeout=self.timeout)
 
 
 def _list(fs, path) -> list[str]:

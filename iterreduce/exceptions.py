@@ -36,6 +36,12 @@ class CheckpointError(IterReduceError, ValueError):
     """A checkpoint that is missing, unreadable or of another job."""
 
 
+class CheckpointTimeout(TimeoutError):
+    """A checkpoint write that did not end in time (an HDFS client can wait forever on a DataNode
+    lost mid-write). Not a job error: a new process, such as YARN's next attempt of the master,
+    writes where this one could not, resuming from the newest complete checkpoint."""
+
+
 class WireError(IterReduceError, ValueError):
     """A malformed or oversized tensor stream."""
 

@@ -3,6 +3,8 @@ served on 127.0.0.1:0 with Worker objects in threads (token checks, malformed an
 
 from __future__ import annotations
 
+import time
+
 import grpc
 import numpy as np
 import pyarrow as pa
@@ -161,6 +163,37 @@ def test_the_checkpoint_writer_writes_in_the_background_one_at_a_time(tmp_path):
     header, first = checkpoint.load(str(tmp_path / "ckpt-000000001.npz"))
     assert header == {"seed": 1, "step": 1} and np.array_equal(first["w"], np.arange(6.0).reshape(2, 3))
     writer.close()
+
+
+def test_a_hung_background_checkpoint_is_given_up_after_ten_times_the_slowest_write(tmp_path, monkeypatch):
+    """An HDFS client can wait forever on a DataNode lost mid-write: the writer waits a bounded
+    time (the first write long, later ones ten times the slowest, at least a floor), then raises
+    CheckpointTimeout (not a job error: the next attempt of the master resumes), and close()
+    returns though the write never ends."""
+    import threading
+
+    from iterreduce.exceptions import CheckpointTimeout, IterReduceError
+
+    monkeypatch.setattr(checkpoint, "MIN_WRITE_TIMEOUT_S", 0.3)
+    writer = checkpoint.Writer()
+    assert writer.timeout == checkpoint.FIRST_WRITE_TIMEOUT_S
+    writer.save(str(tmp_path), 1, {}, {"w": np.zeros(2)})
+    assert writer.flush() == str(tmp_path / "ckpt-000000001.npz")
+    assert writer.slowest is not None and writer.timeout == max(0.3, 10 * writer.slowest)
+    hung = threading.Event()
+    real_save = checkpoint.save
+    monkeypatch.setattr(checkpoint, "save", lambda *args, **kw: hung.wait(60) or real_save(*args, **kw))
+    writer.save(str(tmp_path), 2, {}, {"w": np.zeros(2)})
+    started = time.monotonic()
+    with pytest.raises(CheckpointTimeout, match="checkpoint 2 still not written after"):
+        writer.flush()
+    assert time.monotonic() - started < 5
+    assert not isinstance(CheckpointTimeout("x"), (IterReduceError, ValueError))  # a crash, not a job error
+    writer.save(str(tmp_path), 3, {}, {"w": np.zeros(2)})
+    started = time.monotonic()
+    writer.close()  # the hung write is left to its daemon thread
+    assert time.monotonic() - started < 5
+    hung.set()
 
 
 def test_a_failed_background_checkpoint_is_raised_by_the_next_save_and_flush(tmp_path):
