@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from itertools import product
 from pathlib import Path
 
@@ -138,19 +137,12 @@ def hadoop(tmp_path_factory):
     Skips only when Java 17+ or Maven is missing; when the cluster cannot start (or its
     jars cannot be fetched) the tests fail, saying why. ``DBN_HADOOP_KEEP=1`` keeps its folder
     (data and every daemon's and container's logs) for a look after the session."""
-    from minihadoop import HadoopError, MiniHadoop, ToolMissing
+    from minihadoop import MiniHadoop
+    from yarnjobs import KEEP_CLUSTERS, started
 
-    try:
-        cluster = MiniHadoop(base_dir=tmp_path_factory.mktemp("hadoop"),
-                             keep=bool(os.environ.get("DBN_HADOOP_KEEP"))).start()
-    except ToolMissing as exc:
-        pytest.skip(str(exc))
-    except HadoopError as exc:
-        pytest.fail(f"cannot start the real Hadoop: {exc}", pytrace=False)
-    try:
+    with started(MiniHadoop(base_dir=tmp_path_factory.mktemp("hadoop"), keep=KEEP_CLUSTERS),
+                 "the real Hadoop") as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="session")
@@ -167,16 +159,9 @@ def secure_hadoop(tmp_path_factory):
     cluster's own ticket cache (``secure_hadoop.env()`` names it, with ``KRB5_CONFIG`` and
     ``HADOOP_CONF_DIR``). Skips only when Java 17+ or Maven is missing; when the cluster cannot start
     the tests fail, saying why. ``DBN_HADOOP_KEEP=1`` keeps its folder, as for :func:`hadoop`."""
-    from securehadoop import HadoopError, SecureHadoop, ToolMissing
+    from securehadoop import SecureHadoop
+    from yarnjobs import KEEP_CLUSTERS, started
 
-    try:
-        cluster = SecureHadoop(base_dir=tmp_path_factory.mktemp("securehadoop"),
-                               keep=bool(os.environ.get("DBN_HADOOP_KEEP"))).start()
-    except ToolMissing as exc:
-        pytest.skip(str(exc))
-    except HadoopError as exc:
-        pytest.fail(f"cannot start the Kerberos-secured Hadoop: {exc}", pytrace=False)
-    try:
+    with started(SecureHadoop(base_dir=tmp_path_factory.mktemp("securehadoop"), keep=KEEP_CLUSTERS),
+                 "the Kerberos-secured Hadoop") as cluster:
         yield cluster
-    finally:
-        cluster.stop()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from pathlib import Path
 from urllib.parse import urlparse
 
 import numpy as np
@@ -15,7 +16,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from yarnjobs import N_FEATURES, job_file, shared_driver
+from yarnjobs import KEEP_CLUSTERS, N_FEATURES, job_file, shared_driver, started
 from dbn import DBN
 from dbn.cli import main
 from iterreduce.shards import write_shards
@@ -28,21 +29,11 @@ pytestmark = [pytest.mark.multinode, pytest.mark.yarn, pytest.mark.hdfs,
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """A three-node Hadoop for this module; GPUs (2 units) declared on the first node only."""
-    import os
+    from minihadoop import MiniHadoop
 
-    from minihadoop import HadoopError, MiniHadoop, ToolMissing
-
-    try:
-        hadoop = MiniHadoop(nodes=3, gpus=2, memory_mb=4096, base_dir=tmp_path_factory.mktemp("multinode"),
-                            keep=bool(os.environ.get("DBN_HADOOP_KEEP"))).start()
-    except ToolMissing as exc:
-        pytest.skip(str(exc))
-    except HadoopError as exc:
-        pytest.fail(f"cannot start the three-node Hadoop: {exc}", pytrace=False)
-    try:
+    with started(MiniHadoop(nodes=3, gpus=2, memory_mb=4096, base_dir=tmp_path_factory.mktemp("multinode"),
+                            keep=KEEP_CLUSTERS), "the three-node Hadoop") as hadoop:
         yield hadoop
-    finally:
-        hadoop.stop()
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +54,9 @@ def job(tmp_path, output, *, epochs=8, finetune=6, workers=3, gpus=0, cluster_ex
     """A small job run with this checkout's Python on every node (no environment shipped)."""
     path = job_file(tmp_path, output, workers=workers, epochs=epochs, finetune=finetune, gpus=gpus,
                     extra=f'python = "{sys.executable}"', cluster_extra=cluster_extra)
-    if data_extra:
-        text = open(path).read()
-        start = text.index("[data]")
-        end = text.index("[model]")
-        open(path, "w").write(text[:start] + "[data]\n" + data_extra + "\n" + text[end:])
+    if data_extra:  # the [data] section replaced
+        text = Path(path).read_text()
+        Path(path).write_text(text[:text.index("[data]")] + "[data]\n" + data_extra + "\n" + text[text.index("[model]"):])
     return path
 
 

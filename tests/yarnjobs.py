@@ -17,6 +17,29 @@ from iterreduce.yarn import client as yarn_client
 
 N_FEATURES = 16
 TERMINAL = ("FINISHED", "FAILED", "KILLED")
+#: ``DBN_HADOOP_KEEP=1`` keeps the test clusters' folders (data, every daemon's and container's logs).
+KEEP_CLUSTERS = bool(os.environ.get("DBN_HADOOP_KEEP"))
+
+
+@contextlib.contextmanager
+def started(cluster, what: str):
+    """``cluster`` (a :class:`minihadoop.MiniHadoop`, not yet started) started for some tests and
+    stopped after them, also when they fail. Skips only when Java 17+ or Maven is missing; when
+    the cluster cannot start (or its jars cannot be fetched) the tests fail, naming ``what``."""
+    import pytest
+
+    from minihadoop import HadoopError, ToolMissing
+
+    try:
+        cluster.start()
+    except ToolMissing as exc:
+        pytest.skip(str(exc))
+    except HadoopError as exc:
+        pytest.fail(f"cannot start {what}: {exc}", pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 class Yarn:
