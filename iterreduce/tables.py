@@ -24,7 +24,6 @@ import dataclasses
 import difflib
 import fnmatch
 import functools
-import heapq
 import json
 import operator
 from dataclasses import dataclass
@@ -378,20 +377,49 @@ def _row_groups(fragment: ds.FileFragment) -> list[int]:
         raise ShardError(f"{fragment.path}: not a readable data file ({type(exc).__name__}: {exc})") from exc
 
 
-def assign(pieces: list[Piece], workers: int) -> list[list[Piece]]:
+def assign(pieces: list[Piece], workers: int, homes: list[dict[str, int]] | None = None) -> list[list[Piece]]:
     """``pieces`` split among ``workers``, balanced by rows: the largest piece first goes to the
     worker with the fewest rows so far (the lower number on a tie), so no worker has more than
     the mean plus one piece. Deterministic; each worker's pieces keep their order in ``pieces``
-    (a file's row groups read in turn). A worker may get none when pieces are few."""
+    (a file's row groups read in turn). A worker may get none when pieces are few.
+
+    ``homes``: where each piece's bytes are stored (``{host: bytes}``, one per piece), so that
+    each worker's pieces share a host, on which it can then run. Each worker is given a host
+    first (:func:`worker_hosts`); a piece then goes to a worker below the mean whose host holds
+    the most of it, the fewest rows first, and only where none does, to the worker with the
+    fewest rows: the same bound on a worker's rows."""
     if not isinstance(workers, int) or workers < 1:
         raise TableError(f"cannot assign pieces to {workers!r} workers: need 1 or more")
-    loads = [(0, w) for w in range(workers)]  # a heap of (rows, worker)
+    hosts = worker_hosts(homes, workers) if homes else [None] * workers
+    mean = sum(p.rows for p in pieces) / workers
+    rows = [0] * workers
     chosen: list[list[int]] = [[] for _ in range(workers)]
     for i in sorted(range(len(pieces)), key=lambda i: -pieces[i].rows):  # stable: ties keep their order
-        rows, w = heapq.heappop(loads)
+        on = homes[i] if homes else {}
+        local = [w for w in range(workers) if on.get(hosts[w], 0) > 0 and rows[w] < mean]
+        w = min(local or range(workers), key=lambda w: (-on.get(hosts[w], 0), rows[w], w))
         chosen[w].append(i)
-        heapq.heappush(loads, (rows + pieces[i].rows, w))
+        rows[w] += pieces[i].rows
     return [[pieces[i] for i in sorted(mine)] for mine in chosen]
+
+
+def worker_hosts(homes: list[dict[str, int]], workers: int) -> list[str | None]:
+    """A host for each of ``workers``, spread by the bytes the hosts hold (``homes``: each piece's
+    ``{host: bytes}``): each next worker goes to the host with the most bytes per worker so far
+    (by name on a tie); None for all where no host is known."""
+    held: dict[str, int] = {}
+    for on in homes:
+        for host, n in on.items():
+            held[host] = held.get(host, 0) + n
+    if not held:
+        return [None] * workers
+    count: dict[str, int] = {}
+    hosts = []
+    for _ in range(workers):
+        host = min(held, key=lambda h: (-held[h] / (1 + count.get(h, 0)), h))
+        count[host] = count.get(host, 0) + 1
+        hosts.append(host)
+    return hosts
 
 
 # ------------------------------------------------------------------ reading

@@ -21,6 +21,7 @@ from dbn import DBN
 from dbn.cli import main
 from iterreduce.shards import write_shards
 from iterreduce.yarn import client as yarn_client
+from iterreduce.yarn.relax import SPARE_SERVICE
 
 pytestmark = [pytest.mark.multinode, pytest.mark.yarn, pytest.mark.hdfs,
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -50,10 +51,14 @@ def data(rows=900, seed=0):
     return X, y
 
 
+#: Seconds a worker waits for its data's node (strictly) before any node: short, for lost nodes' tests.
+LOCALITY_WAIT = 5
+
+
 def job(tmp_path, output, *, epochs=8, finetune=6, workers=3, gpus=0, cluster_extra="", data_extra=""):
     """A small job run with this checkout's Python on every node (no environment shipped)."""
     path = job_file(tmp_path, output, workers=workers, epochs=epochs, finetune=finetune, gpus=gpus,
-                    extra=f'python = "{sys.executable}"', cluster_extra=cluster_extra)
+                    extra=f'python = "{sys.executable}"\nlocality_wait = {LOCALITY_WAIT}', cluster_extra=cluster_extra)
     if data_extra:  # the [data] section replaced
         text = Path(path).read_text()
         Path(path).write_text(text[:text.index("[data]")] + "[data]\n" + data_extra + "\n" + text[text.index("[model]"):])
@@ -95,9 +100,9 @@ def test_the_cluster_has_three_nodes_each_its_own_host(yarn):
 
 
 def test_workers_run_where_their_shards_are_and_say_so(yarn, tmp_path, capsys):
-    """Issue 40: three shards spread over three nodes (two replicas each): every worker runs on a
-    node holding its shard (the replicas spread them where they can), reads all of its bytes there,
-    and `dbn status` and the job's log say so."""
+    """Issue 40: three shards spread over three nodes (two replicas each): every worker is asked
+    for on a node holding its shard (the replicas spread them where they can), strictly, runs
+    there and reads all of its bytes there, and `dbn status` and the job's log say so."""
     X, y = data()
     shards = yarn.hadoop.uri("/data/spread")
     write_shards(X, y, shards, 3)
@@ -107,7 +112,9 @@ def test_workers_run_where_their_shards_are_and_say_so(yarn, tmp_path, capsys):
     code = main(["status", app_id])
     out = capsys.readouterr().out
     assert code == 0 and "workers: worker-0 on 127.0.0." in out and "% of its data there)" in out, out
-    containers = {c.yarn_node_http_address.split(":")[0] for c in wait_running_workers(yarn, app_id, 3)}
+    placed = wait_running_workers(yarn, app_id, 3)
+    assert SPARE_SERVICE not in {c.service_name for c in placed}  # none had to wait for its node
+    containers = {c.yarn_node_http_address.split(":")[0] for c in placed}
     report = yarn.wait(app_id, timeout=300)
     assert str(report.final_status) == "SUCCEEDED", (report.diagnostics, yarn.node_logs(app_id))
     records = yarn.hdfs_json_lines(urlparse(output).path + "/log.jsonl")
@@ -115,14 +122,14 @@ def test_workers_run_where_their_shards_are_and_say_so(yarn, tmp_path, capsys):
     assert sorted((r["event"], r["worker"].split("#")[0]) for r in events) == [
         ("worker_registered", f"worker-{k}") for k in range(3)], events  # none lost or restarted
     print("placements:", [(r["worker"], r["host"], r["local"]) for r in events])
-    assert {r["host"] for r in events} == containers and all(0 <= r["local"] <= 1 for r in events), events
-    # What the job asked for is all local; where YARN put the containers is its delay scheduling's
-    # call (on three nodes it gives a node up after three missed heartbeats): issue 40's 90 % bar
-    # is measured here (printed above), not yet held.
+    assert {r["host"] for r in events} == containers, events
     from dbn.jobs.yarn import CACHE
 
     shipped = json.loads(max((CACHE / "submissions").glob("*/job.json"), key=lambda p: p.stat().st_mtime).read_text())
     assert all(s["bytes_on"][s["host"]] == s["bytes"] > 0 for s in shipped["slots"]), shipped["slots"]
+    # Issue 40's bar: at least 90 % of each worker's bytes local, as YARN placed the containers.
+    assert [r["local"] for r in events] == [1.0] * 3 and [r["host"] for r in events] == [
+        shipped["slots"][int(r["worker"].split("#")[0][len("worker-"):])]["host"] for r in events], events
 
 
 def test_a_datanode_stopped_mid_job_is_read_and_written_around(yarn, tmp_path, capsys):
@@ -183,10 +190,16 @@ def write_table(fs, folder: str, files=6, rows=150) -> tuple[np.ndarray, np.ndar
 TABLE_DATA = 'train = "{table}"\nfeatures = [{features}]\nlabel = "label"\n'
 
 
+#: Long enough (about a minute here) for a lost worker to come back: the node's expiry (15 s), the
+#: locality wait and a container's start.
+EPOCHS, FINETUNE = 40, 60
+
+
 def test_a_lost_nodemanager_restarts_its_worker_elsewhere_and_the_model_matches_an_undisturbed_run(
         yarn, tmp_path, capsys):
-    """Issue 40: a table's files spread over the nodes; the NodeManager of a worker's node stops
-    mid-job (its containers with it):
+    """Issue 40: a table's files spread over the nodes, its shares cut by where they are, each
+    worker on a node holding its share; the NodeManager of a worker's node stops mid-job (its
+    containers with it):
     YARN restarts that worker on another node, the job ends SUCCEEDED, and its model is that of
     the same job undisturbed on the local mini-cluster within docs/yarn.md's tolerance (the lost
     workers' shards sit out the supersteps until the workers are back)."""
@@ -194,7 +207,7 @@ def test_a_lost_nodemanager_restarts_its_worker_elsewhere_and_the_model_matches_
     features = ", ".join(f'"f{j}"' for j in range(N_FEATURES))
     table = TABLE_DATA.format(table=yarn.hadoop.uri("/warehouse/spread"), features=features)
     output = yarn.hadoop.uri("/user/test/node-lost")
-    app_id = submit(capsys, job(tmp_path, output, epochs=20, finetune=40, data_extra=table))
+    app_id = submit(capsys, job(tmp_path, output, epochs=EPOCHS, finetune=FINETUNE, data_extra=table))
     wait_running_workers(yarn, app_id, 3)
     yarn.wait_step(app_id, 3)
     am_host = yarn.report(app_id).host
@@ -209,18 +222,27 @@ def test_a_lost_nodemanager_restarts_its_worker_elsewhere_and_the_model_matches_
         yarn.hadoop.wait_nodes()
     assert str(report.final_status) == "SUCCEEDED", (report.diagnostics, yarn.node_logs(app_id))
     workers = registered(yarn, output)
-    assert workers[victim]["host"] != on[victim]  # restarted on another node
     records = yarn.hdfs_json_lines(urlparse(output).path + "/log.jsonl")
+    comebacks = [r for r in records if r.get("event") == "worker_registered" and r["worker"].startswith(f"{victim}#")]
+    assert len(comebacks) == 2, comebacks  # back before the job ended (the node's expiry, the wait, a start)
+    assert workers[victim]["host"] != on[victim]  # restarted on another node
+    # Its restart asked for the lost node strictly; the master withdrew it after the wait.
+    logs = yarn.node_logs(app_id, tail=10**6)
+    assert f"no container on its data's node after {LOCALITY_WAIT} s; asked for one on any node instead" in logs
     first = {r["worker"].split("#")[0]: r for r in reversed(records) if r.get("event") == "worker_registered"}
     from dbn.jobs.yarn import CACHE
 
     shipped = json.loads(max((CACHE / "submissions").glob("*/job.json"), key=lambda p: p.stat().st_mtime).read_text())
     print("first placements:", {name: (r["host"], r.get("local")) for name, r in first.items()},
           "asked:", shipped["slots"])
+    # Issue 40's bar on a table: its shares were cut by where the files are, and each worker ran on
+    # a node holding at least 90 % of its share's bytes before the node was lost.
+    assert sorted(first) == ["worker-0", "worker-1", "worker-2"] and all(
+        r["local"] >= 0.9 for r in first.values()), first
     assert sorted(r["worker"].split("#")[0] for r in records if r.get("event") == "worker_lost") == lost
 
     local_out = tmp_path / "undisturbed"
-    path = job(tmp_path, str(local_out), epochs=20, finetune=40, data_extra=table)
+    path = job(tmp_path, str(local_out), epochs=EPOCHS, finetune=FINETUNE, data_extra=table)
     assert main(["train", path, "--local", "3", "--quiet", "--no-ui", "--set", "cluster.processes=3"]) == 0
     with yarn.hadoop.fs().open_input_stream(urlparse(output).path + "/model.npz") as f:
         (tmp_path / "yarn-model.npz").write_bytes(f.read())

@@ -347,6 +347,35 @@ def test_assign_is_longest_first_to_the_least_loaded():
             assign(listed, workers)
 
 
+def test_assign_with_homes_keeps_each_workers_pieces_on_one_host_where_the_replicas_allow():
+    from iterreduce.tables import worker_hosts
+
+    # Six files of one block, two replicas each, over three nodes (as HDFS spreads them).
+    homes = [{"a": 10, "b": 10}, {"b": 10, "c": 10}, {"a": 10, "c": 10}, {"a": 10, "b": 10}, {"b": 10, "c": 10},
+             {"a": 10, "c": 10}]
+    listed = fake_pieces([10] * 6)
+    assert worker_hosts(homes, 3) == ["a", "b", "c"]
+    got = assign(listed, 3, homes)
+    assert [sum(p.rows for p in mine) for mine in got] == [20, 20, 20]
+    for host, mine in zip("abc", got):
+        assert all(homes[listed.index(p)].get(host) for p in mine), (host, mine)  # every byte local
+    assert assign(listed, 3, [{}] * 6) == assign(listed, 3)  # nothing known: by rows alone
+    assert worker_hosts([{"a": 25, "b": 10}], 3) == ["a", "a", "b"]  # bytes per worker: a 25, 12.5, 8.3; b 10
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3, 7])
+def test_assign_with_homes_keeps_the_balance_bound(workers):
+    rng = np.random.default_rng(workers)
+    listed = fake_pieces(rng.integers(1, 1000, 40).tolist())
+    hosts = ["h1", "h2", "h3", "h4"]
+    homes = [{h: int(rng.integers(1, 100)) for h in rng.choice(hosts, 2, replace=False)} for _ in listed]
+    got = assign(listed, workers, homes)
+    assert got == assign(list(listed), workers, homes)
+    assert sorted(p.path for mine in got for p in mine) == sorted(p.path for p in listed)
+    mean = sum(p.rows for p in listed) / workers
+    assert max(sum(p.rows for p in mine) for mine in got) <= mean + max(p.rows for p in listed)
+
+
 @pytest.mark.parametrize("workers", [1, 2, 3, 4, 7, 40])
 def test_assign_balances_rows_deterministically(spark_table, workers):
     root, _ = spark_table

@@ -119,11 +119,96 @@ def test_spec_yaml_round_trip():
                                                         slot_hosts=["h1", "h2", ""]))
     again = skein.ApplicationSpec.from_yaml(spec.to_yaml())
     assert again.to_dict() == spec.to_dict()
-    assert again.services["worker-0"].nodes == ["h1"] and again.services["worker-0"].relax_locality
+    assert again.services["worker-0"].nodes == ["h1"] and not again.services["worker-0"].relax_locality
     assert again.services["worker-1"].nodes == ["h2"]
-    assert again.services["worker-2"].nodes == [] and not again.services["worker-2"].relax_locality
+    assert again.services["worker-2"].nodes == []  # nothing known: YARN places it anywhere
     with pytest.raises(ValueError, match="2 worker hosts for 3 workers"):
         build_spec("x", "/tmp/job.json", YarnOptions(env_archive="/tmp/env.tar.gz", workers=3, slot_hosts=["h1", "h2"]))
+
+
+def test_workers_ask_for_their_nodes_strictly_while_the_master_waits_else_as_a_preference():
+    from iterreduce.yarn.relax import SPARE_SERVICE, WAIT_VAR, strict_services
+
+    base = dict(env_archive="/tmp/env.tar.gz", workers=2, slot_hosts=["h1", ""], max_restarts=3)
+    spec = build_spec("x", "/tmp/job.json", YarnOptions(**base, locality_wait=20))
+    assert strict_services(spec) == ["worker-0"] and spec.master.env[WAIT_VAR] == "20"
+    spare = spec.services[SPARE_SERVICE]
+    assert spare.instances == 0 and spare.nodes == [] and spare.max_restarts == 6  # any worker's restarts
+    assert spare.resources == spec.services["worker-0"].resources
+    for opts in (YarnOptions(**base, locality_wait=0), YarnOptions(**base, worker_gpus=1),
+                 YarnOptions(**{**base, "slot_hosts": []})):  # no wait, GPU workers, no data places: YARN's delay
+        spec = build_spec("x", "/tmp/job.json", opts)
+        assert strict_services(spec) == [] and SPARE_SERVICE not in spec.services and WAIT_VAR not in spec.master.env
+        assert spec.services["worker-0"].relax_locality == bool(opts.slot_hosts)
+    with pytest.raises(ValueError, match="locality_wait must be >= 0 seconds, got -1"):
+        build_spec("x", "/tmp/job.json", YarnOptions(**base, locality_wait=-1))
+
+
+class FakeApp:
+    """The skein calls the relaxer makes, on a list of containers."""
+
+    def __init__(self, containers):
+        self.containers, self.killed, self.added = containers, [], []
+
+    def get_containers(self, services, states):
+        return [c for c in self.containers if c.service_name in services and c.state.lower() in states
+                and c.id not in self.killed]
+
+    def kill_container(self, id):
+        self.killed.append(id)
+
+    def add_container(self, service):
+        self.added.append(service)
+
+
+def test_a_worker_waiting_longer_than_the_wait_is_withdrawn_and_a_spare_asked_for():
+    from types import SimpleNamespace
+
+    from iterreduce.yarn.relax import SPARE_SERVICE, Relaxer
+
+    def container(id, state):
+        return SimpleNamespace(id=id, service_name=id.split("_")[0], state=state)
+
+    now = [100.0]
+    app = FakeApp([container("worker-0_0", "RUNNING"), container("worker-1_0", "REQUESTED"),
+                   container("worker-2_0", "REQUESTED")])
+    relaxer = Relaxer(app, ["worker-0", "worker-1"], wait=10, clock=lambda: now[0])
+    assert relaxer.check() == []  # first seen waiting now
+    now[0] = 109.9
+    assert relaxer.check() == []
+    app.containers.append(container("worker-1_1", "REQUESTED"))  # e.g. a restart, seen from now on
+    now[0] = 110.0
+    assert relaxer.check() == ["worker-1_0"]  # worker-2 is not strict: not watched
+    assert app.killed == ["worker-1_0"] and app.added == [SPARE_SERVICE]
+    now[0] = 119.0
+    assert relaxer.check() == []
+    now[0] = 120.0
+    assert relaxer.check() == ["worker-1_1"] and relaxer.withdrawn == ["worker-1_0", "worker-1_1"]
+
+
+def test_the_master_relaxes_only_what_its_spec_and_environment_ask(monkeypatch):
+    from types import SimpleNamespace
+
+    from iterreduce.yarn.relax import WAIT_VAR, Relaxer
+
+    spec = build_spec("x", "/tmp/job.json", YarnOptions(env_archive="/tmp/env.tar.gz", workers=2, slot_hosts=["h1", "h2"]))
+    app = SimpleNamespace(get_specification=lambda: spec)
+    monkeypatch.setenv(WAIT_VAR, spec.master.env[WAIT_VAR])
+    relaxer = Relaxer.from_container(app)
+    assert relaxer.services == ["worker-0", "worker-1"] and relaxer.wait == 15
+    for value in ("", "0", "soon"):
+        monkeypatch.setenv(WAIT_VAR, value)
+        assert Relaxer.from_container(app) is None
+
+
+def test_a_spare_container_takes_the_free_slot_with_the_most_of_its_data_on_its_node():
+    from iterreduce.yarn.container import slot_order
+
+    job = {"master": {"workers": 3}, "slots": [{"host": "a", "bytes": 10, "bytes_on": {"a": 10}},
+                                               {"host": "b", "bytes": 10, "bytes_on": {"b": 10, "c": 4}},
+                                               {"host": "c", "bytes": 10, "bytes_on": {"c": 10}}]}
+    assert slot_order(job, "c", own=None) == [2, 1, 0]
+    assert slot_order(job, "z", own=None) == [0, 1, 2]
 
 
 def test_a_worker_container_names_its_slot():

@@ -78,9 +78,10 @@ class TrainingData(ABC):
         """``(features a row, whether the rows have labels)``, read cheaply where the data allows it."""
 
     @abstractmethod
-    def shards(self, folder: str, n: int) -> list[str]:
+    def shards(self, folder: str, n: int, locate=None) -> list[str]:
         """The URIs of the shards ``n`` workers read, written into ``folder`` where the data is
-        not shards already (only shards written there are ever replaced)."""
+        not shards already (only shards written there are ever replaced). ``locate``: where files'
+        blocks are (:func:`iterreduce.yarn.locality.file_blocks`), for data cut by where it is stored."""
 
     def cut_message(self, n: int, folder: str) -> str:
         """What :meth:`shards` does for ``n`` workers into ``folder``, for the log."""
@@ -134,7 +135,7 @@ class ShardFolder(TrainingData):
     def width(self):
         return self._infos[0]["features"], all(info["labels"] for info in self._infos)
 
-    def shards(self, folder: str, n: int) -> list[str]:
+    def shards(self, folder: str, n: int, locate=None) -> list[str]:
         return list_shards(self.uri)
 
     def source_note(self, n: int) -> None:
@@ -193,8 +194,8 @@ class Table(TrainingData):
     def width(self):
         return self._layout[1], True
 
-    def shards(self, folder: str, n: int) -> list[str]:
-        return table_shards(self.data, n, folder)
+    def shards(self, folder: str, n: int, locate=None) -> list[str]:
+        return table_shards(self.data, n, folder, locate)
 
     def cut_message(self, n: int, folder: str) -> str:
         at = "" if self.data.version is None else f" at {self.data.format} version {self.data.version}"
@@ -231,7 +232,7 @@ class DataFile(TrainingData):
             raise no_labels(self.uri, data.label)
         return X.shape[1], True
 
-    def shards(self, folder: str, n: int) -> list[str]:
+    def shards(self, folder: str, n: int, locate=None) -> list[str]:  # written fresh: stored where HDFS puts it
         data = self.spec.data
         return shard_dataset(self.uri, folder, n, split="train", mnist_dir=data.mnist_dir, limit=data.limit,
                              label=data.label, labels=self.spec.fine_tunes)

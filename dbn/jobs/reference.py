@@ -204,6 +204,9 @@ DESCRIPTIONS = {
     "yarn.master_memory": "The application master's container.",
     "yarn.max_attempts": "Application master attempts; a new attempt resumes from its submission's newest "
                          "checkpoint.",
+    "yarn.locality_wait": "Seconds a worker container waits for a node holding its data (asked for strictly), "
+                          "then runs on any node. 0: YARN's own locality delay decides, which on a small "
+                          "cluster gives a node up within a few heartbeats. GPU workers always leave it to YARN.",
     "yarn.env": "A packed environment (`.tar.gz`, local or `hdfs://`) to ship. none: pack the current one.",
     "yarn.python": "A Python installed on every node, used instead of shipping an environment.",
     "yarn.file_systems": "Extra HDFS name services the job touches (they get delegation tokens); those of the "

@@ -164,6 +164,7 @@ class YarnSection:
     worker_gpus: int = 0  # yarn.io/gpu per worker container (Hadoop >= 3.1); > 0 trains with CuPy
     master_memory: str = "2 GiB"  # the application master's container
     max_attempts: int = 2  # application master attempts; a new attempt resumes from the newest checkpoint
+    locality_wait: float = 15.0  # seconds a worker waits for a node holding its data, then any node; 0: YARN's delay
     env: str | None = None  # packed environment (.tar.gz, local or hdfs://); None: pack the current one
     python: str | None = None  # a Python installed on every node, instead of shipping an environment
     file_systems: tuple[str, ...] = ()  # extra HDFS name services the job reads or writes (delegation tokens)
@@ -564,6 +565,8 @@ def _check(origin: str, section: str, key: str, value, parse_strings: bool = Fal
         raise ConfigError(f"{where} {key}: must be in [0, 1), got {value!r}")
     if key in ("block_learning_rate", "pretrain_block_learning_rate") and not value > 0:
         raise ConfigError(f"{where} {key}: must be > 0 (1: the plain average's step), got {value!r}")
+    if key == "locality_wait" and value < 0:
+        raise ConfigError(f"{where} {key}: must be >= 0 seconds (0: YARN's own locality delay), got {value!r}")
     if key == "heartbeat_timeout" and value <= 0:
         raise ConfigError(f"{where} {key}: must be a positive number of seconds, got {value!r}")
     if key == "limit" and value is not None and value < 1:

@@ -64,7 +64,8 @@ def yarn_options(cfg: JobSpec) -> YarnOptions:
     return YarnOptions(
         workers=cfg.cluster.workers, worker_memory=y.worker_memory, worker_vcores=y.worker_vcores,
         worker_gpus=y.worker_gpus, master_memory=y.master_memory, queue=y.queue, node_label=y.node_label,
-        max_restarts=cfg.cluster.max_restarts, max_attempts=y.max_attempts, env_archive=y.env, python=y.python,
+        max_restarts=cfg.cluster.max_restarts, max_attempts=y.max_attempts, locality_wait=y.locality_wait,
+        env_archive=y.env, python=y.python,
         file_systems=list(y.file_systems), principal=y.principal, keytab=y.keytab)
 
 
@@ -107,8 +108,9 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
         shards = join(output, "shards")
         if not dry_run:
             log(data.cut_message(opts.workers, shards))
-            uris = data.shards(shards, opts.workers)
-            blocks = share_blocks(uris) if table else {}
+            locate = _asked_once(locality.file_blocks)  # a table's shares are cut by where its files are
+            uris = data.shards(shards, opts.workers, locate=locate)
+            blocks = share_blocks(uris, locate) if table else {}
     elif not dry_run:
         uris = list_shards(shards)
     fewer = uris and cfg.why_fewer_shards(len(uris))
@@ -155,24 +157,34 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
     return Submission(spec, job, job_file)
 
 
-def share_blocks(uris: list[str]) -> dict[str, locality.Blocks]:
+def share_blocks(uris: list[str], locate=locality.file_blocks) -> dict[str, locality.Blocks]:
     """``{share: Blocks}`` for a table's shares: where the bytes of its pieces are, a piece counted
-    as its rows' part of its file (``{}`` off HDFS)."""
+    as its rows' part of its file (``{}`` off HDFS). ``locate``: :func:`~iterreduce.yarn.locality.file_blocks`."""
     shares = {uri: TableShard.open(uri) for uri in uris}
-    files, file_rows = {}, {}
-    for share in shares.values():
-        parts = urlparse(share.source.uri)
-        for piece in share.pieces:
-            files.setdefault(piece.path, f"{parts.scheme}://{parts.netloc}{piece.path}" if parts.scheme else piece.path)
-            file_rows[piece.path] = file_rows.get(piece.path, 0) + piece.rows
-    by_file = locality.file_blocks(sorted(set(files.values())))
-    if not by_file:
+    pieces = [(uri, piece) for uri, share in shares.items() for piece in share.pieces]
+    if not pieces:
         return {}
-    found = {}
-    for uri, share in shares.items():
-        found[uri] = sum((by_file.get(files[piece.path], locality.Blocks()).part(piece.rows / file_rows[piece.path])
-                          for piece in share.pieces if file_rows[piece.path]), locality.Blocks())
+    source = next(iter(shares.values())).source.uri  # every share is of the same table
+    placed = locality.piece_blocks(source, [piece for _, piece in pieces], locate)
+    if not any(b.on for b in placed):
+        return {}
+    found = {uri: locality.Blocks() for uri in shares}
+    for (uri, _), blocks in zip(pieces, placed):
+        found[uri] = found[uri] + blocks
     return found
+
+
+def _asked_once(locate):
+    """``locate`` that asks the cluster once for a given list of files (cutting a table's shares
+    and then reporting where they are want the same ``hdfs fsck``)."""
+    answers: dict[tuple[str, ...], dict] = {}
+
+    def once(uris: list[str]) -> dict:
+        key = tuple(uris)
+        if key not in answers:
+            answers[key] = locate(uris)
+        return answers[key]
+    return once
 
 
 def submit(cfg: JobSpec, *, log=print, overwrite: bool = False):

@@ -46,6 +46,7 @@ from ..readers import list_shards
 from ..security import TlsCredentials, from_skein, new_token
 from ..worker import Worker
 from . import KV_ADDRESS, KV_PROGRESS, KV_SLOT, KV_TOKEN, KV_UI, locality
+from .relax import SPARE_SERVICE, Relaxer
 from .spec import slot_of
 from .tokens import KV_TOKENS, TokenRefresher, remove_staged_keytab
 from .tokens import follow as follow_tokens
@@ -128,7 +129,7 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
     job = read_job(job_file)
     output = job["master"]["output"]
     local_out = Path("output").resolve()
-    refresher = None
+    refresher = relaxer = None
     try:
         tls = app_credentials(app)
         # A job submitted with a keytab renews its HDFS tokens, first of all (a new attempt may
@@ -149,6 +150,9 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
             if master.view is not None:
                 register_page(app, master.view.url)
 
+        relaxer = Relaxer.from_container(app)  # workers waiting too long for their data's node go anywhere
+        if relaxer is not None:
+            relaxer.start()
         master.serve_and_run(tls=tls, on_serving=publish)
         log.info("outputs written: %s", ", ".join(upload_outputs(local_out, output)))
         if refresher is not None:
@@ -168,6 +172,8 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
     finally:
         if refresher is not None:
             refresher.stop()
+        if relaxer is not None:
+            relaxer.stop()
     log.error(reason)
     try:
         upload_outputs(local_out, output)  # the log says what happened up to the failure
@@ -242,10 +248,11 @@ def claim_slot(app, order: list[int], where, timeout: float = 120.0) -> int:
         time.sleep(1.0)
 
 
-def slot_order(job: dict, host: str, own: int) -> list[int]:
+def slot_order(job: dict, host: str, own: int | None) -> list[int]:
     """The worker slots in the order a container on ``host`` tries them: most of their data's bytes
     on this host first (YARN may place a container on another slot's node: it takes that slot,
-    and the other container this one's), then its own service's slot, then by number."""
+    and the other container this one's), then its own service's slot (None: a spare container's),
+    then by number."""
     workers = int(job["master"]["workers"])
     return sorted(range(workers), key=lambda k: (-(placement(job, k, host, "")["local"] or 0.0), k != own, k))
 
@@ -271,9 +278,10 @@ def run_worker(job_file: str, app: skein.ApplicationClient) -> int:
     host = os.environ.get("NM_HOST") or socket.getfqdn()
     container = os.environ.get("SKEIN_CONTAINER_ID", "")
     own = slot_of(container)
-    if own is None or own >= int(job["master"]["workers"]):
+    spare = container.rsplit("_", 1)[0] == SPARE_SERVICE  # in the place of a worker withdrawn from its node
+    if not spare and (own is None or own >= int(job["master"]["workers"])):
         raise JobFailed(f"container {container!r} is not one of the job's worker services "
-                        f"(worker-0 to worker-{int(job['master']['workers']) - 1})")
+                        f"(worker-0 to worker-{int(job['master']['workers']) - 1}, {SPARE_SERVICE})")
     slot = claim_slot(app, slot_order(job, host, own), lambda k: placement(job, k, host, container))
     where = placement(job, slot, host, container)
     name = f"worker-{slot}"

@@ -118,6 +118,20 @@ def file_blocks(uris: list[str], timeout: float = 120.0) -> dict[str, Blocks]:
     return found
 
 
+def piece_blocks(source_uri: str, pieces, locate=file_blocks) -> list[Blocks]:
+    """Where each of a table's ``pieces`` is stored: its rows' part of its file's bytes (pieces of
+    one file share it by rows). ``source_uri``: the table's, whose scheme and name service the
+    pieces' paths are on; ``locate``: ``{file URI: Blocks}`` of a list of URIs (:func:`file_blocks`)."""
+    parts = urlparse(source_uri)
+    uris, file_rows = {}, {}
+    for piece in pieces:
+        uris.setdefault(piece.path, f"{parts.scheme}://{parts.netloc}{piece.path}" if parts.scheme else piece.path)
+        file_rows[piece.path] = file_rows.get(piece.path, 0) + piece.rows
+    by_file = locate(sorted(set(uris.values())))
+    return [by_file.get(uris[p.path], Blocks()).part(p.rows / file_rows[p.path]) if file_rows[p.path] else Blocks()
+            for p in pieces]
+
+
 def slot_blocks(uris: list[str], workers: int, blocks: dict[str, Blocks]) -> list[Blocks]:
     """For worker slot K (shards K, K+N, ...), where its shards' bytes are."""
     return [sum((blocks.get(uri, Blocks()) for uri in uris[k::workers]), Blocks()) for k in range(workers)]

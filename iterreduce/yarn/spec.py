@@ -2,8 +2,9 @@
 
 The application master's script starts the iterreduce master; each worker slot K has a service
 ``worker-K`` (:func:`worker_service`) of one container, which asks for the node holding slot K's
-data where that is known, and is restarted on its own (a container that YARN places on another
-slot's node works as that slot: :func:`iterreduce.yarn.container.slot_order`). Every container gets the job file and the
+data where that is known (strictly for ``locality_wait`` seconds, then any node through the spare
+service: :mod:`iterreduce.yarn.relax`), and is restarted on its own (a container that YARN places
+on another slot's node works as that slot: :func:`iterreduce.yarn.container.slot_order`). Every container gets the job file and the
 Python environment (an archive unpacked as ``environment``, or a Python already
 installed on the nodes). Validation is skein's own: a bad value raises skein's
 ``ValueError``, which :func:`build_spec` re-raises as :class:`AppSpecError` naming the option at fault.
@@ -21,6 +22,7 @@ from .. import LOG_LEVEL_VAR, THREAD_VARS, log_level
 from ..exceptions import AppSpecError
 from . import tokens
 from .envpack import ENV_DIR
+from .relax import SPARE_SERVICE, WAIT_VAR
 
 JOB_FILE = "job.json"
 #: Worker slot K's container is asked for as the single container of service ``worker-K``.
@@ -66,6 +68,7 @@ class YarnOptions:
     python: str | None = None      # a Python installed on every node, instead of an archive
     file_systems: list[str] = field(default_factory=list)  # HDFS name services, for delegation tokens
     slot_hosts: list[str] = field(default_factory=list)  # each worker's node (its data's), "" for any
+    locality_wait: float = 15.0    # seconds a worker waits for its node before any node; 0: YARN's own delay
     tags: list[str] = field(default_factory=list)
     principal: str | None = None   # with keytab: shipped to the application master, which renews the tokens
     keytab: str | None = None
@@ -118,13 +121,24 @@ def build_spec(name: str, job_file: str, opts: YarnOptions, device: str = "cpu")
     hosts = opts.slot_hosts or [""] * opts.workers
     if len(hosts) != opts.workers:
         raise AppSpecError(f"{len(hosts)} worker hosts for {opts.workers} workers")
+    if opts.locality_wait < 0:
+        raise AppSpecError(f"locality_wait must be >= 0 seconds, got {opts.locality_wait}")
+    # A worker's node is asked for strictly while the master's relaxer waits (iterreduce.yarn.relax);
+    # GPU workers, and any job without that wait, leave it to YARN's delay (their node is a preference).
+    strict = opts.locality_wait > 0 and not opts.worker_gpus and any(hosts)
+    if strict:
+        master_env[WAIT_VAR] = f"{opts.locality_wait:g}"
     try:
-        # A node asked for is a preference: elsewhere once YARN's locality delay passes (or the node is gone).
-        workers = {worker_service(k): skein.Service(
-            resources=skein.Resources(memory=opts.worker_memory, vcores=opts.worker_vcores, gpus=opts.worker_gpus),
-            script=_script(opts, "worker"), instances=1, files=files, env=worker_env,
-            max_restarts=opts.max_restarts, node_label=opts.node_label,
-            nodes=[host] if host else [], relax_locality=bool(host)) for k, host in enumerate(hosts)}
+        def worker(instances: int, host: str, restarts: int) -> skein.Service:
+            return skein.Service(
+                resources=skein.Resources(memory=opts.worker_memory, vcores=opts.worker_vcores, gpus=opts.worker_gpus),
+                script=_script(opts, "worker"), instances=instances, files=files, env=worker_env,
+                max_restarts=restarts, node_label=opts.node_label,
+                nodes=[host] if host else [], relax_locality=bool(host) and not strict)
+
+        workers = {worker_service(k): worker(1, host, opts.max_restarts) for k, host in enumerate(hosts)}
+        if strict:  # started by the relaxer alone, one for each worker it withdraws; any node
+            workers[SPARE_SERVICE] = worker(0, "", opts.max_restarts * opts.workers)
         master = skein.Master(
             resources=skein.Resources(memory=opts.master_memory, vcores=opts.master_vcores),
             script=_script(opts, "master"), files=master_files, env=master_env)
