@@ -33,6 +33,7 @@ from iterreduce import checkpoint
 from iterreduce.ownership import MANIFEST_NAME
 from iterreduce.yarn import KV_ADDRESS
 from iterreduce.yarn import client as yarn_client
+from iterreduce.yarn.relax import SPARE_SERVICE
 
 pytestmark = [pytest.mark.yarn, pytest.mark.hdfs, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -558,7 +559,8 @@ def test_a_table_of_fewer_pieces_than_workers_asks_yarn_for_one_container_a_shar
                            f'features = "x*"\nlabel = "label"\n', path.read_text()))
     said = []
     submission = prepare(load_spec(str(path)), log=said.append)
-    assert list(submission.spec.services) == ["worker-0"]  # one container
+    assert list(submission.spec.services) == ["worker-0", SPARE_SERVICE]  # one container (and a spare for later)
+    assert submission.spec.services[SPARE_SERVICE].instances == 0
     assert submission.job["master"]["workers"] == 1
     assert submission.job["master"]["program_config"]["block_momentum"] == 0.0
     assert ("1 shard for the 3 workers asked (the table has 1 piece, a worker's unit of work (a Parquet row group, "
