@@ -192,12 +192,50 @@ def cmd_predict(args) -> int:
     rows = scored_rows(spec.data)
     rows.check_options(keep, args.filter, args.job)
     features = args.command == "transform"  # the rows' features, from any model; else predictions, from a classifier
+    if args.yarn or args.local:
+        return _score_distributed(args, spec, rows, keep, features)
     model = DBN.load(args.model, device=args.device) if features else load_classifier(args.model, device=args.device)
     record = rows.predict(model, args.out, table=args.table, filter=args.filter, keep=keep, features=features,
                           overwrite=args.overwrite)
     error = "" if record["error"] is None else f"  (error {100 * record['error']:.2f} % against '{record['label']}')"
     done = "transformed" if features else "predicted"
     print(to_json(record) if args.json else f"{record['rows']} rows of {record['table']} {done} -> {args.out}{error}")
+    return 0
+
+
+def _score_distributed(args, spec, rows, keep: tuple[str, ...], features: bool) -> int:
+    """``dbn predict|transform --local N`` or ``--yarn``: a scoring job (:mod:`dbn.jobs.scoring`)
+    writing a folder of Parquet part files, committed whole."""
+    from iterreduce.yarn import client as yarn
+
+    from .data.training import TableRows
+    from .jobs import scoring
+
+    if args.yarn and args.local:
+        raise UsageError("--yarn and --local: choose one")
+    if not isinstance(rows, TableRows):
+        raise UsageError(f"{args.job}: --yarn and --local score a table read in place ([data] features names its "
+                         f"columns); a data file is scored by one process (without them)")
+    if Path(args.out).suffix.lower() in (".csv", ".parquet"):
+        raise UsageError(f"--out {args.out}: a scoring job writes a folder of Parquet part files: name the folder")
+    say = _say(args, args.command)
+    options = dict(table=args.table, filter=args.filter, keep=keep, features=features, overwrite=args.overwrite)
+    if args.local:
+        record = scoring.run_local(str(args.model), spec.data, args.out, workers=args.local, device=args.device,
+                                   on_record=scoring.progress_printer(say), **options)
+        print(to_json(record) if args.json else scoring.describe(record))
+        return 0
+    if args.workers is not None:
+        spec.cluster.workers = args.workers
+    app_id, url, client = scoring.submit(spec, str(args.model), args.out, log=say, **options)
+    print(app_id)
+    say(f"submitted {app_id}; tracking URL: {url or '(none yet)'}; the output appears whole at {args.out}")
+    say(f"watch it with `dbn status {app_id}`, read its logs with `dbn logs {app_id}`")
+    if args.wait:
+        st = yarn.follow(client, app_id, show=say)
+        if st.final_status != "SUCCEEDED":
+            print(f"dbn: error: {yarn.ended_badly(st)}", file=sys.stderr)
+            return EXIT_ERROR if yarn.stopped_on_bad_data(st) else 1
     return 0
 
 
@@ -381,6 +419,14 @@ def build_parser() -> argparse.ArgumentParser:
                 ("--keep", {"metavar": "COL,...", "help": f"columns copied beside the {what}, e.g. an id"}),
                 ("--device", {"choices": DEVICES, "default": "auto",
                               "help": "where the model runs: cpu, gpu, or auto (gpu when one is usable; the default)"}),
+                ("--yarn", {**flag, "help": "score the table where it lives, in YARN containers ([cluster] workers or "
+                                            "--workers, the job's [yarn] section); --out is then a folder URI of "
+                                            "Parquet part files, which appears whole at the end"}),
+                ("--local", {"type": int, "metavar": "N", "help": "score with N worker processes on this machine, "
+                                                                  "into a folder of part files as with --yarn"}),
+                ("--workers", {"type": int, "metavar": "N", "help": "worker containers for --yarn"}),
+                ("--wait", {**flag, "help": "with --yarn: follow the job until it ends"}),
+                ("--quiet", {**flag, "help": "no progress lines on stderr (with --yarn or --local)"}),
                 json_)
 
     _command(sub, "predict", [common], "predict the rows of a table (or a data file) with a saved model, as "

@@ -186,7 +186,7 @@ class Master(pb_grpc.MasterServicer):
         # one condition, each of N pushes woke all N waiting fetches, N^2 wake-ups a step.
         self.lock = threading.Condition(mutex)
         self._work = threading.Condition(mutex)
-        self.rounds = Rounds(wake=self.lock, event=self._event)
+        self.rounds = Rounds(wake=self.lock, event=self._event, skip_lost=not self.program.every_shard_every_step)
         self.members = Membership(len(self.shards), config.workers, work=self._work, on_moved=self.rounds.moved)
         self.current = -1
         self.done = False
@@ -366,7 +366,8 @@ class Master(pb_grpc.MasterServicer):
     # ------------------------------------------------------------ liveness
 
     def _drop(self, worker: WorkerInfo, why: str) -> None:
-        """Mark ``worker`` lost: the current step goes on without its unfinished shards."""
+        """Mark ``worker`` lost: the current step goes on without its unfinished shards (or, for a
+        program that needs every shard every step, has other workers do them)."""
         worker.alive = False
         lost = self.rounds.lose(worker, why, others_live=bool(self.members.live()))
         log.warning("lost %s (%s); step %d continues without shards %s", worker.worker_id, why, self.current, sorted(lost))

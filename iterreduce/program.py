@@ -68,6 +68,12 @@ class Program(ABC):
     #: default reduce is; an overriding one is taken not to be unless it says so.
     elementwise_reduce: bool = False
 
+    #: Set True when a step is complete only with every shard's update (a map over the data, such
+    #: as scoring it): a lost worker's unfinished shards are then done within the step by the
+    #: workers they move to, never skipped. The default suits training: the step goes on
+    #: without them (their shards sit out until their worker is back or they have moved).
+    every_shard_every_step: bool = False
+
     def __init__(self, config: Mapping[str, Any]):
         self.config = dict(config)
 
@@ -98,6 +104,11 @@ class Program(ABC):
     def finalize(self, parameters: Arrays, output_dir: str) -> None:
         """Write the result after the last step; default: the parameters as ``parameters.npz``."""
         np.savez(f"{output_dir}/parameters.npz", **parameters)
+
+    def commit(self, output: str) -> None:
+        """Make the job's result visible once the master's outputs are all at ``output`` (the
+        job's output URI): called once, after a successful run, by the launcher (e.g. rename a
+        staging folder into place). Default: nothing, the outputs are the result."""
 
     def reduce(self, step: Step, parameters: Arrays, updates: list[Update]) -> Arrays:
         """New values of ``step.arrays``: by default the sample-weighted mean of the updates.

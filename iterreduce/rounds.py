@@ -32,9 +32,10 @@ class Rounds:
     waits on it here, and is woken when an exchange fails); ``event``: logs an event of the
     job (:meth:`iterreduce.runlog.RunLog.event`)."""
 
-    def __init__(self, wake: threading.Condition, event: Callable[..., None]):
+    def __init__(self, wake: threading.Condition, event: Callable[..., None], skip_lost: bool = True):
         self._wake = wake
         self._event = event
+        self.skip_lost = skip_lost  # a lost worker's unfinished shards sit the round out (else others do them)
         self.round = 0                           # the rounds started, all steps together
         self.expected: set[int] = set()          # the shards the round waits for
         self.in_flight: dict[int, str] = {}      # shard -> the worker it was given to
@@ -151,7 +152,8 @@ class Rounds:
 
     def lose(self, worker: WorkerInfo, why: str, others_live: bool) -> set[int]:
         """``worker`` was lost: the round goes on without its unfinished shards, if ``others_live``
-        (else it waits for a restart). Returns the shards it goes on without."""
+        and :attr:`skip_lost` (else they stay expected, for the workers they move to or a restart).
+        Returns the shards it goes on without."""
         lost = {s for s, w in self.in_flight.items() if w == worker.worker_id}
         for s in lost:
             self.in_flight.pop(s)
@@ -160,7 +162,7 @@ class Rounds:
             self.exchange_failed(f"{worker.worker_id} was lost ({why})")
             # Its reported results go too: their tensors were only in the exchange.
             lost |= {s for s, w in self.reporter.items() if w == worker.worker_id and s in self.expected}
-        if not others_live:
+        if not others_live or not self.skip_lost:
             return set()
         lost |= {s for s in worker.shards if s in self.expected and s not in self.results}
         self.expected -= lost

@@ -27,6 +27,7 @@ from iterreduce.filesystems import check_output_file, join, open_output_file
 from iterreduce.labels import LabelMap
 from iterreduce.scaling import FeatureStats, Scaler
 from iterreduce.shards import shard_set
+from iterreduce.yarn.locality import piece_blocks
 from iterreduce.tables import (TableShard, TableSource, assign, label_classes, open_dataset, pin, read_columns,
                                read_piece, resolve, table_pieces)
 
@@ -135,13 +136,17 @@ def table_scaler(table: TableShard, kind: str | None) -> Scaler | None:
     return stats.scaler(kind)
 
 
-def table_shards(data, workers: int, directory: str) -> list[str]:
+def table_shards(data, workers: int, directory: str, locate=None) -> list[str]:
     """Split the table among ``workers`` (balanced by rows; fewer shares when it has fewer
     pieces) and save each share in ``directory``; returns their URIs in worker order. The
     shares hold raw rows: the workers gather the statistics that scale them (:data:`dbn.data.scaling.STATS`).
+    ``locate``: where files' blocks are (:func:`iterreduce.yarn.locality.file_blocks`), so that
+    each share's pieces are stored on one host where the blocks allow (:func:`iterreduce.tables.assign`).
     ``directory`` is empty or holds shards written here (:func:`iterreduce.shards.shard_set`)."""
     whole = open_table(data)
-    shares = [share for share in assign(list(whole.pieces), workers) if share]
+    pieces = list(whole.pieces)
+    homes = [b.on for b in piece_blocks(whole.source.uri, pieces, locate)] if locate else None
+    shares = [share for share in assign(pieces, workers, homes) if share]
     names = [f"part-{i:05d}{TableShard.suffix}" for i in range(len(shares))]
     with shard_set(directory, names):  # replaces only shards written here (their manifest's), refuses others
         for name, share in zip(names, shares):
@@ -194,21 +199,68 @@ def predict_table(model, data, out: str, *, table: str | None = None, filter: st
     """Predict every row of a table with ``model`` (which scales raw rows and answers in its
     labels) and write the predictions as one Parquet file (CSV for a name ending in .csv) at
     ``out`` (any URI): the ``keep`` columns as stored, ``prediction`` and its ``probability``;
-    with ``features``, the rows' ``features`` instead (:func:`~dbn.data.sharding.output_columns`). The table is ``table``
-    (default ``[data] test``, else ``train``) with ``filter`` (default that table's filter from
-    the job); its feature columns are those the model was trained on (``input_columns_``), by
-    name, else the job's ``[data] features``. Reads and writes a piece at a time. A file
+    with ``features``, the rows' ``features`` instead (:func:`~dbn.data.sharding.output_columns`).
+    The table and its columns are :func:`scored_table`'s. Reads and writes a piece at a time. A file
     already at ``out`` is refused before the table is opened
     (:class:`~iterreduce.exceptions.OutputExists`, the file untouched) unless ``overwrite``,
     which replaces it atomically. Returns the rows written, and the error of the predictions
     where the table has the label column."""
     fmt = output_format(out)
+    check_kept(keep, features)
+    check_output_file(out, overwrite=overwrite)
+    scored = scored_table(model, data, table=table, filter=filter, features=features)
+    rows = wrong = 0
+    writer = None
+    try:
+        with open_output_file(out, overwrite=overwrite) as stream:
+            writer = RowsWriter(stream, fmt)
+            for piece in table_pieces(scored.source, scored.dataset):
+                part = score_piece(model, scored, piece, keep, features)
+                if part is not None:
+                    writer.write(part.table)
+                    rows, wrong = rows + part.rows, wrong + part.wrong
+            if writer.empty:
+                raise scored.nothing()
+            writer.close()
+    finally:
+        if writer is not None:
+            writer.close()
+    return {"table": scored.uri, "filter": scored.filter, "rows": rows, "out": out,
+            "error": wrong / rows if scored.label else None, "label": scored.label}
+
+
+def check_kept(keep: tuple[str, ...], features: bool) -> None:
+    """Refuse ``--keep`` columns that clash with the columns predict (or transform) writes."""
     written = FEATURES_COLUMNS if features else PREDICTION_COLUMNS
     taken = [name for name in written if name in keep]
     if taken:
         raise DataError(f"--keep {','.join(keep)}: {', '.join(map(repr, taken))} would clash with the column of "
                         f"that name that {'transform' if features else 'predict'} writes")
-    check_output_file(out, overwrite=overwrite)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoredTable:
+    """A table as a model scores it: its ``source`` (resolved, the model's feature columns, no
+    label read as classes), the opened ``dataset``, its ``uri`` and ``filter``, and ``label``:
+    the label column where the table has it (the predictions' error is measured against it)."""
+
+    source: TableSource
+    dataset: object
+    uri: str
+    filter: str | None
+    label: str | None
+
+    def nothing(self) -> DataError:
+        """The error for a table with no row to score."""
+        return DataError(f"{self.uri}: no row to predict (filter {self.filter!r})" if self.filter
+                         else f"{self.uri}: no row to predict")
+
+
+def scored_table(model, data, *, table: str | None = None, filter: str | None = None,
+                 features: bool = False) -> ScoredTable:
+    """The table ``model`` scores: ``table`` (default ``[data] test``, else ``train``) with ``filter``
+    (default that table's filter from the job); its feature columns are those the model was trained
+    on (``input_columns_``), by name, else the job's ``[data] features``."""
     name = table or data.test or data.train
     if filter is None:
         filter = data.test_filter if name == data.test else data.filter if name == data.train else None
@@ -220,29 +272,32 @@ def predict_table(model, data, out: str, *, table: str | None = None, filter: st
     dataset = open_dataset(source)
     source = resolve(source, dataset)
     label = data.label if data.label in dataset.schema.names and not features else None
-    rows = wrong = 0
-    writer = None
-    try:
-        with open_output_file(out, overwrite=overwrite) as stream:
-            writer = RowsWriter(stream, fmt)
-            for piece in table_pieces(source, dataset):
-                X, _ = read_piece(source, piece, n_features=model.n_features_in_)
-                if not len(X):
-                    continue
-                columns = read_columns(source, piece, list(dict.fromkeys([*keep, *([label] if label else [])])))
-                outputs = output_columns(model, X, features=features)
-                if label:
-                    truth = columns.column(label).to_numpy(zero_copy_only=False)
-                    truth = truth.astype(np.int64) if truth.dtype == bool else truth  # as the classes read them
-                    predicted = outputs[PREDICTION_COLUMNS[0]].to_numpy(zero_copy_only=False)
-                    wrong += int(np.sum(np.asarray(predicted).astype(str) != truth.astype(str)))
-                writer.write(pa.table({**{name: columns.column(name) for name in keep}, **outputs}))
-                rows += len(X)
-            if writer.empty:
-                raise DataError(f"{uri}: no row to predict (filter {filter!r})" if filter else f"{uri}: no row to predict")
-            writer.close()
-    finally:
-        if writer is not None:
-            writer.close()
-    return {"table": uri, "filter": filter, "rows": rows, "out": out,
-            "error": wrong / rows if label else None, "label": label}
+    return ScoredTable(source, dataset, uri, filter, label)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoredPiece:
+    """One piece's output columns (``table``), its ``rows`` and, against the label, ``wrong`` ones."""
+
+    table: pa.Table
+    rows: int
+    wrong: int
+
+
+def score_piece(model, scored: ScoredTable, piece, keep: tuple[str, ...] = (),
+                features: bool = False) -> ScoredPiece | None:
+    """The ``keep`` columns as stored and the model's outputs for one piece of ``scored``
+    (None where its filter keeps no row)."""
+    X, _ = read_piece(scored.source, piece, n_features=model.n_features_in_)
+    if not len(X):
+        return None
+    label = scored.label
+    columns = read_columns(scored.source, piece, list(dict.fromkeys([*keep, *([label] if label else [])])))
+    outputs = output_columns(model, X, features=features)
+    wrong = 0
+    if label:
+        truth = columns.column(label).to_numpy(zero_copy_only=False)
+        truth = truth.astype(np.int64) if truth.dtype == bool else truth  # as the classes read them
+        predicted = outputs[PREDICTION_COLUMNS[0]].to_numpy(zero_copy_only=False)
+        wrong = int(np.sum(np.asarray(predicted).astype(str) != truth.astype(str)))
+    return ScoredPiece(pa.table({**{name: columns.column(name) for name in keep}, **outputs}), len(X), wrong)

@@ -141,20 +141,33 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
     del master["token"]  # each application master attempt makes its own
     job = {"master": master, "slots": [{"host": host, "bytes": slot.size, "bytes_on": slot.on}
                                        for host, slot in zip(opts.slot_hosts, slots)], "spec": cfg.to_dict()}
-    text = json.dumps(job, indent=2)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    job_file = CACHE / "submissions" / f"{cfg.job.name}-{stamp}-{hashlib.sha256(text.encode()).hexdigest()[:8]}" / "job.json"
-    job_file.parent.mkdir(parents=True, exist_ok=True)
-    job_file.write_text(text)
-
-    if not opts.python and not opts.env_archive:
-        archive = CACHE / "environments" / f"{hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]}.tar.gz"
-        if not dry_run:
-            log(f"packing this Python environment ({sys.prefix}) into {archive}")
-            pack_environment(str(archive), require=("iterreduce", "dbn"))
-        opts.env_archive = str(archive)
+    job_file = write_job_file(cfg.job.name, job)
+    ship_environment(opts, dry_run=dry_run, log=log)
     spec = build_spec(f"dbn-{cfg.job.name}", str(job_file), opts, device=cfg.job.device)
     return Submission(spec, job, job_file)
+
+
+def write_job_file(name: str, job: dict) -> Path:
+    """Save a submission's job file (shipped with the application) in a folder of its own under
+    the cache; returns its path."""
+    text = json.dumps(job, indent=2)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    job_file = CACHE / "submissions" / f"{name}-{stamp}-{hashlib.sha256(text.encode()).hexdigest()[:8]}" / "job.json"
+    job_file.parent.mkdir(parents=True, exist_ok=True)
+    job_file.write_text(text)
+    return job_file
+
+
+def ship_environment(opts: YarnOptions, *, dry_run: bool = False, log=print) -> None:
+    """Without ``--env`` or ``--python``: pack this Python environment (once per environment, kept
+    in the cache) and ship it (``dry_run``: only name the archive)."""
+    if opts.python or opts.env_archive:
+        return
+    archive = CACHE / "environments" / f"{hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]}.tar.gz"
+    if not dry_run:
+        log(f"packing this Python environment ({sys.prefix}) into {archive}")
+        pack_environment(str(archive), require=("iterreduce", "dbn"))
+    opts.env_archive = str(archive)
 
 
 def share_blocks(uris: list[str], locate=locality.file_blocks) -> dict[str, locality.Blocks]:

@@ -155,6 +155,7 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
             relaxer.start()
         master.serve_and_run(tls=tls, on_serving=publish)
         log.info("outputs written: %s", ", ".join(upload_outputs(local_out, output)))
+        master.program.commit(output)
         if refresher is not None:
             remove_staged_keytab(app)
         app.shutdown("SUCCEEDED", diagnostics=f"done; outputs in {output}")

@@ -68,6 +68,7 @@ class YarnOptions:
     python: str | None = None      # a Python installed on every node, instead of an archive
     file_systems: list[str] = field(default_factory=list)  # HDFS name services, for delegation tokens
     slot_hosts: list[str] = field(default_factory=list)  # each worker's node (its data's), "" for any
+    files: dict[str, str] = field(default_factory=dict)  # more files for every container: {name: path or URI}
     locality_wait: float = 15.0    # seconds a worker waits for its node before any node; 0: YARN's own delay
     tags: list[str] = field(default_factory=list)
     principal: str | None = None   # with keytab: shipped to the application master, which renews the tokens
@@ -98,7 +99,8 @@ def build_spec(name: str, job_file: str, opts: YarnOptions, device: str = "cpu")
         raise AppSpecError(f"--workers must be at least 1, got {opts.workers}")
     if not opts.python and not opts.env_archive:
         raise AppSpecError("no Python for the containers: give an environment archive (--env) or --python PATH")
-    files = {JOB_FILE: skein.File(source=job_file, type="file")}
+    files = {JOB_FILE: skein.File(source=job_file, type="file"),
+             **{name: skein.File(source=source, type="file") for name, source in opts.files.items()}}
     if not opts.python:
         # Kept in each NodeManager's cache of this user's files: the next job shipping the same archive
         # (same path and timestamp, e.g. on HDFS) starts without unpacking hundreds of MB again.
