@@ -194,6 +194,9 @@ def cmd_predict(args) -> int:
     features = args.command == "transform"  # the rows' features, from any model; else predictions, from a classifier
     if args.yarn or args.local:
         return _score_distributed(args, spec, rows, keep, features)
+    for name, value in (("--part-rows", args.part_rows), ("--workers", args.workers), ("--wait", args.wait or None)):
+        if value is not None:
+            raise UsageError(f"{name} goes with --yarn (or --local N): one process writes one file")
     model = DBN.load(args.model, device=args.device) if features else load_classifier(args.model, device=args.device)
     record = rows.predict(model, args.out, table=args.table, filter=args.filter, keep=keep, features=features,
                           overwrite=args.overwrite)
@@ -213,13 +216,16 @@ def _score_distributed(args, spec, rows, keep: tuple[str, ...], features: bool) 
 
     if args.yarn and args.local:
         raise UsageError("--yarn and --local: choose one")
+    if args.local and (args.workers or args.wait):
+        raise UsageError("--workers and --wait go with --yarn; --local N names its worker processes")
     if not isinstance(rows, TableRows):
         raise UsageError(f"{args.job}: --yarn and --local score a table read in place ([data] features names its "
                          f"columns); a data file is scored by one process (without them)")
     if Path(args.out).suffix.lower() in (".csv", ".parquet"):
         raise UsageError(f"--out {args.out}: a scoring job writes a folder of Parquet part files: name the folder")
     say = _say(args, args.command)
-    options = dict(table=args.table, filter=args.filter, keep=keep, features=features, overwrite=args.overwrite)
+    options = dict(table=args.table, filter=args.filter, keep=keep, features=features, overwrite=args.overwrite,
+                   part_rows=scoring.PART_ROWS if args.part_rows is None else args.part_rows)
     if args.local:
         record = scoring.run_local(str(args.model), spec.data, args.out, workers=args.local, device=args.device,
                                    on_record=scoring.progress_printer(say), **options)
@@ -426,6 +432,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                                   "into a folder of part files as with --yarn"}),
                 ("--workers", {"type": int, "metavar": "N", "help": "worker containers for --yarn"}),
                 ("--wait", {**flag, "help": "with --yarn: follow the job until it ends"}),
+                ("--part-rows", {"type": int, "metavar": "N", "help": "with --yarn or --local: rows a part file "
+                                                                      "holds at least, where the table allows "
+                                                                      "(default 250000)"}),
                 ("--quiet", {**flag, "help": "no progress lines on stderr (with --yarn or --local)"}),
                 json_)
 

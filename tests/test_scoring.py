@@ -73,7 +73,7 @@ def test_three_local_workers_score_every_row_once_with_one_processs_predictions(
     tmp, job, rows = trained
     out = tmp_path / "scores"
     code = main(["predict", str(tmp / "model" / "model.npz"), str(job), "--out", str(out), "--local", "3",
-                 "--keep", "id", "--json", "--quiet"])
+                 "--keep", "id", "--part-rows", "150", "--json", "--quiet"])
     assert code == 0
     record = json.loads(capsys.readouterr().out)
     assert record["rows"] == rows and record["label"] == "label" and 0 <= record["error"] < 0.5
@@ -81,7 +81,7 @@ def test_three_local_workers_score_every_row_once_with_one_processs_predictions(
     assert sorted(scored.column("id").to_pylist()) == list(range(rows))  # every row once
     names = sorted(p.name for p in out.iterdir())
     assert names[:2] == ["_SUCCESS", "_dbn"] and all(n.startswith("part-") for n in names[2:])
-    assert sorted(names[2:]) == record["parts"] and len(record["parts"]) > 3  # several chunks a share
+    assert sorted(names[2:]) == record["parts"] and len(record["parts"]) == 15  # 800 rows a share: 5 chunks of 150+
     assert not list(tmp_path.glob(".scores.*"))  # the staging folder became the output
     assert (out / "_dbn" / "log.jsonl").is_file() and (out / "_dbn" / "scoring.json").is_file()
 
@@ -133,6 +133,9 @@ def test_scoring_options_that_cannot_work_are_refused_before_anything_runs(train
     tmp, job, _ = trained
     model = str(tmp / "model" / "model.npz")
     for extra, message in ((["--local", "2", "--yarn"], "--yarn and --local: choose one"),
+                           (["--part-rows", "10"], "--part-rows goes with --yarn"),
+                           (["--local", "2", "--wait"], "--workers and --wait go with --yarn"),
+                           (["--local", "2", "--part-rows", "0"], "--part-rows 0: a part file holds at least one row"),
                            (["--local", "2", "--keep", "prediction"], "'prediction' would clash"),
                            (["--yarn"], "must be a URI every container can reach")):
         out = tmp_path / "scores"

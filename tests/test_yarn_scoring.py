@@ -76,7 +76,8 @@ def test_a_million_rows_scored_by_three_containers_one_killed_every_row_once(yar
     a second run into the output is refused. Prints the throughput against one local process."""
     model, job = scoring_job
     out = yarn.hadoop.uri("/user/test/scores")
-    assert main(["predict", str(model), str(job), "--out", out, "--yarn", "--keep", "id", "--quiet"]) == 0
+    assert main(["predict", str(model), str(job), "--out", out, "--yarn", "--keep", "id", "--part-rows", "25000",
+                 "--quiet"]) == 0
     app_id = capsys.readouterr().out.strip()
     yarn.wait_step(app_id, 1)
     assert yarn.hadoop.fs().get_file_info("/user/test/scores").type == pafs.FileType.NotFound  # until the commit

@@ -2,7 +2,8 @@
 
 A job of the IterativeReduce runtime, as training is, with a program of its own. The table's
 pieces are cut into one share a worker (by where their blocks are stored, as training's are);
-the schedule is up to :data:`CHUNKS` steps, and in step k every share's k-th chunk of pieces is
+the schedule is up to :data:`CHUNKS` steps (each part file at least :data:`PART_ROWS` rows where the
+shares allow), and in step k every share's k-th chunk of pieces is
 scored by whichever worker holds the share, into one Parquet part file named by share and
 step (``part-SSSSS-KKKKK.parquet``). Each file is written under a hidden name and renamed once
 whole, so a worker killed mid-way leaves no part file, and its share, moved to another worker,
@@ -40,8 +41,12 @@ from ..data.table_data import check_kept, score_piece, scored_table
 from ..data.validation import DataError
 
 #: The most steps a scoring job has (its progress moves a step at a time); fewer where the
-#: shares have fewer pieces.
+#: shares have fewer pieces, or fewer rows than PART_ROWS a step.
 CHUNKS = 20
+#: The rows a part file holds at least, where the shares allow (``--part-rows``): closing a file
+#: on HDFS costs a NameNode round trip and often half a second of waiting for the block's report,
+#: so a part file a few thousand rows long would take longer to close than to score.
+PART_ROWS = 250_000
 #: The job's own files inside the output (readers of the table skip names starting with "_").
 JOB_DIR = "_dbn"
 #: What a finished output holds besides its part files and JOB_DIR: Hadoop's commit marker.
@@ -252,12 +257,16 @@ class ScoringPlan:
 
 
 def plan(model, model_path: str, data, out: str, *, workers: int, table=None, filter=None, keep=(),
-         features=False, overwrite=False, locate=None, cluster=None, name="scoring") -> ScoringPlan:
+         features=False, overwrite=False, part_rows: int = PART_ROWS, locate=None, cluster=None,
+         name="scoring") -> ScoringPlan:
     """Cut the table ``model`` scores (:func:`~dbn.data.table_data.scored_table`) into one share a
     worker, saved in a new staging folder beside ``out``, and the master's configuration for
     scoring it. ``locate``: where files' blocks are (:func:`iterreduce.yarn.locality.file_blocks`),
     so each share's pieces are stored on one host where the replicas allow; ``cluster``: the job's
-    ``[cluster]`` section (heartbeats)."""
+    ``[cluster]`` section (heartbeats); ``part_rows``: the rows a part file holds at least, where
+    the shares allow (the steps are fewer: :data:`PART_ROWS`)."""
+    if part_rows < 1:
+        raise DataError(f"--part-rows {part_rows}: a part file holds at least one row")
     check_kept(tuple(keep), features)
     check_output(out, overwrite)
     scored = scored_table(model, data, table=table, filter=filter, features=features)
@@ -275,7 +284,8 @@ def plan(model, model_path: str, data, out: str, *, workers: int, table=None, fi
         TableShard(scored.source, tuple(share), model.n_features_in_).save(uri)
         uris.append(uri)
     blocks = [sum((located[pieces.index(p)] for p in share), locality.Blocks()) for share in shares] if located else []
-    chunks = max(1, min(CHUNKS, max(len(share) for share in shares)))
+    most = max(sum(p.rows for p in share) for share in shares)
+    chunks = max(1, min(CHUNKS, max(len(share) for share in shares), most // part_rows))
     program_config = {"model": model_path, "stage": stage, "out": out, "overwrite": overwrite, "run_id": run_id,
                       "keep": list(keep), "features": features, "label": scored.label, "table": scored.uri,
                       "filter": scored.filter, "chunks": chunks}
@@ -288,7 +298,7 @@ def plan(model, model_path: str, data, out: str, *, workers: int, table=None, fi
 
 
 def run_local(model_path: str, data, out: str, *, workers: int, device: str = "cpu", table=None, filter=None,
-              keep=(), features=False, overwrite=False, on_record=None) -> dict:
+              keep=(), features=False, overwrite=False, part_rows: int = PART_ROWS, on_record=None) -> dict:
     """Score on the local mini-cluster of ``workers`` processes; returns ``scoring.json``'s record."""
     from iterreduce.local import run_local as run_job
     from iterreduce.yarn.container import upload_outputs
@@ -298,7 +308,7 @@ def run_local(model_path: str, data, out: str, *, workers: int, device: str = "c
 
     model = DBN.load(model_path, device="cpu") if features else load_classifier(model_path, device="cpu")
     job = plan(model, str(Path(model_path).resolve()), data, out, workers=workers, table=table, filter=filter,
-               keep=keep, features=features, overwrite=overwrite)
+               keep=keep, features=features, overwrite=overwrite, part_rows=part_rows)
     with tempfile.TemporaryDirectory(prefix="dbn-scoring-") as local:
         config = dataclasses.replace(job.master, output=local)
         run_job(config, device=device, on_record=on_record)
@@ -330,7 +340,7 @@ def describe(record: dict) -> str:
 
 
 def submit(cfg, model_path: str, out: str, *, table=None, filter=None, keep=(), features=False, overwrite=False,
-           log=print):
+           part_rows: int = PART_ROWS, log=print):
     """Submit a scoring job to YARN: the shares cut (by where the table's blocks are) into the
     staging folder beside ``out`` (an ``hdfs://`` URI), the model shipped to every container,
     ``[cluster] workers`` containers each asked for on the node holding its share. Returns the
@@ -347,7 +357,8 @@ def submit(cfg, model_path: str, out: str, *, table=None, filter=None, keep=(), 
     model = DBN.load(model_path, device="cpu") if features else load_classifier(model_path, device="cpu")
     opts = yarn_options(cfg)
     job = plan(model, SHIPPED_MODEL, cfg.data, out, workers=opts.workers, table=table, filter=filter, keep=keep,
-               features=features, overwrite=overwrite, locate=locality.file_blocks, cluster=cfg.cluster,
+               features=features, overwrite=overwrite, part_rows=part_rows, locate=locality.file_blocks,
+               cluster=cfg.cluster,
                name=cfg.job.name)
     opts.workers = job.master.workers  # one a share (fewer where the table has fewer pieces)
     opts.slot_hosts = locality.place(job.blocks) if job.blocks else []
