@@ -18,10 +18,12 @@ import contextlib
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import threading
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -30,6 +32,7 @@ from . import THREAD_VARS, checkpoint, ownership, runlog
 from .master import EXIT_DATA_ERROR, MasterConfig, new_run_id
 from .security import new_token
 from .readers import list_shards
+from .rowfile import LOCAL_DIR_VAR, local_directory
 from .exceptions import STOPPED_ON_BAD_DATA, LocalJobError, MasterKilled
 from .lifeline import LAUNCHER_PID
 from .worker import EXIT_MASTER_GONE
@@ -92,6 +95,9 @@ class LocalCluster:
         self._log = runlog.log_path(self.out)
         self._follower = runlog.Follower(self._log)
         self.last_worker_error = ""
+        # The workers' local files (streamed row files) go in a folder this launcher makes and
+        # removes at the end: a worker killed with SIGKILL cannot remove its own.
+        self.scratch: str | None = None
 
     def _env(self, index: int | None) -> dict:
         env = dict(os.environ, ITERREDUCE_TOKEN=self.config.token, PYTHONUNBUFFERED="1")
@@ -100,6 +106,8 @@ class LocalCluster:
         root = str(Path(__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
         if index is not None:
+            if self.scratch:
+                env[LOCAL_DIR_VAR] = self.scratch
             for var in THREAD_VARS:
                 env[var] = str(self.threads)
             if self.gpus:
@@ -114,6 +122,7 @@ class LocalCluster:
     def start(self) -> str:
         """Start the master and the workers; returns the master's address."""
         self.logs.mkdir(parents=True, exist_ok=True)
+        self.scratch = tempfile.mkdtemp(prefix="iterreduce-local-", dir=local_directory())
         (self.out / "master.json").unlink(missing_ok=True)
         (self.out / "error.txt").unlink(missing_ok=True)
         job = self.config.to_dict()
@@ -233,13 +242,21 @@ class LocalCluster:
                 proc.kill()
 
     def stop(self) -> None:
-        """Kill every process of the job."""
+        """Kill every process of the job (and remove the workers' local files)."""
         for proc in [*self.workers.values(), self.master]:
             if proc is not None and proc.poll() is None:
                 proc.kill()
         for proc in [*self.workers.values(), self.master]:
             if proc is not None:
                 proc.wait()
+        self.remove_scratch()
+
+    def remove_scratch(self) -> None:
+        """Remove the folder of the workers' local files, which :meth:`start` made (call once
+        the workers are gone)."""
+        if self.scratch is not None:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch = None
 
 
 def run_local(config: MasterConfig, *, max_restarts: int = 3, device: str = "cpu",
@@ -289,6 +306,7 @@ def _run_local(config: MasterConfig, *, max_restarts: int = 3, device: str = "cp
             cluster.stop()  # never leave a master or workers behind
             raise
         finally:
+            cluster.remove_scratch()
             ownership.settle(out, ownership.RUN_FILES)
     if earlier_runs:
         ownership.prune_previous(out)

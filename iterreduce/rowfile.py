@@ -192,8 +192,13 @@ def prefetch(items: Iterable, depth: int = 2) -> Iterator:
             thread.join(timeout=0.05)
 
 
+#: The variable naming the folder for a worker's local files (the local mini-cluster sets it to a
+#: folder of its own, which it removes at the end).
+LOCAL_DIR_VAR = "ITERREDUCE_LOCAL_DIR"
+
+
 def local_directory() -> str:
     """Where a worker keeps its row files: ``$ITERREDUCE_LOCAL_DIR``, else the first of YARN's
     local directories for the container (``$LOCAL_DIRS``), else the temporary directory."""
-    chosen = os.environ.get("ITERREDUCE_LOCAL_DIR") or os.environ.get("LOCAL_DIRS", "").split(",")[0]
+    chosen = os.environ.get(LOCAL_DIR_VAR) or os.environ.get("LOCAL_DIRS", "").split(",")[0]
     return chosen or tempfile.gettempdir()

@@ -291,3 +291,26 @@ def test_the_in_memory_formula_grows_with_rows_and_the_streamed_one_barely():
     s_small = memory.worker_bytes([{**MNIST_SHARD, "rows": 1000}], 1, layers, stream=True)
     s_large = memory.worker_bytes([{**MNIST_SHARD, "rows": 101_000}], 1, layers, stream=True)
     assert s_large - s_small == 100_000 * 8  # the labels only
+
+
+def test_a_killed_local_workers_row_files_are_removed_with_the_launchers_folder(tmp_path, monkeypatch):
+    """A worker killed with SIGKILL cannot remove its row files: they are in a folder the local
+    launcher made for its workers (under ITERREDUCE_LOCAL_DIR), which it removes at the end."""
+    from conftest_runtime import kill_worker, run_job
+
+    local = tmp_path / "local"
+    local.mkdir()
+    monkeypatch.setenv("ITERREDUCE_LOCAL_DIR", str(local))
+    rng = np.random.default_rng(6)
+    write_shards((rng.random((600, 10)) * 255).astype(np.uint8), rng.integers(0, 3, 600), str(tmp_path / "s"), 3)
+    out, spilled, killed = tmp_path / "out", [], []
+
+    def on_record(record):
+        if record.get("step") == 3 and "event" not in record and not killed:
+            spilled.extend(local.glob("iterreduce-local-*/dbn-rows-*/*.rows"))
+            killed.append(kill_worker(out, "worker-1"))
+
+    run_job(program=DBN_PROGRAM, program_config={**_config(stream=True), "pretrain_epochs": 6}, shards=str(tmp_path / "s"),
+            workers=3, output=str(out), on_record=on_record, timeout=120)
+    assert killed and spilled  # the workers' row files were there, in the launcher's folder
+    assert list(local.iterdir()) == []
