@@ -140,7 +140,7 @@ def test_a_datanode_stopped_mid_job_is_read_and_written_around(yarn, tmp_path, c
     X, y = data(seed=3)
     shards = yarn.hadoop.uri("/data/dn-lost")
     write_shards(X, y, shards, 3)
-    app_id = submit(capsys, job(tmp_path, yarn.hadoop.uri("/user/test/dn-lost"), epochs=20,
+    app_id = submit(capsys, job(tmp_path, yarn.hadoop.uri("/user/test/dn-lost"), epochs=12,
                                 cluster_extra=f'shards = "{shards}"'))
     placed = wait_running_workers(yarn, app_id, 3)
     yarn.wait_step(app_id, 2)
@@ -262,7 +262,7 @@ def test_the_application_masters_node_lost_the_next_attempt_resumes(yarn, tmp_pa
     shards = yarn.hadoop.uri("/data/am-lost")
     write_shards(X, y, shards, 3)
     output = yarn.hadoop.uri("/user/test/am-lost")
-    app_id = submit(capsys, job(tmp_path, output, epochs=30, cluster_extra=f'shards = "{shards}"'))
+    app_id = submit(capsys, job(tmp_path, output, epochs=20, cluster_extra=f'shards = "{shards}"'))
     yarn.wait_step(app_id, 4)
     yarn.hadoop.kill_node(node_of(yarn, yarn.report(app_id).host))
     report = yarn.wait(app_id, timeout=300)
