@@ -458,20 +458,40 @@ def read_piece(source: TableSource, piece: Piece, *, classes: LabelMap | None = 
     return features, labels
 
 
+def column_widths(source: TableSource, piece: Piece) -> tuple[int, ...] | None:
+    """The features each of ``source``'s feature columns gives a row of ``piece``, in order (a
+    number 1, a list or vector its rows' width), read from its rows that pass the filter, checked
+    as :func:`read_piece` checks them; None where no row passes."""
+    fragment, schema = _open_piece(source, piece)
+    stored = [name for name in schema.names if name not in {p[0] for p in piece.partition}]
+    names = _feature_columns(source, schema, stored, piece.path)
+    table = _read_rows(source, piece, fragment, schema, names)
+    if not table.num_rows:
+        return None
+    rows = table.column(ROW).to_numpy()
+    return tuple(feature_block(table.column(name).combine_chunks(), name, piece.path, rows).shape[1] for name in names)
+
+
 def named_features(table: pa.Table, names, where: str = "X") -> np.ndarray:
     """Float32 features (rows x features) of the columns ``names`` of an in-memory ``table``, by
     name, in that order (a model's ``input_columns_``, whatever the table's order of columns),
     each checked as :func:`read_piece` checks a file's: a number, a list of numbers or a Spark
     ML vector a row, no null, NaN or infinity, lists of one width. Errors name ``where``, the
     column and the row."""
+    blocks = named_blocks(table, names, where)
+    return np.hstack(blocks) if table.num_rows else np.zeros((0, type_width(table.schema, list(names))), np.float32)
+
+
+def named_blocks(table: pa.Table, names, where: str = "X") -> list[np.ndarray]:
+    """:func:`named_features` a column at a time: each column's float32 features (rows x its width;
+    none for a table without rows)."""
     names = list(names)
     for name in names:
         _check_feature_type(table.schema, name, where)
     if not table.num_rows:
-        return np.zeros((0, type_width(table.schema, names)), np.float32)
+        return []
     rows = np.arange(table.num_rows)
-    return np.hstack([feature_block(table.column(name).combine_chunks(), name, where, rows, in_file=False)
-                      for name in names])
+    return [feature_block(table.column(name).combine_chunks(), name, where, rows, in_file=False) for name in names]
 
 
 def read_columns(source: TableSource, piece: Piece, names: list[str]) -> pa.Table:
@@ -572,6 +592,7 @@ class TableShard:
     pieces: tuple[Piece, ...]
     n_features: int
     classes: LabelMap | None = None
+    widths: tuple[int, ...] | None = None  # the features each column gives a row (None: not known)
     uri: str = dataclasses.field(default="", compare=False)  # where it was saved, for errors (not saved)
 
     suffix = ".table.json"  # how a share's URI ends
@@ -607,7 +628,7 @@ class TableShard:
         return {"uri": self.uri, "rows": self.rows, "features": self.n_features, "labels": self.source.label is not None,
                 "ranges": {"features": None, "label": None if self.classes is None else (0, len(self.classes) - 1)},
                 "classes": None if self.classes is None else self.classes.to_dict(),
-                "columns": list(self.source.features)}
+                "columns": list(self.source.features), "widths": None if self.widths is None else list(self.widths)}
 
     def read(self, n_features: int | None, need_labels: bool) -> tuple[np.ndarray, np.ndarray | None]:
         """Every row that passes the filter: float32 features and int64 classes (or None)."""
@@ -649,10 +670,13 @@ class TableShard:
         """JSON-friendly (what :meth:`from_dict` reads back)."""
         return {"source": self.source.to_dict(), "pieces": [p.to_dict() for p in self.pieces],
                 "n_features": self.n_features,
-                "classes": None if self.classes is None else self.classes.to_dict()}
+                "classes": None if self.classes is None else self.classes.to_dict(),
+                "widths": None if self.widths is None else list(self.widths)}
 
     @classmethod
     def from_dict(cls, d: dict) -> TableShard:
         """The share :meth:`to_dict` wrote."""
+        widths = d.get("widths")  # shares written before widths were kept have none
         return cls(TableSource.from_dict(d["source"]), tuple(Piece.from_dict(p) for p in d["pieces"]),
-                   int(d["n_features"]), None if d["classes"] is None else LabelMap.from_dict(d["classes"]))
+                   int(d["n_features"]), None if d["classes"] is None else LabelMap.from_dict(d["classes"]),
+                   None if widths is None else tuple(int(w) for w in widths))

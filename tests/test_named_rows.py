@@ -44,6 +44,22 @@ def test_a_table_is_read_by_the_names_the_model_was_fitted_on():
         model.predict(shuffled.drop(["a"]).append_column("A", test.column("a")))
 
 
+def test_the_features_each_column_gives_are_kept_saved_and_checked(tmp_path):
+    table, y = rows(200, seed=0)
+    model = DBN(**SMALL).fit(table, y)
+    assert model.input_widths_ == (1, 1, 2)  # the list column v gives two
+    model.save(tmp_path / "m.npz")
+    assert DBN.load(tmp_path / "m.npz", device="cpu").input_widths_ == (1, 1, 2)
+    assert DBN(**SMALL).fit(table.column("a").to_numpy()[:, None], y).learned("input_widths_") is None  # an array
+    for widths, message in (([1, 2], "one positive integer for each of the 3 columns"),
+                            ([1, 1, 0], "one positive integer"), ([1, 1, 1], "add up to 3 features, but the model "
+                                                                             "takes 4"), (["a", 1, 1], "integers")):
+        with pytest.raises((TypeError, ValueError), match=message):
+            model.set_inputs(columns=["a", "b", "v"], widths=widths)
+    with pytest.raises(ValueError, match="widths without columns"):
+        model.set_inputs(widths=[4])
+
+
 def test_a_dataframe_is_read_by_name_and_the_names_are_saved(tmp_path):
     table, y = rows(400, seed=0)
     frame = pd.DataFrame({"a": table.column("a"), "b": table.column("b"), "c": 1.0 - np.asarray(table.column("b"))})

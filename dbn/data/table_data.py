@@ -28,8 +28,8 @@ from iterreduce.labels import LabelMap
 from iterreduce.scaling import FeatureStats, Scaler
 from iterreduce.shards import shard_set
 from iterreduce.yarn.locality import piece_blocks
-from iterreduce.tables import (TableShard, TableSource, assign, label_classes, open_dataset, pin, read_columns,
-                               read_piece, resolve, table_pieces)
+from iterreduce.tables import (TableShard, TableSource, assign, column_widths, label_classes, open_dataset, pin,
+                               read_columns, read_piece, resolve, table_pieces)
 
 from .sharding import FEATURES_COLUMNS, PREDICTION_COLUMNS, RowsWriter, output_columns, output_format
 from .validation import DataError
@@ -81,13 +81,13 @@ def _stats(source: TableSource, found, n_features: int) -> FeatureStats:
     return stats
 
 
-def _width(source: TableSource, found) -> int:
-    """Features per row, from the first piece with rows (its features alone)."""
+def _widths(source: TableSource, found) -> tuple[int, ...]:
+    """The features each feature column gives a row, from the first piece with rows."""
     features_only = dataclasses.replace(source, label=None)
     for piece in found:
-        X, _ = read_piece(features_only, piece)
-        if len(X):
-            return X.shape[1]
+        widths = column_widths(features_only, piece)
+        if widths is not None:
+            return widths
     raise DataError(f"{source.uri}: no row passes the filter {source.filter!r}" if source.filter
                     else f"{source.uri}: the table has no rows")
 
@@ -114,7 +114,7 @@ def table_layout(data) -> tuple[tuple[str, ...], int]:
     of columns: what a model trained on it reads from any other table, by name), and the
     features a row they give (from its first piece with rows)."""
     source, _, found = _opened(data)
-    return source.features, _width(source, found)
+    return source.features, sum(_widths(source, found))
 
 
 def open_table(data) -> TableShard:
@@ -123,7 +123,8 @@ def open_table(data) -> TableShard:
     naming the file, column and row of bad data."""
     source, dataset, found = _opened(data)
     classes = label_classes(source, dataset) if source.label is not None else None
-    return TableShard(source, tuple(found), _width(source, found), classes)
+    widths = _widths(source, found)
+    return TableShard(source, tuple(found), sum(widths), classes, widths)
 
 
 def table_scaler(table: TableShard, kind: str | None) -> Scaler | None:
@@ -181,17 +182,19 @@ def open_test_table(data, columns: tuple[str, ...] | None = None) -> TableShard:
     source, dataset, found = _opened(data, test=True, columns=columns)
     if source.label is None:
         raise DataError(f"{source.uri}: [data] label names no column, but testing needs labels")
-    return TableShard(source, tuple(found), _width(source, found), label_classes(source, dataset))
+    widths = _widths(source, found)
+    return TableShard(source, tuple(found), sum(widths), label_classes(source, dataset), widths)
 
 
-def attach_inputs(model, classes: LabelMap | None, scaler: Scaler | None, columns: tuple[str, ...] | None = None):
-    """Give ``model`` a table's label classes, feature scaler and feature columns, so that it
-    scales raw rows, answers in the table's labels and reads the same columns of any table;
-    returns it."""
+def attach_inputs(model, classes: LabelMap | None, scaler: Scaler | None, columns: tuple[str, ...] | None = None,
+                  widths: tuple[int, ...] | None = None):
+    """Give ``model`` a table's label classes, feature scaler and feature columns (with the
+    features each gives, ``widths``), so that it scales raw rows, answers in the table's labels
+    and reads the same columns of any table; returns it."""
     if classes is None and scaler is None and columns is None:
         return model
     return model.set_inputs(scaler=scaler, classes=None if classes is None else np.asarray(classes.classes),
-                            columns=columns)
+                            columns=columns, widths=widths if columns is not None else None)
 
 
 def predict_table(model, data, out: str, *, table: str | None = None, filter: str | None = None,

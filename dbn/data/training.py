@@ -45,6 +45,7 @@ class Rows:
     classes: LabelMap | None         # the label values the indices stand for (None: class i is i)
     scaler: Scaler | None            # how raw rows are scaled (None: they are not)
     columns: list[str] | tuple[str, ...] | None  # the columns the features come from, by name
+    widths: tuple[int, ...] | None = None  # the features each of them gives (None: one each, or not known)
 
 
 class TrainingData(ABC):
@@ -182,7 +183,7 @@ class Table(TrainingData):
         if y is None and self.spec.fine_tunes:
             raise DataError(f"{self.uri}: [data] label names no column, but fine-tuning needs labels "
                             f"([model] finetune_epochs = 0 pre-trains only)")
-        return Rows(X, y, table.classes, scaler, table.source.features)
+        return Rows(X, y, table.classes, scaler, table.source.features, table.widths)
 
     @functools.cached_property
     def _layout(self) -> tuple[tuple[str, ...], int]:

@@ -79,6 +79,7 @@ class DBNProgram(Program):
         self._finetune_parts = 1
         self._classes = None  # the LabelMap of a table or of string labels (from the shards), kept with the model
         self._columns = None  # a table's feature columns (from its shares), kept with the model
+        self._widths = None  # the features each of them gives
 
     def _parts(self, shards, batch_size) -> int:
         sync = int(self.config.get("sync_every") or 0)
@@ -118,6 +119,7 @@ class DBNProgram(Program):
         returns the class counts and warnings about rare classes for the log."""
         self._classes = shard_classes(shards)  # a table's or string labels' values, the same in every shard
         self._columns = shards[0].get("columns")  # one resolved source: every share of a table names the same
+        self._widths = shards[0].get("widths")  # and gives the same features a column
         unlabelled = [s["uri"] for s in shards if not s["labels"]]
         if self.model.fine_tunes and unlabelled:
             raise DataError(f"{unlabelled[0]}: no 'label' column, but fine-tuning needs labels "
@@ -283,7 +285,7 @@ class DBNProgram(Program):
         model = DBN(**dbn_params(self.config), device="cpu").set_state(
             {k: v for k, v in parameters.items() if k not in STATS and not master_side(k)})
         scaler = gathered_scaler(parameters, self.config.get("scale"))  # gathered by the workers in the first step
-        return attach_inputs(model, self._classes, scaler, self._columns)
+        return attach_inputs(model, self._classes, scaler, self._columns, self._widths)
 
 
 class DBNWorker(WorkerProgram):

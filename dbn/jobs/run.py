@@ -397,7 +397,7 @@ class InProcess:
         # The columns the features come from (a table's resolved glob, a CSV's header, the shards'
         # record of it): the model reads them by name from later tables and files.
         if any(x is not None for x in (scaler, classes, rows.columns)):  # before training: every class gets an output
-            attach_inputs(model, classes, scaler, rows.columns)
+            attach_inputs(model, classes, scaler, rows.columns, rows.widths)
         with runlog.RunLog(out / runlog.LOG_NAME) as log:
             def write(record: dict) -> None:
                 log.write(record)

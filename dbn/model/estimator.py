@@ -114,6 +114,7 @@ class DBN(RawInputs, Estimator):
     input_scaler_ : Scaler or None the scaler of raw rows (:meth:`set_inputs`; absent or None: none)
     classes_ : ndarray or None     the label value of each class (:meth:`set_inputs`; absent or None: 0..K-1)
     input_columns_ : tuple or None the columns the features come from (:meth:`set_inputs`; absent or None: none)
+    input_widths_ : tuple or None the features each of them gives (None: not known)
 
     ``fit``, ``pretrain`` and ``finetune`` take the data as the network sees it (features
     scaled, labels as class indices 0..K-1, or as strings: their sorted distinct values, or
@@ -308,7 +309,7 @@ class DBN(RawInputs, Estimator):
             n_classes = self.n_classes or (len(classes) if classes is not None else int(y.max()) + 1)
         if classes is not self.learned("classes_"):
             self.set_inputs(scaler=self.learned("input_scaler_"), classes=classes,
-                            columns=self.learned("input_columns_"))
+                            columns=self.learned("input_columns_"), widths=self.learned("input_widths_"))
         self._check_inputs(n_classes=n_classes)
         self.n_classes_ = n_classes
         y = check_labels(y, n_samples=X.shape[0], n_classes=self.n_classes_)
@@ -471,7 +472,7 @@ class DBN(RawInputs, Estimator):
         """
         self._require_fitted()
         inputs, input_arrays = preprocess.to_file(self.learned("input_scaler_"), self.learned("classes_"),
-                                                  self.learned("input_columns_"))
+                                                  self.learned("input_columns_"), self.learned("input_widths_"))
         header = {
             "params": {k: v for k, v in self.get_params().items() if k != "callback"},
             "n_features_in": self.n_features_in_,
@@ -497,9 +498,9 @@ class DBN(RawInputs, Estimator):
             model.set_state(arrays)
             if (model.network_ is not None) != header["has_network"]:
                 raise ValueError(f"has_network is {header['has_network']} but the arrays say otherwise")
-            scaler, classes, columns = preprocess.from_file(header, arrays)
+            scaler, classes, columns, widths = preprocess.from_file(header, arrays)
             if any(x is not None for x in (scaler, classes, columns)):  # else none, as on a model just fitted
-                model.set_inputs(scaler=scaler, classes=classes, columns=columns)
+                model.set_inputs(scaler=scaler, classes=classes, columns=columns, widths=widths)
         except (KeyError, TypeError, ValueError) as exc:
             raise ModelFileError(f"{path}: model file is inconsistent: {exc!r}") from exc
         return model

@@ -17,7 +17,7 @@ class RawInputs:
     """The raw-row side of a DBN (a mixin): it uses the model's ``rbms_``, ``network_``,
     ``n_features_in_``, ``n_classes_``, ``visible``, ``backend`` and :meth:`learned`."""
 
-    def set_inputs(self, scaler=None, classes=None, columns=None) -> "RawInputs":
+    def set_inputs(self, scaler=None, classes=None, columns=None, widths=None) -> "RawInputs":
         """Attach what turned the raw table into the training data, so that the model takes raw
         rows and answers in label values; returns self. Saved with the model (:meth:`save`).
 
@@ -37,6 +37,10 @@ class RawInputs:
             ``dbn transform``, ``dbn evaluate`` and a job's test read these columns, by name,
             whatever the order of columns there or the job file's ``[data] features``. Kept as a
             tuple in ``input_columns_``.
+        widths : sequence of int, or None
+            With ``columns``: the features each column gives a row (1 for a number, a list's or
+            vector's width), adding up to ``n_features_in_``; what an exported model's input
+            example is made of. Kept as a tuple in ``input_widths_`` (None: not known).
 
         None for any means none (rows as given; classes 0..K-1; columns as a job file names
         them). Set before training, the scaler and classes are checked against the data then.
@@ -48,7 +52,11 @@ class RawInputs:
         scaler = None if scaler is None else preprocess.check_scaler(scaler, n_features)
         classes = None if classes is None else preprocess.check_classes(classes, n_classes)
         columns = None if columns is None else preprocess.check_columns(columns)
+        if widths is not None and columns is None:
+            raise ValueError("widths without columns: they are the features each of the columns gives")
+        widths = None if widths is None else preprocess.check_widths(widths, columns, n_features)
         self.input_scaler_, self.classes_, self.input_columns_ = scaler, classes, columns
+        self.input_widths_ = widths
         return self
 
     def _check_inputs(self, n_features: int | None = None, n_classes: int | None = None) -> None:
@@ -90,7 +98,7 @@ class RawInputs:
             return X
         import pyarrow as pa
 
-        from iterreduce.tables import named_features
+        from iterreduce.tables import named_blocks, named_features
 
         if isinstance(X, pa.RecordBatch):
             X = pa.Table.from_batches([X])
@@ -99,13 +107,14 @@ class RawInputs:
                 return X  # a Series, or a DataFrame of numbered columns: by position
             X = pa.Table.from_pandas(X, preserve_index=False)
         columns = self.learned("input_columns_")
-        if columns is None:
-            columns = tuple(X.column_names)
-            if record:
-                self.set_inputs(scaler=self.learned("input_scaler_"), classes=self.learned("classes_"),
-                                columns=columns)
         try:
-            return named_features(X, columns)
+            if columns is None and record:  # the table's columns, and the features each gives, kept
+                columns = tuple(X.column_names)
+                blocks = named_blocks(X, columns)
+                self.set_inputs(scaler=self.learned("input_scaler_"), classes=self.learned("classes_"),
+                                columns=columns, widths=[b.shape[1] for b in blocks] if blocks else None)
+                return np.hstack(blocks) if blocks else named_features(X, columns)
+            return named_features(X, columns if columns is not None else tuple(X.column_names))
         except ShardError as exc:  # the runtime's: the model's callers catch DataError
             raise DataError(str(exc)) from None
 

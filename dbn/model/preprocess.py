@@ -103,6 +103,21 @@ def check_columns(columns) -> tuple[str, ...]:
     return names
 
 
+def check_widths(widths, columns: tuple[str, ...], n_features: int | None = None) -> tuple[int, ...]:
+    """The features each of ``columns`` gives a row, checked: one positive integer a column, adding
+    up to ``n_features`` where that is known."""
+    try:
+        values = tuple(int(w) for w in widths)
+    except (TypeError, ValueError):
+        raise TypeError(f"widths must be a sequence of integers, got {widths!r}") from None
+    if len(values) != len(columns) or any(w < 1 or w != v for w, v in zip(values, widths)):
+        raise ValueError(f"widths must be one positive integer for each of the {len(columns)} columns, got "
+                         f"{list(widths)!r}")
+    if n_features is not None and sum(values) != n_features:
+        raise ValueError(f"widths {list(values)} add up to {sum(values)} features, but the model takes {n_features}")
+    return values
+
+
 # ------------------------------------------------------------------ applying them
 
 def scale(scaler: Scaler, X) -> np.ndarray:
@@ -133,14 +148,16 @@ def encode_labels(classes: np.ndarray, y, n_samples: int, name: str = "y") -> np
 
 # ------------------------------------------------------------------ model file
 
-def to_file(scaler: Scaler | None, classes: np.ndarray | None,
-            columns: tuple[str, ...] | None = None) -> tuple[dict, dict[str, np.ndarray]]:
-    """(header entries, arrays) of a model file for ``scaler``, ``classes`` and ``columns``:
-    ``"scaler": {"kind": ...}`` with the arrays :data:`SCALER_ARRAYS`, ``"classes": [...]``,
-    ``"columns": [...]``; empty for None."""
+def to_file(scaler: Scaler | None, classes: np.ndarray | None, columns: tuple[str, ...] | None = None,
+            widths: tuple[int, ...] | None = None) -> tuple[dict, dict[str, np.ndarray]]:
+    """(header entries, arrays) of a model file for ``scaler``, ``classes``, ``columns`` and their
+    ``widths``: ``"scaler": {"kind": ...}`` with the arrays :data:`SCALER_ARRAYS`, ``"classes": [...]``,
+    ``"columns": [...]``, ``"widths": [...]``; empty for None."""
     header, arrays = {}, {}
     if columns is not None:
         header["columns"] = list(columns)
+    if widths is not None:
+        header["widths"] = [int(w) for w in widths]
     if scaler is not None:
         header["scaler"] = {"kind": scaler.kind}
         arrays = {array: np.asarray(getattr(scaler, field), np.float64) for field, array in SCALER_ARRAYS.items()}
@@ -149,8 +166,8 @@ def to_file(scaler: Scaler | None, classes: np.ndarray | None,
     return header, arrays
 
 
-def from_file(header: dict, arrays: dict) -> tuple[Scaler | None, list | None, list | None]:
-    """The scaler, classes and columns :func:`to_file` wrote (None where the file has none), unchecked
+def from_file(header: dict, arrays: dict) -> tuple[Scaler | None, list | None, list | None, list | None]:
+    """The scaler, classes, columns and widths :func:`to_file` wrote (None where the file has none), unchecked
     against the model (``DBN.set_inputs`` does that). A scaler's array without the header's
     entry, or the other way round, is a ValueError (KeyError for a missing array)."""
     scaler = None
@@ -166,7 +183,8 @@ def from_file(header: dict, arrays: dict) -> tuple[Scaler | None, list | None, l
     classes = header.get("classes")
     if classes is not None and not isinstance(classes, list):
         raise ValueError(f"header 'classes' must be a list, got {classes!r}")
-    columns = header.get("columns")
-    if columns is not None and not isinstance(columns, list):
-        raise ValueError(f"header 'columns' must be a list, got {columns!r}")
-    return scaler, classes, columns
+    columns, widths = header.get("columns"), header.get("widths")
+    for name, value in (("columns", columns), ("widths", widths)):
+        if value is not None and not isinstance(value, list):
+            raise ValueError(f"header {name!r} must be a list, got {value!r}")
+    return scaler, classes, columns, widths
