@@ -106,8 +106,6 @@ def cmd_train(args) -> int:
 
 
 def cmd_submit(args) -> int:
-    from iterreduce.yarn import client as yarn
-
     from .jobs.yarn import prepare, submit
 
     spec = _spec(args, JOB_FLAGS, SUBMIT_FLAGS, extra={"output.dir": args.out})
@@ -116,14 +114,23 @@ def cmd_submit(args) -> int:
         print(prepare(spec, dry_run=True, log=say).spec.to_yaml(), end="")
         return 0
     submission, app_id, url, client = submit(spec, log=say, overwrite=args.overwrite)
+    return _submitted(args, say, client, app_id, url, f"outputs in {submission.job['master']['output']}")
+
+
+def _submitted(args, say, client, app_id: str, url: str, where: str) -> int:
+    """Print a submitted application's id and how to watch it; with ``--wait``, follow it to its
+    end. Returns the exit code (an application that failed on bad data ends as bad input does
+    on one machine)."""
+    from iterreduce.yarn import client as yarn
+
     print(app_id)
-    say(f"submitted {app_id}; tracking URL: {url or '(none yet)'}; outputs in {submission.job['master']['output']}")
+    say(f"submitted {app_id}; tracking URL: {url or '(none yet)'}; {where}")
     say(f"watch it with `dbn status {app_id}`, read its logs with `dbn logs {app_id}`")
     if args.wait:
         st = yarn.follow(client, app_id, show=say)
         if st.final_status != "SUCCEEDED":
             print(f"dbn: error: {yarn.ended_badly(st)}", file=sys.stderr)
-            return EXIT_ERROR if yarn.stopped_on_bad_data(st) else 1  # bad input, as on one machine
+            return EXIT_ERROR if yarn.stopped_on_bad_data(st) else 1
     return 0
 
 
@@ -209,8 +216,6 @@ def cmd_predict(args) -> int:
 def _score_distributed(args, spec, rows, keep: tuple[str, ...], features: bool) -> int:
     """``dbn predict|transform --local N`` or ``--yarn``: a scoring job (:mod:`dbn.jobs.scoring`)
     writing a folder of Parquet part files, committed whole."""
-    from iterreduce.yarn import client as yarn
-
     from .data.training import TableRows
     from .jobs import scoring
 
@@ -234,15 +239,7 @@ def _score_distributed(args, spec, rows, keep: tuple[str, ...], features: bool) 
     if args.workers is not None:
         spec.cluster.workers = args.workers
     app_id, url, client = scoring.submit(spec, str(args.model), args.out, log=say, **options)
-    print(app_id)
-    say(f"submitted {app_id}; tracking URL: {url or '(none yet)'}; the output appears whole at {args.out}")
-    say(f"watch it with `dbn status {app_id}`, read its logs with `dbn logs {app_id}`")
-    if args.wait:
-        st = yarn.follow(client, app_id, show=say)
-        if st.final_status != "SUCCEEDED":
-            print(f"dbn: error: {yarn.ended_badly(st)}", file=sys.stderr)
-            return EXIT_ERROR if yarn.stopped_on_bad_data(st) else 1
-    return 0
+    return _submitted(args, say, client, app_id, url, f"the output appears whole at {args.out}")
 
 
 def cmd_export(args) -> int:
