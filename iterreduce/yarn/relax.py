@@ -1,8 +1,8 @@
 """A worker's node asked for strictly, for a bounded time, then any node.
 
 YARN's own locality delay gives a node up after a number of missed scheduling opportunities
-that the CapacityScheduler caps at the cluster's node count: on a small cluster one or two
-heartbeats, fewer when one heartbeat assigns several containers. So a worker slot whose data's
+that the CapacityScheduler caps at the cluster's node count: on a small cluster a few
+heartbeats. So a worker slot whose data's
 node is known asks for that node strictly (``relax_locality=False``, see
 :func:`iterreduce.yarn.spec.build_spec`), and the application master watches (:class:`Relaxer`):
 a worker container still unplaced after ``wait`` seconds (its node full, lost or gone) is
