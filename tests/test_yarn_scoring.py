@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -81,6 +82,9 @@ def test_a_million_rows_scored_by_three_containers_one_killed_every_row_once(yar
     app_id = capsys.readouterr().out.strip()
     yarn.wait_step(app_id, 1)
     assert yarn.hadoop.fs().get_file_info("/user/test/scores").type == pafs.FileType.NotFound  # until the commit
+    assert main(["status", app_id]) == 0
+    status = capsys.readouterr().out
+    assert re.search(r"superstep \d+ of 14: score", status) and "workers: worker-0 on " in status, status
     victim = next(c for c in yarn.containers(app_id, states=["RUNNING"]) if c.id == "worker-1_0")
     (pid,) = yarn.pids(victim.yarn_container_id, "iterreduce.yarn.container worker")
     os.kill(pid, signal.SIGKILL)
