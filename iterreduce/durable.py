@@ -16,7 +16,7 @@ whole, and a crash or an error while writing leaves the earlier file as it was.
   journaled before it returns, so a reader again finds the old file or the new, never neither.
 - **Other file systems** that refuse to rename onto an existing file (libhdfs' HDFS, object
   stores): the earlier file is first renamed aside to a hidden backup name
-  (``.NAME.XXXXXXXX.old``), the new one moved in, then the backup deleted. Between those two
+  (``.NAME.<8 hex>.old``), the new one moved in, then the backup deleted. Between those two
   renames the name is missing for a moment, but the earlier bytes are whole under the backup
   name; :func:`restore` (run before every write of that name) moves a backup that a crash left
   behind back in place. Closing such a file is all the durability those clients offer: a
@@ -35,12 +35,12 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-#: Suffixes of the hidden files a replacement makes beside its target (``.NAME.XXXXXXXX<suffix>``).
+#: Suffixes of the hidden files a replacement makes beside its target (``.NAME.<8 hex><suffix>``).
 PARTIAL_SUFFIX, BACKUP_SUFFIX = ".tmp", ".old"
 
 
 def hidden_name(path: str, suffix: str) -> str:
-    """A fresh hidden name beside ``path``: ``FOLDER/.NAME.XXXXXXXX<suffix>``."""
+    """A fresh hidden name beside ``path``: ``FOLDER/.NAME.<8 hex><suffix>``."""
     folder, name = posixpath.split(path)
     return posixpath.join(folder, f".{name}.{uuid.uuid4().hex[:8]}{suffix}")
 
@@ -201,7 +201,7 @@ def _backups(fs: pafs.FileSystem, path: str) -> list[pafs.FileInfo]:
 
 def restore(fs: pafs.FileSystem, path: str) -> str | None:
     """Where a replacement on a file system without atomic overwrite was cut short between its two
-    renames (``path`` missing, its backup ``.NAME.XXXXXXXX.old`` there), move the newest backup
+    renames (``path`` missing, its backup ``.NAME.<8 hex>.old`` there), move the newest backup
     back to ``path``; returns the backup's path, or None. Backups beside a file that is in
     place are left alone (the replacement that made them deletes them)."""
     if fs.get_file_info(path).type != pafs.FileType.NotFound:

@@ -349,7 +349,7 @@ def _write_manifest(fs: pafs.FileSystem, path: str, manifest: dict) -> None:
 def _ours(entry: pafs.FileInfo, files: dict) -> bool:
     """Whether a folder entry is a shard file the manifest ``files`` lists as it is (its size;
     None: being written), or a hidden leftover of an interrupted write of one
-    (``.NAME.XXXXXXXX.tmp`` / ``.old``, :mod:`iterreduce.durable`'s names)."""
+    (``.NAME.<8 hex>.tmp`` / ``.old``, :mod:`iterreduce.durable`'s names)."""
     name = entry.base_name
     if entry.type != pafs.FileType.File:
         return False

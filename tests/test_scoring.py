@@ -120,6 +120,27 @@ def test_an_existing_output_is_refused_and_replaced_only_when_it_is_a_scoring_ou
     assert (foreign / "part-00000.parquet").read_bytes() == b"a table of someone else's"
 
 
+def test_the_commit_moves_and_deletes_only_the_runs_own_names(tmp_path):
+    """A staging folder holding a file the run did not write is refused whole: nothing moved or
+    deleted. Without one, a killed writer's unfinished part file goes, and files beside it stay."""
+    from iterreduce.exceptions import ForeignFileError
+
+    stage, out = tmp_path / ".scores.dbn-r1", tmp_path / "scores"
+    (stage / "_dbn").mkdir(parents=True)
+    (stage / "part-00000-00000.parquet").write_bytes(b"rows")
+    unfinished = stage / ".part-00001-00000.parquet.0123abcd.tmp"
+    unfinished.write_bytes(b"half")
+    (stage / ".notes").write_text("a user's")
+    (tmp_path / "scores.csv").write_text("beside")
+    with pytest.raises(ForeignFileError, match=r"\.notes: not written by this scoring run"):
+        scoring.commit(str(stage), str(out), overwrite=False, run_id="r1")
+    assert unfinished.exists() and (stage / ".notes").exists() and not out.exists()
+    (stage / ".notes").unlink()
+    scoring.commit(str(stage), str(out), overwrite=False, run_id="r1")
+    assert sorted(p.name for p in out.iterdir()) == ["_SUCCESS", "_dbn", "part-00000-00000.parquet"]
+    assert not stage.exists() and (tmp_path / "scores.csv").read_text() == "beside"
+
+
 def test_chunks_split_a_shares_pieces_into_nearly_equal_runs():
     pieces = tuple(range(7))
     runs = [scoring.chunk_of(pieces, k, 3) for k in range(3)]

@@ -218,7 +218,7 @@ def predict_table(model, data, out: str, *, table: str | None = None, filter: st
         with open_output_file(out, overwrite=overwrite) as stream:
             writer = RowsWriter(stream, fmt)
             for piece in table_pieces(scored.source, scored.dataset):
-                part = score_piece(model, scored, piece, keep, features)
+                part = score_piece(model, scored.source, piece, scored.label, keep, features)
                 if part is not None:
                     writer.write(part.table)
                     rows, wrong = rows + part.rows, wrong + part.wrong
@@ -287,15 +287,14 @@ class ScoredPiece:
     wrong: int
 
 
-def score_piece(model, scored: ScoredTable, piece, keep: tuple[str, ...] = (),
+def score_piece(model, source: TableSource, piece, label: str | None = None, keep: tuple[str, ...] = (),
                 features: bool = False) -> ScoredPiece | None:
-    """The ``keep`` columns as stored and the model's outputs for one piece of ``scored``
-    (None where its filter keeps no row)."""
-    X, _ = read_piece(scored.source, piece, n_features=model.n_features_in_)
+    """The ``keep`` columns as stored and the model's outputs for one piece of ``source``'s table
+    (None where its filter keeps no row); ``wrong`` counted against the ``label`` column, if any."""
+    X, _ = read_piece(source, piece, n_features=model.n_features_in_)
     if not len(X):
         return None
-    label = scored.label
-    columns = read_columns(scored.source, piece, list(dict.fromkeys([*keep, *([label] if label else [])])))
+    columns = read_columns(source, piece, list(dict.fromkeys([*keep, *([label] if label else [])])))
     outputs = output_columns(model, X, features=features)
     wrong = 0
     if label:

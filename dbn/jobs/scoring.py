@@ -22,9 +22,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import tempfile
 from pathlib import Path
-from urllib.parse import urlparse
 
 import numpy as np
 import pyarrow.fs as pafs
@@ -61,6 +61,12 @@ WRITTEN_BY = "dbn predict"
 def part_name(share: int, chunk: int) -> str:
     """The part file of share ``share``'s chunk ``chunk``."""
     return f"part-{share:05d}-{chunk:05d}.parquet"
+
+
+#: What a staging folder holds, all of it written by the run: part files, a killed writer's
+#: unfinished one (:func:`iterreduce.durable.hidden_name`'s ``.NAME.<8 hex>.tmp``), the job's folder, the marker.
+PART = re.compile(r"part-\d{5,}-\d{5,}\.parquet")
+UNFINISHED_PART = re.compile(r"\.part-\d{5,}-\d{5,}\.parquet\.[0-9a-f]{8}\.tmp")
 
 
 def chunk_of(pieces: tuple, chunk: int, chunks: int) -> tuple:
@@ -142,10 +148,11 @@ class ScoringWorker(WorkerProgram):
     def run(self, step, parameters, shard, seed):
         index, share = shard
         pieces = chunk_of(share.pieces, int(step.info["chunk"]), int(step.info["of"]))
-        scored = _ScoredShare(share.source, self.config.get("label"))
-        keep, features = tuple(self.config.get("keep") or ()), bool(self.config.get("features"))
+        label, keep = self.config.get("label"), tuple(self.config.get("keep") or ())
+        features = bool(self.config.get("features"))
         rows = wrong = 0
-        parts = [part for piece in pieces if (part := score_piece(self.model, scored, piece, keep, features))]
+        parts = [part for piece in pieces
+                 if (part := score_piece(self.model, share.source, piece, label, keep, features))]
         if parts:
             uri = join(self.config["stage"], part_name(index, int(step.info["chunk"])))
             with open_output_file(uri) as stream:  # whole or not at all; a second writer's is the same
@@ -156,14 +163,6 @@ class ScoringWorker(WorkerProgram):
                 writer.close()
         return Update(index, rows, {"rows": np.array([rows], np.int64), "wrong": np.array([wrong], np.int64)},
                       {"rows": rows})
-
-
-@dataclasses.dataclass(frozen=True)
-class _ScoredShare:
-    """What :func:`~dbn.data.table_data.score_piece` reads of a share's table."""
-
-    source: object
-    label: str | None
 
 
 # ------------------------------------------------------------------ the commit
@@ -212,10 +211,23 @@ def check_output(out: str, overwrite: bool) -> None:
     check_replaceable(out)
 
 
+def check_stage(stage: str) -> list:
+    """The entries of the staging folder ``stage``, refused (:class:`ForeignFileError`, nothing
+    moved or deleted) where one is not a name the run writes there."""
+    fs, path = filesystem(stage)
+    entries = fs.get_file_info(pafs.FileSelector(path))
+    for info in entries:
+        if not (PART.fullmatch(info.base_name) or UNFINISHED_PART.fullmatch(info.base_name)
+                or info.base_name in (JOB_DIR, SUCCESS)):
+            raise ForeignFileError(f"{stage}/{info.base_name}: not written by this scoring run, in its staging "
+                                   f"folder: nothing moved or deleted")
+    return entries
+
+
 def commit(stage: str, out: str, *, overwrite: bool, run_id: str) -> None:
     """Make the staged output visible at ``out`` in one rename: ``_SUCCESS`` written into the
     stage, the stage's hidden leftovers (a killed writer's unfinished files) removed, the stage
-    renamed onto ``out``. An earlier output there (with ``overwrite``, proven a scoring output by
+    renamed onto ``out`` (:func:`check_stage` first: only the run's own names). An earlier output there (with ``overwrite``, proven a scoring output by
     :func:`check_replaceable`) is first renamed aside and removed after. A commit this run made
     already (a new attempt of the master after it) only removes the stage again."""
     fs, stage_path = filesystem(stage)
@@ -223,10 +235,11 @@ def commit(stage: str, out: str, *, overwrite: bool, run_id: str) -> None:
     done = read_result(out)
     if done is not None and done.get("run_id") == run_id:
         if fs.get_file_info(stage_path).type != pafs.FileType.NotFound:
+            check_stage(stage)
             fs.delete_dir(stage_path)
         return
-    for info in fs.get_file_info(pafs.FileSelector(stage_path)):
-        if info.base_name.startswith(".") and info.type == pafs.FileType.File:
+    for info in check_stage(stage):
+        if UNFINISHED_PART.fullmatch(info.base_name):
             fs.delete_file(info.path)
     with fs.open_output_stream(f"{stage_path}/{SUCCESS}"):
         pass
@@ -283,7 +296,8 @@ def plan(model, model_path: str, data, out: str, *, workers: int, table=None, fi
         uri = join(stage, f"{JOB_DIR}/shares/share-{k:05d}{TableShard.suffix}")
         TableShard(scored.source, tuple(share), model.n_features_in_).save(uri)
         uris.append(uri)
-    blocks = [sum((located[pieces.index(p)] for p in share), locality.Blocks()) for share in shares] if located else []
+    where = dict(zip(pieces, located or ()))  # each piece's Blocks
+    blocks = [sum((where[p] for p in share), locality.Blocks()) for share in shares] if located else []
     most = max(sum(p.rows for p in share) for share in shares)
     chunks = max(1, min(CHUNKS, max(len(share) for share in shares), most // part_rows))
     program_config = {"model": model_path, "stage": stage, "out": out, "overwrite": overwrite, "run_id": run_id,
@@ -315,11 +329,6 @@ def run_local(model_path: str, data, out: str, *, workers: int, device: str = "c
         upload_outputs(Path(local), job.master.output)
     ScoringProgram(job.program_config).commit(out)
     return read_result(out)
-
-
-def is_remote(uri: str) -> bool:
-    """Whether ``uri`` names a file system other than this machine's."""
-    return urlparse(uri).scheme not in ("", "file")
 
 
 def progress_printer(say):
