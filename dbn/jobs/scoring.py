@@ -359,7 +359,7 @@ def submit(cfg, model_path: str, out: str, *, table=None, filter=None, keep=(), 
 
     from ..model.estimator import DBN
     from .run import load_classifier
-    from .yarn import _name_services, _shared_uri, ship_environment, write_job_file, yarn_options
+    from .yarn import _name_services, _shared_uri, place_workers, ship_environment, write_job_file, yarn_options
 
     yarn.check_kerberos(cfg.yarn.principal, cfg.yarn.keytab)  # before any staging work
     out = _shared_uri("--out", out)
@@ -367,20 +367,14 @@ def submit(cfg, model_path: str, out: str, *, table=None, filter=None, keep=(), 
     opts = yarn_options(cfg)
     job = plan(model, SHIPPED_MODEL, cfg.data, out, workers=opts.workers, table=table, filter=filter, keep=keep,
                features=features, overwrite=overwrite, part_rows=part_rows, locate=locality.file_blocks,
-               cluster=cfg.cluster,
-               name=cfg.job.name)
+               cluster=cfg.cluster, name=cfg.job.name)
     opts.workers = job.master.workers  # one a share (fewer where the table has fewer pieces)
-    opts.slot_hosts = locality.place(job.blocks) if job.blocks else []
+    slots = place_workers(opts, job.blocks, log)
     opts.files = {SHIPPED_MODEL: str(Path(model_path).resolve())}
     opts.file_systems = list(dict.fromkeys([*opts.file_systems, *_name_services([out, job.program_config["table"]])]))
     master = job.master.to_dict()
     del master["token"]  # each application master attempt makes its own
-    slots = [{"host": host, "bytes": b.size, "bytes_on": b.on} for host, b in zip(opts.slot_hosts, job.blocks)]
     job_file = write_job_file(f"{cfg.job.name}-scoring", {"master": master, "slots": slots})
-    if any(opts.slot_hosts):
-        local = sum(b.on.get(host, 0) for host, b in zip(opts.slot_hosts, job.blocks))
-        log(f"scoring {job.program_config['table']} with {opts.workers} workers, each asked for on a node holding its "
-            f"share: {100 * local / max(1, sum(b.size for b in job.blocks)):.0f} % of the bytes they read are local")
     ship_environment(opts, log=log)
     spec = build_spec(f"dbn-score-{cfg.job.name}", str(job_file), opts, device=cfg.job.device)
     client = yarn.connect(cfg.yarn.principal, cfg.yarn.keytab)

@@ -119,11 +119,7 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
         opts.workers = len(uris)
     blocks = blocks or (locality.file_blocks(uris) if uris else {})
     slots = locality.slot_blocks(uris, opts.workers, blocks) if blocks else []
-    opts.slot_hosts = locality.place(slots) if slots else []
-    if any(opts.slot_hosts):
-        local = sum(slot.on.get(host, 0) for host, slot in zip(opts.slot_hosts, slots))
-        log(f"each worker asks for a node holding its data ({len(set(opts.slot_hosts) - {''})} nodes): "
-            f"{100 * local / max(1, sum(s.size for s in slots)):.0f} % of the bytes they read are on their own nodes")
+    placed = place_workers(opts, slots, log)
     opts.file_systems = list(dict.fromkeys([*opts.file_systems,
                                             *_name_services([output, shards, *([validation] if validation else []),
                                                              *([data.location] if table else [])])]))
@@ -139,12 +135,23 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
                                n_shards=len(uris) if uris else None).to_dict()
     master["workers"] = opts.workers  # the containers started (fewer where the shards are fewer)
     del master["token"]  # each application master attempt makes its own
-    job = {"master": master, "slots": [{"host": host, "bytes": slot.size, "bytes_on": slot.on}
-                                       for host, slot in zip(opts.slot_hosts, slots)], "spec": cfg.to_dict()}
+    job = {"master": master, "slots": placed, "spec": cfg.to_dict()}
     job_file = write_job_file(cfg.job.name, job)
     ship_environment(opts, dry_run=dry_run, log=log)
     spec = build_spec(f"dbn-{cfg.job.name}", str(job_file), opts, device=cfg.job.device)
     return Submission(spec, job, job_file)
+
+
+def place_workers(opts: YarnOptions, slots: list[locality.Blocks], log=print) -> list[dict]:
+    """Each worker slot's node, from where its bytes are (``slots``; none known: any node), set in
+    ``opts.slot_hosts`` and said in ``log`` with the share of the bytes read locally; returns the
+    job file's ``"slots"``: ``[{"host", "bytes", "bytes_on"}]``."""
+    opts.slot_hosts = locality.place(slots) if slots else []
+    if any(opts.slot_hosts):
+        local = sum(slot.on.get(host, 0) for host, slot in zip(opts.slot_hosts, slots))
+        log(f"each worker asks for a node holding its data ({len(set(opts.slot_hosts) - {''})} nodes): "
+            f"{100 * local / max(1, sum(s.size for s in slots)):.0f} % of the bytes they read are on their own nodes")
+    return [{"host": host, "bytes": slot.size, "bytes_on": slot.on} for host, slot in zip(opts.slot_hosts, slots)]
 
 
 def write_job_file(name: str, job: dict) -> Path:
