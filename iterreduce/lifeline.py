@@ -5,7 +5,8 @@ workers itself; one killed with SIGKILL cannot. So each child started by the loc
 launcher watches it: the launcher's pid travels in ``$ITERREDUCE_LAUNCHER_PID``,
 and when the child's parent is no longer that process (it was re-parented, so the
 launcher is gone) the child exits. In YARN containers the variable is not set and
-the NodeManager owns the processes' lives.
+the NodeManager owns the processes' lives. The master then also removes the folders the
+launcher made for the job and could not remove (:func:`iterreduce.jobfolders.remove`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import logging
 import os
 import threading
 import time
+from typing import Callable
 
 LAUNCHER_PID = "ITERREDUCE_LAUNCHER_PID"
 EXIT_ORPHANED = 143  # as if terminated by SIGTERM
@@ -21,11 +23,12 @@ EXIT_ORPHANED = 143  # as if terminated by SIGTERM
 log = logging.getLogger("iterreduce.lifeline")
 
 
-def follow_launcher(poll: float = 0.5) -> None:
-    """If a local launcher started this process, exit as soon as that launcher is gone."""
+def follow_launcher(poll: float = 0.5, on_orphaned: Callable[[], None] | None = None) -> None:
+    """If a local launcher started this process, exit as soon as that launcher is gone, after
+    ``on_orphaned`` (the launcher's cleanup it could not do)."""
     launcher = int(os.environ.get(LAUNCHER_PID) or 0)
     if launcher:
-        _exit_when_orphaned(launcher, f"the launcher (pid {launcher})", poll)
+        _exit_when_orphaned(launcher, f"the launcher (pid {launcher})", poll, on_orphaned)
 
 
 def follow_parent(poll: float = 0.5) -> None:
@@ -36,12 +39,17 @@ def follow_parent(poll: float = 0.5) -> None:
     _exit_when_orphaned(os.getppid(), "", poll)
 
 
-def _exit_when_orphaned(parent: int, who: str, poll: float) -> None:
+def _exit_when_orphaned(parent: int, who: str, poll: float, on_orphaned: Callable[[], None] | None = None) -> None:
     def watch() -> None:
         while os.getppid() == parent:  # re-parented: that process is gone
             time.sleep(poll)
         if who:
             log.error("%s is gone: stopping", who)
+        if on_orphaned is not None:
+            try:
+                on_orphaned()
+            except Exception:  # noqa: BLE001 - exit whatever the cleanup met
+                log.exception("cleaning up after the launcher failed")
         logging.shutdown()
         os._exit(EXIT_ORPHANED)  # no cleanup to wait for: checkpoints and outputs are written atomically
 

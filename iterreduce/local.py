@@ -18,21 +18,19 @@ import contextlib
 import dataclasses
 import json
 import os
-import shutil
 import signal
 import threading
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable
 
-from . import THREAD_VARS, checkpoint, ownership, runlog
+from . import THREAD_VARS, checkpoint, jobfolders, ownership, runlog, sharedmem
 from .master import EXIT_DATA_ERROR, MasterConfig, new_run_id
 from .security import new_token
 from .readers import list_shards
-from .rowfile import LOCAL_DIR_VAR, local_directory
+from .rowfile import LOCAL_DIR_VAR
 from .exceptions import STOPPED_ON_BAD_DATA, LocalJobError, MasterKilled
 from .lifeline import LAUNCHER_PID
 from .worker import EXIT_MASTER_GONE
@@ -80,7 +78,8 @@ class LocalCluster:
     """Starts and supervises one job's processes. Use :func:`run_local`."""
 
     def __init__(self, config: MasterConfig, *, max_restarts: int = 3, device: str = "cpu",
-                 threads_per_worker: int | None = None, on_record: Callable[[dict], None] | None = None):
+                 threads_per_worker: int | None = None, on_record: Callable[[dict], None] | None = None,
+                 shared_memory: bool = True):
         self.config = config
         self.out = Path(config.output)
         self.logs = self.out / "logs"
@@ -96,8 +95,12 @@ class LocalCluster:
         self._follower = runlog.Follower(self._log)
         self.last_worker_error = ""
         # The workers' local files (streamed row files) go in a folder this launcher makes and
-        # removes at the end: a worker killed with SIGKILL cannot remove its own.
+        # removes at the end: a worker killed with SIGKILL cannot remove its own. The master and
+        # the workers pass tensors through files of a shared-memory folder, likewise made and
+        # removed here (iterreduce.jobfolders), where asked and this host has one.
+        self.shared_memory = shared_memory
         self.scratch: str | None = None
+        self.shared_dir: str | None = None
 
     def _env(self, index: int | None) -> dict:
         env = dict(os.environ, ITERREDUCE_TOKEN=self.config.token, PYTHONUNBUFFERED="1")
@@ -105,9 +108,13 @@ class LocalCluster:
         # Children import the runtime (and the program) from where this process does.
         root = str(Path(__file__).resolve().parents[1])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+        # The job's folders: the master's too, which removes them if this process dies first.
+        env.pop(sharedmem.SHARED_DIR_VAR, None)  # never a folder of another run's
+        if self.shared_dir:
+            env[sharedmem.SHARED_DIR_VAR] = self.shared_dir
+        if self.scratch:
+            env[LOCAL_DIR_VAR] = self.scratch
         if index is not None:
-            if self.scratch:
-                env[LOCAL_DIR_VAR] = self.scratch
             for var in THREAD_VARS:
                 env[var] = str(self.threads)
             if self.gpus:
@@ -122,7 +129,7 @@ class LocalCluster:
     def start(self) -> str:
         """Start the master and the workers; returns the master's address."""
         self.logs.mkdir(parents=True, exist_ok=True)
-        self.scratch = tempfile.mkdtemp(prefix="iterreduce-local-", dir=local_directory())
+        self.scratch, self.shared_dir = jobfolders.make(self.shared_memory)
         (self.out / "master.json").unlink(missing_ok=True)
         (self.out / "error.txt").unlink(missing_ok=True)
         job = self.config.to_dict()
@@ -252,27 +259,26 @@ class LocalCluster:
         self.remove_scratch()
 
     def remove_scratch(self) -> None:
-        """Remove the folder of the workers' local files, which :meth:`start` made (call once
-        the workers are gone)."""
-        if self.scratch is not None:
-            shutil.rmtree(self.scratch, ignore_errors=True)
-            self.scratch = None
+        """Remove the folder of the workers' local files and the shared-memory folder, which
+        :meth:`start` made (call once the processes are gone)."""
+        jobfolders.remove(self.scratch, self.shared_dir)
+        self.scratch = self.shared_dir = None
 
 
 def run_local(config: MasterConfig, *, max_restarts: int = 3, device: str = "cpu",
               threads_per_worker: int | None = None, on_record: Callable[[dict], None] | None = None,
-              earlier_runs: bool = True) -> Path:
+              earlier_runs: bool = True, shared_memory: bool = True) -> Path:
     """:func:`_run_local` holding the output folder's lock (:func:`iterreduce.ownership.hold`)
     from start to end: a second run into the same folder is refused at once
     (:class:`~iterreduce.exceptions.OutputBusy`), naming the folder and the holder."""
     with ownership.hold(Path(config.output).resolve()):
         return _run_local(config, max_restarts=max_restarts, device=device, threads_per_worker=threads_per_worker,
-                          on_record=on_record, earlier_runs=earlier_runs)
+                          on_record=on_record, earlier_runs=earlier_runs, shared_memory=shared_memory)
 
 
 def _run_local(config: MasterConfig, *, max_restarts: int = 3, device: str = "cpu",
                threads_per_worker: int | None = None, on_record: Callable[[dict], None] | None = None,
-               earlier_runs: bool = True) -> Path:
+               earlier_runs: bool = True, shared_memory: bool = True) -> Path:
     """Run the job ``config`` describes on a local mini-cluster of ``config.workers`` worker
     processes; returns the output dir.
 
@@ -285,6 +291,8 @@ def _run_local(config: MasterConfig, *, max_restarts: int = 3, device: str = "cp
     (:func:`~iterreduce.ownership.set_aside`); once it has succeeded, the newest
     :data:`~iterreduce.ownership.KEEP_PREVIOUS` stay. ``earlier_runs=False``: the caller
     keeps the folder's earlier runs itself (a job's run, whose own files go there too).
+    ``shared_memory``: tensors between the master and the workers go through a shared-memory
+    folder (:mod:`iterreduce.sharedmem`, the same bits); False: through gRPC's bytes.
     """
     out = Path(config.output).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -297,7 +305,7 @@ def _run_local(config: MasterConfig, *, max_restarts: int = 3, device: str = "cp
                                  run_id=config.run_id or new_run_id(),
                                  checkpoint_dir=config.checkpoint_dir or str(out / "checkpoints"))
     cluster = LocalCluster(config, max_restarts=max_restarts, device=device,
-                           threads_per_worker=threads_per_worker, on_record=on_record)
+                           threads_per_worker=threads_per_worker, on_record=on_record, shared_memory=shared_memory)
     with _sigterm_as_exit():
         try:
             cluster.start()

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import grpc
 
 from . import wire
+from .sharedmem import SharedFolder
 from .proto import iterreduce_pb2 as pb
 from .proto import iterreduce_pb2_grpc as pb_grpc
 from .security import metadata
@@ -24,21 +25,29 @@ class MasterLink:
     calls share: the exchange's layout as the last task that carried one said it (the master
     sends a layout only to a worker that does not hold it), the Steps stream (opened at the first
     push of one message, kept open for the job, since a message on it costs the master less than
-    a call) and ``heard``, when the last fetch or push ended (the master counts it as a heartbeat)."""
+    a call) and ``heard``, when the last fetch or push ended (the master counts it as a heartbeat).
+    ``shared``: the run's shared-memory folder, where the master uses it with this worker (see
+    :meth:`register`): tensors travel both ways in its files, not in the messages."""
 
-    def __init__(self, channel: grpc.Channel, token: str):
+    def __init__(self, channel: grpc.Channel, token: str, shared: SharedFolder | None = None):
         self.stub = pb_grpc.MasterStub(channel)
         self.metadata = metadata(token)
+        self.offered = shared  # the folder the launcher gave this worker (None: none)
+        self.shared: SharedFolder | None = None  # that folder, once the master said it uses it too
         self.heard = 0.0
         self.layout: tuple[int, pb.TaskHeader] = (0, pb.TaskHeader())  # (version, its fields)
         self._steps: tuple[queue.SimpleQueue, object] | None = None  # the open Steps stream: (requests, replies)
 
     def register(self, request: pb.RegisterRequest) -> pb.RegisterReply:
         """Register, waiting for the master to be up. The master may be a new one (or have dropped
-        this worker): the layout and the stream held are not its own, and go."""
+        this worker): the layout and the stream held are not its own, and go. The request names
+        the shared folder this worker was given; the reply says whether the master uses it."""
+        if self.offered is not None:
+            request.shared_dir = self.offered.path
         reply = self.stub.Register(request, metadata=self.metadata, wait_for_ready=True, timeout=120)
         self.close()
         self.layout = (0, pb.TaskHeader())
+        self.shared = self.offered if reply.shared else None
         return reply
 
     def heartbeat(self, worker_id: str, status: dict) -> pb.HeartbeatReply:
@@ -63,7 +72,7 @@ class MasterLink:
 
     def read_task(self, messages):
         """The task's header and its arrays, from its messages."""
-        header, decoder = None, wire.Decoder()
+        header, decoder = None, wire.Decoder(self.shared)
         for chunk in messages:
             if chunk.HasField("header"):
                 header = chunk.header
@@ -81,10 +90,28 @@ class MasterLink:
             header.MergeFrom(layout)
         return header, decoder.finish()
 
-    def push(self, first: pb.UpdateHeader, chunks: Iterator[pb.TensorChunk], versions: dict[str, int]):
-        """Push the update of header ``first`` and tensor ``chunks``. A push of one message asks for
-        the next task in the same call (Sync, see :meth:`task_request`); returns that task's header
-        and arrays when it came, else None (fetch it)."""
+    def push(self, first: pb.UpdateHeader, arrays: dict, float16: bool, versions: dict[str, int]):
+        """Push the update of header ``first`` and ``arrays`` (as float16 where ``float16``; in the
+        shared folder's files where the master uses it, removed once it answered). A push of one
+        message asks for the next task in the same call (Sync, see :meth:`task_request`); returns
+        that task's header and arrays when it came, else None (fetch it)."""
+        written: list[str] = []
+
+        def chunks():
+            for chunk in wire.encode(arrays, float16=float16, shared=self.shared):
+                if chunk.shared_file:
+                    written.append(chunk.shared_file)
+                yield chunk
+
+        shared = self.shared
+        try:
+            return self._push(first, chunks(), versions)
+        finally:  # the master read them before it answered (or never will)
+            if written:
+                shared.remove(written)
+
+    def _push(self, first: pb.UpdateHeader, chunks: Iterator[pb.TensorChunk], versions: dict[str, int]):
+        """:meth:`push` of tensor ``chunks``."""
 
         def stream():  # the header and as many chunks as fit share a message (wire.packed)
             for group in wire.packed(itertools.chain([first], chunks), size=lambda message: message.ByteSize()):

@@ -48,6 +48,7 @@ class WorkerInfo:
     peer_address: str = ""  # its Peer service ("": it cannot reduce rows)
     samples_per_s: float | None = None  # its shards' samples over its compute time, in its last push
     local: float | None = None  # the share of its data's bytes stored on its host, where its launcher knows
+    shared: bool = False  # it shares the master's shared-memory folder (iterreduce.sharedmem)
 
 
 class Membership:

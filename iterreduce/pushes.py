@@ -7,6 +7,7 @@ import json
 
 from . import wire
 from .program import Update
+from .sharedmem import SharedFolder
 from .proto import iterreduce_pb2 as pb
 
 
@@ -19,9 +20,10 @@ class Refused(Exception):
         self.abort = abort
 
 
-def read_push(request_iterator) -> tuple[pb.UpdateHeader, dict, dict[int, Update]]:
+def read_push(request_iterator, shared: SharedFolder | None = None) -> tuple[pb.UpdateHeader, dict, dict[int, Update]]:
     """A push's header, its arrays (named ``<shard>/<array>``, or a reducer's block) and its
-    updates by shard; raises :class:`Refused` on a malformed stream."""
+    updates by shard; raises :class:`Refused` on a malformed stream. ``shared``: the run's
+    shared-memory folder, whose files a worker on this host may push its arrays in."""
     try:
         first = next(request_iterator)
     except StopIteration:
@@ -29,7 +31,7 @@ def read_push(request_iterator) -> tuple[pb.UpdateHeader, dict, dict[int, Update
     if not first.HasField("header"):
         raise Refused("update stream must start with a header")
     header = first.header
-    decoder = wire.Decoder()
+    decoder = wire.Decoder(shared)
     try:
         for message in itertools.chain([first], request_iterator):
             if message is not first and message.HasField("header"):

@@ -9,6 +9,7 @@ sides whatever its size.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Callable, Iterable, Iterator, TypeVar
 
@@ -16,6 +17,9 @@ import numpy as np
 
 from .proto import iterreduce_pb2 as pb
 from .exceptions import WireError
+from .sharedmem import SharedFolder
+
+log = logging.getLogger(__name__)
 
 CHUNK_BYTES = 1 << 20
 #: the largest gRPC message either side accepts: one chunk plus headers, with room to spare
@@ -26,14 +30,25 @@ MAX_ELEMENTS = 1 << 31  # refuse to allocate absurd tensors from a malformed hea
 MAX_DIMS = 32
 
 
-def encode(arrays: dict[str, np.ndarray], float16: bool = False) -> Iterator[pb.TensorChunk]:
+def encode(arrays: dict[str, np.ndarray], float16: bool = False,
+           shared: SharedFolder | None = None) -> Iterator[pb.TensorChunk]:
     """Cut ``arrays`` into :class:`TensorChunk` messages (the bytes of each chunk are copied
-    once, from the array straight into its message)."""
+    once, from the array straight into its message). With ``shared``, each array's bytes go
+    into a new file of that folder instead, and one chunk names the file."""
     for name, array in arrays.items():
         array = np.asarray(array, order="C")
         narrowed = float16 and array.dtype == np.float32
         if narrowed:
             array = array.astype(np.float16)
+        if shared is not None:
+            try:
+                file = shared.write(array)
+            except OSError as exc:  # e.g. a full /dev/shm: this one goes as bytes
+                log.warning("tensor %r sent through gRPC, not shared memory: %s", name, exc)
+            else:
+                yield pb.TensorChunk(name=name, dtype=array.dtype.name, shape=array.shape, narrowed=narrowed,
+                                     last=True, shared_file=file)
+                continue
         flat = array.reshape(-1).view(np.uint8)  # C order: the bytes ``array.tobytes()`` gives
         offsets = range(0, max(flat.size, 1), CHUNK_BYTES)
         for i, offset in enumerate(offsets):
@@ -100,13 +115,19 @@ class Decoder:
     """Reassembles :class:`TensorChunk` messages into arrays, checking every header.
 
     Nothing is allocated for a tensor before its bytes arrive (a header alone cannot make
-    the receiver reserve memory), and each byte is copied once, into the finished array."""
+    the receiver reserve memory), and each byte is copied once, into the finished array.
+    ``shared``: the run's shared-memory folder, where a chunk may name the file that holds
+    its tensor (:mod:`iterreduce.sharedmem`); without, such a chunk is refused."""
 
-    def __init__(self):
+    def __init__(self, shared: SharedFolder | None = None):
         self.arrays: dict[str, np.ndarray] = {}
         self._open: dict[str, _Open] = {}
+        self.shared = shared
 
     def add(self, chunk: pb.TensorChunk) -> None:
+        if chunk.shared_file:
+            self._add_shared(chunk)
+            return
         if chunk.offset == 0:
             dtype, shape = check_tensor(chunk.name, chunk.dtype, chunk.shape, chunk.narrowed)
             if chunk.name in self._open or chunk.name in self.arrays:
@@ -138,15 +159,29 @@ class Decoder:
             self.arrays[chunk.name] = array
             del self._open[chunk.name]
 
+    def _add_shared(self, chunk: pb.TensorChunk) -> None:
+        """A whole tensor whose bytes are in a file of the shared folder."""
+        dtype, shape = check_tensor(chunk.name, chunk.dtype, chunk.shape, chunk.narrowed)
+        if chunk.name in self._open or chunk.name in self.arrays:
+            raise WireError(f"tensor {chunk.name!r} sent twice")
+        if chunk.offset or chunk.data or not chunk.last:
+            raise WireError(f"tensor {chunk.name!r}: a shared file's chunk must be the whole tensor "
+                            f"(offset 0, no data, last)")
+        if self.shared is None:
+            raise WireError(f"tensor {chunk.name!r}: sent in shared file {chunk.shared_file!r}, and this "
+                            f"process shares no folder with the sender")
+        array = self.shared.read(chunk.shared_file, dtype, shape, chunk.name)
+        self.arrays[chunk.name] = array.astype(np.float32) if chunk.narrowed else array
+
     def finish(self) -> dict[str, np.ndarray]:
         if self._open:
             raise WireError(f"stream ended inside tensor(s) {sorted(self._open)}")
         return self.arrays
 
 
-def decode(chunks: Iterable[pb.TensorChunk]) -> dict[str, np.ndarray]:
-    """Reassemble a whole stream of chunks."""
-    decoder = Decoder()
+def decode(chunks: Iterable[pb.TensorChunk], shared: SharedFolder | None = None) -> dict[str, np.ndarray]:
+    """Reassemble a whole stream of chunks (``shared``: see :class:`Decoder`)."""
+    decoder = Decoder(shared)
     for chunk in chunks:
         decoder.add(chunk)
     return decoder.finish()

@@ -24,6 +24,7 @@ from .proto import iterreduce_pb2 as pb
 from .exceptions import DataError
 from .security import TlsCredentials, TokenError, check_token, open_channel
 from .readers import ShardData
+from .sharedmem import SharedFolder
 
 log = logging.getLogger("iterreduce.worker")
 
@@ -50,7 +51,7 @@ class Worker:
                  tls: TlsCredentials | None = None, peer_host: str | None = None, peer_bind: str | None = None):
         # Mutual TLS with ``tls``: the master must present ``tls.cert``, and so does this worker.
         self.channel = open_channel(address, tls, wire.MAX_MESSAGE_BYTES)
-        self.link = MasterLink(self.channel, token)
+        self.link = MasterLink(self.channel, token, SharedFolder.from_environment())
         self.name = name
         self.device = device
         self.resources = resources or {}
@@ -166,6 +167,8 @@ class Worker:
             self._stop.set()
             self._calls.shutdown(wait=False, cancel_futures=True)
             self.link.close()
+            if self.link.offered is not None:
+                self.link.offered.close()
             if self.collective is not None:
                 self.collective.close()
             if self._peer_server is not None:
@@ -206,8 +209,7 @@ class Worker:
             arrays = {f"{u.shard}/{k}": v for u in updates for k, v in u.arrays.items()}
         first = pb.UpdateHeader(worker_id=self.worker_id, step=header.step, round=header.round,
                                 results=results, compute_s=self.compute_s, **fields)
-        chunks = wire.encode(arrays, float16=self.float16 if float16 is None else float16)
-        return self.link.push(first, chunks, self.versions)
+        return self.link.push(first, arrays, self.float16 if float16 is None else float16, self.versions)
 
     # ------------------------------------------------------------ the reduce on the workers
 

@@ -178,7 +178,8 @@ def log_tail(output, lines: int = 8) -> str:
     return "\n".join(parts)
 
 
-def run_job(*, timeout: float = 60.0, max_restarts: int = 3, device: str = "cpu", on_record=None, **fields) -> Path:
+def run_job(*, timeout: float = 60.0, max_restarts: int = 3, device: str = "cpu", on_record=None,
+            shared_memory: bool = True, **fields) -> Path:
     """``iterreduce.local.run_local`` of a MasterConfig with ``fields``, failing (not hanging)
     after ``timeout`` seconds."""
     from iterreduce.local import run_local
@@ -187,7 +188,7 @@ def run_job(*, timeout: float = 60.0, max_restarts: int = 3, device: str = "cpu"
     fields.setdefault("heartbeat_interval", 0.2)
     fields.setdefault("heartbeat_timeout", 2.0)
     config = MasterConfig(token="", **fields)
-    kwargs = {"max_restarts": max_restarts, "device": device, "on_record": on_record}
+    kwargs = {"max_restarts": max_restarts, "device": device, "on_record": on_record, "shared_memory": shared_memory}
     box: dict = {}
 
     def target():

@@ -237,7 +237,7 @@ def _run(tmp_path, uris, name, *, workers=3, program=SOFTMAX, program_config=Non
                        program_config=program_config or {"n_classes": 3, "epochs": 4, "batch_size": 20}, **config)
     encoded = []
     original = job.master._encoded
-    job.master._encoded = lambda n, a, v: encoded.append((n, v)) or original(n, a, v)
+    job.master._encoded = lambda n, a, v, shared=False: encoded.append((n, v)) or original(n, a, v, shared)
     peer_host = "127.0.0.1" if job.config.reduce == "workers" else None
     try:
         for i in range(workers):

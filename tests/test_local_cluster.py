@@ -8,6 +8,7 @@ a process in the middle of a job on a machine of any speed.
 
 from __future__ import annotations
 
+import os
 import signal
 from pathlib import Path
 
@@ -292,6 +293,7 @@ def test_the_launcher_ending_by_any_signal_stops_the_whole_job(tmp_path, signum)
     ) % (str(Path(__file__).resolve().parents[1]), SOFTMAX, str(tmp_path / "shards"), str(tmp_path / "out"))
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "model.npz").write_bytes(b"an earlier run's model")
+    folders_before = job_folders()
     launcher = subprocess.Popen([sys.executable, "-c", script])
     deadline = time.monotonic() + 60
     while not records(tmp_path / "out"):
@@ -311,6 +313,20 @@ def test_the_launcher_ending_by_any_signal_stops_the_whole_job(tmp_path, signum)
         time.sleep(0.1)
     assert not job_alive()
     assert (tmp_path / "out" / "model.npz").read_bytes() == b"an earlier run's model"
+    # The folders it made for the job go too: the master removes them when the launcher could not.
+    assert job_folders() == folders_before
+
+
+def job_folders() -> set[str]:
+    """The local launchers' scratch and shared-memory folders on this machine."""
+    from iterreduce import jobfolders, sharedmem
+    from iterreduce.rowfile import local_directory
+
+    found = set()
+    for root, prefix in ((local_directory(), jobfolders.SCRATCH_PREFIX), (sharedmem.SHM_ROOT, sharedmem.FOLDER_PREFIX)):
+        if os.path.isdir(root):
+            found |= {os.path.join(root, name) for name in os.listdir(root) if name.startswith(prefix)}
+    return found
 
 
 @pytest.mark.parametrize("threads, workers, expected", [(None, 2, None), (1, 2, "1"), (3, 1, "3")])

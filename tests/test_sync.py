@@ -85,6 +85,6 @@ def test_a_job_through_the_new_sync_path_is_the_sequential_run(job):
     for name in expected:
         assert final[name].tobytes() == expected[name].tobytes(), name
     # The cache holds the last broadcast value of each parameter, no more.
-    assert set(job.master._wire_cache) <= set(job.master.parameters)
-    for name, (version, array, _) in job.master._wire_cache.items():
+    assert {name for name, _ in job.master._wire_cache} <= set(job.master.parameters)
+    for (name, _), (version, array, _) in job.master._wire_cache.items():
         assert version <= job.master.versions[name]

@@ -170,6 +170,9 @@ DESCRIPTIONS = {
                                  "the heartbeats slow down to 100 a second in all, and the timeout grows to "
                                  "at least 3 of their intervals (the progress says so).",
     "cluster.float16_wire": "Send parameters as float16: half the bytes, not bit-exact.",
+    "cluster.shared_memory": "Local mini-cluster: the master and the workers pass parameters and updates "
+                             "through files of a folder in `/dev/shm` the launcher makes and removes, not "
+                             "through gRPC's bytes. The same bits either way; false: gRPC. On YARN, gRPC.",
     "cluster.block_momentum": "Fine-tuning: momentum over the averaged per-sync deltas (BMUF, Chen & Huo "
                               "2016). With one sync per epoch about 1 - 1/N restores one process's pace; "
                               "with more frequent syncs it must be smaller. none: 1 - 1/N for N shards, at "

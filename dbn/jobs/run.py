@@ -504,7 +504,7 @@ class MiniCluster:
                                          workers=processes, resume=self.resume)
             run_local(config, max_restarts=spec.cluster.max_restarts, device=spec.job.device,
                       threads_per_worker=spec.cluster.threads_per_process or None, on_record=on_record,
-                      earlier_runs=False)  # run() keeps them: claim_output set them aside, _run prunes
+                      earlier_runs=False, shared_memory=spec.cluster.shared_memory)  # run() keeps them: claim_output set them aside, _run prunes
         except MasterKilled as killed:
             if killed.checkpoint is None:
                 raise

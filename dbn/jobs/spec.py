@@ -128,6 +128,7 @@ class ClusterSection:
     max_restarts: int = 3  # restarts allowed per worker before it is given up
     heartbeat_timeout: float = 10.0  # seconds of silence after which a worker is presumed lost
     float16_wire: bool = False  # send parameters as float16 (half the bytes, not bit-exact)
+    shared_memory: bool = True  # local mini-cluster: tensors go through files in /dev/shm, not gRPC's bytes (the same bits)
     block_momentum: float | None = None  # fine-tuning: momentum over the averaged per-sync deltas (BMUF); 0: plain averaging; unset: block_settings()
     pretrain_block_momentum: float | None = None  # the same for RBM pre-training; unset: block_settings()
     block_learning_rate: float = 1.0  # fine-tuning: each sync moves this many times the averaged delta (BMUF's zeta)
@@ -211,7 +212,8 @@ _PATH_KEYS = {("data", "train"), ("data", "test"), ("data", "mnist_dir"), ("yarn
 
 #: Settings that say where or how a job runs, not what it trains: a run whose config.json
 #: differs from the job only in these is still a run of the same job.
-NOT_THE_JOB = ("source", "output.dir", "cluster.max_restarts", "cluster.heartbeat_timeout", "yarn")
+NOT_THE_JOB = ("source", "output.dir", "cluster.max_restarts", "cluster.heartbeat_timeout", "cluster.shared_memory",
+               "yarn")
 
 
 @dataclass(frozen=True)

@@ -8,32 +8,36 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RegisterRequest(_message.Message):
-    __slots__ = ("worker_name", "host", "pid", "resources_json", "peer_address")
+    __slots__ = ("worker_name", "host", "pid", "resources_json", "peer_address", "shared_dir")
     WORKER_NAME_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_JSON_FIELD_NUMBER: _ClassVar[int]
     PEER_ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    SHARED_DIR_FIELD_NUMBER: _ClassVar[int]
     worker_name: str
     host: str
     pid: int
     resources_json: str
     peer_address: str
-    def __init__(self, worker_name: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., resources_json: _Optional[str] = ..., peer_address: _Optional[str] = ...) -> None: ...
+    shared_dir: str
+    def __init__(self, worker_name: _Optional[str] = ..., host: _Optional[str] = ..., pid: _Optional[int] = ..., resources_json: _Optional[str] = ..., peer_address: _Optional[str] = ..., shared_dir: _Optional[str] = ...) -> None: ...
 
 class RegisterReply(_message.Message):
-    __slots__ = ("worker_id", "program", "program_config_json", "heartbeat_interval_s", "float16_wire")
+    __slots__ = ("worker_id", "program", "program_config_json", "heartbeat_interval_s", "float16_wire", "shared")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_FIELD_NUMBER: _ClassVar[int]
     PROGRAM_CONFIG_JSON_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
     FLOAT16_WIRE_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     program: str
     program_config_json: str
     heartbeat_interval_s: float
     float16_wire: bool
-    def __init__(self, worker_id: _Optional[str] = ..., program: _Optional[str] = ..., program_config_json: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., float16_wire: _Optional[bool] = ...) -> None: ...
+    shared: bool
+    def __init__(self, worker_id: _Optional[str] = ..., program: _Optional[str] = ..., program_config_json: _Optional[str] = ..., heartbeat_interval_s: _Optional[float] = ..., float16_wire: _Optional[bool] = ..., shared: _Optional[bool] = ...) -> None: ...
 
 class HeartbeatRequest(_message.Message):
     __slots__ = ("worker_id", "status_json")
@@ -151,7 +155,7 @@ class Reducer(_message.Message):
     def __init__(self, worker_id: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
 
 class TensorChunk(_message.Message):
-    __slots__ = ("name", "dtype", "shape", "offset", "data", "last", "narrowed")
+    __slots__ = ("name", "dtype", "shape", "offset", "data", "last", "narrowed", "shared_file")
     NAME_FIELD_NUMBER: _ClassVar[int]
     DTYPE_FIELD_NUMBER: _ClassVar[int]
     SHAPE_FIELD_NUMBER: _ClassVar[int]
@@ -159,6 +163,7 @@ class TensorChunk(_message.Message):
     DATA_FIELD_NUMBER: _ClassVar[int]
     LAST_FIELD_NUMBER: _ClassVar[int]
     NARROWED_FIELD_NUMBER: _ClassVar[int]
+    SHARED_FILE_FIELD_NUMBER: _ClassVar[int]
     name: str
     dtype: str
     shape: _containers.RepeatedScalarFieldContainer[int]
@@ -166,7 +171,8 @@ class TensorChunk(_message.Message):
     data: bytes
     last: bool
     narrowed: bool
-    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., last: _Optional[bool] = ..., narrowed: _Optional[bool] = ...) -> None: ...
+    shared_file: str
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., last: _Optional[bool] = ..., narrowed: _Optional[bool] = ..., shared_file: _Optional[str] = ...) -> None: ...
 
 class TaskChunk(_message.Message):
     __slots__ = ("header", "tensors")
