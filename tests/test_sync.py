@@ -8,7 +8,7 @@ import pytest
 
 from conftest_runtime import InProcessJob, blobs, load_npz, simulate
 from iterreduce import wire
-from iterreduce.program import Update, weighted_average
+from iterreduce.program import REDUCE_BLOCK, Update, block_momentum_average, weighted_average
 from iterreduce.proto import iterreduce_pb2 as pb
 from iterreduce.shards import write_shards
 
@@ -88,3 +88,73 @@ def test_a_job_through_the_new_sync_path_is_the_sequential_run(job):
     assert {name for name, _ in job.master._wire_cache} <= set(job.master.parameters)
     for (name, _), (version, array, _) in job.master._wire_cache.items():
         assert version <= job.master.versions[name]
+
+
+# ------------------------------------------------------------------- the reduce a block at a time
+
+
+def _whole_average(updates, names):
+    """The weighted average on whole arrays: what the blocked reduce must equal bit for bit."""
+    updates = [u for u in updates if u.samples > 0]
+    total = float(sum(u.samples for u in updates))
+    result = {}
+    for name in names:
+        acc = np.zeros(updates[0].arrays[name].shape, dtype=np.float64)
+        for u in sorted(updates, key=lambda u: u.shard):
+            acc += (u.samples / total) * u.arrays[name]
+        result[name] = acc.astype(updates[0].arrays[name].dtype)
+    return result
+
+
+def _whole_block_momentum(parameters, updates, names, momentum, plain, rate, nesterov):
+    mean = _whole_average(updates, names)
+    result = {}
+    for name in names:
+        if name in plain:
+            result[name] = mean[name]
+            continue
+        key = f"master.block_delta.{name}"
+        delta = rate * (mean[name].astype(np.float64) - parameters[name])
+        previous = parameters.get(key) if momentum else None
+        if previous is not None:
+            delta += momentum * previous
+        if momentum:
+            result[key] = delta.astype(np.float32)
+        moved = parameters[name] + delta
+        if nesterov and momentum:
+            moved += momentum * (delta if previous is None else delta - previous)
+        result[name] = moved.astype(parameters[name].dtype)
+    return result
+
+
+BLOCK_SHAPES = [(), (0,), (7,), (REDUCE_BLOCK - 1,), (REDUCE_BLOCK + 1,), (3, REDUCE_BLOCK // 2 + 5), (300, 250)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])
+@pytest.mark.parametrize("shape", BLOCK_SHAPES)
+def test_the_blocked_average_is_the_whole_arrays_average(dtype, shape):
+    rng = np.random.default_rng([len(shape), np.dtype(dtype).num, sum(shape)])
+    updates = [Update(i, int(rng.integers(1, 9000)), {"w": (50 * rng.standard_normal(shape)).astype(dtype)})
+               for i in (3, 0, 2, 1)]
+    got, expected = weighted_average(updates, ["w"])["w"], _whole_average(updates, ["w"])["w"]
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    assert got.tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("momentum, rate, nesterov, with_previous",
+                         [(0.9, 1.0, True, True), (0.9, 1.0, True, False), (0.7, 1.5, False, True), (0.0, 1.5, False, False)])
+@pytest.mark.parametrize("shape", BLOCK_SHAPES)
+def test_the_blocked_block_momentum_is_the_whole_arrays(shape, momentum, rate, nesterov, with_previous):
+    rng = np.random.default_rng([len(shape), sum(shape), int(10 * momentum)])
+    params = {"w": rng.standard_normal(shape).astype(np.float32), "w_inc": rng.standard_normal(shape).astype(np.float32)}
+    if with_previous:
+        params["master.block_delta.w"] = rng.standard_normal(shape).astype(np.float32)
+    updates = [Update(i, int(rng.integers(1, 9000)), {k: params[k] + rng.standard_normal(shape).astype(np.float32)
+                                                      for k in ("w", "w_inc")}) for i in range(3)]
+    got = block_momentum_average(params, updates, ["w", "w_inc"], momentum, plain=("w_inc",),
+                                 block_learning_rate=rate, nesterov=nesterov)
+    expected = _whole_block_momentum(params, updates, ["w", "w_inc"], momentum, ("w_inc",), rate, nesterov)
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        assert got[name].dtype == expected[name].dtype and got[name].shape == expected[name].shape, name
+        assert got[name].tobytes() == expected[name].tobytes(), name
