@@ -39,17 +39,42 @@ class Broadcast:
         new value (a reduce, ``before_step``, a resume) is encoded again even at the same
         version. Parameters are replaced, never changed in place."""
         with self._lock:
-            cached = self.cache.get((name, shared))
-            if cached is not None and cached[0] == version and cached[1] is array:
-                return cached[2]
-            folder = self.shared if shared else None
-            tensors = list(wire.encode({name: array}, float16=self.float16, shared=folder))
-            if folder is not None and tensors[0].shared_file:  # else /dev/shm was full: the bytes
-                self._keep_file(name, tensors[0].shared_file)
-                self._in_file[name] = (version, array)
-            chunks = [pb.TaskChunk(tensors=[c]).SerializeToString() for c in tensors]
-            self.cache[(name, shared)] = (version, array, chunks)  # the one entry of this name: older ones go
-            return chunks
+            return self._encode(name, array, version, shared)
+
+    def _encode(self, name: str, array: np.ndarray, version: int, shared: bool) -> list[bytes]:
+        """:meth:`encoded`, with the lock held."""
+        cached = self.cache.get((name, shared))
+        if cached is not None and cached[0] == version and cached[1] is array:
+            return cached[2]
+        folder = self.shared if shared else None
+        tensors = list(wire.encode({name: array}, float16=self.float16, shared=folder))
+        if folder is not None and tensors[0].shared_file:  # else /dev/shm was full: the bytes
+            self._keep_file(name, tensors[0].shared_file)
+            self._in_file[name] = (version, array)
+        chunks = [pb.TaskChunk(tensors=[c]).SerializeToString() for c in tensors]
+        self.cache[(name, shared)] = (version, array, chunks)  # the one entry of this name: older ones go
+        return chunks
+
+    def publish(self, values: list[tuple[str, np.ndarray, int]]) -> None:
+        """Write ``values`` (name, array, version) into the shared folder, in a thread of their own:
+        the writes overlap what the master does next (its evaluation, its bookkeeping), and every
+        task's encoding waits for them (the lock is held from here until they are written)."""
+        self._lock.acquire()  # released by the writer, whatever happens
+
+        def write() -> None:
+            try:
+                for name, array, version in values:
+                    self._encode(name, array, version, True)
+            finally:
+                self._lock.release()
+
+        threading.Thread(target=write, name="publish", daemon=True).start()
+
+    def close(self) -> None:
+        """Let go of the shared folder once a publication under way is written (its files go)."""
+        with self._lock:
+            if self.shared is not None:
+                self.shared.close()
 
     def _keep_file(self, name: str, file: str) -> None:
         """Remember ``file`` as ``name``'s newest, and delete the files of its values before the
