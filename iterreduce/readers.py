@@ -8,11 +8,7 @@ on either, and a new kind of shard is one more class in :data:`READERS`.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import sys
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from typing import Iterator, Protocol
 
@@ -22,8 +18,8 @@ import pyarrow.fs as pafs
 
 from .exceptions import ShardError
 from .filesystems import CLIENT_ENVIRONMENT, client_environment, filesystem, join
+from .footers import FooterReader
 from .labels import LabelMap
-from .lifeline import follow_parent
 from .rowfile import RowFile
 from .shards import ParquetShard, as_float32
 from .tables import TableShard
@@ -144,42 +140,16 @@ def shard_info(uris: list[str]) -> list[dict]:
     Refuses a shard the footer already shows to be unusable: unreadable, of another schema,
     empty, with infinite features or negative labels.
 
-    The footers are read in a helper process: on some corrupt footers pyarrow ends the
-    process that reads them (std::terminate), which must be an error naming the shard,
-    not the death of the master."""
-    global _footer_reader
-    info = []
-    for uri in uris:
-        if _footer_reader is None:
-            quiet_resource_tracker()
-            # spawn, not fork: a forked child would inherit the HDFS client's runtime threads half-made.
-            _footer_reader = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"),
-                                                 initializer=follow_parent)
-        try:
-            info.append(_footer_reader.submit(_describe_as_caller, uri, client_environment()).result())
-        except BrokenProcessPool:
-            _footer_reader = None
-            raise ShardError(f"{uri}: not a readable Parquet file (reading its footer crashed the Parquet "
-                             f"reader)") from None
-    return info
+    The footers are read in a helper process (:mod:`iterreduce.footers`): on some corrupt footers
+    pyarrow ends the process that reads them (std::terminate), which must be an error naming the
+    shard, not the death of the master."""
+    return [_footer_reader.describe(uri, client_environment()) for uri in uris]
 
 
-_footer_reader: ProcessPoolExecutor | None = None  # shard_info's helper process, started on first use
-
-#: multiprocessing's resource tracker (a process of its own, writing to this process's stderr) warns of
-#: "leaked semaphore objects" when this process is killed: in a master's log, a line written after the
-#: launcher took stock of it, which made the run's log unprovable and refused its --resume.
-_TRACKER_WARNING = "ignore::UserWarning:multiprocessing.resource_tracker"
+_footer_reader = FooterReader()  # shard_info's helper process, started on first use
 
 
-def quiet_resource_tracker() -> None:
-    """Start multiprocessing's resource tracker, if it is not running yet, without that warning (it
-    takes this interpreter's -W options when it starts)."""
-    if _TRACKER_WARNING not in sys.warnoptions:
-        sys.warnoptions.append(_TRACKER_WARNING)
-
-
-def _describe_as_caller(uri: str, environment: tuple[str, ...]) -> dict:
+def describe_as_caller(uri: str, environment: tuple[str, ...]) -> dict:
     """:func:`describe_shard` in the helper process, which outlives the environment it was started
     with: HDFS is reached with the caller's configuration and login (:data:`CLIENT_ENVIRONMENT`)."""
     for var, value in zip(CLIENT_ENVIRONMENT, environment):

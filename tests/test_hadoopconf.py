@@ -100,5 +100,5 @@ def test_the_footer_reader_reaches_hdfs_as_its_caller_does_now(monkeypatch):
         monkeypatch.setenv(var, "as the helper started")
     monkeypatch.setattr(shards, "describe_shard", lambda uri: {v: os.environ.get(v) for v in shards.CLIENT_ENVIRONMENT})
     caller = {var: "" for var in shards.CLIENT_ENVIRONMENT} | {"HADOOP_CONF_DIR": "/conf", "KRB5CCNAME": "FILE:/tmp/new"}
-    got = shards._describe_as_caller("x", tuple(caller[var] for var in shards.CLIENT_ENVIRONMENT))
+    got = shards.describe_as_caller("x", tuple(caller[var] for var in shards.CLIENT_ENVIRONMENT))
     assert got == {var: value or None for var, value in caller.items()}

@@ -11,15 +11,14 @@ import sys
 import time
 
 PARENT = """
-import multiprocessing, sys, time
-from concurrent.futures import ProcessPoolExecutor
-from iterreduce.lifeline import follow_parent
-from iterreduce.readers import quiet_resource_tracker
-if __name__ == "__main__":
-    quiet_resource_tracker()  # as shard_info does before it starts its helper
-    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=follow_parent)
-    print(pool.submit(__import__("os").getpid).result(), flush=True)
-    time.sleep(600)
+import sys, time
+import numpy as np
+from iterreduce import readers
+from iterreduce.shards import write_shards
+(uri,) = write_shards(np.ones((4, 3), np.float32), None, sys.argv[1], 1)
+readers.shard_info([uri])  # starts the footer reader, as the master does
+print(readers._footer_reader.process.pid, flush=True)
+time.sleep(600)
 """
 
 
@@ -28,8 +27,8 @@ def test_a_helper_whose_parent_is_killed_exits_without_writing_to_the_shared_log
     script.write_text(PARENT)
     log = tmp_path / "master.log"
     with open(log, "wb") as err:
-        parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=err, text=True,
-                                  cwd=os.getcwd())
+        parent = subprocess.Popen([sys.executable, str(script), str(tmp_path / "shard")], stdout=subprocess.PIPE,
+                                  stderr=err, text=True, cwd=os.getcwd())
         helper = int(parent.stdout.readline())
         before = log.read_bytes()
         parent.send_signal(signal.SIGKILL)

@@ -247,7 +247,7 @@ def test_the_footer_reader_process_ends_with_the_process_that_started_it(tmp_pat
 
     (uri,) = write_shards(np.ones((4, 3), np.float32), None, str(tmp_path), 1)
     script = ("import sys, time\nfrom iterreduce import readers as shards\nshards.shard_info([sys.argv[1]])\n"
-              "print(*shards._footer_reader._processes, flush=True)\ntime.sleep(60)\n")
+              "print(shards._footer_reader.process.pid, flush=True)\ntime.sleep(60)\n")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.Popen([sys.executable, "-c", script, uri], stdout=subprocess.PIPE, text=True, env=env)
     (helper,) = (int(pid) for pid in proc.stdout.readline().split())
@@ -258,3 +258,54 @@ def test_the_footer_reader_process_ends_with_the_process_that_started_it(tmp_pat
     while Path(f"/proc/{helper}").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not Path(f"/proc/{helper}").exists(), "the footer reader outlived its parent"
+
+
+def test_a_process_tree_killed_leaves_nothing_in_dev_shm(tmp_path):
+    """A YARN container's end kills its whole process tree with SIGKILL: the footer reader (once a
+    multiprocessing pool, whose named semaphores then stayed in /dev/shm) leaves nothing there."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if not os.path.isdir("/dev/shm"):
+        pytest.skip("no /dev/shm")
+    (uri,) = write_shards(np.ones((4, 3), np.float32), None, str(tmp_path), 1)
+    script = ("import sys, time\nfrom iterreduce import readers\nreaders.shard_info([sys.argv[1]])\n"
+              "print('read', flush=True)\ntime.sleep(60)\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    before = set(os.listdir("/dev/shm"))
+    proc = subprocess.Popen([sys.executable, "-c", script, uri], stdout=subprocess.PIPE, text=True, env=env,
+                            start_new_session=True)
+    assert proc.stdout.readline().strip() == "read"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    proc.stdout.close()
+    assert {name for name in set(os.listdir("/dev/shm")) - before if not name.startswith("iterreduce-shm-")} == set()
+
+
+def test_a_footer_that_ends_the_reader_is_an_error_naming_the_shard(tmp_path, monkeypatch):
+    """pyarrow ends the process reading some corrupt footers (std::terminate): the caller gets an
+    error naming the shard, and the next call a new helper."""
+    import subprocess
+    import sys
+
+    from iterreduce import footers, readers
+
+    (uri,) = write_shards(np.ones((4, 3), np.float32), None, str(tmp_path), 1)
+    reader = footers.FooterReader()
+    real_start = footers._start
+    monkeypatch.setattr(footers, "_start", lambda: subprocess.Popen(  # reads the request, then dies as pyarrow does
+        [sys.executable, "-c", "import os, sys; sys.stdin.buffer.read(8); os.abort()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
+    with pytest.raises(ShardError, match=f"{uri}: not a readable Parquet file"):
+        reader.describe(uri, ())
+    assert reader.process is None
+    monkeypatch.setattr(footers, "_start", real_start)
+    try:
+        assert reader.describe(uri, ()) == readers.describe_shard(uri)
+        with pytest.raises(ShardError, match="nowhere.parquet"):  # an error in the helper is raised here as it was
+            reader.describe(str(tmp_path / "nowhere.parquet"), ())
+    finally:
+        reader.close()

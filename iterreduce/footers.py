@@ -1,0 +1,108 @@
+"""The footer reader: a child process that reads shards' footers for its parent.
+
+On some corrupt footers pyarrow ends the process that reads them (std::terminate): the master
+must name the shard instead of dying. So :func:`iterreduce.readers.shard_info` asks a helper,
+started on first use and kept. Requests and replies are length-prefixed pickles on the helper's
+stdin and stdout: it is this process's own child, and nothing else writes there. Not a
+multiprocessing pool: a pool's named semaphores stay in ``/dev/shm`` when its process tree is
+killed with SIGKILL (as a YARN container's is), and a plain child needs none.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+from .exceptions import ShardError
+
+_LENGTH = struct.Struct("<Q")
+
+
+class FooterReader:
+    """The parent's side: :meth:`describe` a shard in the helper, which is started when needed."""
+
+    def __init__(self):
+        self.process: subprocess.Popen | None = None
+
+    def describe(self, uri: str, environment: tuple[str, ...]) -> dict:
+        """:func:`iterreduce.readers.describe_shard` of ``uri`` in the helper, with the caller's
+        client ``environment``; raises what it raised, or :class:`ShardError` naming ``uri`` when
+        reading it ended the helper."""
+        if self.process is None or self.process.poll() is not None:
+            self.process = _start()
+        try:
+            _send(self.process.stdin, (uri, environment))
+            status, value = _receive(self.process.stdout)
+        except (OSError, EOFError):
+            self.close()
+            raise ShardError(f"{uri}: not a readable Parquet file (reading its footer crashed the Parquet "
+                             f"reader)") from None
+        if status == "error":
+            raise value
+        return value
+
+    def close(self) -> None:
+        """End the helper, if one runs."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            for stream in (self.process.stdin, self.process.stdout):
+                stream.close()
+            self.process = None
+
+
+def _start() -> subprocess.Popen:
+    # The helper imports the runtime from where this process does, whatever its PYTHONPATH says.
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    return subprocess.Popen([sys.executable, "-m", "iterreduce.footers"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, env=env, close_fds=True)
+
+
+def _send(stream, message) -> None:
+    data = pickle.dumps(message)
+    stream.write(_LENGTH.pack(len(data)) + data)
+    stream.flush()
+
+
+def _receive(stream):
+    head = stream.read(_LENGTH.size)
+    if len(head) < _LENGTH.size:
+        raise EOFError
+    (size,) = _LENGTH.unpack(head)
+    data = stream.read(size)
+    if len(data) < size:
+        raise EOFError
+    return pickle.loads(data)  # noqa: S301 - from this process's own child, on its private pipe
+
+
+def main() -> int:
+    """The helper's loop: a reply for each request until its parent closes the pipe or is gone."""
+    from .lifeline import follow_parent
+    from .readers import describe_as_caller
+
+    follow_parent()
+    requests, replies = sys.stdin.buffer, sys.stdout.buffer
+    sys.stdout = sys.stderr  # nothing else may write on the replies' pipe
+    while True:
+        try:
+            uri, environment = _receive(requests)
+        except EOFError:
+            return 0
+        try:
+            reply = ("ok", describe_as_caller(uri, environment))
+        except Exception as exc:  # noqa: BLE001 - raised again in the parent
+            reply = ("error", exc)
+        try:
+            pickle.dumps(reply)
+        except Exception:  # noqa: BLE001 - an error that does not pickle goes as its message
+            reply = ("error", ShardError(f"{uri}: {reply[1]}"))
+        _send(replies, reply)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
