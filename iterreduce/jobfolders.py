@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import tempfile
 import time
 
@@ -38,14 +39,26 @@ def remove(scratch: str | None, shared: str | None) -> None:
         sharedmem.remove_folder(shared)
 
 
+def made_here(path: str, prefix: str) -> bool:
+    """Whether ``path`` is a folder as :func:`make` makes them: named ``prefix...``, a real
+    directory (not a link) of this user that no one else may enter (mkdtemp's 0700)."""
+    if not path or not os.path.basename(path).startswith(prefix):
+        return False
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
+
+
 def remove_orphaned(settle_s: float = 2.0) -> None:
     """Remove the folders a launcher that died gave this process (its master) in the environment:
-    only folders of the names :func:`make` gives. The workers may write in them until their own
-    lifeline stops them, so this tries again for up to ``settle_s`` seconds."""
+    only folders as :func:`make` makes them (:func:`made_here`). The workers may write in them
+    until their own lifeline stops them, so this tries again for up to ``settle_s`` seconds."""
     scratch = os.environ.get(LOCAL_DIR_VAR, "")
     shared = os.environ.get(sharedmem.SHARED_DIR_VAR, "")
-    scratch = scratch if os.path.basename(scratch).startswith(SCRATCH_PREFIX) else None
-    shared = shared if os.path.basename(shared).startswith(sharedmem.FOLDER_PREFIX) else None
+    scratch = scratch if made_here(scratch, SCRATCH_PREFIX) else None
+    shared = shared if made_here(shared, sharedmem.FOLDER_PREFIX) else None
     deadline = time.monotonic() + settle_s
     while True:
         remove(scratch, shared)

@@ -6,7 +6,7 @@ launcher watches it: the launcher's pid travels in ``$ITERREDUCE_LAUNCHER_PID``,
 and when the child's parent is no longer that process (it was re-parented, so the
 launcher is gone) the child exits. In YARN containers the variable is not set and
 the NodeManager owns the processes' lives. The master then also removes the folders the
-launcher made for the job and could not remove (:func:`iterreduce.jobfolders.remove`).
+launcher made for the job and could not remove (:func:`iterreduce.jobfolders.remove_orphaned`).
 """
 
 from __future__ import annotations

@@ -315,3 +315,34 @@ def test_processes_killed_the_job_ends_and_the_folder_goes(tmp_path, uris, monke
         run_job(program=SLOW_SOFTMAX, program_config=config, shards=uris, workers=3, output=str(tmp_path / "m"),
                 on_record=kill_at_step_1("m"), timeout=90)
     assert killed and shm_folders() == before
+
+
+def test_a_master_whose_launcher_died_removes_only_folders_the_launcher_made(tmp_path, monkeypatch):
+    """The master removes what the environment names only where it is a folder as the launcher
+    makes them (its prefix, a real 0700 folder of this user); a user's folders and files stay."""
+    from iterreduce import jobfolders
+    from iterreduce.rowfile import LOCAL_DIR_VAR
+
+    monkeypatch.setenv(LOCAL_DIR_VAR, str(tmp_path))  # jobfolders.make puts the scratch folder here
+    scratch, shared = jobfolders.make(shared_memory=True)
+    Path(scratch, "dbn-rows-x").mkdir()
+    SharedFolder(shared).write(np.ones(3))
+    users = tmp_path / "mine"
+    users.mkdir()
+    (users / "data.csv").write_text("a user's")
+    (tmp_path / "notes.txt").write_text("beside it")
+    open_named = tmp_path / (jobfolders.SCRATCH_PREFIX + "open")  # the launcher's name, not its folder
+    open_named.mkdir()
+    os.chmod(open_named, 0o755)
+    link = tmp_path / (jobfolders.SCRATCH_PREFIX + "link")
+    link.symlink_to(users)
+    for named in (users, open_named, link):
+        monkeypatch.setenv(LOCAL_DIR_VAR, str(named))
+        monkeypatch.setenv(sharedmem.SHARED_DIR_VAR, str(named))
+        jobfolders.remove_orphaned(settle_s=0)
+    assert (users / "data.csv").read_text() == "a user's" and open_named.is_dir() and link.is_symlink()
+    monkeypatch.setenv(LOCAL_DIR_VAR, scratch)
+    monkeypatch.setenv(sharedmem.SHARED_DIR_VAR, shared)
+    jobfolders.remove_orphaned(settle_s=0)
+    assert not os.path.exists(scratch) and not os.path.exists(shared)
+    assert (tmp_path / "notes.txt").read_text() == "beside it" and (users / "data.csv").exists()
