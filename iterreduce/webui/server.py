@@ -24,14 +24,22 @@ Who may read it, and how much it may cost:
   address with the port): a page of another site cannot read it through DNS rebinding (421
   otherwise).
 - At most ``max_connections`` connections are served at once (one thread each; the next
-  are answered 503 and closed), and a connection idle for ``idle_timeout`` seconds is
+  are answered 503 and closed), at most ``max_per_address`` of them from one client address
+  (one peer cannot take every slot), and a connection idle for ``idle_timeout`` seconds is
   closed.
+- Each request has ``request_timeout`` seconds as a whole, however its client trickles it:
+  for its head (from accept on a new connection, from its first byte on a kept-alive one)
+  and again for its answer (from the answer's first byte). Each read and write waits only
+  as long as that deadline leaves; a connection past it is closed, with a 408 when a request
+  was under way. The page reads no request body (GET and HEAD; anything else is 405 and
+  closed).
 - The state and the images are built once per new log record, however many ask.
 """
 
 from __future__ import annotations
 
 import hmac
+import io
 import ipaddress
 import json
 import logging
@@ -39,6 +47,7 @@ import math
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -62,7 +71,17 @@ MAX_CONNECTIONS = 32
 #: Seconds a connection may stay silent (keep-alive or a slow client) before it is closed; more than
 #: the 30 s after which skein's proxy (Jetty's) drops its own idle connections, so that it closes first.
 IDLE_TIMEOUT = 45.0
+#: Connections one client address may hold at once: a browser (6) or a proxy's pool fits, and
+#: 8 of :data:`MAX_CONNECTIONS` stay for other addresses however one peer behaves.
+MAX_PER_ADDRESS = 24
+#: Seconds a request may take as a whole, once for its head and once for its answer, however
+#: slowly its client sends or reads (see the module docstring): a browser or a proxy sends a
+#: head in one packet, and the page's answers are small.
+REQUEST_TIMEOUT = 10.0
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
+#: What a client whose request did not arrive within its deadline is told before the close.
+TIMEOUT_ANSWER = (b"HTTP/1.1 408 Request Timeout\r\nContent-Type: text/plain; charset=utf-8\r\n"
+                  b"Content-Length: 20\r\nConnection: close\r\n\r\n408 Request Timeout\n")
 
 
 def _finite(value):
@@ -108,33 +127,68 @@ def allowed_hosts(bind_host: str, port: int, advertise_host: str | None = None) 
                      for n in names)
 
 
+class _Slots:
+    """The connections served at once: at most ``total``, at most ``per_address`` of one client address."""
+
+    def __init__(self, total: int, per_address: int):
+        self._lock = threading.Lock()
+        self._free, self._per_address = total, per_address
+        self._held: Counter[str] = Counter()  # at most `total` addresses
+
+    def take(self, address: str) -> bool:
+        """Take a slot for a connection from ``address``; False when none is free for it."""
+        with self._lock:
+            if self._free <= 0 or self._held[address] >= self._per_address:
+                return False
+            self._free -= 1
+            self._held[address] += 1
+            return True
+
+    def give(self, address: str) -> None:
+        """Give back a slot :meth:`take` took for ``address``."""
+        with self._lock:
+            self._free += 1
+            self._held[address] -= 1
+            if self._held[address] <= 0:
+                del self._held[address]
+
+
 class _BoundedServer(ThreadingHTTPServer):
-    """A threading HTTP server that serves at most ``max_connections`` connections at once:
-    one more is answered 503 and closed at once, holding no thread."""
+    """A threading HTTP server that serves at most ``max_connections`` connections at once, at
+    most ``max_per_address`` from one client address: one more is answered 503 and closed at
+    once, holding no thread. It notes when it accepted each connection (:meth:`accepted_at`)."""
 
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 64  # the kernel's backlog: a burst of connections is accepted (and refused) fast
 
-    def __init__(self, address, handler, max_connections: int):
-        self._slots = threading.BoundedSemaphore(max_connections)
+    def __init__(self, address, handler, max_connections: int, max_per_address: int):
+        self._slots = _Slots(max_connections, max_per_address)
+        self._accepted: dict[socket.socket, float] = {}  # connections whose thread has not started yet
         super().__init__(address, handler)
 
     def process_request(self, request, client_address):
-        if not self._slots.acquire(blocking=False):
+        if not self._slots.take(client_address[0]):
             self._refuse(request)
             return
+        self._accepted[request] = time.monotonic()
         try:
             super().process_request(request, client_address)  # starts the connection's thread
         except BaseException:
-            self._slots.release()
+            self._accepted.pop(request, None)
+            self._slots.give(client_address[0])
             raise
 
     def process_request_thread(self, request, client_address):
         try:
             super().process_request_thread(request, client_address)
         finally:
-            self._slots.release()
+            self._accepted.pop(request, None)
+            self._slots.give(client_address[0])
+
+    def accepted_at(self, request) -> float:
+        """When ``request`` (a connection) was accepted (``time.monotonic()``)."""
+        return self._accepted.pop(request, time.monotonic())
 
     def _refuse(self, request) -> None:
         try:
@@ -166,19 +220,25 @@ class ViewServer:
     program's view spec (None: :func:`snapshot.default_spec`). ``workers``: returns the
     live workers table (None: derived from the log). ``images``: returns ``{name: 2-D
     array}`` drawn from the current parameters (None: no images). ``secret``: serve the page
-    under ``/SECRET/`` only (see the module docstring). ``max_connections`` and
-    ``idle_timeout``: see :data:`MAX_CONNECTIONS` and :data:`IDLE_TIMEOUT`.
+    under ``/SECRET/`` only (see the module docstring). ``max_connections``,
+    ``max_per_address``, ``idle_timeout`` and ``request_timeout``: see :data:`MAX_CONNECTIONS`,
+    :data:`MAX_PER_ADDRESS`, :data:`IDLE_TIMEOUT` and :data:`REQUEST_TIMEOUT`.
     """
 
     def __init__(self, log_path, *, job: dict, spec: dict | None = None,
                  workers: Callable[[], list[dict]] | None = None,
                  images: Callable[[], dict] | None = None, secret: str | None = None,
-                 max_connections: int = MAX_CONNECTIONS, idle_timeout: float = IDLE_TIMEOUT):
+                 max_connections: int = MAX_CONNECTIONS, idle_timeout: float = IDLE_TIMEOUT,
+                 request_timeout: float = REQUEST_TIMEOUT, max_per_address: int = MAX_PER_ADDRESS):
         if secret is not None and (not secret or not secret.replace("-", "").replace("_", "").isalnum()):
             raise ValueError(f"the page's secret must be a non-empty URL-safe word, got {secret!r}")
+        if not request_timeout > 0 or max_per_address < 1:
+            raise ValueError(f"the page's request_timeout must be > 0 and max_per_address >= 1, got "
+                             f"{request_timeout!r} and {max_per_address!r}")
         self.job, self.spec = job, spec
         self.workers_fn, self.images_fn = workers, images
         self.secret, self.max_connections, self.idle_timeout = secret, max_connections, idle_timeout
+        self.request_timeout, self.max_per_address = request_timeout, max_per_address
         self._follower = Follower(log_path)
         self._records: list[dict] = []
         self._lock = threading.Lock()
@@ -261,9 +321,10 @@ class ViewServer:
 
         class Handler(_Handler):
             server_view = view
-            timeout = self.idle_timeout  # the connection's socket timeout: a silent client is dropped
+            timeout = self.idle_timeout  # the longest wait for a byte: a silent client is dropped
+            request_timeout = self.request_timeout  # the longest a request may take (see _Deadline)
 
-        self._httpd = _BoundedServer((host, port), Handler, self.max_connections)
+        self._httpd = _BoundedServer((host, port), Handler, self.max_connections, self.max_per_address)
         self.hosts = allowed_hosts(host, self.port, advertise_host)
         self._public = not _is_loopback(host)  # reached on other addresses: any IP literal of this port too
         threading.Thread(target=self._httpd.serve_forever, name="live-view", daemon=True).start()
@@ -318,11 +379,135 @@ class ViewServer:
         return "/" + rest
 
 
+class _Deadline:
+    """How long a connection's next read or write may wait (seconds, for ``settimeout``): a
+    request's head must arrive within ``request_timeout`` of ``since`` (its accept) or of its first
+    byte (on a kept-alive connection, whose wait for that byte is ``idle_timeout``), and its
+    answer be written within ``request_timeout`` of its first byte; no wait exceeds ``idle_timeout``.
+    A wait past the deadline raises TimeoutError, as the socket's own timeout does."""
+
+    def __init__(self, request_timeout: float, idle_timeout: float, since: float):
+        self.request_timeout, self.idle_timeout = request_timeout, idle_timeout
+        self.read_by: float | None = since + request_timeout
+        self.write_by: float | None = None
+        self.begun = False  # a byte of the request being read has arrived
+        self.read_timed_out = False
+
+    def next_request(self) -> None:
+        """Between two requests of a kept-alive connection: the next one's clocks start with its first bytes."""
+        self.read_by = self.write_by = None
+        self.begun = self.read_timed_out = False
+
+    @property
+    def cut_short(self) -> bool:
+        """Whether a request under way did not arrive in time (then it is told 408)."""
+        return self.begun and self.read_timed_out
+
+    def read_timeout(self) -> float:
+        """The longest the next read may wait."""
+        if self.read_by is None:
+            return self.idle_timeout
+        return min(self._left(self.read_by), self.idle_timeout)
+
+    def received(self, count: int) -> None:
+        """``count`` bytes of the request have arrived."""
+        if count and not self.begun:
+            self.begun = True
+            if self.read_by is None:
+                self.read_by = time.monotonic() + self.request_timeout
+
+    def write_timeout(self) -> float:
+        """The longest the next write of the answer may wait."""
+        if self.write_by is None:
+            self.write_by = time.monotonic() + self.request_timeout
+        return min(self._left(self.write_by), self.idle_timeout)
+
+    @staticmethod
+    def _left(by: float) -> float:
+        left = by - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the request's deadline has passed")
+        return left
+
+
+class _TimedReader(io.RawIOBase):
+    """A connection's bytes, each read waiting only as long as its :class:`_Deadline` allows."""
+
+    def __init__(self, sock: socket.socket, deadline: _Deadline):
+        self._sock, self._deadline = sock, deadline
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        try:
+            self._sock.settimeout(self._deadline.read_timeout())
+            count = self._sock.recv_into(buffer)
+        except TimeoutError:
+            self._deadline.read_timed_out = True
+            raise
+        self._deadline.received(count)
+        return count
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+
+class _TimedWriter(io.BufferedIOBase):
+    """Writes to a connection, each waiting only as long as its :class:`_Deadline` allows
+    (``sendall``'s timeout bounds the whole call)."""
+
+    def __init__(self, sock: socket.socket, deadline: _Deadline):
+        self._sock, self._deadline = sock, deadline
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        self._sock.settimeout(self._deadline.write_timeout())
+        self._sock.sendall(data)
+        with memoryview(data) as view:
+            return view.nbytes
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+
 class _Handler(BaseHTTPRequestHandler):
     server_view: ViewServer
     protocol_version = "HTTP/1.1"
     default_request_version = "HTTP/1.0"  # no HTTP/0.9 answers (a body without a status line)
     timeout = IDLE_TIMEOUT
+    request_timeout = REQUEST_TIMEOUT
+
+    def setup(self) -> None:
+        """The connection's files, each read and write bounded by the request's :class:`_Deadline`
+        (the standard library's wait up to ``timeout`` afresh for each byte)."""
+        self.connection = self.request
+        self.deadline = _Deadline(self.request_timeout, self.timeout, since=self.server.accepted_at(self.request))
+        self.rfile = io.BufferedReader(_TimedReader(self.connection, self.deadline))
+        self.wfile = _TimedWriter(self.connection, self.deadline)
+
+    def handle_one_request(self) -> None:
+        """The standard library's (a read or write past the deadline ends in its ``except
+        TimeoutError``, which closes the connection), telling a client whose request did not
+        arrive in time why (408)."""
+        super().handle_one_request()
+        if self.deadline.cut_short:
+            self.close_connection = True
+            self._send_timeout()
+        self.deadline.next_request()
+
+    def _send_timeout(self) -> None:
+        """The 408, if the connection takes it at once (the connection is closed anyway)."""
+        try:
+            self.connection.settimeout(0.0)
+            self.connection.send(TIMEOUT_ANSWER)
+            for _ in range(16):  # bytes left unread would make the close a reset, which may lose the 408
+                if not self.connection.recv(65536):
+                    break
+        except OSError:  # BlockingIOError: nothing (more) can go or come at once
+            pass
 
     def parse_request(self) -> bool:
         """The standard library's, refusing HTTP/0.x (answered 505 in HTTP/1.0, not as HTTP/0.9: a
