@@ -6,6 +6,8 @@ import gzip
 import hashlib
 import shutil
 import struct
+import tracemalloc
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -171,6 +173,38 @@ def test_read_idx_corrupt_gzip(tmp_path):
         with pytest.raises(MnistError, match="gzip") as e:
             read_idx(p)
         assert str(p) in str(e.value)
+
+
+def test_read_idx_gzip_bomb_is_refused_in_little_memory(tmp_path):
+    """A small .gz whose header promises 200 MB of pixels (and whose stream holds them, all zeros)
+    is refused once it inflates past MAX_INFLATION times its size: it never fills memory."""
+    rows = 200 * 2**20 // 784
+    pack = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    parts = [pack.compress(struct.pack(">IIII", 0x803, rows, 28, 28))]
+    zeros = bytes(2**20)
+    for _ in range(rows * 784 // len(zeros)):
+        parts.append(pack.compress(zeros))
+    parts.append(pack.compress(bytes(rows * 784 % len(zeros))) + pack.flush())
+    bomb = tmp_path / "train-images-idx3-ubyte.gz"
+    bomb.write_bytes(b"".join(parts))
+    assert bomb.stat().st_size < 2**20
+    tracemalloc.start()
+    try:
+        with pytest.raises(MnistError, match="inflates to more than") as e:
+            read_idx(bomb)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert str(bomb) in str(e.value)
+    assert peak < 64 * 2**20, peak
+
+
+def test_read_idx_reads_every_gzip_member(tmp_path):
+    """A stream of several gzip members (as `cat a.gz b.gz` makes) reads as their concatenation, as gzip does."""
+    data = idx_bytes(np.arange(3000) % 256)
+    p = tmp_path / "two.gz"
+    p.write_bytes(gzip.compress(data[:1000]) + gzip.compress(data[1000:]))
+    np.testing.assert_array_equal(read_idx(p), np.arange(3000) % 256)
 
 
 def test_read_idx_missing_file(tmp_path):

@@ -20,7 +20,6 @@ IDX format: big-endian; magic ``0x0000 08 D`` (``08`` = unsigned byte data,
 from __future__ import annotations
 
 import contextlib
-import gzip
 import hashlib
 import http.client
 import math
@@ -95,6 +94,37 @@ class MnistData:
 # --------------------------------------------------------------------------- IDX
 
 
+#: A gzip-compressed IDX file may inflate to at most this many times its size (MNIST's images:
+#: about 5, its labels about 2; deflate's own limit is about 1032): a few kilobytes never inflate
+#: to gigabytes in memory.
+MAX_INFLATION = 100
+
+
+def _gunzip_bounded(path: Path, data: bytes) -> bytes:
+    """The gzip stream ``data`` (of file ``path``) inflated, a chunk at a time, refused
+    (:class:`MnistError`) once it passes :data:`MAX_INFLATION` times its size."""
+    limit = MAX_INFLATION * len(data) + (1 << 20)
+    out, rest = bytearray(), data
+    try:
+        while rest:  # one gzip member after another, as gzip.decompress reads them
+            member = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            chunk = member.decompress(rest, 1 << 20)
+            while True:
+                out += chunk
+                if len(out) > limit:
+                    raise MnistError(f"{path}: inflates to more than {limit} bytes, over {MAX_INFLATION} times its "
+                                     f"{len(data)} bytes: not an IDX file of this tool's (a damaged or crafted file)")
+                if member.eof or not member.unconsumed_tail:
+                    break
+                chunk = member.decompress(member.unconsumed_tail, 1 << 20)
+            if not member.eof:
+                raise EOFError("compressed file ended before the end-of-stream marker was reached")
+            rest = member.unused_data.lstrip(b"\x00")  # gzip.decompress passes over padding between members
+    except (EOFError, zlib.error) as e:
+        raise MnistError(f"{path}: corrupt gzip stream: {e}") from e
+    return bytes(out)
+
+
 def read_idx(path: str | os.PathLike) -> np.ndarray:
     """Read one IDX file of unsigned bytes, gzip-compressed or raw.
 
@@ -111,10 +141,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
         raise MnistError(f"{path}: cannot read file: {e.strerror or e}") from e
 
     if path.suffix == ".gz" or data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError, zlib.error) as e:
-            raise MnistError(f"{path}: corrupt gzip stream: {e}") from e
+        data = _gunzip_bounded(path, data)
 
     if len(data) < 4:
         raise MnistError(f"{path}: too short for an IDX header ({len(data)} bytes)")
