@@ -13,7 +13,9 @@ by its name in a catalog (:func:`catalog_table`: the catalog's current metadata 
 Read: the current snapshot, or one named by id or by time (``version``); positional delete
 files (merge-on-read deletes) applied: the rows they name are left out of each piece. Refused,
 naming the table and what to do: equality delete files, data files other than Parquet, columns
-renamed since files were written (the files would hold them under their old names).
+renamed since files were written (the files would hold them under their old names), and, unless
+the user allows it, a manifest list, manifest, data or delete file outside the table's folder
+(:func:`table_root`), naming the manifest and the entry. A snapshot is read with its own schema.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ import pyarrow.parquet as pq
 from .columns import plain_schema
 from .exceptions import ShardError, TableError
 from .filesystems import filesystem
-from .lakehouse import once_a_version, parse_version
+from .lakehouse import inside_table, once_a_version, outside_table, parse_version
 
 METADATA_SUFFIX = ".metadata.json"
 #: What to run in Spark so that a table's deletes live in its data files again.
@@ -112,15 +114,28 @@ def _same_scheme(uri: str, path: str, found: str) -> str:
     return uri[: len(uri) - len(path.rstrip("/"))] + found if uri.rstrip("/").endswith(path.rstrip("/")) else found
 
 
-def _load(uri: str, version=None):
+def table_root(location: str) -> str:
+    """The folder of the table whose metadata file is at ``location`` (a path on its file system):
+    the folder above its ``metadata/``, else the metadata file's own. What the metadata names
+    (manifests, data and delete files) must lie in it (:func:`~iterreduce.lakehouse.inside_table`)."""
+    folder = posixpath.dirname(location)
+    return posixpath.dirname(folder) if posixpath.basename(folder) == "metadata" else folder
+
+
+def _load(uri: str, version=None, allow_outside: bool = False):
     """``(table, snapshot)``: the Iceberg table ``uri`` names and its snapshot at ``version`` (an
-    id, a time, or None for the current one), checked to be one this reader reads."""
+    id, a time, or None for the current one), checked to be one this reader reads. Its manifest
+    lists and manifests are read only inside the table's folder (:func:`table_root`), unless
+    ``allow_outside``."""
     StaticTable = _pyiceberg()
     location = metadata_file(uri)
-    from .iceberg_io import PROPERTIES
+    from .iceberg_io import confined
 
     try:
-        table = StaticTable.from_metadata(location, properties=PROPERTIES)
+        root = table_root(filesystem(location)[1])
+        table = StaticTable.from_metadata(location, properties=confined(uri, location, root, allow_outside))
+    except TableError:
+        raise
     except Exception as exc:  # pyiceberg's errors vary with the fault (a missing file, bad JSON)
         raise TableError(f"{uri}: cannot read the Apache Iceberg table's metadata {location}: "
                          f"{' '.join(str(exc).split())[:300]}") from None
@@ -157,27 +172,28 @@ def _check_renames(uri: str, table) -> None:
                          f"snapshot to train on as a new table, or as plain Parquet")
 
 
-def pin(uri: str, version=None) -> int:
+def pin(uri: str, version=None, allow_outside: bool = False) -> int:
     """The id of the snapshot the table at ``uri`` has at ``version`` (an id, a time, or None for
     the current one): what a job reads throughout, however the table changes meanwhile."""
-    return load(uri, version)[1].snapshot_id
+    return load(uri, version, allow_outside)[1].snapshot_id
 
 
-def dataset(uri: str, version: int) -> ds.FileSystemDataset:
+def dataset(uri: str, version: int, allow_outside: bool = False) -> ds.FileSystemDataset:
     """The table at ``uri`` at snapshot ``version`` as a ``pyarrow.dataset`` of its live data files
-    (rows its positional delete files remove: :func:`deleted_rows`)."""
-    table, snapshot = load(uri, version)
+    (rows its positional delete files remove: :func:`deleted_rows`), with the snapshot's own
+    schema (a column added since is not the snapshot's). A data file outside the table's folder
+    is refused unless ``allow_outside`` (:func:`_paths`)."""
+    table, snapshot = load(uri, version, allow_outside)
     tasks = _tasks(uri, table, snapshot)
     if not tasks:
         raise ShardError(f"{uri}: the Apache Iceberg table holds no data files at snapshot {snapshot.snapshot_id}")
-    fs, _ = filesystem(uri)
-    paths = []
     for task in tasks:
         if task.file.file_format.name != "PARQUET":
             raise TableError(f"{uri}: {task.file.file_path} is {task.file.file_format.name}: this reader reads "
                              f"Apache Iceberg tables of Parquet files")
-        paths.append(_file_path(task.file.file_path, uri))
-    schema = plain_schema(table.schema().as_arrow())
+    fs, _ = filesystem(uri)
+    paths = _paths([task.file.file_path for task in tasks], uri, table, snapshot, allow_outside)
+    schema = plain_schema(table.schemas().get(snapshot.schema_id, table.schema()).as_arrow())
     schema = pa.schema([field.remove_metadata() for field in schema])  # Parquet field ids: not the table's names
     return ds.FileSystemDataset.from_paths(paths, schema=schema, format=ds.ParquetFileFormat(), filesystem=fs)
 
@@ -198,30 +214,52 @@ def _tasks(uri: str, table, snapshot) -> list:
 
 
 @functools.lru_cache(maxsize=4)
-def deleted_rows(uri: str, version: int) -> dict[str, np.ndarray]:
+def deleted_rows(uri: str, version: int, allow_outside: bool = False) -> dict[str, np.ndarray]:
     """The rows of each data file (by its path on the table's file system) that the snapshot's
-    positional delete files remove: a delete file lists (data file, position) pairs."""
-    table, snapshot = load(uri, version)
+    positional delete files remove: a delete file lists (data file, position) pairs. A delete
+    file outside the table's folder is refused, as a data file is (:func:`dataset`)."""
+    table, snapshot = load(uri, version, allow_outside)
     readers: dict[str, list[str]] = {}  # delete file -> the data files it may name
     for task in _tasks(uri, table, snapshot):
         for delete in task.delete_files:
             readers.setdefault(delete.file_path, []).append(task.file.file_path)
+    fs, _ = filesystem(uri)
     found: dict[str, list[np.ndarray]] = {}
-    for location, data_files in readers.items():
-        fs, path = filesystem(location)
+    for location, path in zip(readers, _paths(list(readers), uri, table, snapshot, allow_outside)):
+        data_files = readers[location]
         try:
             pairs = pq.read_table(path, filesystem=fs, columns=["file_path", "pos"])
         except (OSError, pa.ArrowException) as exc:
             raise ShardError(f"{location}: not a readable positional delete file ({type(exc).__name__}: {exc})") from exc
-        for data_file in data_files:
+        for data_file, data_path in zip(data_files, _paths(data_files, uri, table, snapshot, allow_outside)):
             rows = pairs.filter(pc.equal(pairs.column("file_path"), data_file)).column("pos")
-            found.setdefault(_file_path(data_file, uri), []).append(rows.to_numpy())
+            found.setdefault(data_path, []).append(rows.to_numpy())
     return {path: np.unique(np.concatenate(parts)) for path, parts in found.items()}
 
 
-def _file_path(location: str, uri: str) -> str:
-    """A data file's path on the table's file system (the metadata names it by a full URI)."""
-    parts = urlparse(location)
-    if (parts.scheme or "file") != (urlparse(uri).scheme or "file"):
-        raise TableError(f"{uri}: the Apache Iceberg metadata names a data file on another file system: {location}")
-    return parts.path
+def _paths(locations: list[str], uri: str, table, snapshot, allow_outside: bool) -> list[str]:
+    """The paths on the table's file system of the data or delete files at ``locations`` (the
+    metadata names them by full URIs), each refused where it lies outside the table's folder
+    (:func:`table_root`) and not ``allow_outside``: :class:`TableError` naming the table, the
+    manifest that lists it and the entry."""
+    fs, metadata = filesystem(table.metadata_location)
+    root = table_root(metadata)
+    paths = []
+    for location in locations:
+        parts = urlparse(location)
+        if (parts.scheme or "file") != (urlparse(uri).scheme or "file"):
+            raise TableError(f"{uri}: the Apache Iceberg metadata names a data file on another file system: "
+                             f"{location}")
+        if not allow_outside and not inside_table(parts.path, root, fs):
+            raise outside_table(uri, f"the Apache Iceberg manifest {_manifest_of(location, table, snapshot)}",
+                                location, absolute=True)
+        paths.append(parts.path)
+    return paths
+
+
+def _manifest_of(location: str, table, snapshot) -> str:
+    """The manifest of ``snapshot`` that lists the file at ``location``, for errors."""
+    for manifest in snapshot.manifests(table.io):
+        if any(entry.data_file.file_path == location for entry in manifest.fetch_manifest_entry(table.io)):
+            return manifest.manifest_path
+    return f"of snapshot {snapshot.snapshot_id} (in {snapshot.manifest_list})"

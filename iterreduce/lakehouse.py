@@ -4,13 +4,15 @@ A Delta Lake, Apache Iceberg or Apache Hudi table is data files plus a log or me
 that says which of them are the table now: an overwrite, a delete or an update leaves the old
 files on disk (until a VACUUM or an expiry) and only the log says they are gone. Read as plain
 Parquet, such a folder trains on rows the table no longer holds. :func:`check_not_lakehouse`
-refuses it, naming the format and what to do, before anything is read.
+refuses it, naming the format and what to do, before anything is read. What a table's log or
+metadata names must lie in the table's folder (:func:`inside_table`, :func:`outside_table`).
 """
 
 from __future__ import annotations
 
 import datetime
 import functools
+import os
 import posixpath
 
 import pyarrow.fs as pafs
@@ -25,6 +27,8 @@ READ_AS = {"Delta Lake": "delta", "Apache Iceberg": "iceberg"}
 ICEBERG_FILES = (".metadata.json", "version-hint.text")
 #: Folders above a table's that are looked at (a partition folder of a lakehouse table, say).
 MAX_LEVELS_UP = 8
+#: The setting under which a table's log or metadata may name files outside the table's folder.
+ALLOW_OUTSIDE = "[data] allow_outside_files = true"
 
 
 def lakehouse_format(fs: pafs.FileSystem, path: str) -> tuple[str, str] | None:
@@ -69,6 +73,25 @@ def check_not_lakehouse(fs: pafs.FileSystem, path: str, uri: str) -> None:
                      f"holds, so it is refused; {what}")
 
 
+def inside_table(path: str, root: str, fs: pafs.FileSystem) -> bool:
+    """Whether ``path`` lies in the folder ``root`` once ``..`` is resolved and, on local disk, links
+    are followed: what a table's log or metadata names must be the table's own files."""
+    path, root = posixpath.normpath(path), posixpath.normpath(root)
+    if isinstance(fs, pafs.LocalFileSystem):  # a link inside the table may lead out of it
+        path, root = os.path.realpath(path), os.path.realpath(root)
+    return path.startswith(root.rstrip("/") + "/")
+
+
+def outside_table(uri: str, listed_in: str, entry: str, absolute: bool) -> TableError:
+    """The error for ``entry``, a file that ``listed_in`` (a log or manifest file of the table at
+    ``uri``) names outside the table's folder; ``absolute``: named by an absolute path or URI,
+    which the user may allow (:data:`ALLOW_OUTSIDE`), rather than by a relative path."""
+    what = (f"{ALLOW_OUTSIDE} reads files outside the table's folder, where it means to (a Delta shallow "
+            f"clone's, files an Iceberg table adopted)" if absolute else
+            "a path relative to the table must stay in its folder")
+    return TableError(f"{uri}: {listed_in} names a file outside the table: {entry!r}; it is not read: {what}")
+
+
 def parse_version(value) -> int | datetime.datetime | None:
     """A ``version`` setting as a number (a Delta version, an Iceberg snapshot id: an int >= 0) or a
     time (an ISO 8601 string, UTC unless it names its zone); None stays None. Raises
@@ -87,16 +110,16 @@ def parse_version(value) -> int | datetime.datetime | None:
 
 
 def once_a_version(load):
-    """``load(uri, version)`` with the table at a version number read once: a version (a Delta
-    version, an Iceberg snapshot) never changes, so a job's steps, each opening the table at
+    """``load(uri, version, *more)`` with the table at a version number read once: a version (a
+    Delta version, an Iceberg snapshot) never changes, so a job's steps, each opening the table at
     its pinned version, share one read of its log. The newest (None) or a time is read each time."""
     @functools.lru_cache(maxsize=4)
-    def pinned(uri: str, version: int):
-        return load(uri, version)
+    def pinned(uri: str, version: int, *more):
+        return load(uri, version, *more)
 
     @functools.wraps(load)
-    def loaded(uri: str, version=None):
+    def loaded(uri: str, version=None, *more):
         if isinstance(version, int) and not isinstance(version, bool):
-            return pinned(uri, version)
-        return load(uri, version)
+            return pinned(uri, version, *more)
+        return load(uri, version, *more)
     return loaded

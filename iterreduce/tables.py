@@ -34,8 +34,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from .exceptions import ShardError, TableError
-from .columns import (STORED_NAME, feature_block, feature_kind, non_null, plain_schema, type_width,
-                      without_list_views)
+from .columns import (STORED_NAME, feature_block, feature_kind, leave_out_missing, non_null, plain_schema,
+                      type_width, without_list_views)
 from .filesystems import filesystem, open_output_file
 from .filters import FilterParser, filter_columns, parse_filter
 from .labels import LabelMap, is_label_type, label_values
@@ -57,6 +57,9 @@ GLOB_CHARS = "*?["
 #: What pyarrow raises when an expression does not fit the table's types.
 EXPRESSION_ERRORS = (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid)
 ROW = "__row_in_file"  # the column read_piece adds: each row's index in its file, for errors
+#: Field metadata of a piece's schema: a column the table has and the piece's file lacks (written
+#: before the column was added), null in the file's rows (:func:`_open_piece`).
+ABSENT = b"iterreduce.absent"
 
 
 # ------------------------------------------------------------------ the source
@@ -73,7 +76,8 @@ class TableSource:
     ``filter``: the rows to keep, e.g. ``"year >= 2020 and country == 'NL'"`` (:func:`parse_filter`).
     ``format``: one of :data:`FORMATS`. ``version``: a Delta Lake table's version or an Iceberg
     table's snapshot id, or an ISO 8601 time (the newest when None; :func:`pin` fixes it
-    before a job reads).
+    before a job reads). ``allow_outside_files``: read the data files a Delta Lake log or an Iceberg
+    manifest names by absolute URI outside the table's folder (refused otherwise, naming the entry).
     """
 
     uri: str
@@ -83,6 +87,7 @@ class TableSource:
     filter: str | None = None
     version: int | str | None = None
     stored_names: tuple = ()  # ((column, its name in the data files), ...) where a table maps them (resolve)
+    allow_outside_files: bool = False  # a Delta or Iceberg log may name files outside the table's folder
 
     def __post_init__(self):
         if not isinstance(self.uri, str) or not self.uri:
@@ -117,6 +122,8 @@ class TableSource:
                 raise TableError(f"table source: 'version' = {self.version!r} is for a Delta Lake or Apache "
                                  f"Iceberg table (format = 'delta' or 'iceberg'), and the format is {self.format!r}")
             parse_version(self.version)
+        if not isinstance(self.allow_outside_files, bool):
+            raise TableError(f"table source: 'allow_outside_files' must be true or false, got {self.allow_outside_files!r}")
 
     def to_dict(self) -> dict:
         """The fields as a JSON-friendly dict (what :meth:`from_dict` reads back)."""
@@ -124,6 +131,8 @@ class TableSource:
         if isinstance(self.features, tuple):
             d["features"] = list(self.features)
         d["stored_names"] = [list(pair) for pair in self.stored_names]
+        if not self.allow_outside_files:  # the default, written only when set: shares read the same as before it was
+            del d["allow_outside_files"]
         return d
 
     @classmethod
@@ -153,7 +162,8 @@ def pin(source: TableSource) -> TableSource:
     table without versions as it is."""
     if source.format not in VERSIONED_FORMATS or isinstance(source.version, int):
         return source
-    return dataclasses.replace(source, version=VERSIONED_FORMATS[source.format].pin(source.uri, source.version))
+    reader = VERSIONED_FORMATS[source.format]
+    return dataclasses.replace(source, version=reader.pin(source.uri, source.version, source.allow_outside_files))
 
 
 def open_dataset(source: TableSource) -> ds.FileSystemDataset:
@@ -163,7 +173,7 @@ def open_dataset(source: TableSource) -> ds.FileSystemDataset:
     lakehouse table's folder read as plain files is refused
     (:func:`iterreduce.lakehouse.check_not_lakehouse`)."""
     if source.format in VERSIONED_FORMATS:
-        return VERSIONED_FORMATS[source.format].dataset(source.uri, pin(source).version)
+        return VERSIONED_FORMATS[source.format].dataset(source.uri, pin(source).version, source.allow_outside_files)
     fs, path = filesystem(source.uri)
     check_not_lakehouse(fs, path, source.uri)  # its folder holds files that are no longer the table
     try:
@@ -171,9 +181,7 @@ def open_dataset(source: TableSource) -> ds.FileSystemDataset:
         # skipped by name instead, and a file that is not Parquet/ORC fails when read, named.
         options = dict(filesystem=fs, format=source.format, partitioning="hive",
                        ignore_prefixes=list(SIDE_FILE_PREFIXES), exclude_invalid_files=False)
-        dataset = ds.dataset(path, **options)
-        if plain_schema(dataset.schema) != dataset.schema:  # string views: read as the strings they hold
-            dataset = ds.dataset(path, schema=plain_schema(dataset.schema), **options)
+        dataset = _with_merged_schema(ds.dataset(path, **options))
     except FileNotFoundError:
         raise ShardError(f"{source.uri}: no such file or directory") from None
     except (OSError, pa.ArrowException) as exc:
@@ -182,6 +190,55 @@ def open_dataset(source: TableSource) -> ds.FileSystemDataset:
         raise ShardError(f"{source.uri}: no data files (side files, whose names start with "
                          f"{' or '.join(map(repr, SIDE_FILE_PREFIXES))}, are skipped)")
     return dataset
+
+
+def _with_merged_schema(dataset: ds.FileSystemDataset) -> ds.FileSystemDataset:
+    """``dataset`` (discovered: the first file's schema) with the merged schema of all its files, as
+    Spark's ``mergeSchema`` reads a table whose files differ: a column that older files lack is
+    null in their rows (:data:`ABSENT`), a type that later files widen (int32 to int64, float to
+    double) the wider; string views as the strings they hold. The footers are read once: the
+    fragments keep them, and :func:`pieces` cuts the row groups from them."""
+    fragments = sorted(dataset.get_fragments(), key=lambda fragment: fragment.path)
+    schemas = [_physical_schema(fragment) for fragment in fragments]
+    if not schemas or all(schema.equals(schemas[0]) for schema in schemas[1:]):
+        merged = dataset.schema
+    else:
+        stored = _merged_fields(schemas)
+        partitions = set(_partition_names(dataset)) - set(stored.names)
+        merged = pa.schema(list(stored) + [field for field in dataset.schema if field.name in partitions])
+    merged = plain_schema(merged)
+    if merged == dataset.schema:
+        return dataset
+    return ds.FileSystemDataset(fragments, merged, dataset.format, filesystem=dataset.filesystem)
+
+
+def _physical_schema(fragment: ds.FileFragment) -> pa.Schema:
+    """The schema of one data file, from its footer; an unreadable file is named."""
+    try:
+        return fragment.physical_schema
+    except (OSError, pa.ArrowException) as exc:
+        raise ShardError(f"{fragment.path}: not a readable data file ({type(exc).__name__}: {exc})") from exc
+
+
+def _merged_fields(schemas: list[pa.Schema]) -> pa.Schema:
+    """The columns of ``schemas`` in order of first appearance, each of the type its files' types
+    widen to. Where a column's types do not merge (numbers in one file, strings in another), the
+    first file's: each file's own type is checked where that file is read, naming it."""
+    try:
+        return pa.unify_schemas(schemas, promote_options="permissive")
+    except (pa.ArrowTypeError, pa.ArrowInvalid):
+        pass
+    fields: dict[str, pa.Field] = {}
+    for schema in schemas:
+        for field in schema:
+            have = fields.setdefault(field.name, field)
+            if have.type != field.type:
+                try:
+                    fields[field.name] = pa.unify_schemas([pa.schema([have]), pa.schema([field])],
+                                                          promote_options="permissive").field(0)
+                except (pa.ArrowTypeError, pa.ArrowInvalid):
+                    pass
+    return pa.schema(list(fields.values()))
 
 
 def resolve(source: TableSource, dataset: ds.FileSystemDataset) -> TableSource:
@@ -254,7 +311,7 @@ def _check_feature_type(schema: pa.Schema, name: str, where: str, found_in=lambd
     """Refuse column ``name`` of ``schema`` unless it holds features, naming its type (and where it
     is found); a column of strings is named as one of categories."""
     type_ = _column_type(schema, name, where)
-    if feature_kind(type_) is not None:
+    if feature_kind(type_) is not None or _absent(schema, name):  # an absent column: its rows are refused if used
         return
     found = found_in(name)
     categories = pa.types.is_string(type_) or pa.types.is_large_string(type_) or pa.types.is_dictionary(type_)
@@ -281,7 +338,7 @@ def _some_columns(names: list[str], shown: int = 10) -> str:
 
 def _check_label(schema: pa.Schema, name: str, where: str, found_in=lambda name: "") -> None:
     type_ = _column_type(schema, name, where)
-    if not is_label_type(type_):
+    if not is_label_type(type_) and not _absent(schema, name):
         found = found_in(name)
         raise ShardError(f"{where}: label column {name!r} is {type_}{f' ({found})' if found else ''}: "
                          f"labels must be integers, strings or booleans (one value per class)")
@@ -336,7 +393,7 @@ def deleted_rows(source: TableSource) -> dict[str, np.ndarray]:
     """The rows of each data file (by path) that ``source``'s table no longer holds although the
     file does (an Iceberg table's positional delete files); none for other tables."""
     reader = VERSIONED_FORMATS.get(source.format)
-    return {} if reader is None else reader.deleted_rows(source.uri, pin(source).version)
+    return {} if reader is None else reader.deleted_rows(source.uri, pin(source).version, source.allow_outside_files)
 
 
 def pieces(dataset: ds.FileSystemDataset, filter: str | None = None,
@@ -520,7 +577,30 @@ def _open_piece(source: TableSource, piece: Piece) -> tuple[ds.FileFragment, pa.
         table_name = {stored: name for name, stored in source.stored_names}
         physical = pa.schema([field.with_name(table_name.get(field.name, field.name)) for field in physical])
     extra = [pa.field(name, pa.type_for_alias(t)) for name, t, _ in piece.partition if name not in physical.names]
-    return fragment, pa.schema(list(physical) + extra)
+    known = set(physical.names) | {field.name for field in extra}
+    absent = [pa.field(name, pa.null(), metadata={ABSENT: b"1"}) for name in _named_columns(source) if name not in known]
+    return fragment, pa.schema(list(physical) + extra + absent)
+
+
+def _named_columns(source: TableSource) -> list[str]:
+    """The columns ``source`` reads by name: its features (a resolved source's), label and filter's."""
+    features = source.features if isinstance(source.features, tuple) else (source.features,)
+    names = [name for name in features if not any(char in name for char in GLOB_CHARS)]
+    names += [source.label] if source.label is not None else []
+    return list(dict.fromkeys(names + (filter_columns(source.filter) if source.filter else [])))
+
+
+def _absent(schema: pa.Schema, name: str) -> bool:
+    """Whether column ``name`` of a piece's schema is one its file lacks (:func:`_open_piece`)."""
+    metadata = schema.field(name).metadata
+    return bool(metadata) and ABSENT in metadata
+
+
+def _absent_error(path: str, name: str, rows: int) -> ShardError:
+    """The error for ``rows`` rows of the file at ``path``, which lacks column ``name``, read as features or labels."""
+    return ShardError(f"{path}: no column {name!r} in this file, though the table's other files have it (a column "
+                      f"added since this file was written: null in its {rows} row{'s' if rows > 1 else ''} used "
+                      f"here){leave_out_missing(name)}")
 
 
 def _read_rows(source: TableSource, piece: Piece, fragment: ds.FileFragment, schema: pa.Schema,
@@ -547,6 +627,9 @@ def _read_rows(source: TableSource, piece: Piece, fragment: ds.FileFragment, sch
             table = table.filter(parse_filter(source.filter))
         except EXPRESSION_ERRORS as exc:
             raise ShardError(f"{piece.path}: filter {source.filter!r} cannot be applied: {exc}") from None
+    absent = [name for name in columns if _absent(schema, name)]  # a filter's column may be: null, it keeps no row
+    if absent and table.num_rows:
+        raise _absent_error(piece.path, absent[0], table.num_rows)
     return table.select(columns + [ROW])
 
 

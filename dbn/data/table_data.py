@@ -46,7 +46,8 @@ def source_of(data, test: bool = False) -> TableSource:
         raise DataError(f"{uri}: [data] features names the columns of a table (Parquet or ORC files), but this is "
                         f"a data file, read whole: every column but the label is a feature. Unset [data] features "
                         f"(and drop the columns that are not features), or write the data as Parquet")
-    return TableSource(uri, features, data.label, data.format, filter_, version)
+    return TableSource(uri, features, data.label, data.format, filter_, version,
+                       allow_outside_files=data.allow_outside_files)
 
 
 def table_location(data, name: str) -> str:

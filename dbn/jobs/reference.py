@@ -96,6 +96,11 @@ DESCRIPTIONS = {
                     "name (`\"db.table\"`), as pyiceberg's configuration describes it (`~/.pyiceberg.yaml` or "
                     "`PYICEBERG_CATALOG__<NAME>__URI`: a Hive metastore, a REST or an SQL catalog). none: they "
                     "are URIs.",
+    "data.allow_outside_files": "Whether a Delta Lake log or an Apache Iceberg manifest may name data files "
+                                "outside the table's folder by an absolute path or URI (a Delta shallow clone's "
+                                "files, files an Iceberg table adopted with `add_files`). false: such a table is "
+                                "refused, naming the log or manifest file and the entry, before anything is read. "
+                                "A relative path that leads out of the folder is refused either way.",
     "data.scale": "Feature scaling by statistics of all training rows (the workers gather them), saved with "
                   "the model so that it predicts from raw rows: `\"min_max\"` (to [0, 1]; later rows beyond "
                   "the training range are clipped), `\"standard\"`, `\"none\"`. `\"auto\"`: standard for "

@@ -86,6 +86,7 @@ class DataSection:
     format: str = "parquet"  # a table's format: "parquet", "orc", "delta" (Delta Lake) or "iceberg" (Apache Iceberg)
     version: int | str | None = None  # a Delta version or Iceberg snapshot id to train on, or a time; the newest when unset
     catalog: str | None = None  # an Iceberg catalog (as pyiceberg's configuration names it): train and test are table names in it
+    allow_outside_files: bool = False  # a Delta or Iceberg table's log may name data files outside its folder by absolute URI
     scale: str = "auto"  # feature scaling: "auto", "min_max", "standard" or "none" (saved with the model)
 
 

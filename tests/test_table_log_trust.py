@@ -1,0 +1,276 @@
+"""A table's log names files outside the table (issue 51, class 7).
+
+A Delta Lake log's add action, or an Apache Iceberg manifest's entry, names the data files a job
+reads. Read as written, ``../outside/private.parquet`` trained on a file beside the table. Here:
+a relative path (percent-encoded, as the Delta protocol writes them, or not) stays in the table's
+folder, always; an absolute path or URI (a Delta shallow clone's, an Iceberg table's by design)
+is read only inside the table's folder, unless ``[data] allow_outside_files = true`` says the
+user means it (a shallow clone of another table, files an Iceberg table adopted with
+``add_files``). The refusal names the table, the log or manifest file and the entry, before
+anything is read: each test holds a private file outside the table and asserts that it stays
+byte-identical and unread, and that no model is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from dbn import DBN
+from dbn.cli import main
+
+SMALL_MODEL = """hidden_layers = [8]
+pretrain_epochs = 1
+finetune_epochs = 1
+pretrain_batch_size = 20
+finetune_batch_size = 20
+"""
+SECRET = "secret"  # the private file's only class: a model that has it was trained on that file
+
+
+def rows(seed: int, n: int, labels: str = "ab") -> pa.Table:
+    rng = np.random.default_rng(seed)
+    return pa.table({"f1": rng.normal(size=n), "f2": rng.normal(size=n),
+                     "label": pa.array(np.asarray([labels] if len(labels) > 2 else list(labels))
+                                       [rng.integers(0, 1 if len(labels) > 2 else len(labels), n)])})
+
+
+def private_file(tmp_path: Path) -> tuple[Path, bytes]:
+    """A file outside the table (another user's data, say) and its bytes."""
+    path = tmp_path / "outside" / "private.parquet"
+    path.parent.mkdir()
+    pq.write_table(rows(9, 40, SECRET), path)
+    return path, path.read_bytes()
+
+
+def mark_unread(path: Path) -> None:
+    """Set the access time of ``path`` far back, so that any read moves it (relatime updates an
+    access time older than the file's change time)."""
+    os.utime(path, (1_000_000, path.stat().st_mtime))
+
+
+def unread(path: Path, before: bytes) -> bool:
+    """Whether ``path`` holds ``before`` and was not read (where the file system keeps access times)."""
+    probe = path.with_name("probe")
+    probe.write_bytes(b"x")
+    mark_unread(probe)
+    probe.read_bytes()
+    times_kept = probe.stat().st_atime != 1_000_000
+    probe.unlink()
+    after = path.stat().st_atime  # before reading the bytes back, which moves it
+    return (not times_kept or after == 1_000_000) and path.read_bytes() == before
+
+
+def job(tmp_path: Path, root, fmt: str, data: str = "") -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "job.toml"
+    path.write_text(f"""
+[data]
+train = "{root}"
+format = "{fmt}"
+features = ["f1", "f2"]
+label = "label"
+{data}
+[model]
+{SMALL_MODEL}
+[output]
+dir = "{tmp_path / 'out'}"
+
+[job]
+seed = 1
+device = "cpu"
+""")
+    return path
+
+
+def refused(tmp_path: Path, capsys, root, fmt: str, data: str = "") -> str:
+    assert main(["train", str(job(tmp_path, root, fmt, data)), "--quiet", "--no-ui"]) == 2
+    assert not (tmp_path / "out" / "model.npz").exists()
+    return capsys.readouterr().err
+
+
+def trained(tmp_path: Path, root, fmt: str, data: str = "") -> tuple[dict, DBN]:
+    assert main(["train", str(job(tmp_path, root, fmt, data)), "--quiet", "--no-ui"]) == 0
+    out = tmp_path / "out"
+    return json.loads((out / "result.json").read_text()), DBN.load(out / "model.npz", device="cpu")
+
+
+# ------------------------------------------------------------------ Delta Lake
+
+
+def delta_table(tmp_path: Path) -> Path:
+    deltalake = pytest.importorskip("deltalake")
+    root = tmp_path / "table"
+    deltalake.write_deltalake(str(root), rows(0, 100))
+    return root
+
+
+def add_to_log(root: Path, entry: str, size: int, rows_: int) -> Path:
+    """A commit whose one add action names ``entry`` (as a writer would lay it in the log)."""
+    log = root / "_delta_log"
+    version = max(int(p.stem) for p in log.glob("*.json")) + 1
+    actions = [{"commitInfo": {"timestamp": 1_700_000_000_000 + version, "operation": "WRITE"}},
+               {"add": {"path": entry, "partitionValues": {}, "size": size, "modificationTime": 1_700_000_000_000,
+                        "dataChange": True, "stats": json.dumps({"numRecords": rows_})}}]
+    commit = log / f"{version:020d}.json"
+    commit.write_text("".join(json.dumps(action) + "\n" for action in actions))
+    return commit
+
+
+OUTSIDE_ENTRIES = {
+    "relative": lambda private: "../outside/private.parquet",
+    "percent-encoded": lambda private: "%2E%2E/outside/private.parquet",
+    "encoded-deeper": lambda private: "day=1/%2e%2e/%2e%2e/outside/private.parquet",
+    "absolute path": lambda private: str(private),
+    "absolute URI": lambda private: f"file://{private}",
+}
+
+
+@pytest.mark.parametrize("kind", OUTSIDE_ENTRIES)
+def test_a_delta_log_naming_a_file_outside_the_table_is_refused_before_anything_is_read(tmp_path, capsys, kind):
+    root = delta_table(tmp_path)
+    private, before = private_file(tmp_path)
+    entry = OUTSIDE_ENTRIES[kind](private)
+    commit = add_to_log(root, entry, len(before), 40)
+    mark_unread(private)
+    err = refused(tmp_path / "run", capsys, root, "delta")
+    assert str(root) in err and commit.name in err and entry in err and "outside the table" in err, err
+    assert unread(private, before)
+
+
+@pytest.mark.parametrize("kind", ["relative", "percent-encoded"])
+def test_a_relative_path_out_of_the_table_is_refused_even_where_outside_files_are_allowed(tmp_path, capsys, kind):
+    root = delta_table(tmp_path)
+    private, before = private_file(tmp_path)
+    add_to_log(root, OUTSIDE_ENTRIES[kind](private), len(before), 40)
+    mark_unread(private)
+    err = refused(tmp_path / "run", capsys, root, "delta", "allow_outside_files = true")
+    assert "outside the table" in err and unread(private, before)
+
+
+def test_an_absolute_uri_inside_the_table_is_read(tmp_path):
+    """A shallow clone's form (an absolute URI) of a file in the table's own folder."""
+    root = delta_table(tmp_path)
+    extra = root / "more" / "part-extra.parquet"
+    extra.parent.mkdir()
+    pq.write_table(rows(1, 30), extra)
+    add_to_log(root, f"file://{extra}", extra.stat().st_size, 30)
+    result, _ = trained(tmp_path / "run", root, "delta")
+    assert result["n_train"] == 130
+
+
+@pytest.mark.parametrize("kind", ["absolute path", "absolute URI"])
+def test_allow_outside_files_reads_a_shallow_clones_files(tmp_path, kind):
+    root = delta_table(tmp_path)
+    private, before = private_file(tmp_path)
+    add_to_log(root, OUTSIDE_ENTRIES[kind](private), len(before), 40)
+    result, model = trained(tmp_path / "run", root, "delta", "allow_outside_files = true")
+    assert result["n_train"] == 140 and SECRET in list(model.classes_)
+    assert private.read_bytes() == before
+
+
+def test_a_link_in_the_table_to_a_file_outside_it_is_refused(tmp_path, capsys):
+    root = delta_table(tmp_path)
+    private, before = private_file(tmp_path)
+    (root / "linked").symlink_to(private.parent)
+    commit = add_to_log(root, "linked/private.parquet", len(before), 40)
+    mark_unread(private)
+    err = refused(tmp_path / "run", capsys, root, "delta")
+    assert commit.name in err and "linked/private.parquet" in err and unread(private, before)
+
+
+# ------------------------------------------------------------------ Apache Iceberg
+
+
+@pytest.fixture
+def catalog(tmp_path):
+    pytest.importorskip("pyiceberg")
+    pytest.importorskip("sqlalchemy")
+    from pyiceberg.catalog.sql import SqlCatalog
+
+    catalog = SqlCatalog("trust", uri=f"sqlite:///{tmp_path / 'catalog.db'}",
+                         warehouse=f"file://{tmp_path / 'warehouse'}")
+    catalog.create_namespace("db")
+    return catalog
+
+
+def iceberg_with_outside_file(catalog, private: Path):
+    """A table of 100 rows that adopted ``private`` with ``add_files`` (its manifest names it by absolute path)."""
+    table = catalog.create_table("db.adopting", schema=rows(0, 1).schema)
+    table.append(rows(0, 100))
+    table.add_files([str(private)])
+    return catalog.load_table("db.adopting")
+
+
+def test_an_iceberg_manifest_naming_a_file_outside_the_table_is_refused(tmp_path, capsys, catalog):
+    private, before = private_file(tmp_path)
+    table = iceberg_with_outside_file(catalog, private)
+    where = table.location().removeprefix("file://")
+    mark_unread(private)  # add_files read its footer
+    err = refused(tmp_path / "run", capsys, where, "iceberg")
+    manifests = [m.manifest_path for m in table.current_snapshot().manifests(table.io)]
+    named = [m for m in manifests if Path(m).name in err]
+    assert where in err and str(private) in err and "outside the table" in err and len(named) == 1, err
+    assert "allow_outside_files" in err and unread(private, before)
+
+
+def test_allow_outside_files_reads_the_files_an_iceberg_table_adopted(tmp_path, catalog):
+    private, before = private_file(tmp_path)
+    table = iceberg_with_outside_file(catalog, private)
+    result, model = trained(tmp_path / "run", table.location().removeprefix("file://"), "iceberg",
+                            "allow_outside_files = true")
+    assert result["n_train"] == 140 and SECRET in list(model.classes_) and private.read_bytes() == before
+
+
+def test_iceberg_metadata_naming_a_manifest_list_outside_the_table_is_refused(tmp_path, capsys, catalog):
+    """The metadata file names its snapshots' manifest lists: one outside the table is not opened."""
+    table = catalog.create_table("db.moved", schema=rows(0, 1).schema)
+    table.append(rows(0, 100))
+    table = catalog.load_table("db.moved")
+    metadata = Path(table.metadata_location.removeprefix("file://"))
+    listed = Path(table.current_snapshot().manifest_list.removeprefix("file://"))
+    elsewhere = tmp_path / "outside" / listed.name
+    elsewhere.parent.mkdir()
+    shutil.copy(listed, elsewhere)
+    before = elsewhere.read_bytes()
+    mark_unread(elsewhere)
+    doc = json.loads(metadata.read_text())
+    for snapshot in doc["snapshots"]:
+        snapshot["manifest-list"] = f"file://{elsewhere}"
+    metadata.write_text(json.dumps(doc))
+    err = refused(tmp_path / "run", capsys, str(metadata), "iceberg")
+    assert str(elsewhere) in err and str(metadata) in err and "outside the table" in err, err
+    assert unread(elsewhere, before)
+
+
+def test_a_deletion_vector_stored_outside_the_table_is_refused_before_it_is_opened(tmp_path, capsys):
+    """A deletion vector stored by absolute path (``storageType`` "p") outside the table is not handed
+    to delta-rs to read (which would say what the file's first bytes are)."""
+    deltalake = pytest.importorskip("deltalake")
+    root = delta_table(tmp_path)
+    private, before = private_file(tmp_path)
+    deltalake.DeltaTable(str(root)).alter.add_feature([deltalake.table.TableFeatures.DeletionVectors],
+                                                      allow_protocol_versions_increase=True)
+    table = deltalake.DeltaTable(str(root))
+    add = pa.table(table.get_add_actions(flatten=True)).to_pylist()[0]
+    vector = {"storageType": "p", "pathOrInlineDv": f"file://{private}", "offset": 1, "sizeInBytes": 36,
+              "cardinality": 2}
+    stamp = add["modification_time"] + 1
+    actions = [{"commitInfo": {"timestamp": stamp, "operation": "DELETE"}},
+               {"remove": {"path": add["path"], "deletionTimestamp": stamp, "dataChange": True}},
+               {"add": {"path": add["path"], "partitionValues": {}, "size": add["size_bytes"],
+                        "modificationTime": stamp, "dataChange": True, "deletionVector": vector,
+                        "stats": json.dumps({"numRecords": add["num_records"]})}}]
+    commit = root / "_delta_log" / f"{table.version() + 1:020d}.json"
+    commit.write_text("".join(json.dumps(action) + "\n" for action in actions))
+    mark_unread(private)
+    err = refused(tmp_path / "run", capsys, root, "delta")
+    assert commit.name in err and f"file://{private}" in err and "outside the table" in err, err
+    assert unread(private, before)
