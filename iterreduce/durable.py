@@ -26,9 +26,12 @@ whole, and a crash or an error while writing leaves the earlier file as it was.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import posixpath
-import tempfile
+import re
+import shutil
+import stat
 import uuid
 from pathlib import Path
 
@@ -37,12 +40,25 @@ import pyarrow.fs as pafs
 
 #: Suffixes of the hidden files a replacement makes beside its target (``.NAME.<8 hex><suffix>``).
 PARTIAL_SUFFIX, BACKUP_SUFFIX = ".tmp", ".old"
+#: The one pattern of every hidden name :func:`hidden_name` makes: ``.NAME.<8 lower-case hex><suffix>``.
+#: Whatever recognises the tool's leftovers goes by it (:func:`hidden_target`): a user's
+#: ``.NAME.notes.tmp`` is not the tool's.
+HIDDEN_NAME = re.compile(r"\.(?P<name>.+)\.[0-9a-f]{8}(?P<suffix>\.[a-z]+)", re.DOTALL)
 
 
 def hidden_name(path: str, suffix: str) -> str:
     """A fresh hidden name beside ``path``: ``FOLDER/.NAME.<8 hex><suffix>``."""
     folder, name = posixpath.split(path)
     return posixpath.join(folder, f".{name}.{uuid.uuid4().hex[:8]}{suffix}")
+
+
+def hidden_target(base_name: str, suffixes=(PARTIAL_SUFFIX, BACKUP_SUFFIX)) -> tuple[str, str] | None:
+    """``(NAME, suffix)`` where ``base_name`` is exactly a hidden name :func:`hidden_name` makes
+    for the file NAME with one of ``suffixes``; None for any other name."""
+    found = HIDDEN_NAME.fullmatch(base_name)
+    if found is None or found["suffix"] not in suffixes:
+        return None
+    return found["name"], found["suffix"]
 
 
 def fsync_folder(folder) -> None:
@@ -80,7 +96,8 @@ def write_local(path, write) -> None:
     raised again naming ``path``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=PARTIAL_SUFFIX, dir=path.parent)
+    tmp = hidden_name(str(path), PARTIAL_SUFFIX)  # durable's one pattern: a leftover is known for the tool's
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
@@ -88,7 +105,7 @@ def write_local(path, write) -> None:
             os.fsync(f.fileno())
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide the file from colleagues
+        os.chmod(tmp, 0o666 & ~umask)  # 0600 while written; 0600 kept would hide the file from colleagues
         os.replace(tmp, path)
         fsync_folder(path.parent)
     except BaseException as exc:
@@ -194,9 +211,7 @@ def _backups(fs: pafs.FileSystem, path: str) -> list[pafs.FileInfo]:
         entries = fs.get_file_info(pafs.FileSelector(folder or ".", allow_not_found=True))
     except FileNotFoundError:
         return []
-    prefix = f".{name}."
-    return [e for e in entries if e.is_file and e.base_name.startswith(prefix)
-            and e.base_name.endswith(BACKUP_SUFFIX) and len(e.base_name) == len(prefix) + 8 + len(BACKUP_SUFFIX)]
+    return [e for e in entries if e.is_file and hidden_target(e.base_name, (BACKUP_SUFFIX,)) == (name, BACKUP_SUFFIX)]
 
 
 def restore(fs: pafs.FileSystem, path: str) -> str | None:
@@ -211,3 +226,91 @@ def restore(fs: pafs.FileSystem, path: str) -> str | None:
         return None
     fs.move(found[-1].path, path)
     return found[-1].path
+
+
+# ------------------------------------------------------------------ appending, on local disk
+
+_FOLDER_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def open_append(path, root=None):
+    """The local file ``path`` opened for appending (made if missing; unbuffered, so that each
+    ``write`` is one ``write(2)``), never through a link: a link at its name, or (given ``root``)
+    at any folder between ``root`` and it, raises
+    :class:`~iterreduce.exceptions.ForeignFileError` naming it, and nothing is written.
+
+    A file that shares its bytes with another name (hard links: a run folder copied with
+    ``cp -al``) is first replaced by a private copy of them (written beside it, then renamed
+    over it): the appends change this name's file alone. A copy rather than an error: the copy
+    is what its user meant to go on with, and the other name keeps its bytes."""
+    path = Path(path)
+    start = Path(root) if root is not None else path.parent
+    folder = os.open(start, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for part in path.parent.relative_to(start).parts:
+            inner = _open_folder_at(folder, part, start / part)
+            os.close(folder)
+            folder = inner
+            start = start / part
+        fd = _open_append_at(folder, path)
+        if os.fstat(fd).st_nlink > 1:
+            os.close(fd)
+            _unshare_at(folder, path.name)
+            fd = _open_append_at(folder, path)
+        return os.fdopen(fd, "ab", buffering=0)
+    finally:
+        os.close(folder)
+
+
+def _not_followed(path, what: str = "a link"):
+    from .exceptions import ForeignFileError  # here: the exceptions module need not load for the rest
+
+    return ForeignFileError(f"{path}: {what}, not a file this tool wrote; nothing is written through it, and it is "
+                            f"left as it is: move it away, or choose another output folder (--out)")
+
+
+def _open_folder_at(folder: int, name: str, path) -> int:
+    try:
+        return os.open(name, _FOLDER_FLAGS, dir_fd=folder)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP or (exc.errno == errno.ENOTDIR and os.path.islink(path)):  # Linux says ENOTDIR
+            raise _not_followed(path) from None
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+
+
+def _open_append_at(folder: int, path: Path) -> int:
+    """``path``'s file in the open ``folder``, for appending: never a link or anything but a plain file."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path.name, flags, 0o666, dir_fd=folder)  # O_NONBLOCK: a pipe put there never blocks the open
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise _not_followed(path) from None
+        if exc.errno in (errno.ENXIO, errno.EISDIR):
+            raise _not_followed(path, "not a plain file") from None
+        raise OSError(exc.errno, exc.strerror, str(path)) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _not_followed(path, "not a plain file")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def _unshare_at(folder: int, name: str) -> None:
+    """Replace the file ``name`` in the open ``folder`` by a copy of its bytes of its own (same
+    permissions), so that it no longer shares them with its other hard links."""
+    tmp = hidden_name(name, PARTIAL_SUFFIX)
+    with open(os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder), "rb") as src:
+        mode = stat.S_IMODE(os.fstat(src.fileno()).st_mode)
+        target = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
+                         dir_fd=folder)
+        try:
+            with open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+                dst.flush()
+                os.fsync(dst.fileno())
+            os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp, dir_fd=folder)
+            raise

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from . import THREAD_VARS, checkpoint, jobfolders, ownership, runlog, sharedmem
+from . import THREAD_VARS, checkpoint, durable, jobfolders, ownership, runlog, sharedmem
 from .master import EXIT_DATA_ERROR, MasterConfig, new_run_id
 from .security import new_token
 from .readers import list_shards
@@ -122,9 +122,21 @@ class LocalCluster:
         return env
 
     def _spawn(self, args: list[str], name: str, index: int | None) -> subprocess.Popen:
-        log = open(self.logs / f"{name}.log", "ab")
-        return subprocess.Popen([sys.executable, "-m", *args], stdout=log, stderr=subprocess.STDOUT,
-                                env=self._env(index), start_new_session=True)
+        # Never through a link in logs/, nor into a log shared with a copy of the folder (durable.open_append).
+        with durable.open_append(self.logs / f"{name}.log", root=self.out) as log:
+            return subprocess.Popen([sys.executable, "-m", *args], stdout=log, stderr=subprocess.STDOUT,
+                                    env=self._env(index), start_new_session=True)
+
+    def _write_job_file(self) -> Path:
+        """Write the job's settings for the master (less the token, which travels in the
+        environment) to ``job.json``: a new file renamed in, never written through a link or
+        into a file another name shares."""
+        job = self.config.to_dict()
+        job.pop("token")
+        job_file = self.out / "job.json"
+        text = json.dumps(job, indent=2).encode()
+        durable.write_local(job_file, lambda f: f.write(text))
+        return job_file
 
     def start(self) -> str:
         """Start the master and the workers; returns the master's address."""
@@ -132,10 +144,7 @@ class LocalCluster:
         self.scratch, self.shared_dir = jobfolders.make(self.shared_memory)
         (self.out / "master.json").unlink(missing_ok=True)
         (self.out / "error.txt").unlink(missing_ok=True)
-        job = self.config.to_dict()
-        job.pop("token")  # travels in the environment, not in a file
-        job_file = self.out / "job.json"
-        job_file.write_text(json.dumps(job, indent=2))
+        job_file = self._write_job_file()
         self._follower = runlog.Follower.at_end(self._log)  # forward this run's records only
         self.master = self._spawn(["iterreduce.master", str(job_file)], "master", None)
         deadline = time.monotonic() + 60

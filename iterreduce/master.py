@@ -38,7 +38,7 @@ from pathlib import Path
 import grpc
 import numpy as np
 
-from . import checkpoint, exchange, jobfolders, log_level, runlog, wire
+from . import checkpoint, durable, exchange, jobfolders, log_level, runlog, wire
 from .broadcast import Broadcast
 from .sharedmem import SharedFolder
 from .lifeline import follow_launcher
@@ -649,6 +649,19 @@ def log_failure(output: str, exc: BaseException) -> None:
         log.warning("could not log the failure: %s", err)
 
 
+def publish_address(output: str, address: str) -> None:
+    """Write ``master.json`` (the address the launcher waits for) in the output folder ``output``:
+    a new file renamed in, never written through a link or into a file another name shares."""
+    text = json.dumps({"address": address, "pid": os.getpid()}).encode()
+    durable.write_local(Path(output) / "master.json", lambda f: f.write(text))
+
+
+def write_error(output: str, exc: BaseException) -> None:
+    """Write why the job failed to ``error.txt`` in the output folder ``output`` (as :func:`publish_address`)."""
+    text = (str(exc) + "\n").encode()
+    durable.write_local(Path(output) / "error.txt", lambda f: f.write(text))
+
+
 def main(argv=None) -> int:
     """``python -m iterreduce.master JOB.json``: serve one job, then exit (0 on success,
     :data:`EXIT_DATA_ERROR` when the data cannot be used, 1 on any other job error)."""
@@ -666,19 +679,13 @@ def main(argv=None) -> int:
         log.error("job failed: %s", exc)
         return 1
 
-    def publish(address: str) -> None:
-        # The launcher waits for this file to learn the address.
-        tmp = Path(config.output) / ".master.json.tmp"
-        tmp.write_text(json.dumps({"address": address, "pid": os.getpid()}))
-        tmp.replace(Path(config.output) / "master.json")
-
     try:
-        Master(config).serve_and_run(on_serving=publish)
+        Master(config).serve_and_run(on_serving=lambda address: publish_address(config.output, address))
         return 0
     except (*JOB_ERRORS, OSError) as exc:  # OSError: e.g. the output's disk is full
         log.error("job failed: %s", exc)
         with contextlib.suppress(OSError):  # on a full disk this may fail too: the log has it
-            (Path(config.output) / "error.txt").write_text(str(exc) + "\n")
+            write_error(config.output, exc)
         log_failure(config.output, exc)
         return EXIT_DATA_ERROR if isinstance(exc, DataError) else 1
 

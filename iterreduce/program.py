@@ -102,8 +102,11 @@ class Program(ABC):
         return parameters
 
     def finalize(self, parameters: Arrays, output_dir: str) -> None:
-        """Write the result after the last step; default: the parameters as ``parameters.npz``."""
-        np.savez(f"{output_dir}/parameters.npz", **parameters)
+        """Write the result after the last step; default: the parameters as ``parameters.npz``
+        (a new file renamed in, :func:`iterreduce.durable.write_local`)."""
+        from .durable import write_local  # here: a program's workers need none of durable's pyarrow
+
+        write_local(f"{output_dir}/parameters.npz", lambda f: np.savez(f, **parameters))
 
     def commit(self, output: str) -> None:
         """Make the job's result visible once the master's outputs are all at ``output`` (the

@@ -84,11 +84,17 @@ class RunLog:
 
     Several processes may append to one log (the master and its launcher): every
     record is a single ``write`` to a file opened for appending, so lines never mix.
+    The log is never opened through a link
+    (:class:`~iterreduce.exceptions.ForeignFileError`), and one sharing its bytes with another
+    name through hard links is first replaced by a private copy
+    (:func:`iterreduce.durable.open_append`).
     """
 
     def __init__(self, path):
+        from .durable import open_append  # here: reading a log needs none of durable's pyarrow
+
         self.path = Path(path)
-        self._file = open(self.path, "ab", buffering=0)
+        self._file = open_append(self.path)
 
     def write(self, record: dict) -> dict:
         """Append ``record`` (a progress record, or any record built by the caller); returns it."""

@@ -21,6 +21,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, MaxNLocator
 
+from iterreduce import durable
 from iterreduce.runlog import LOG_NAME, read_progress
 
 from ..model.estimator import DBN
@@ -59,8 +60,11 @@ def per_epoch(records, phase: str, layer=None) -> dict[int, dict]:
 
 
 def _save(fig: Figure, path) -> Path:
+    """Save ``fig`` at ``path`` (its format from the suffix) as a new file renamed in: never
+    written through a link, or into a file another name shares (a folder copied with ``cp -al``)."""
     FigureCanvasAgg(fig)
-    fig.savefig(path, dpi=100)
+    image = Path(path).suffix.lstrip(".") or "png"
+    durable.write_local(path, lambda f: fig.savefig(f, format=image, dpi=100))
     return Path(path)
 
 

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.fs as pafs
 
+from iterreduce import durable
 from iterreduce.exceptions import ForeignFileError, OutputExists
 from iterreduce.filesystems import filesystem, join, open_output_file
 from iterreduce.master import MasterConfig, new_run_id
@@ -117,7 +118,8 @@ class ScoringProgram(Program):
         result = {"written_by": WRITTEN_BY, "run_id": self.config["run_id"], "table": self.config["table"],
                   "filter": self.config.get("filter"), "out": self.config["out"], "rows": rows,
                   "error": wrong / rows if label else None, "label": label, "parts": parts}
-        Path(output_dir, RESULT).write_text(json.dumps(result, indent=2))
+        text = json.dumps(result, indent=2).encode()
+        durable.write_local(Path(output_dir, RESULT), lambda f: f.write(text))  # replaced, never written through
 
     def commit(self, output):
         commit(self.config["stage"], self.config["out"], overwrite=bool(self.config.get("overwrite")),
