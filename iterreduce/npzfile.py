@@ -1,5 +1,5 @@
-"""Reading ``.npz`` files (model files, checkpoints) with limits: a small file never makes
-the process allocate much more than it holds.
+"""Reading ``.npz`` files (model files, checkpoints, data files) with limits: a small file never
+makes the process allocate much more than it holds.
 
 An ``.npz`` is a zip of ``.npy`` members. A zip's headers declare sizes that nothing checks
 against the bytes on disk, and a deflated member inflates up to a thousand times: a 100 KB
@@ -12,8 +12,9 @@ allocates it all. :func:`read_npz` checks every declaration before it allocates:
 - a stored member holds as many bytes as it declares; the deflated members together inflate
   to at most :data:`MAX_INFLATION_RATIO` times the file's size plus
   :data:`INFLATION_ALLOWANCE`, and never to more than :data:`MAX_INFLATED_BYTES`;
-- each ``.npy`` header: format 1.0 or 2.0, a plain numeric dtype (never Python objects:
-  nothing is unpickled), and a shape whose bytes are exactly what the member declares;
+- each ``.npy`` header: format 1.0 or 2.0, a plain numeric dtype (or, where the caller allows,
+  fixed-width strings; never Python objects: nothing is unpickled), and a shape whose bytes
+  are exactly what the member declares;
 - the data is read in chunks of :data:`READ_CHUNK_BYTES` into the array itself, stopping at
   the declared size; a member that holds more or less (or fails its CRC) is refused.
 
@@ -52,17 +53,30 @@ class NpzError(IterReduceError, ValueError):
     the member at fault (the caller names the file)."""
 
 
-def read_npz(file, size: int, only: Collection[str] | None = None) -> dict[str, np.ndarray]:
+def read_npz(file, size: int, only: Collection[str] | None = None,
+             kinds: str = PLAIN_KINDS) -> dict[str, np.ndarray]:
     """The arrays of the ``.npz`` in ``file`` (a seekable binary file object whose real size
     is ``size`` bytes), by name without ``.npy``; each array writable, in C order. With
     ``only``, just the arrays of those names (every member is checked all the same).
+    ``kinds``: the dtype kinds allowed (a data file's labels may be strings too: "U", "S").
 
     Raises :class:`NpzError` for a file outside the limits of this module or bytes that are
     no readable zip (whatever zipfile, zlib or NumPy raised is in its message), and
     ``OSError`` when the file cannot be read. At most the arrays' bytes plus
     :data:`READ_CHUNK_BYTES` (and the zip's directory, a fraction of ``size``) are allocated."""
+    return _guarded(_read, file, size, only, kinds)
+
+
+def array_names(file, size: int) -> list[str]:
+    """The names of the arrays :func:`read_npz` would give for ``file``, in the zip's order, from
+    its directory alone (checked against the limits as :func:`read_npz` checks it)."""
+    return _guarded(_names, file, size)
+
+
+def _guarded(read, file, size: int, *args):
+    """``read(file, size, *args)``, any error but the file system's an :class:`NpzError`."""
     try:
-        return _read(file, size, only)
+        return read(file, size, *args)
     except NpzError:
         raise
     except OSError:  # the file system's error (a lost disk, HDFS): not the bytes' fault
@@ -72,23 +86,43 @@ def read_npz(file, size: int, only: Collection[str] | None = None) -> dict[str, 
                        f"{type(exc).__name__}: {exc}") from exc
 
 
-def _read(file, size: int, only: Collection[str] | None) -> dict[str, np.ndarray]:
-    _check_directory_size(file, size)
-    with zipfile.ZipFile(file) as z:
-        infos = z.infolist()
-        _check_members(infos, size)
+def _read(file, size: int, only: Collection[str] | None, kinds: str) -> dict[str, np.ndarray]:
+    with _checked_zip(file, size) as z:
         arrays: dict[str, np.ndarray] = {}
-        seen = set()
-        for info in infos:
-            name = info.filename[:-len(".npy")]
-            if name in seen:
-                raise NpzError(f"array {name!r} is stored twice")
-            seen.add(name)
+        for info, name in zip(z.infolist(), _member_names(z.infolist())):
             if only is not None and name not in only:
                 continue
             with z.open(info) as member:
-                arrays[name] = _read_member(member, name, info.file_size)
+                arrays[name] = _read_member(member, name, info.file_size, kinds)
     return arrays
+
+
+def _names(file, size: int) -> list[str]:
+    with _checked_zip(file, size) as z:
+        return _member_names(z.infolist())
+
+
+def _checked_zip(file, size: int) -> zipfile.ZipFile:
+    """The zip in ``file``, its directory and members' declarations checked against the limits."""
+    _check_directory_size(file, size)
+    z = zipfile.ZipFile(file)
+    try:
+        _check_members(z.infolist(), size)
+    except BaseException:
+        z.close()
+        raise
+    return z
+
+
+def _member_names(infos: list[zipfile.ZipInfo]) -> list[str]:
+    """The arrays' names (the members' without ``.npy``), refusing a name stored twice."""
+    names = [info.filename[:-len(".npy")] for info in infos]
+    seen = set()
+    for name in names:
+        if name in seen:
+            raise NpzError(f"array {name!r} is stored twice")
+        seen.add(name)
+    return names
 
 
 def _check_directory_size(file, size: int) -> None:
@@ -111,6 +145,7 @@ def _check_members(infos: list[zipfile.ZipInfo], size: int) -> None:
     if len(infos) > MAX_MEMBERS:
         raise NpzError(f"{len(infos)} members, at most {MAX_MEMBERS} are read")
     inflated = compressed = 0
+    largest = None  # the deflated member that inflates most, named when the total is too much
     for info in infos:
         where = f"member {info.filename!r}"
         if info.is_dir() or not info.filename.endswith(".npy"):
@@ -130,17 +165,18 @@ def _check_members(infos: list[zipfile.ZipInfo], size: int) -> None:
                                f"{info.compress_size}")
         else:
             inflated += info.file_size
+            largest = info if largest is None or info.file_size > largest.file_size else largest
     if compressed > size:  # members that overlap: the same bytes read many times
         raise NpzError(f"its members claim {compressed} bytes in all, more than the file's {size}")
     limit = min(MAX_INFLATION_RATIO * size + INFLATION_ALLOWANCE, MAX_INFLATED_BYTES)
     if inflated > limit:
-        raise NpzError(f"its deflated members would inflate to {inflated} bytes from a file of {size}: "
-                       f"more than the {limit} bytes allowed ({MAX_INFLATION_RATIO} times the file's size "
-                       f"plus {INFLATION_ALLOWANCE}, at most {MAX_INFLATED_BYTES}); save it uncompressed "
-                       f"(numpy.savez)")
+        raise NpzError(f"its deflated members would inflate to {inflated} bytes from a file of {size} "
+                       f"(member {largest.filename!r} claims {largest.file_size}): more than the {limit} bytes "
+                       f"allowed ({MAX_INFLATION_RATIO} times the file's size plus {INFLATION_ALLOWANCE}, at most "
+                       f"{MAX_INFLATED_BYTES}); save it uncompressed (numpy.savez)")
 
 
-def _read_member(member, name: str, declared: int) -> np.ndarray:
+def _read_member(member, name: str, declared: int, kinds: str) -> np.ndarray:
     """One ``.npy`` member, ``declared`` bytes long: its header checked, then its data read in
     chunks straight into the array."""
     version = np.lib.format.read_magic(member)
@@ -150,8 +186,9 @@ def _read_member(member, name: str, declared: int) -> np.ndarray:
         shape, fortran, dtype = np.lib.format.read_array_header_2_0(member)
     else:
         raise NpzError(f"array {name!r} is in .npy format {version}, not 1.0 or 2.0")
-    if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None or dtype.kind not in PLAIN_KINDS:
-        raise NpzError(f"array {name!r} is of type {dtype}, not plain numbers (Python objects are never unpickled)")
+    if dtype.hasobject or dtype.fields is not None or dtype.subdtype is not None or dtype.kind not in kinds:
+        what = "plain numbers" if kinds == PLAIN_KINDS else "plain numbers or strings"
+        raise NpzError(f"array {name!r} is of type {dtype}, not {what} (Python objects are never unpickled)")
     nbytes = math.prod(shape) * dtype.itemsize  # Python ints: no wrap-around for absurd shapes
     held = declared - member.tell()
     if nbytes != held:  # before any allocation: a header may claim terabytes

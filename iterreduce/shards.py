@@ -86,6 +86,43 @@ def check_schema(uri: str, schema: pa.Schema) -> None:
                          f"(classes are 0, 1, 2, ...)")
 
 
+#: What a footer that miscounts the rows is, and what to do
+ALTERED = "a damaged or altered Parquet file: write it again"
+
+
+def footer_rows(parquet: pq.ParquetFile, uri: str) -> int:
+    """The row count the footer of the open shard says, refused where its row groups say otherwise:
+    a damaged or altered footer. Readers check it against the rows they read, too
+    (:meth:`ParquetShard.blocks`), and believe it with memory only so far (:func:`believed_rows`)."""
+    meta = parquet.metadata
+    try:
+        groups = sum(meta.row_group(g).num_rows for g in range(meta.num_row_groups))
+    except Exception as exc:  # noqa: BLE001 - a corrupt footer
+        raise ShardError(f"{uri}: not a readable Parquet footer ({type(exc).__name__}: {exc})") from exc
+    if meta.num_rows < 0 or groups != meta.num_rows:
+        raise ShardError(f"{uri}: its footer says {meta.num_rows} rows, but its row groups say {groups} "
+                         f"({ALTERED})")
+    return meta.num_rows
+
+
+def miscounted(uri: str, claimed: int, held: int) -> ShardError:
+    """The error for a shard whose footer says ``claimed`` rows where its pages hold ``held``."""
+    return ShardError(f"{uri}: its footer says {claimed} rows, but the file holds {held} ({ALTERED})")
+
+
+#: A footer is believed, before its rows are read, for the float32 features of at most this many
+#: times the file's bytes: real features compress a few times, and a tiny file that claims
+#: billions of rows must not get an array of that size. A file holding more rows (a column of
+#: one repeated value) gets an array that grows as its rows come.
+BELIEVED_EXPANSION = 64
+
+
+def believed_rows(claimed: int, file_bytes: int, width: int) -> int:
+    """The rows to allocate, before reading them, for a shard of ``file_bytes`` bytes whose footer
+    says ``claimed`` rows of ``width`` features (:data:`BELIEVED_EXPANSION`)."""
+    return min(claimed, BELIEVED_EXPANSION * file_bytes // (4 * width))
+
+
 def footer_ranges(parquet: pq.ParquetFile, uri: str = "") -> dict:
     """The smallest and largest feature value and label the footer's statistics record, as
     ``{"features": (lo, hi) or None, "label": (lo, hi) or None}`` (None where a row group has
@@ -195,15 +232,18 @@ class ParquetShard:
         refuses a shard the footer already shows to be unusable."""
         uri = self.uri
         with open_shard(uri) as parquet:
-            rows = parquet.metadata.num_rows
+            rows = footer_rows(parquet, uri)
             if rows == 0:
                 raise ShardError(f"{uri}: shard is empty")
             width = getattr(parquet.schema_arrow.field(FEATURES).type, "list_size", None)
             if width is None:  # a variable-length list: its first row says (read checks the rest)
-                try:
-                    width = len(parquet.read_row_group(0, columns=[FEATURES]).column(0)[0])
+                try:  # that row alone: reading a row group allocates for the rows its footer claims
+                    first = next(parquet.iter_batches(batch_size=1, columns=[FEATURES]), None)
                 except Exception as exc:  # noqa: BLE001 - a corrupt page
                     raise unreadable(uri, exc) from exc
+                if first is None:
+                    raise miscounted(uri, rows, 0)
+                width = len(first.column(0)[0])
                 if width == 0:
                     raise ShardError(f"{uri}: '{FEATURES}' lists are empty: no feature to train on")
             ranges = footer_ranges(parquet, uri)
@@ -225,24 +265,36 @@ class ParquetShard:
 
     def read(self, n_features: int | None, need_labels: bool) -> tuple[np.ndarray, np.ndarray | None]:
         """Every row: float32 features and int64 labels (or None), read a block at a time into
-        arrays of the file's row count, so reading needs little more memory than the features."""
+        arrays of the footer's row count, so reading needs little more memory than the features.
+        The count is believed only as far as the file's size makes plausible (:func:`believed_rows`);
+        the arrays grow, up to it, as more rows come, and rows that miss it are an error (:meth:`blocks`)."""
         features, labels, start = None, None, 0
         with open_shard(self.uri, streaming=True) as parquet:
-            rows = parquet.metadata.num_rows
+            claimed = footer_rows(parquet, self.uri)
             for values, block_labels in self._blocks(parquet, n_features, need_labels):
+                stop = start + len(values)  # never past the footer's count: _blocks refuses those rows
                 if features is None:
+                    rows = max(stop, believed_rows(claimed, self._file_bytes(), values.shape[1]))
                     features = np.empty((rows, values.shape[1]), dtype=np.float32)
                     labels = None if block_labels is None else np.empty(rows, dtype=np.int64)
-                features[start:start + len(values)] = as_float32(values)
+                elif stop > len(features):  # more rows than believed: room for twice as many
+                    rows = min(claimed, max(stop, 2 * len(features)))
+                    features, labels = _grown(features, rows), None if labels is None else _grown(labels, rows)
+                features[start:stop] = as_float32(values)
                 if labels is not None:
-                    labels[start:start + len(values)] = block_labels
-                start += len(values)
+                    labels[start:stop] = block_labels
+                start = stop
         return features, labels
+
+    def _file_bytes(self) -> int:
+        fs, path = filesystem(self.uri)
+        return fs.get_file_info(path).size
 
     def blocks(self, n_features: int | None, need_labels: bool):
         """``(stored feature values, labels or None)`` for each block of :data:`STREAM_ROWS` rows,
         checked by :func:`feature_rows` and :func:`label_rows` (uint8 intensities as stored:
-        :func:`as_float32` makes them features)."""
+        :func:`as_float32` makes them features). Rows other than the footer's count are an error
+        naming both (:meth:`_counted_batches`): no block past it is given."""
         with open_shard(self.uri, streaming=True) as parquet:
             yield from self._blocks(parquet, n_features, need_labels)
 
@@ -254,7 +306,7 @@ class ParquetShard:
             has_labels = LABEL in parquet.schema_arrow.names
             if not has_labels and need_labels:
                 raise ShardError(f"{uri}: no '{LABEL}' column, but this job needs labels")
-            for batch in parquet.iter_batches(batch_size=STREAM_ROWS):
+            for batch in self._counted_batches(parquet):
                 values = feature_rows(uri, batch.column(FEATURES), start, n_features)
                 if width is not None and values.shape[1] != width:
                     raise ShardError(f"{uri}: rows have different feature counts: row {start} has "
@@ -271,19 +323,42 @@ class ParquetShard:
         if start == 0:
             raise ShardError(f"{uri}: shard is empty")
 
+    def _counted_batches(self, parquet: pq.ParquetFile, columns: list[str] | None = None):
+        """The open file's rows in batches of :data:`STREAM_ROWS` (never a whole row group: pyarrow
+        allocates one for the rows its footer claims), refusing rows other than the footer's count
+        (:func:`miscounted`): as soon as they pass it (the rest counted, a batch at a time), or at the end."""
+        claimed, held = footer_rows(parquet, self.uri), 0
+        batches = parquet.iter_batches(batch_size=STREAM_ROWS, columns=columns)
+        for batch in batches:
+            held += batch.num_rows
+            if held > claimed:
+                raise miscounted(self.uri, claimed, held + sum(rest.num_rows for rest in batches))
+            yield batch
+        if held != claimed:
+            raise miscounted(self.uri, claimed, held)
+
     def labels(self) -> np.ndarray:
-        """The labels alone, reading only that column (e.g. to count the classes)."""
+        """The labels alone, reading only that column (e.g. to count the classes), a batch at a
+        time and counted as :meth:`blocks` counts the rows."""
         uri = self.uri
         try:
-            with open_shard(uri) as parquet:
+            with open_shard(uri, streaming=True) as parquet:
                 if LABEL not in parquet.schema_arrow.names:
                     raise ShardError(f"{uri}: no '{LABEL}' column: a classifier needs labels")
-                column = parquet.read(columns=[LABEL]).column(LABEL)
-        except ShardError:
-            raise
+                column = pa.chunked_array([batch.column(0) for batch in self._counted_batches(parquet, [LABEL])],
+                                          type=parquet.schema_arrow.field(LABEL).type)
+        except (ShardError, HdfsAccessError):
+            raise  # said as they are, as blocks() says them
         except Exception as exc:  # noqa: BLE001 - a corrupt page or a truncated column
             raise unreadable(uri, exc) from exc
         return label_rows(uri, column)
+
+
+def _grown(array: np.ndarray, rows: int) -> np.ndarray:
+    """``array`` (this module's own, no view of it kept) with room for ``rows`` rows: resized in
+    place, a ``realloc``, so that growing never holds two copies of the rows."""
+    array.resize((rows,) + array.shape[1:], refcheck=False)
+    return array
 
 
 def _columns_in(metadata: dict | None, uri: str, width: int) -> list[str] | None:
@@ -357,11 +432,14 @@ def shard_set(uri: str, names: list[str], prefix: str = "part"):
     ``with`` block, which gets ``(file system, path)``. Only shards this module wrote and listed
     in the folder's manifest (:data:`iterreduce.ownership.MANIFEST_NAME`) are replaced: the
     earlier set of the same prefix goes, other sets it lists stay, and a folder holding any file
-    it does not list is refused (:class:`~iterreduce.exceptions.ForeignFileError`) untouched."""
+    it does not list is refused (:class:`~iterreduce.exceptions.ForeignFileError`) untouched.
+    One writer at a time: the folder is held (:func:`iterreduce.ownership.shard_folder`) for the
+    whole write, and a second writer is refused (:class:`~iterreduce.exceptions.OutputBusy`)."""
     fs, path = filesystem(uri)
-    ownership.start_shard_set(fs, path, uri, names, prefix)
-    yield fs, path
-    ownership.finish_shard_set(fs, path, names)
+    with ownership.shard_folder(fs, path, uri):
+        ownership.start_shard_set(fs, path, uri, names, prefix)
+        yield fs, path
+        ownership.finish_shard_set(fs, path, names)
 
 
 def shard_note(uri: str, key: str):

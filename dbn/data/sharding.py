@@ -7,7 +7,7 @@ file whose columns are the features plus an optional ``label`` column.
 
 from __future__ import annotations
 
-import zipfile
+import os
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from iterreduce import npzfile
 from iterreduce.exceptions import ShardError
 from iterreduce.filesystems import check_output_file, open_output_file
 from iterreduce.readers import describe_shard, list_shards, read_shard, same_classes, shard_classes
@@ -120,18 +121,7 @@ def load_source(source: str, *, split: str = "train", mnist_dir: str | None = No
         if not path.is_file():
             raise DataError(f"{path}: no such data file (use 'mnist', a .npz with arrays X and y, or a .csv)")
         if path.suffix == ".npz":
-            try:
-                with np.load(path, allow_pickle=False) as npz:
-                    if "X" not in npz.files:
-                        raise DataError(f"{path}: no array 'X' (arrays: {npz.files})")
-                    if label is not None and label not in npz.files:
-                        raise DataError(f"{path}: no array {label!r} ([data] label; arrays: {npz.files})")
-                    name = label or NPZ_LABELS
-                    X, y = npz["X"], (npz[name] if name in npz.files else None)
-            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-                if isinstance(exc, DataError):
-                    raise
-                raise DataError(f"{path}: not a readable .npz file: {exc}") from exc
+            X, y = _read_npz(path, label)
         elif path.suffix == ".csv":
             X, y = _read_csv(path, label, columns)
         else:
@@ -142,6 +132,29 @@ def load_source(source: str, *, split: str = "train", mnist_dir: str | None = No
     if limit is not None:
         X, y = X[:limit], (None if y is None else y[:limit])
     return X, y
+
+
+#: dtype kinds a data .npz may hold: numbers, and strings for its labels (never Python objects)
+NPZ_KINDS = npzfile.PLAIN_KINDS + "US"
+
+
+def _read_npz(path: Path, label: str | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """Arrays ``X`` and the labels (``label``, else ``y``, None if absent) of the .npz at ``path``,
+    read within :mod:`iterreduce.npzfile`'s limits: headers that claim more than the file holds,
+    or a member that inflates too far, are an error naming the file, the member and the size."""
+    try:
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            names = npzfile.array_names(f, size)
+            if "X" not in names:
+                raise DataError(f"{path}: no array 'X' (arrays: {names})")
+            if label is not None and label not in names:
+                raise DataError(f"{path}: no array {label!r} ([data] label; arrays: {names})")
+            name = label or NPZ_LABELS
+            arrays = npzfile.read_npz(f, size, only={"X", name}, kinds=NPZ_KINDS)
+    except (OSError, npzfile.NpzError) as exc:
+        raise DataError(f"{path}: not a readable .npz file: {exc}") from exc
+    return arrays["X"], arrays.get(name)
 
 
 def load_dataset(source: str, *, split: str = "train", mnist_dir: str | None = None, limit: int | None = None,

@@ -1,0 +1,481 @@
+"""Issue 51, classes 4, 5 and the HDFS half of 13: what a shard folder's manifest, its leftovers
+and its lock say is checked before it steers a delete or a write.
+
+- 4: only the hidden names the tool itself writes (``.NAME.<8 hex>.tmp`` / ``.old``,
+  :data:`iterreduce.durable.HIDDEN_NAME`) count as its leftovers; a user's look-alike is refused
+  untouched, in a shard folder and by :func:`iterreduce.durable.restore`;
+- 5: one writer per shard folder: a second ``dbn shard`` into a folder being written is refused
+  at once, naming the folder and the holder, and the folder holds one input's shards;
+- 13: an HDFS stale lock is replaced only if it is still the stale one: a new holder's lock,
+  taken meanwhile, survives byte-identical;
+- the manifest: whatever it holds, the shard calls never touch anything outside their folder,
+  and a name that is not a plain name in it is ignored with a warning.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow.fs as pafs
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest_runtime import REPO, TESTS_DIR
+from iterreduce import durable, ownership
+from iterreduce.exceptions import ForeignFileError, IterReduceError, OutputBusy
+from iterreduce.readers import list_shards, read_shard
+from iterreduce.shards import write_shards
+
+MANIFEST = ownership.MANIFEST_NAME
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every entry under ``folder`` (links as their target, not followed), with its bytes' sha256."""
+    found = {}
+    for path in sorted(folder.rglob("*")):
+        rel = path.relative_to(folder).as_posix()
+        if path.is_symlink():
+            found[rel] = "link -> " + os.readlink(path)
+        elif path.is_file():
+            found[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
+        else:
+            found[rel] = "folder"
+    return found
+
+
+@pytest.fixture
+def victim(tmp_path) -> Path:
+    """A folder outside every folder the tests write: what it holds must stay byte-identical."""
+    folder = tmp_path / "victim"
+    folder.mkdir()
+    (folder / "thesis.tex").write_bytes(b"\\section{results}" * 40)
+    (folder / "part-00000.parquet").write_bytes(b"PAR1 not the tool's" * 10)
+    return folder
+
+
+def rows(n=40, d=4, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.random((n, d), dtype=np.float32), rng.integers(0, 3, n)
+
+
+# ------------------------------------------------------------------ 4. leftover names
+
+
+@pytest.mark.parametrize("name", [
+    ".part-00000.parquet.notes.tmp",          # the issue's two
+    f".{MANIFEST}.v1.old",
+    ".part-00000.parquet.0123ABCD.tmp",       # upper case: durable writes lower-case hex
+    ".part-00000.parquet.0123abc.tmp",        # 7 hex
+    ".part-00000.parquet.0123abcde.tmp",      # 9 hex
+    ".part-00000.parquet.0123abcd.tmp.bak",   # more after the suffix
+    f".{MANIFEST}.x.0123abcd.old",            # another name's hidden file
+    ".notes.txt.0123abcd.tmp",                # the hidden file of a name the manifest does not list
+])
+def test_a_users_file_named_like_a_leftover_is_refused_untouched(tmp_path, victim, name):
+    out = tmp_path / "s"
+    X, y = rows()
+    write_shards(X, y, str(out), 2)
+    (out / name).write_bytes(b"my notes, not the tool's")
+    before, outside = snapshot(out), snapshot(victim)
+    with pytest.raises(ForeignFileError, match=name.replace(".", r"\.")):
+        write_shards(X, y, str(out), 3)
+    assert snapshot(out) == before and snapshot(victim) == outside
+
+
+def test_the_tools_own_leftovers_are_still_cleared(tmp_path, victim):
+    """What an interrupted write of the manifest or a shard leaves (durable's hidden names) is
+    the tool's: the next write clears it."""
+    out = tmp_path / "s"
+    X, y = rows()
+    write_shards(X, y, str(out), 2)
+    leftovers = [Path(durable.hidden_name(str(out / MANIFEST), durable.PARTIAL_SUFFIX)),
+                 Path(durable.hidden_name(str(out / MANIFEST), durable.BACKUP_SUFFIX)),
+                 Path(durable.hidden_name(str(out / "part-00001.parquet"), durable.PARTIAL_SUFFIX))]
+    for path in leftovers:
+        path.write_bytes(b"half")
+    outside = snapshot(victim)
+    write_shards(X, y, str(out), 3)
+    assert not any(path.exists() for path in leftovers)
+    assert len(list_shards(str(out))) == 3 and snapshot(victim) == outside
+
+
+@pytest.mark.parametrize("name", [".model.npz.my-notes.old", ".model.npz.0123ABCD.old", ".model.npz.01234567.old.x"])
+def test_restore_never_takes_a_users_look_alike_for_a_backup(tmp_path, name):
+    """durable.restore moves a backup back only under durable's exact name (8 lower-case hex)."""
+    (tmp_path / name).write_bytes(b"mine")
+    assert durable.restore(pafs.LocalFileSystem(), str(tmp_path / "model.npz")) is None
+    assert (tmp_path / name).read_bytes() == b"mine" and not (tmp_path / "model.npz").exists()
+    backup = Path(durable.hidden_name(str(tmp_path / "model.npz"), durable.BACKUP_SUFFIX))
+    backup.write_bytes(b"the earlier model")  # durable's own: restored
+    assert durable.restore(pafs.LocalFileSystem(), str(tmp_path / "model.npz")) == str(backup)
+    assert (tmp_path / "model.npz").read_bytes() == b"the earlier model"
+
+
+def test_every_hidden_name_durable_writes_matches_its_one_pattern(tmp_path, monkeypatch):
+    """write_local's temporary file too: a leftover of it is recognised as the tool's, and only that."""
+    seen = []
+    real = os.replace
+
+    def spy(src, dst):
+        seen.append(os.path.basename(src))
+        real(src, dst)
+
+    monkeypatch.setattr(os, "replace", spy)
+    for i in range(20):
+        durable.write_local(tmp_path / "model.npz", lambda f: f.write(b"x"))
+    assert len(seen) == 20
+    assert all(durable.hidden_target(name) == ("model.npz", durable.PARTIAL_SUFFIX) for name in seen), seen
+    assert durable.hidden_target(os.path.basename(durable.hidden_name("a/b.json", ".old"))) == ("b.json", ".old")
+    for other in (".b.json.notes.tmp", ".b.json.0123abcd.tmp.x", "b.json.0123abcd.tmp", ".b.json.0123ABCD.old"):
+        assert durable.hidden_target(other) is None
+
+
+def test_a_link_is_never_taken_for_a_listed_shard_or_the_manifest(tmp_path, victim):
+    """A link where the manifest lists a shard (of the size it lists), or in the manifest's own
+    place, is no file the tool wrote: refused, the link and what it points to untouched."""
+    out = tmp_path / "s"
+    X, y = rows()
+    write_shards(X, y, str(out), 2)
+    shard = out / "part-00001.parquet"
+    (victim / "copy.parquet").write_bytes(shard.read_bytes())
+    shard.unlink()
+    shard.symlink_to(victim / "copy.parquet")  # the size the manifest lists
+    before, outside = snapshot(out), snapshot(victim)
+    with pytest.raises(ForeignFileError, match="part-00001.parquet"):
+        write_shards(X, y, str(out), 2)
+    assert snapshot(out) == before and snapshot(victim) == outside
+    for part in out.glob("part-*.parquet"):
+        part.unlink()
+    manifest = out / MANIFEST
+    (victim / MANIFEST).write_bytes(manifest.read_bytes())
+    manifest.unlink()
+    manifest.symlink_to(victim / MANIFEST)
+    before = snapshot(out)
+    with pytest.raises(ForeignFileError, match=f"holds {MANIFEST}"):
+        write_shards(X, y, str(out), 2)
+    assert snapshot(out) == before and snapshot(victim) == {**outside, MANIFEST: snapshot(victim)[MANIFEST]}
+
+
+def test_a_lock_left_by_a_killed_writer_neither_refuses_the_folder_nor_goes(tmp_path):
+    out = tmp_path / "s"
+    X, y = rows()
+    write_shards(X, y, str(out), 2)
+    (out / ownership.LOCK_NAME).write_text("pid 1 on elsewhere (dbn shard)\n")  # its writer was killed
+    write_shards(X, y, str(out), 3)
+    assert len(list_shards(str(out))) == 3 and (out / ownership.LOCK_NAME).is_file()
+
+
+# ------------------------------------------------------------------ 5. one writer per shard folder
+
+#: ``dbn shard`` whose shard writes wait until the file argv[1] exists ("-": they do not wait).
+SHARD_HELD = """
+import os, sys, time
+import pyarrow.parquet as pq
+real = pq.write_table
+def held(*args, **kwargs):
+    print("writing", flush=True)
+    deadline = time.monotonic() + 60
+    while sys.argv[1] != "-" and not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    real(*args, **kwargs)
+pq.write_table = held
+from dbn.cli import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_two_dbn_shard_processes_into_one_folder_one_is_refused(tmp_path, victim):
+    """The issue's case with real processes: while one ``dbn shard`` writes a folder (its writes
+    held until the second has ended), a second of another input into it exits 2 with one line
+    naming the folder and the first's pid; the first completes, and the folder holds its shards
+    alone, as the manifest says."""
+    out = tmp_path / "shards"
+    X_a, y_a = rows(30, seed=1)
+    X_b, y_b = rows(50, seed=2)
+    np.savez(tmp_path / "a.npz", X=X_a, y=y_a)
+    np.savez(tmp_path / "b.npz", X=X_b, y=y_b)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS_DIR), str(REPO), os.environ.get("PYTHONPATH", "")]))
+    outside = snapshot(victim)
+
+    def shard(source, n, wait_for):
+        return [sys.executable, "-c", SHARD_HELD, wait_for, "shard", str(tmp_path / source), str(out), "--shards",
+                str(n)]
+
+    go = tmp_path / "go"
+    first = subprocess.Popen(shard("a.npz", 3, str(go)), cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout.readline().strip() == "writing", first.communicate()  # it holds the folder now
+        start = time.monotonic()
+        second = subprocess.run(shard("b.npz", 4, "-"), cwd=tmp_path, env=env, capture_output=True, text=True,
+                                timeout=60)
+        refused_after = time.monotonic() - start
+        go.touch()
+        stdout, stderr = first.communicate(timeout=60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    assert first.returncode == 0, stderr
+    assert second.returncode == 2, (second.stdout, second.stderr)
+    message = second.stderr.strip()
+    assert "\n" not in message and message.startswith("dbn: error: "), second.stderr
+    assert str(out) in message and f"pid {first.pid} on " in message
+    assert refused_after < 20  # at once, while the first waits (python's start-up on a busy machine aside)
+    shards = list_shards(str(out))
+    assert [Path(u).name for u in shards] == [f"part-{i:05d}.parquet" for i in range(3)]
+    np.testing.assert_array_equal(np.concatenate([read_shard(u).features for u in shards]), X_a)
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["files"] == {Path(u).name: Path(u).stat().st_size for u in shards}
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, *(Path(u).name for u in shards)]  # no lock left
+    assert snapshot(victim) == outside
+
+
+def test_a_shard_folder_held_is_refused_in_process_and_let_go_after(tmp_path):
+    """The same lock from one process: a second writer (another thread) is refused naming the
+    holder; after the write, nothing of the lock stays in the folder."""
+    out = tmp_path / "s"
+    X, y = rows()
+    fs = pafs.LocalFileSystem()
+    with ownership.shard_folder(fs, str(out), str(out)):
+        errors = []
+
+        def second():
+            try:
+                write_shards(X, y, str(out), 2)
+            except OutputBusy as exc:
+                errors.append(str(exc))
+
+        thread = threading.Thread(target=second)
+        thread.start()
+        thread.join()
+        assert len(errors) == 1 and str(out) in errors[0] and f"pid {os.getpid()}" in errors[0], errors
+    write_shards(X, y, str(out), 2)
+    assert sorted(p.name for p in out.iterdir()) == [MANIFEST, "part-00000.parquet", "part-00001.parquet"]
+
+
+def test_a_remote_shard_folder_takes_the_create_if_absent_lock(tmp_path):
+    """On a file system without flock (HDFS), the lock file is created only if absent: a live
+    holder's lock refuses the write untouched; a lock of a process of this host that has ended
+    is replaced."""
+    out = tmp_path / "s"
+    out.mkdir()
+    fs = not_local()
+    held = {"token": "t", "pid": os.getpid(), "host": socket.gethostname(), "since": "x",
+            "app_id": None}
+    (out / ownership.LOCK_NAME).write_text(json.dumps(held))
+    before = snapshot(out)
+    with pytest.raises(OutputBusy, match=f"{out}.*pid {os.getpid()}"):
+        with ownership.shard_folder(fs, str(out), str(out)):
+            pass
+    assert snapshot(out) == before
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    (out / ownership.LOCK_NAME).write_text(json.dumps({**held, "pid": int(gone.stdout)}))
+    with ownership.shard_folder(fs, str(out), str(out)):
+        assert json.loads((out / ownership.LOCK_NAME).read_text())["pid"] == os.getpid()
+    assert not (out / ownership.LOCK_NAME).exists()
+
+
+def not_local() -> pafs.FileSystem:
+    """The local disk seen as a file system without flock (as HDFS is to the tool): fsspec's, through pyarrow."""
+    import fsspec
+
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fsspec.filesystem("file")))
+
+
+# ------------------------------------------------------------------ 13. the HDFS stale-lock replacement
+
+
+class RacingFileSystem(pafs.LocalFileSystem):
+    """pyarrow's LocalFileSystem on which another submission takes the lock ``lock`` (writing
+    ``new``) at the worst moment: just before this process first changes the lock file (a
+    delete, a move), after every read of it."""
+
+    def __init__(self, lock: str, new: bytes):
+        super().__init__()
+        self.lock, self.new, self.raced = lock, new, False
+
+    def _race(self, path):
+        if path == self.lock and not self.raced:
+            self.raced = True
+            partial = self.lock + ".other-submission"
+            Path(partial).write_bytes(self.new)
+            os.replace(partial, self.lock)  # the new holder's create, already done
+
+    def delete_file(self, path):
+        self._race(path)
+        return super().delete_file(path)
+
+    def move(self, src, dest):
+        self._race(src)
+        return super().move(src, dest)
+
+
+def gone_holder() -> dict:
+    return {"token": "stale", "pid": 2**22 + 1, "host": "elsewhere", "since": "2020", "app_id": "application_1_0001"}
+
+
+def new_holder() -> bytes:
+    return json.dumps({"token": "new", "pid": 1, "host": "h", "since": "now", "app_id": "application_1_0002"}).encode()
+
+
+def test_a_new_holders_lock_taken_just_before_the_delete_survives(tmp_path, victim):
+    """The issue's race: the stale lock is read, its holder found gone, and another submission
+    replaces the lock before this one deletes it: the new holder's lock stays byte-identical and
+    this submission is refused (it asks about the new holder, which runs)."""
+    lock = tmp_path / "out" / ownership.LOCK_NAME
+    lock.parent.mkdir()
+    lock.write_text(json.dumps(gone_holder()))
+    fs = RacingFileSystem(str(lock), new_holder())
+    asked = []
+
+    def running(held):
+        asked.append(held.get("token"))
+        return None if held.get("token") == "stale" else f"application {held['app_id']} is RUNNING"
+
+    outside = snapshot(victim)
+    with pytest.raises(OutputBusy, match="application_1_0002 is RUNNING"):
+        ownership.acquire_remote(fs, str(lock.parent), str(lock.parent), running=running)
+    assert fs.raced and lock.read_bytes() == new_holder()
+    assert asked == ["stale", "new"]
+    assert sorted(p.name for p in lock.parent.iterdir()) == [ownership.LOCK_NAME]  # nothing set aside is left
+    assert snapshot(victim) == outside
+
+
+def test_a_new_holders_lock_taken_while_running_is_asked_survives(tmp_path):
+    """The same race earlier: the lock replaced while ``running`` is asked about the stale one."""
+    lock = tmp_path / "out" / ownership.LOCK_NAME
+    lock.parent.mkdir()
+    lock.write_text(json.dumps(gone_holder()))
+    fs = pafs.LocalFileSystem()
+
+    def running(held):
+        if held.get("token") == "stale":
+            lock.write_bytes(new_holder())
+            return None
+        return "it runs"
+
+    with pytest.raises(OutputBusy, match="it runs"):
+        ownership.acquire_remote(fs, str(lock.parent), str(lock.parent), running=running)
+    assert lock.read_bytes() == new_holder()
+
+
+def test_a_stale_lock_unchanged_is_replaced(tmp_path):
+    lock = tmp_path / "out" / ownership.LOCK_NAME
+    lock.parent.mkdir()
+    lock.write_text(json.dumps(gone_holder()))
+    taken = ownership.acquire_remote(pafs.LocalFileSystem(), str(lock.parent), str(lock.parent),
+                                     running=lambda held: None)
+    assert json.loads(lock.read_text())["token"] == taken.held["token"] != "stale"
+    assert sorted(p.name for p in lock.parent.iterdir()) == [ownership.LOCK_NAME]
+    taken.release()
+    assert not lock.exists()
+
+
+# ------------------------------------------------------------------ the manifest, whatever it holds
+
+
+def test_a_name_that_is_not_plain_is_ignored_with_a_warning(tmp_path, victim, caplog):
+    out = tmp_path / "s"
+    out.mkdir()
+    bad = ["../victim/thesis.tex", "/etc/passwd", "a/../../x", "", "..", "sub/part-00000.parquet", "x" * 300,
+           "part-\udcff.parquet", "a\x00b"]
+    files = {name: 10 for name in bad} | {"part-00000.parquet": None, "part-00001.parquet": -1,
+                                          "part-00002.parquet": "12", "part-00003.parquet": True}
+    (out / MANIFEST).write_text(json.dumps({"files": files, "notes": {"source": "s"}}))
+    outside = snapshot(victim)
+    with caplog.at_level(logging.WARNING, logger="iterreduce.ownership"):
+        manifest = ownership.read_manifest(pafs.LocalFileSystem(), str(out))
+    assert manifest["files"] == {"part-00000.parquet": None} and manifest["notes"] == {"source": "s"}
+    said = "\n".join(r.getMessage() for r in caplog.records)
+    for name in [*bad, "part-00001.parquet", "part-00002.parquet", "part-00003.parquet"]:
+        assert repr(name)[:60] in said, (name, said)
+    assert str(out / MANIFEST) in said
+    assert snapshot(victim) == outside
+
+
+def test_a_deeply_nested_or_huge_manifest_is_unreadable_not_a_crash(tmp_path):
+    out = tmp_path / "s"
+    out.mkdir()
+    fs = pafs.LocalFileSystem()
+    (out / MANIFEST).write_text("[" * 200_000)
+    assert ownership.read_manifest(fs, str(out)) == {"files": {}, "notes": {}}
+    (out / MANIFEST).write_text('{"files": {"part-00000.parquet": ' + "[" * 200_000 + "]}}")
+    assert ownership.read_manifest(fs, str(out)) == {"files": {}, "notes": {}}
+
+
+JUNK_NAMES = st.one_of(
+    st.sampled_from(["..", ".", "", "/", "/etc/passwd", "a/../../x", "../victim/thesis.tex",
+                     "../victim/part-00000.parquet", "sub/part-00000.parquet", "x" * 300, "\udcff",
+                     "part-\udc80.parquet", "a\x00b", "part-00000.parquet", "part-00001.parquet", "part-00002.parquet",
+                     "notes.txt", MANIFEST, ownership.LOCK_NAME, "link.parquet", f".{MANIFEST}.0123abcd.tmp"]),
+    st.text(max_size=12))
+JUNK_SIZES = st.one_of(st.none(), st.integers(-3, 2**70), st.booleans(), st.floats(), st.text(max_size=4),
+                       st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=2), st.none(), max_size=2))
+JSONISH = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=6),
+                       lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner,
+                                                                                   max_size=3), max_leaves=8)
+MANIFESTS = st.one_of(
+    st.builds(lambda files, notes: json.dumps({"files": files, "notes": notes}).encode(),
+              st.dictionaries(JUNK_NAMES, JUNK_SIZES, max_size=6), JSONISH),
+    st.builds(lambda files: json.dumps({"files": files}).encode(), JSONISH),
+    st.builds(lambda doc: json.dumps(doc).encode(), JSONISH),
+    st.binary(max_size=40),
+    st.sampled_from([b"[" * 50_000, b'{"files": {"a": ' + b"[" * 50_000, b"\xff\xfe{}", b""]),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw=MANIFESTS, present=st.sets(st.sampled_from(["part-00000.parquet", "part-00001.parquet", "notes.txt",
+                                                       "link.parquet", "sub"]), max_size=3),
+       n=st.integers(1, 3))
+def test_no_manifest_makes_the_shard_calls_touch_anything_outside_their_folder(raw, present, n):
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        victim = base / "victim"
+        victim.mkdir()
+        (victim / "thesis.tex").write_bytes(b"\\section{results}" * 40)
+        (victim / "part-00000.parquet").write_bytes(b"x" * 10)
+        out = base / "s"
+        out.mkdir()
+        for name in present:
+            if name == "link.parquet":
+                (out / name).symlink_to(victim / "part-00000.parquet")
+            elif name == "sub":
+                (out / name).mkdir()
+                (out / name / "part-00000.parquet").write_bytes(b"x" * 10)
+            else:
+                (out / name).write_bytes(b"x" * 10)
+        (out / MANIFEST).write_bytes(raw)
+        outside = {rel: h for rel, h in snapshot(base).items() if not rel.startswith("s/") and rel != "s"}
+        fs, names = pafs.LocalFileSystem(), [f"part-{i:05d}.parquet" for i in range(n)]
+        try:
+            ownership.read_manifest(fs, str(out))
+            with ownership.shard_folder(fs, str(out), str(out)):
+                ownership.start_shard_set(fs, str(out), str(out), names, "part")
+                for name in names:
+                    (out / name).write_bytes(name.encode() * 3)
+                ownership.finish_shard_set(fs, str(out), names)
+            manifest = ownership.read_manifest(fs, str(out))
+            assert {name: manifest["files"][name] for name in names} == {name: 3 * len(name) for name in names}
+            assert all(isinstance(size, int) and size >= 0 for size in manifest["files"].values())
+            assert all(ownership.plain_name(name) for name in manifest["files"])
+            assert not (out / "link.parquet").exists() or (out / "link.parquet").is_symlink()
+        except ForeignFileError as exc:
+            assert str(out) in str(exc) and "\n" not in str(exc)
+        except IterReduceError as exc:  # any other of the project's clear errors
+            pytest.fail(f"unexpected {type(exc).__name__}: {exc}")
+        after = {rel: h for rel, h in snapshot(base).items() if not rel.startswith("s/") and rel != "s"}
+        assert after == outside
