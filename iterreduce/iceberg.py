@@ -31,7 +31,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 
 from .columns import plain_schema
 from .exceptions import ShardError, TableError
@@ -218,6 +217,8 @@ def deleted_rows(uri: str, version: int, allow_outside: bool = False) -> dict[st
     """The rows of each data file (by its path on the table's file system) that the snapshot's
     positional delete files remove: a delete file lists (data file, position) pairs. A delete
     file outside the table's folder is refused, as a data file is (:func:`dataset`)."""
+    from .tables import read_counted  # tables imports this module: imported when first needed
+
     table, snapshot = load(uri, version, allow_outside)
     readers: dict[str, list[str]] = {}  # delete file -> the data files it may name
     for task in _tasks(uri, table, snapshot):
@@ -227,8 +228,8 @@ def deleted_rows(uri: str, version: int, allow_outside: bool = False) -> dict[st
     found: dict[str, list[np.ndarray]] = {}
     for location, path in zip(readers, _paths(list(readers), uri, table, snapshot, allow_outside)):
         data_files = readers[location]
-        try:
-            pairs = pq.read_table(path, filesystem=fs, columns=["file_path", "pos"])
+        try:  # a batch at a time, counted: a footer claiming billions of rows allocates nothing for them
+            pairs = read_counted(path, fs, ["file_path", "pos"])
         except (OSError, pa.ArrowException) as exc:
             raise ShardError(f"{location}: not a readable positional delete file ({type(exc).__name__}: {exc})") from exc
         for data_file, data_path in zip(data_files, _paths(data_files, uri, table, snapshot, allow_outside)):

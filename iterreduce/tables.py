@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 
 from .exceptions import ShardError, TableError
 from .columns import (STORED_NAME, feature_block, feature_kind, leave_out_missing, non_null, plain_schema,
@@ -41,6 +42,7 @@ from .filters import FilterParser, filter_columns, parse_filter
 from .labels import LabelMap, is_label_type, label_values
 from . import delta, iceberg
 from .lakehouse import check_not_lakehouse, parse_version
+from .shards import ALTERED, STREAM_ROWS
 
 #: A table's format, and the format of its data files: a Delta Lake table's are Parquet files
 #: that its log lists (:mod:`iterreduce.delta`), an Apache Iceberg table's those its metadata
@@ -427,11 +429,71 @@ def _row_groups(fragment: ds.FileFragment) -> list[int]:
     """The rows of each row group of a Parquet file; of the whole file for other formats."""
     try:
         if isinstance(fragment, ds.ParquetFileFragment):
-            meta = fragment.metadata
-            return [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+            return checked_row_groups(fragment.metadata, fragment.path)
         return [fragment.count_rows()]
     except (OSError, pa.ArrowException) as exc:
         raise ShardError(f"{fragment.path}: not a readable data file ({type(exc).__name__}: {exc})") from exc
+
+
+def checked_row_groups(meta: pq.FileMetaData, path: str) -> list[int]:
+    """The rows of each row group that the Parquet footer ``meta`` of the file at ``path`` says,
+    refused (:class:`ShardError`) where the footer disagrees with itself: a file count other than
+    its groups' sum, or a group whose flat columns hold another count of values (a damaged or
+    altered footer). A footer that agrees with itself is still checked against the rows read
+    (:func:`counted_batches`): no reader allocates by it."""
+    groups = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+    if meta.num_rows < 0 or min(groups, default=0) < 0 or sum(groups) != meta.num_rows:
+        raise ShardError(f"{path}: its footer says {meta.num_rows} rows, but its row groups say {sum(groups)} "
+                         f"({ALTERED})")
+    return [checked_group_rows(meta, path, g) for g in range(meta.num_row_groups)]
+
+
+def checked_group_rows(meta: pq.FileMetaData, path: str, group: int) -> int:
+    """The rows the footer ``meta`` says row group ``group`` holds, refused where one of its flat
+    columns (a value a row, nulls counted) holds another count of values."""
+    rows = meta.row_group(group).num_rows
+    for i in range(meta.num_columns):
+        column = meta.row_group(group).column(i)
+        if column.num_values != rows and meta.schema.column(i).max_repetition_level == 0:
+            raise ShardError(f"{path}: its footer says {rows} rows in row group {group}, but its column "
+                             f"{column.path_in_schema!r} holds {column.num_values} values there ({ALTERED})")
+    return rows
+
+
+def counted_batches(batches, claimed: int, path: str, group: int | None = None):
+    """``batches``, the rows of the file at ``path`` (of its row group ``group``, or the whole
+    file), in turn, refused where they are other than the ``claimed`` rows its footer says: as
+    soon as they pass it (the rest counted, a batch at a time), or at the end. The error names
+    the file and both counts."""
+    held = 0
+    for batch in batches:
+        held += batch.num_rows
+        if held > claimed:
+            raise _miscounted(path, claimed, held + sum(rest.num_rows for rest in batches), group)
+        yield batch
+    if held != claimed:
+        raise _miscounted(path, claimed, held, group)
+
+
+def _miscounted(path: str, claimed: int, held: int, group: int | None) -> ShardError:
+    where = ("", "the file") if group is None else (f" in row group {group}", "the row group")
+    return ShardError(f"{path}: its footer says {claimed} rows{where[0]}, but {where[1]} holds {held} ({ALTERED})")
+
+
+def read_counted(path: str, fs, columns: list[str]) -> pa.Table:
+    """``columns`` of the whole Parquet file at ``path`` on file system ``fs``, read a batch at a
+    time and counted against its footer (:func:`checked_row_groups`, :func:`counted_batches`):
+    a tiny file claiming billions of rows makes no allocation of that size."""
+    parquet = pq.ParquetFile(path, filesystem=fs, pre_buffer=False)
+    with parquet:
+        missing = [name for name in columns if name not in parquet.schema_arrow.names]
+        if missing:
+            raise ShardError(f"{path}: no column {missing[0]!r} ({_some_columns(parquet.schema_arrow.names)})")
+        batches = []
+        for group, claimed in enumerate(checked_row_groups(parquet.metadata, path)):
+            rows = parquet.iter_batches(batch_size=STREAM_ROWS, row_groups=[group], columns=columns)
+            batches += counted_batches(rows, claimed, path, group)
+        return pa.Table.from_batches(batches, schema=pa.schema([parquet.schema_arrow.field(c) for c in columns]))
 
 
 def assign(pieces: list[Piece], workers: int, homes: list[dict[str, int]] | None = None) -> list[list[Piece]]:
@@ -614,11 +676,16 @@ def _read_rows(source: TableSource, piece: Piece, fragment: ds.FileFragment, sch
     in_file = set(fragment.physical_schema.names)  # a partition column is not: it keeps the table's name
     as_stored = {name: stored[name] for name in schema.names if stored.get(name) in in_file}
     try:
-        table = fragment.to_table(schema=pa.schema([f.with_name(as_stored.get(f.name, f.name)) for f in schema]),
-                                  columns=[as_stored.get(name, name) for name in wanted])
+        if isinstance(fragment, ds.ParquetFileFragment):
+            table = _row_group_table(piece, fragment, schema, wanted, as_stored)
+        else:
+            table = fragment.to_table(schema=pa.schema([f.with_name(as_stored.get(f.name, f.name)) for f in schema]),
+                                      columns=[as_stored.get(name, name) for name in wanted])
         table = without_list_views(table.rename_columns(wanted))
     except (OSError, pa.ArrowException) as exc:
         raise ShardError(f"{piece.path}: cannot read {', '.join(wanted)} ({type(exc).__name__}: {exc})") from exc
+    if table.num_rows != piece.rows:  # an ORC footer's count, which its stripes may not hold
+        raise _miscounted(piece.path, piece.rows, table.num_rows, piece.row_group)
     table = table.append_column(ROW, pa.array(np.arange(piece.start, piece.start + table.num_rows)))
     if piece.deleted:  # rows the table's delete files removed
         table = table.filter(pc.invert(pc.is_in(table.column(ROW), pa.array(piece.deleted, pa.int64()))))
@@ -631,6 +698,32 @@ def _read_rows(source: TableSource, piece: Piece, fragment: ds.FileFragment, sch
     if absent and table.num_rows:
         raise _absent_error(piece.path, absent[0], table.num_rows)
     return table.select(columns + [ROW])
+
+
+def _row_group_table(piece: Piece, fragment: ds.ParquetFileFragment, schema: pa.Schema, wanted: list[str],
+                     as_stored: dict[str, str]) -> pa.Table:
+    """Columns ``wanted`` of the piece's row group, of the types of the piece's ``schema`` (a
+    partition column from its folder, a column the file lacks null), the file's own read a batch
+    at a time and counted against its footer (:func:`counted_batches`): pyarrow's dataset reader
+    allocates for the rows a row group claims, however few the file holds."""
+    in_file = set(fragment.physical_schema.names)
+    stored = {name: as_stored.get(name, name) for name in wanted}
+    read = list(dict.fromkeys(stored[name] for name in wanted if stored[name] in in_file))
+    parquet = pq.ParquetFile(piece.path, filesystem=fragment.filesystem, metadata=fragment.metadata, pre_buffer=False)
+    with parquet:
+        claimed = checked_group_rows(parquet.metadata, piece.path, piece.row_group)
+        batches = parquet.iter_batches(batch_size=STREAM_ROWS, row_groups=[piece.row_group], columns=read)
+        rows = pa.Table.from_batches(list(counted_batches(batches, claimed, piece.path, piece.row_group)),
+                                     schema=pa.schema([parquet.schema_arrow.field(name) for name in read]))
+    folder = {name: value for name, _, value in piece.partition}
+    columns = []
+    for name in wanted:
+        type_ = schema.field(name).type
+        if stored[name] in in_file:
+            columns.append(rows.column(stored[name]).cast(type_))
+        else:  # a partition column, or one the file lacks (null)
+            columns.append(pa.array([folder.get(name)] * rows.num_rows, type_))
+    return pa.table(columns, names=wanted) if wanted else rows
 
 
 # ------------------------------------------------------------------ labels
