@@ -6,17 +6,23 @@ started on first use and kept. Requests and replies are length-prefixed pickles 
 stdin and stdout: it is this process's own child, and nothing else writes there. Not a
 multiprocessing pool: a pool's named semaphores stay in ``/dev/shm`` when its process tree is
 killed with SIGKILL (as a YARN container's is), and a plain child needs none.
+
+The helper is in its parent's process group, so a terminal's Ctrl-C reaches it too: it ends
+quietly on SIGINT and SIGTERM (:mod:`iterreduce.stopping`), and its parent, interrupted as well,
+says so; a helper stopped alone is named as stopped, not as a crash the shard caused.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import signal
 import struct
 import subprocess
 import sys
 from pathlib import Path
 
+from . import stopping
 from .exceptions import ShardError
 
 _LENGTH = struct.Struct("<Q")
@@ -38,21 +44,30 @@ class FooterReader:
             _send(self.process.stdin, (uri, environment))
             status, value = _receive(self.process.stdout)
         except (OSError, EOFError):
-            self.close()
+            pid, code = self.process.pid, self.close(grace=1.0)
+            if -code in stopping.STOP_SIGNALS:  # not the shard's doing
+                raise ShardError(f"{uri}: the footer reader (pid {pid}) was stopped by "
+                                 f"{signal.Signals(-code).name} before it answered") from None
             raise ShardError(f"{uri}: not a readable Parquet file (reading its footer crashed the Parquet "
                              f"reader)") from None
         if status == "error":
             raise value
         return value
 
-    def close(self) -> None:
-        """End the helper, if one runs."""
-        if self.process is not None:
+    def close(self, grace: float = 0.0) -> int | None:
+        """End the helper, if one runs, after ``grace`` seconds to end by itself (one whose pipe
+        broke is ending); returns its exit status (negative: the signal that ended it)."""
+        if self.process is None:
+            return None
+        try:
+            self.process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
             self.process.kill()
-            self.process.wait()
-            for stream in (self.process.stdin, self.process.stdout):
-                stream.close()
-            self.process = None
+        code = self.process.wait()
+        for stream in (self.process.stdin, self.process.stdout):
+            stream.close()
+        self.process = None
+        return code
 
 
 def _start() -> subprocess.Popen:
@@ -105,4 +120,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    raise SystemExit(stopping.run(main))  # SIGINT (Ctrl-C), SIGTERM: end by the signal, with no traceback

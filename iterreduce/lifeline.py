@@ -6,7 +6,9 @@ launcher watches it: the launcher's pid travels in ``$ITERREDUCE_LAUNCHER_PID``,
 and when the child's parent is no longer that process (it was re-parented, so the
 launcher is gone) the child exits. In YARN containers the variable is not set and
 the NodeManager owns the processes' lives. The master then also removes the folders the
-launcher made for the job and could not remove (:func:`iterreduce.jobfolders.remove_orphaned`).
+launcher made for the job and could not remove (:func:`iterreduce.jobfolders.remove_orphaned`),
+and so do the workers (:func:`launcher_gone`): where the launcher and the master die together,
+they are the job's last processes.
 """
 
 from __future__ import annotations
@@ -29,6 +31,16 @@ def follow_launcher(poll: float = 0.5, on_orphaned: Callable[[], None] | None = 
     launcher = int(os.environ.get(LAUNCHER_PID) or 0)
     if launcher:
         _exit_when_orphaned(launcher, f"the launcher (pid {launcher})", poll, on_orphaned)
+
+
+def launcher_gone(wait_s: float = 0.0, poll: float = 0.05) -> bool:
+    """Whether a local launcher started this process and is gone (this process was re-parented),
+    waiting up to ``wait_s`` seconds for its end to show. False on YARN (no launcher to follow)."""
+    launcher = int(os.environ.get(LAUNCHER_PID) or 0)
+    deadline = time.monotonic() + wait_s
+    while launcher and os.getppid() == launcher and time.monotonic() < deadline:
+        time.sleep(poll)
+    return bool(launcher) and os.getppid() != launcher
 
 
 def follow_parent(poll: float = 0.5) -> None:

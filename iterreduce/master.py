@@ -691,4 +691,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from .stopping import run
+
+    raise SystemExit(run(main))  # SIGINT, SIGTERM: unwind, then end by the signal, with no traceback

@@ -57,19 +57,29 @@ def make_folder(root: str = SHM_ROOT) -> str:
 
 def remove_folder(path: str) -> None:
     """Remove a run folder :func:`make_folder` made: the names a run writes there, then the
-    folder itself. Anything else in it stays, and so does the folder (a warning says so)."""
-    try:
-        names = os.listdir(path)
+    folder itself. Anything else in it stays, and so does the folder (a warning says so). Never
+    through a link: ``path`` a link is left as it is. Removing it again, or from several processes
+    at once, is harmless."""
+    try:  # the names are unlinked in the folder opened here, never by a path a link could redirect
+        folder = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return
-    for name in names:
-        if FILE_NAME.fullmatch(name):
-            try:
-                os.unlink(os.path.join(path, name))
-            except OSError:  # gone already, or a folder of that name: not the run's, it stays
-                pass
+    except OSError as exc:
+        log.warning("shared-memory folder %s kept: %s (not a folder, or a link)", path, exc.strerror)
+        return
+    try:
+        for name in os.listdir(folder):
+            if FILE_NAME.fullmatch(name):
+                try:
+                    os.unlink(name, dir_fd=folder)
+                except OSError:  # gone already, or a folder of that name: not the run's, it stays
+                    pass
+    finally:
+        os.close(folder)
     try:
         os.rmdir(path)
+    except FileNotFoundError:  # another process of the job removed it meanwhile
+        pass
     except OSError as exc:
         log.warning("shared-memory folder %s kept: %s (it holds files the run did not write)", path, exc)
 

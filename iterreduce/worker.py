@@ -14,7 +14,7 @@ from concurrent import futures
 import grpc
 import numpy as np
 
-from . import exchange, log_level, wire
+from . import exchange, jobfolders, log_level, wire
 from .collective import Collective
 from .lifeline import follow_launcher
 from .masterlink import MasterLink
@@ -379,7 +379,7 @@ def main(argv=None) -> int:
                                         "worker reduce its rows of each update); default: serve none")
     args = ap.parse_args(argv)
     logging.basicConfig(level=log_level(), format=f"%(asctime)s {args.name} %(levelname)s %(message)s")
-    follow_launcher()
+    follow_launcher(on_orphaned=jobfolders.remove_orphaned)  # the launcher's cleanup, where it died
     token = os.environ.get("ITERREDUCE_TOKEN", "")
     try:  # an empty token would let callers without one into the Peer service
         check_token(token, "$ITERREDUCE_TOKEN")
@@ -391,10 +391,13 @@ def main(argv=None) -> int:
     except grpc.RpcError as exc:
         if exc.code() == grpc.StatusCode.UNAVAILABLE:
             log.error("master at %s is gone: %s", args.master, exc.details())
+            jobfolders.remove_if_launcher_gone()  # both killed together: the workers are the job's last processes
             return EXIT_MASTER_GONE
         log.error("RPC failed: %s %s", exc.code(), exc.details())
         return 1
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from .stopping import run
+
+    raise SystemExit(run(main))  # SIGINT, SIGTERM: unwind (row files removed), then end by the signal, quietly

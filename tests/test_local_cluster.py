@@ -18,7 +18,7 @@ import pytest
 from conftest_runtime import (DELAY_ENV, SLOW_DBN, SLOW_SOFTMAX, SOFTMAX, blobs, events, kill_master, kill_worker,
                               cmdline, load_npz, master_info, records, run_job, simulate, subprocess_env,
                               worker_pids)
-from iterreduce import checkpoint
+from iterreduce import checkpoint, sharedmem
 from iterreduce.exceptions import LocalJobError, MasterKilled
 from iterreduce.shards import write_shards
 
@@ -293,7 +293,6 @@ def test_the_launcher_ending_by_any_signal_stops_the_whole_job(tmp_path, signum)
     ) % (str(Path(__file__).resolve().parents[1]), SOFTMAX, str(tmp_path / "shards"), str(tmp_path / "out"))
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "model.npz").write_bytes(b"an earlier run's model")
-    folders_before = job_folders()
     launcher = subprocess.Popen([sys.executable, "-c", script])
     deadline = time.monotonic() + 60
     while not records(tmp_path / "out"):
@@ -301,6 +300,8 @@ def test_the_launcher_ending_by_any_signal_stops_the_whole_job(tmp_path, signum)
         time.sleep(0.2)
     address = master_info(tmp_path / "out")["address"]
     master_pid = master_info(tmp_path / "out")["pid"]
+    folders = job_folders(master_pid)  # this job's own, whatever other jobs run on the machine
+    assert len(folders) == 1 + sharedmem.available() and all(os.path.isdir(folder) for folder in folders)
     launcher.send_signal(signum)
     assert launcher.wait(timeout=30) == (-signum if signum == signal.SIGKILL else 128 + signum)
 
@@ -314,19 +315,18 @@ def test_the_launcher_ending_by_any_signal_stops_the_whole_job(tmp_path, signum)
     assert not job_alive()
     assert (tmp_path / "out" / "model.npz").read_bytes() == b"an earlier run's model"
     # The folders it made for the job go too: the master removes them when the launcher could not.
-    assert job_folders() == folders_before
+    assert [folder for folder in folders if os.path.lexists(folder)] == []
 
 
-def job_folders() -> set[str]:
-    """The local launchers' scratch and shared-memory folders on this machine."""
-    from iterreduce import jobfolders, sharedmem
-    from iterreduce.rowfile import local_directory
+def job_folders(pid: int) -> list[str]:
+    """The scratch and shared-memory folders the launcher made for the job of process ``pid`` (its
+    master or a worker), as the launcher named them in its environment: this job's alone."""
+    from iterreduce.rowfile import LOCAL_DIR_VAR
 
-    found = set()
-    for root, prefix in ((local_directory(), jobfolders.SCRATCH_PREFIX), (sharedmem.SHM_ROOT, sharedmem.FOLDER_PREFIX)):
-        if os.path.isdir(root):
-            found |= {os.path.join(root, name) for name in os.listdir(root) if name.startswith(prefix)}
-    return found
+    items = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    environ = dict(item.split(b"=", 1) for item in items if b"=" in item)
+    return [os.fsdecode(environ[var.encode()]) for var in (LOCAL_DIR_VAR, sharedmem.SHARED_DIR_VAR)
+            if environ.get(var.encode())]
 
 
 @pytest.mark.parametrize("threads, workers, expected", [(None, 2, None), (1, 2, "1"), (3, 1, "3")])

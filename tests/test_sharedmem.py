@@ -33,8 +33,20 @@ def folder():
     assert not os.path.exists(path)
 
 
-def shm_folders() -> set[str]:
-    return {name for name in os.listdir(sharedmem.SHM_ROOT) if name.startswith("iterreduce-shm-")}
+@pytest.fixture
+def made_folders(monkeypatch):
+    """The (scratch, shared-memory) folders each local launcher of the test makes, as it makes them:
+    the test's own jobs' folders, whatever other jobs run on the machine."""
+    from iterreduce import jobfolders
+
+    made, make = [], jobfolders.make
+    monkeypatch.setattr(jobfolders, "make", lambda *args, **kwargs: made.append(make(*args, **kwargs)) or made[-1])
+    return made
+
+
+def left_behind(made) -> list[str]:
+    """Those of the folders ``made`` that still exist."""
+    return [path for folders in made for path in folders if path and os.path.lexists(path)]
 
 
 # ------------------------------------------------------------------ the folder and its files
@@ -278,9 +290,8 @@ def _env(monkeypatch):
     subprocess_env(monkeypatch)
 
 
-def test_the_local_launcher_shares_memory_and_leaves_nothing(tmp_path, uris, _env):
+def test_the_local_launcher_shares_memory_and_leaves_nothing(tmp_path, uris, _env, made_folders):
     config = {"n_classes": 3, "epochs": 4, "batch_size": 30}
-    before = shm_folders()
     shared = run_job(program=SOFTMAX, program_config=config, shards=uris, workers=3, output=str(tmp_path / "shm"))
     plain = run_job(program=SOFTMAX, program_config=config, shards=uris, workers=3, output=str(tmp_path / "grpc"),
                     shared_memory=False)
@@ -289,14 +300,14 @@ def test_the_local_launcher_shares_memory_and_leaves_nothing(tmp_path, uris, _en
     a, b = load_npz(shared / "parameters.npz"), load_npz(plain / "parameters.npz")
     for name in a:
         assert a[name].tobytes() == b[name].tobytes(), name
-    assert shm_folders() == before  # the run's folder is gone
+    assert [shm is not None for _, shm in made_folders] == [True, False]
+    assert left_behind(made_folders) == []  # the runs' folders are gone
 
 
-def test_processes_killed_the_job_ends_and_the_folder_goes(tmp_path, uris, monkeypatch):
+def test_processes_killed_the_job_ends_and_the_folder_goes(tmp_path, uris, monkeypatch, made_folders):
     """SIGKILL leaves a process's files behind: the launcher removes them with the folder, whether
     the job completes (a worker killed) or fails (the master killed)."""
     subprocess_env(monkeypatch, delay=0.2)
-    before = shm_folders()
     config = {"n_classes": 3, "epochs": 8, "batch_size": 30}
     killed = []
 
@@ -309,12 +320,12 @@ def test_processes_killed_the_job_ends_and_the_folder_goes(tmp_path, uris, monke
     out = run_job(program=SLOW_SOFTMAX, program_config=config, shards=uris, workers=3, output=str(tmp_path / "w"),
                   on_record=kill_at_step_1("w"), timeout=90)
     assert killed and (out / "parameters.npz").is_file() and events(out, "worker_lost")
-    assert shm_folders() == before
+    assert len(made_folders) == 1 and made_folders[0][1] and left_behind(made_folders) == []
     killed.clear()
     with pytest.raises(MasterKilled):
         run_job(program=SLOW_SOFTMAX, program_config=config, shards=uris, workers=3, output=str(tmp_path / "m"),
                 on_record=kill_at_step_1("m"), timeout=90)
-    assert killed and shm_folders() == before
+    assert killed and len(made_folders) == 2 and made_folders[1][1] and left_behind(made_folders) == []
 
 
 def test_a_master_whose_launcher_died_removes_only_folders_the_launcher_made(tmp_path, monkeypatch):

@@ -36,7 +36,7 @@ import time
 
 import numpy as np
 
-from iterreduce import THREAD_VARS
+from iterreduce import THREAD_VARS, stopping
 
 from ..model import flops
 from ..exceptions import BackendError
@@ -130,11 +130,21 @@ class _Trainer:
 
 
 def _child(conn, spec):
-    """A per-core process: build the trainer (warmed up), then run the budgets it is sent."""
+    """A per-core process: build the trainer (warmed up), then run the budgets it is sent, until
+    its parent says stop or is gone. A terminal's Ctrl-C reaches it with its parent: it ends
+    quietly on SIGINT and SIGTERM (:mod:`iterreduce.stopping`)."""
+    stopping.run(lambda: _serve(conn, spec))
+
+
+def _serve(conn, spec) -> int:
     trainer = _Trainer(spec)
     conn.send("ready")
-    while (budget := conn.recv()) is not None:
-        conn.send(trainer.run(budget))
+    try:
+        while (budget := conn.recv()) is not None:
+            conn.send(trainer.run(budget))
+    except (EOFError, BrokenPipeError):  # the parent is gone: nobody waits for the figures
+        pass
+    return 0
 
 
 class _PerCore:
@@ -151,6 +161,7 @@ class _PerCore:
                 ours, theirs = ctx.Pipe()
                 proc = ctx.Process(target=_child, args=(theirs, spec), daemon=True)
                 proc.start()
+                theirs.close()  # the child's end is the child's: its end (EOF) then reaches _receive
                 self.conns.append(ours)
                 self.procs.append(proc)
         finally:

@@ -313,4 +313,6 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from ..stopping import run
+
+    sys.exit(run(main))  # the NodeManager's SIGTERM: unwind, then end by the signal, with no traceback
