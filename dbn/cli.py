@@ -99,8 +99,8 @@ def cmd_train(args) -> int:
         result = run(spec, launcher_for(spec, resume=args.resume), overwrite=args.overwrite,
                      on_record=ProgressPrinter(spec, quiet=args.quiet, json_lines=args.json))
     except Interrupted as stop:
-        print(f"dbn: interrupted (Ctrl-C) {stop.hint}", file=sys.stderr, flush=True)
-        return EXIT_INTERRUPTED
+        print(f"dbn: interrupted ({stop.how}) {stop.hint}", file=sys.stderr, flush=True)
+        return stop.exit_status
     _print_result(result, args)
     return 0
 

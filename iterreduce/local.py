@@ -335,6 +335,15 @@ def _run_local(config: MasterConfig, *, max_restarts: int = 3, device: str = "cp
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
+class StopSignal(SystemExit):
+    """One of the :data:`STOP_SIGNALS` reached the launcher: it unwinds (stopping the children)
+    and exits with 128 + the signal's number, as a shell reports a process a signal ended."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + signum)
+        self.signum = signum
+
+
 @contextlib.contextmanager
 def _sigterm_as_exit():
     """Let the :data:`STOP_SIGNALS` unwind like Ctrl-C, so children are stopped."""
@@ -343,7 +352,7 @@ def _sigterm_as_exit():
         return
 
     def exit_on_signal(signum, frame):
-        raise SystemExit(128 + signum)
+        raise StopSignal(signum)
 
     previous = {signum: signal.signal(signum, exit_on_signal) for signum in STOP_SIGNALS}
     try:

@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
 import subprocess
 import time
@@ -40,7 +41,7 @@ import numpy as np
 
 from iterreduce import ownership, runlog
 from iterreduce.exceptions import MasterKilled
-from iterreduce.local import gpu_count, local_processes, run_local
+from iterreduce.local import StopSignal, gpu_count, local_processes, run_local
 from iterreduce.ownership import PREVIOUS, RUN_FILES, prune_previous, set_aside
 from iterreduce.readers import list_shards, shard_info
 from iterreduce.filesystems import filesystem, join
@@ -67,11 +68,21 @@ OnRecord = Callable[[dict], None]
 
 
 class Interrupted(KeyboardInterrupt):
-    """Ctrl-C during training; ``hint`` says what was kept and how to go on."""
+    """Ctrl-C (or a stop signal, ``signum``) during training; ``hint`` says what was kept and how to go on."""
 
-    def __init__(self, hint: str):
+    def __init__(self, hint: str, signum: int = signal.SIGINT):
         super().__init__(hint)
-        self.hint = hint
+        self.hint, self.signum = hint, signum
+
+    @property
+    def how(self) -> str:
+        """What stopped the run, in a few words: ``Ctrl-C``, ``SIGTERM``, ``SIGHUP``."""
+        return "Ctrl-C" if self.signum == signal.SIGINT else signal.Signals(self.signum).name
+
+    @property
+    def exit_status(self) -> int:
+        """128 + the signal's number, as a shell reports a process a signal ended."""
+        return 128 + self.signum
 
 
 class Launcher(Protocol):
@@ -510,9 +521,9 @@ class MiniCluster:
                 raise
             raise MasterKilled(f"{killed}: continue the job with the same command and --resume",
                                killed.checkpoint) from None
-        except KeyboardInterrupt:
+        except (KeyboardInterrupt, StopSignal) as stop:
             raise Interrupted(f"checkpoints are in {out / 'checkpoints'}: continue with the same command "
-                              f"and --resume") from None
+                              f"and --resume", getattr(stop, "signum", signal.SIGINT)) from None
         return {**cluster_figures(out), "shards": len(uris), "processes": config.workers, "memory": memory}
 
 
