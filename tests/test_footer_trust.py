@@ -7,8 +7,9 @@ before it steers an allocation or a read.
   never trains on rows that are not there; a footer claiming a huge count on a tiny file makes no
   allocation of that size.
 - A data ``.npz`` (``--data``, ``dbn shard``) is read through :func:`iterreduce.npzfile.read_npz`:
-  a member whose header claims terabytes, or a zip bomb, is an error naming the file, the member
-  and the claimed size, in little memory.
+  a member whose header claims terabytes, a zip bomb whose directory lies about its size, or
+  members claiming more than the machine's available memory, are an error naming the file, the
+  member and the claimed size, in little memory; a file that compresses far (one-hot) reads.
 
 Each test keeps the crafted file (and an earlier run's model, where a job runs) byte-identical.
 """
@@ -21,6 +22,7 @@ import subprocess
 import sys
 import tracemalloc
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -28,13 +30,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from dbn.cli import main
-from dbn.data.sharding import load_source
+from dbn.data.sharding import load_shards, load_source
 from dbn.exceptions import DataError
 from iterreduce.exceptions import ShardError
 from iterreduce.readers import describe_shard, read_labels, read_shard, shard_info, spill_shard
 from iterreduce.shards import write_shards
 from test_bad_data import N_ROWS, N_SHARDS, assert_refused, make_job
-from test_npz_limits import add_zero_member, model_file, npy, npy_header, run_measured  # noqa: F401 - a fixture
+from test_npz_limits import model_file, npy, npy_header, run_measured  # noqa: F401 - a fixture
 
 ROWS, WIDTH = 1000, 5
 
@@ -326,26 +328,18 @@ def test_a_data_npz_whose_header_claims_a_huge_array_is_an_error_in_little_memor
     assert path.read_bytes() == data
 
 
-def zero_bomb(path: Path, shape=(1 << 16, 1 << 10)) -> bytes:
-    """A data .npz of about 250 KB whose X, 256 MiB of float32 zeros, is deflated."""
-    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED, compresslevel=9) as z:
-        add_zero_member(z, "X.npy", shape)
-        z.writestr("y.npy", npy(np.zeros(shape[0], np.int64)))
-    assert path.stat().st_size < 1 << 20
-    return path.read_bytes()
-
-
 def test_dbn_shard_refuses_a_zip_bomb_in_little_memory(tmp_path):
+    """A bomb behind a small claim: 256 MiB of deflated zeros whose zip directory claims 64 KiB."""
     path = tmp_path / "bomb.npz"
-    data = zero_bomb(path)
+    data = lying_npz(path, (1024, 16), 1 << 28, len(npy_header((1024, 16))) + (1 << 16))
+    assert len(data) < 1 << 20
     out = tmp_path / "shards"
     rc, stderr, peak = run_measured("import os, sys; from dbn.cli import main; sys.stdout = open(os.devnull, 'w'); "
                                     "sys.exit(main(sys.argv[1:]))",
                                     "shard", str(path), str(out), "--shards", "2")
     assert rc == 2, stderr
-    assert stderr.startswith(f"dbn: error: {path}: ") and "inflate" in stderr, stderr
-    claimed = len(npy_header((1 << 16, 1 << 10))) + (1 << 28)  # the member's size: its .npy header and data
-    assert f"'X.npy' claims {claimed}" in stderr and "Traceback" not in stderr, stderr
+    assert stderr.startswith(f"dbn: error: {path}: ") and "Traceback" not in stderr, stderr
+    assert "array 'X' holds more than the 65536 bytes its member declares" in stderr, stderr
     print(f"peak RSS {peak >> 20} MiB")
     assert peak < 300 << 20, f"peak RSS {peak >> 20} MiB"
     assert path.read_bytes() == data and not out.exists()
@@ -379,3 +373,107 @@ def test_honest_data_npz_files_load_as_saved(tmp_path):
     with pytest.raises(DataError, match=r"no array 'label' \(\[data\] label; arrays: \['X', 'target'\]\)"):
         load_source(str(tmp_path / "other.npz"), label="label")
     np.testing.assert_array_equal(load_source(str(tmp_path / "other.npz"), label="target")[1], np.arange(12) % 2)
+
+
+# ------------------------------------------------------------------ data .npz files that compress far
+#
+# A data file is the user's: one-hot or sparse features, binarised images compress a thousand-fold,
+# so a data .npz is bounded by the memory the machine can give, not by a ratio to its size (model
+# files keep the ratio: tests/test_npz_limits.py). What its zip directory claims is then the bound:
+# a member inflates a chunk at a time into an array of the claimed size, and a stream that yields
+# more or fewer bytes than claimed is refused.
+
+
+def one_hot(rows: int = 8000, width: int = 800) -> tuple[np.ndarray, np.ndarray]:
+    """Features of one 1.0 a row: 25 MiB of float32 that np.savez_compressed keeps in about 50 KB."""
+    rng = np.random.default_rng(0)
+    X = np.zeros((rows, width), np.float32)
+    X[np.arange(rows), rng.integers(0, width, rows)] = 1.0
+    return X, rng.integers(0, 2, rows)
+
+
+def test_a_data_npz_that_compresses_far_reads_and_shards(tmp_path):
+    X, y = one_hot()
+    path = tmp_path / "onehot.npz"
+    np.savez_compressed(path, X=X, y=y)
+    assert X.nbytes > 400 * path.stat().st_size  # far beyond the 32 times a model file may inflate
+    data = path.read_bytes()
+    got, labels = load_source(str(path))
+    np.testing.assert_array_equal(got, X)
+    np.testing.assert_array_equal(labels, y)
+    out = tmp_path / "shards"
+    assert main(["shard", str(path), str(out), "--shards", "2"]) == 0
+    sharded, sharded_labels, _ = load_shards(str(out))
+    assert sharded.shape == X.shape and sharded.sum() == len(X) and len(sharded_labels) == len(y)
+    assert path.read_bytes() == data
+
+
+def lying_npz(path: Path, x_shape, zeros: int, declare: int) -> bytes:
+    """A data .npz whose X member is deflated: the .npy header of ``x_shape`` (float32), then
+    ``zeros`` zero bytes, written a MiB at a time; its zip directory claims ``declare`` bytes for
+    X (with the CRC of that many, so that only the size lies)."""
+    header = npy_header(x_shape)
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        info = zipfile.ZipInfo("X.npy")
+        info.compress_type = zipfile.ZIP_DEFLATED
+        with z.open(info, "w", force_zip64=True) as out:
+            out.write(header)
+            for start in range(0, zeros, 1 << 20):
+                out.write(bytes(min(1 << 20, zeros - start)))
+        info.file_size = declare  # the central directory is written from info when the zip closes
+        if declare < len(header) + zeros:
+            info.CRC = zlib.crc32(bytes(declare - len(header)), zlib.crc32(header))
+        z.writestr("y.npy", npy(np.zeros(min(x_shape[0], 1 << 16), np.int64)))  # a label a row
+    return path.read_bytes()
+
+
+def refused_in_little_memory(path: Path) -> str:
+    """The message of the DataError that reading the data file at ``path`` raises, checking that
+    it allocated less than 16 MiB on the way."""
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError) as error:
+            load_source(str(path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, f"peak {peak} bytes"
+    return str(error.value)
+
+
+#: a zip directory that understates the member (a bomb behind a small claim), or overstates it
+DIRECTORY_LIES = {"understates": (64 << 20, 1 << 16), "overstates": (1 << 16, 8 << 20)}
+
+
+@pytest.mark.parametrize("lie", DIRECTORY_LIES)
+def test_a_data_npz_whose_zip_directory_lies_about_a_size_is_refused_in_little_memory(tmp_path, lie):
+    zeros, claimed = DIRECTORY_LIES[lie]
+    header = npy_header((claimed // 4 // 16, 16))
+    path = tmp_path / "lies.npz"
+    data = lying_npz(path, (claimed // 4 // 16, 16), zeros, len(header) + claimed)
+    message = refused_in_little_memory(path)
+    assert message.startswith(f"{path}: ") and "array 'X'" in message, message
+    assert ("holds more than" if lie == "understates" else "truncated") in message, message
+    assert f"{claimed} bytes" in message, message
+    assert path.read_bytes() == data
+
+
+def test_a_data_npz_claiming_more_than_the_machine_can_give_is_an_error_in_little_memory(tmp_path):
+    path = tmp_path / "claims.npz"
+    data = lying_npz(path, (1 << 48,), 1 << 16, 1 << 50)  # a petabyte, by the zip's directory and the header
+    message = refused_in_little_memory(path)
+    assert message.startswith(f"{path}: ") and "member 'X.npy' claims 1125899906842624" in message, message
+    assert "available" in message, message
+    assert path.read_bytes() == data
+
+
+def test_an_honest_data_npz_larger_than_the_memory_left_is_an_error_before_reading(tmp_path, monkeypatch):
+    import dbn.jobs.run
+
+    X, y = one_hot()
+    path = tmp_path / "onehot.npz"
+    np.savez_compressed(path, X=X, y=y)
+    monkeypatch.setattr(dbn.jobs.run, "available_memory", lambda: 16 << 20)  # a busy machine
+    message = refused_in_little_memory(path)
+    assert message.startswith(f"{path}: ") and f"member 'X.npy' claims {X.nbytes + 128}" in message, message
+    assert f"the {16 << 20} bytes" in message and "available" in message, message

@@ -140,21 +140,32 @@ NPZ_KINDS = npzfile.PLAIN_KINDS + "US"
 
 def _read_npz(path: Path, label: str | None) -> tuple[np.ndarray, np.ndarray | None]:
     """Arrays ``X`` and the labels (``label``, else ``y``, None if absent) of the .npz at ``path``,
-    read within :mod:`iterreduce.npzfile`'s limits: headers that claim more than the file holds,
-    or a member that inflates too far, are an error naming the file, the member and the size."""
+    read within :mod:`iterreduce.npzfile`'s limits for data files: a header that claims more than
+    its member holds, a member whose stream holds more or less than the zip declares, or members
+    that claim more than the machine's available memory, are an error naming the file, the
+    member and the size. However far it compresses, a data file is the user's own (one-hot,
+    sparse): no ratio to its size limits it, as one limits model files."""
+    memory = _available_memory()
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            names = npzfile.array_names(f, size)
+            names = npzfile.array_names(f, size, memory)
             if "X" not in names:
                 raise DataError(f"{path}: no array 'X' (arrays: {names})")
             if label is not None and label not in names:
                 raise DataError(f"{path}: no array {label!r} ([data] label; arrays: {names})")
             name = label or NPZ_LABELS
-            arrays = npzfile.read_npz(f, size, only={"X", name}, kinds=NPZ_KINDS)
+            arrays = npzfile.read_npz(f, size, only={"X", name}, kinds=NPZ_KINDS, memory=memory)
     except (OSError, npzfile.NpzError) as exc:
         raise DataError(f"{path}: not a readable .npz file: {exc}") from exc
     return arrays["X"], arrays.get(name)
+
+
+def _available_memory() -> int:
+    """Bytes this machine can still give (:func:`dbn.jobs.run.available_memory`)."""
+    from ..jobs.run import available_memory  # here: dbn.jobs.run imports this module
+
+    return available_memory()
 
 
 def load_dataset(source: str, *, split: str = "train", mnist_dir: str | None = None, limit: int | None = None,
