@@ -252,14 +252,30 @@ def open_append(path, root=None):
             os.close(folder)
             folder = inner
             start = start / part
-        fd = _open_append_at(folder, path)
-        if os.fstat(fd).st_nlink > 1:
-            os.close(fd)
-            _unshare_at(folder, path.name)
-            fd = _open_append_at(folder, path)
-        return os.fdopen(fd, "ab", buffering=0)
+        return os.fdopen(_open_own_append(folder, path), "ab", buffering=0)
     finally:
         os.close(folder)
+
+
+def _open_own_append(folder: int, path: Path) -> int:
+    """``path``'s file in the open ``folder``, for appending, a file of this name's alone: one
+    shared through hard links is unshared first (:func:`_unshare_at`), and the open is made
+    again where the name was replaced meanwhile (another process unsharing it between this
+    open and its check: the file opened would then be the other name's alone)."""
+    for _ in range(10):
+        fd = _open_append_at(folder, path)
+        opened = os.fstat(fd)  # before the name is looked at: one link then, and the name's, is this name's alone
+        shared = opened.st_nlink > 1
+        try:
+            at_name = os.stat(path.name, dir_fd=folder, follow_symlinks=False)
+        except FileNotFoundError:
+            at_name = None
+        if not shared and at_name is not None and (at_name.st_dev, at_name.st_ino) == (opened.st_dev, opened.st_ino):
+            return fd
+        os.close(fd)
+        if shared:
+            _unshare_at(folder, path.name)
+    raise OSError(errno.EAGAIN, "cannot append to it: it keeps being replaced while it is opened", str(path))
 
 
 def _not_followed(path, what: str = "a link"):
@@ -301,6 +317,8 @@ def _unshare_at(folder: int, name: str) -> None:
     permissions), so that it no longer shares them with its other hard links."""
     tmp = hidden_name(name, PARTIAL_SUFFIX)
     with open(os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=folder), "rb") as src:
+        if os.fstat(src.fileno()).st_nlink <= 1:
+            return  # unshared meanwhile (by another process appending to it): its own already
         mode = stat.S_IMODE(os.fstat(src.fileno()).st_mode)
         target = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
                          dir_fd=folder)

@@ -1,9 +1,10 @@
-"""A process's memory: malloc keeping what it frees, and the peak resident size."""
+"""A process's memory: malloc keeping what it frees, the peak resident size, and what the machine can still give."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import os
 import resource
 
 
@@ -28,3 +29,15 @@ def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 <<
 def peak_rss_bytes() -> int:
     """The most resident memory this process has held (what YARN's container limit measures)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+
+
+def available_memory() -> int:
+    """Bytes this machine can still give processes (MemAvailable, else all physical memory)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")

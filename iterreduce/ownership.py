@@ -5,8 +5,8 @@ Three records, each defined here once:
 
 - :data:`LOCK_NAME`, the **lock** of a run's output folder (:func:`hold`): an exclusive
   ``flock`` held for the whole run on a file of that name in the folder, which holds the
-  holder's pid, host and start time as text. The kernel lets it go when the process ends,
-  however it ends: no stale lock. A second run into the folder is refused at once
+  holder's pid, host and start time as text, then the folder it holds. The kernel lets it go
+  when the process ends, however it ends: no stale lock. A second run into the folder is refused at once
   (:class:`~iterreduce.exceptions.OutputBusy`) naming the folder and the holder. On HDFS,
   where there is no ``flock``, :func:`create_exclusive` gives the NameNode's
   create-if-absent instead (see :mod:`dbn.jobs.yarn` for how a submission uses it).
@@ -76,6 +76,7 @@ RUN_FILES = (LOG_NAME, "checkpoints", "logs", "job.json", "error.txt", "master.j
 def holder_text() -> str:
     """Who holds a lock: this process's pid, host, start time and command line, one line."""
     command = " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:300] if sys.argv and sys.argv[0] else "python"
+    command = command.replace("\n", " ").replace("\r", " ")  # one line: a lock file's next line names its folder
     return (f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%dT%H:%M:%S%z')} "
             f"({command})")
 
@@ -113,7 +114,7 @@ def hold(folder):
         return
     fd = _take_lock(folder)
     try:
-        text = (holder_text() + "\n").encode()
+        text = (holder_text() + f"\n{FOLDER_LINE}{_folder_id(folder)}\n").encode()
         os.ftruncate(fd, 0)
         os.pwrite(fd, text, 0)
         with _held_guard:
@@ -131,7 +132,9 @@ def _take_lock(folder: Path) -> int:
     (:class:`~iterreduce.exceptions.ForeignFileError`). One shared through hard links with
     another folder (copied with ``cp -al``) is replaced by a private one while its ``flock`` is
     held (no other run of this folder can take it in between), and the new one taken: writing
-    the holder into it never changes the other folder's lock."""
+    the holder into it never changes the other folder's lock. One that a run of the other
+    folder holds (its folder line names that folder) is replaced too (:func:`_unshare_lock`):
+    a copy of a running folder can be run; a run of this very folder still refuses."""
     lock = folder / LOCK_NAME
     for _ in range(10):
         try:
@@ -145,9 +148,13 @@ def _take_lock(folder: Path) -> int:
                                        f"is: choose another output folder (--out), or move it away")
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
-            os.close(fd)
             if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                os.close(fd)
                 raise
+            if _held_for_another_folder(fd, folder) and _unshare_lock(folder, fd, lock):
+                os.close(fd)  # a copy (cp -al) of a running folder: a lock of its own now, taken next time round
+                continue
+            os.close(fd)
             raise OutputBusy(f"{folder}: another run is writing into this output folder ({holder(folder)}); "
                              f"wait for it to end, or choose another output folder (--out)") from None
         except BaseException:
@@ -161,6 +168,47 @@ def _take_lock(folder: Path) -> int:
     raise OutputBusy(f"{folder}: could not take this output folder's lock {lock}: it keeps being replaced")
 
 
+#: The line of a lock file (after its holder's) naming the folder its holder holds (:func:`_folder_id`).
+FOLDER_LINE = "folder "
+#: The most bytes of a lock file read for its folder line (a holder's line and a path's).
+LOCK_MAX_BYTES = 16384
+
+
+def _held_for_another_folder(fd: int, folder: Path) -> bool:
+    """Whether the lock file ``fd``, held by another process and shared through hard links, is
+    held for another folder (its holder wrote that folder's path in it, :data:`FOLDER_LINE`):
+    ``folder`` is then a copy of that one (``cp -al``), not the folder that run writes into."""
+    if os.fstat(fd).st_nlink <= 1:
+        return False
+    lines = os.pread(fd, LOCK_MAX_BYTES, 0).decode(errors="replace").split("\n")
+    if len(lines) < 3 or not lines[1].startswith(FOLDER_LINE):  # no whole folder line: perhaps this folder's
+        return False
+    return lines[1][len(FOLDER_LINE):] != _folder_id(folder)
+
+
+def _folder_id(folder) -> str:
+    """``folder``'s real path on one line (as JSON: a newline in a name stays on it)."""
+    return json.dumps(os.path.realpath(folder))
+
+
+def _unshare_lock(folder: Path, fd: int, lock: Path) -> bool:
+    """Replace ``folder``'s lock file ``lock`` (open as ``fd``, shared through hard links with a
+    folder whose run holds it) by a private one; False where it cannot be done safely. The folder
+    itself is ``flock``-ed meanwhile and the name checked to be still ``fd``'s: of two runs of
+    this folder, one replaces it, and the other then finds the new file (taken, or free)."""
+    where = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        try:
+            fcntl.flock(where, fcntl.LOCK_EX)
+        except OSError:  # a file system that cannot lock a folder: the shared lock stays, and refuses
+            return False
+        if _same_file(fd, lock):
+            durable.write_local(lock, lambda f: f.write(b""))
+        return True
+    finally:
+        os.close(where)  # lets the folder's flock go
+
+
 def holder(folder) -> str:
     """What the lock file in ``folder`` says of its holder (a few words when it says nothing
     yet): its first line, read without following a link, and never more than a few hundred bytes."""
@@ -168,7 +216,7 @@ def holder(folder) -> str:
         raw = _read_own_file(Path(folder) / LOCK_NAME, HOLDER_MAX_BYTES, whole=False) or b""
     except (OSError, ValueError):
         raw = b""
-    text = raw.decode(errors="replace").strip()
+    text = raw.decode(errors="replace").strip().split("\n", 1)[0].strip()  # the holder's line, not its folder's
     return f"held by {text}" if text else "its holder is starting"
 
 
@@ -290,6 +338,19 @@ def _unlink(folder: Path, rel: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         with _parent(folder, rel) as (fd, name):
             os.unlink(name, dir_fd=fd)
+
+
+def _unlink_file(folder: Path, rel: str) -> None:
+    """Delete ``rel`` of ``folder``, a file its run record lists, only where it is a plain file:
+    a folder there (a record calling a folder a file) is left, with a warning naming the record."""
+    st = _lstat(folder, rel)
+    if st is None:
+        return
+    if stat.S_ISREG(st.st_mode):
+        _unlink(folder, rel)
+    else:
+        _warn_once(folder / RECORD_NAME, f"{folder / RECORD_NAME}: lists {_shown(rel)} as a file, but it is not a "
+                                         f"plain file: not deleted as one")
 
 
 def _rmdir(folder: Path, rel: str) -> None:
@@ -486,7 +547,7 @@ def remove_owned(folder) -> bool:
         return False
     for rel in sorted(record.files):
         if record.owns(rel):
-            _unlink(folder, rel)
+            _unlink_file(folder, rel)
     for name in sorted(record.claimed):
         st = _lstat(folder, name)
         if st is None:
@@ -687,12 +748,23 @@ def _open_lock(lock: Path) -> tuple[int, bool]:
             raise
 
 
+def check_not_link(folder) -> None:
+    """Refuse (:class:`~iterreduce.exceptions.ForeignFileError`, naming it) the local folder
+    ``folder`` the tool is about to write into or delete in where it is a symbolic link: nothing
+    the tool writes or deletes goes through a link (its target is someone else's)."""
+    if os.path.islink(folder):
+        raise ForeignFileError(f"{folder}: a link, which this tool never makes nor writes through; it is left as it "
+                               f"is, and what it points to too: move it away, or choose another folder")
+
+
 @contextlib.contextmanager
 def _hold_local_shards(folder: Path, uri: str):
     """The exclusive ``flock`` of :func:`shard_folder` on local disk; the lock file goes at the
     end where this writer made it (still holding it: a writer that opened it meanwhile finds it
-    unlinked once it has it, and makes a new one)."""
+    unlinked once it has it, and makes a new one). A link at the folder is refused, never written through."""
+    check_not_link(folder)
     folder.mkdir(parents=True, exist_ok=True)
+    check_not_link(folder)  # made meanwhile
     lock = folder / LOCK_NAME
     while True:
         try:
@@ -761,7 +833,8 @@ def start_shard_set(fs: pafs.FileSystem, path: str, uri: str, names: list[str], 
     manifest = read_manifest(fs, path)
     files = manifest["files"]
     replaced = []
-    for entry in sorted(fs.get_file_info(pafs.FileSelector(path)), key=lambda e: e.base_name):
+    entries = sorted(fs.get_file_info(pafs.FileSelector(path)), key=lambda e: e.base_name)
+    for entry in entries:
         if entry.base_name == MANIFEST_NAME and entry.type == pafs.FileType.File and not _is_link(fs, entry.path):
             continue  # the manifest itself: replaced whole, never written through
         if _lock_file(entry.base_name):
@@ -775,7 +848,9 @@ def start_shard_set(fs: pafs.FileSystem, path: str, uri: str, names: list[str], 
             replaced.append(entry)
     # First the record of what may be there now (old and new names, sizes unknown): an
     # interrupted write leaves nothing the next one cannot prove its own.
-    manifest["files"] = {**files, **{e.base_name: None for e in replaced if e.base_name in files},
+    here = {e.base_name for e in entries}  # a listed name with no file (a write cut short) is dropped: nothing to prove
+    manifest["files"] = {**{name: size for name, size in files.items() if name in here},
+                         **{e.base_name: None for e in replaced if e.base_name in files},
                          **{name: None for name in names}}
     _write_manifest(fs, path, manifest)
     for entry in replaced:
@@ -968,6 +1043,12 @@ def remote_foreign(fs: pafs.FileSystem, path: str, names) -> str | None:
     return None
 
 
+def _number(name: str) -> bool:
+    """Whether the folder name ``name`` (read from a listing) is one of ``previous/``'s numbers:
+    ASCII digits only (``str.isdigit`` also takes ``²`` and ``٣``, which ``int`` refuses or reads)."""
+    return name.isascii() and name.isdigit()
+
+
 def remote_set_aside(fs: pafs.FileSystem, path: str, names) -> str | None:
     """Move what is under ``names`` in remote folder ``path`` (each claimed by a run: check
     :func:`remote_foreign` first) into a new ``previous/N`` (one more than the highest number
@@ -978,7 +1059,7 @@ def remote_set_aside(fs: pafs.FileSystem, path: str, names) -> str | None:
         return None
     previous = _join(path, PREVIOUS)
     fs.create_dir(previous, recursive=True)
-    numbers = [int(e.base_name) for e in fs.get_file_info(pafs.FileSelector(previous)) if e.base_name.isdigit()]
+    numbers = [int(e.base_name) for e in fs.get_file_info(pafs.FileSelector(previous)) if _number(e.base_name)]
     folder = _join(previous, str(max(numbers, default=0) + 1))
     fs.create_dir(folder, recursive=True)
     remote_claim(fs, folder, present)
@@ -1017,7 +1098,7 @@ def _earlier_runs(previous: Path) -> list[Path]:
     runs = []
     for name in _names_in(previous, "."):
         st = _lstat(previous, f"{name}/{RECORD_NAME}")
-        if name.isascii() and name.isdigit() and st is not None and stat.S_ISREG(st.st_mode):
+        if _number(name) and st is not None and stat.S_ISREG(st.st_mode):
             runs.append((int(name), previous / name))
     return [folder for _, folder in sorted(runs)]
 
@@ -1075,4 +1156,7 @@ def prune_previous(out, keep: int = KEEP_PREVIOUS) -> None:
         return
     runs = _earlier_runs(previous)
     for old in runs[:max(0, len(runs) - keep)]:
-        remove_owned(old)
+        try:
+            remove_owned(old)
+        except OSError as exc:  # the run that prunes has succeeded: an earlier run's folder never fails it
+            log.warning("%s: not pruned (%s), left as it is; its run record: %s", old, exc, old / RECORD_NAME)

@@ -468,12 +468,12 @@ def test_a_data_npz_claiming_more_than_the_machine_can_give_is_an_error_in_littl
 
 
 def test_an_honest_data_npz_larger_than_the_memory_left_is_an_error_before_reading(tmp_path, monkeypatch):
-    import dbn.jobs.run
+    import iterreduce.memory
 
     X, y = one_hot()
     path = tmp_path / "onehot.npz"
     np.savez_compressed(path, X=X, y=y)
-    monkeypatch.setattr(dbn.jobs.run, "available_memory", lambda: 16 << 20)  # a busy machine
+    monkeypatch.setattr(iterreduce.memory, "available_memory", lambda: 16 << 20)  # a busy machine
     message = refused_in_little_memory(path)
     assert message.startswith(f"{path}: ") and f"member 'X.npy' claims {X.nbytes + 128}" in message, message
     assert f"the {16 << 20} bytes" in message and "available" in message, message

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.fs as pafs
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest_runtime import REPO, TESTS_DIR
@@ -441,6 +441,7 @@ MANIFESTS = st.one_of(
 @given(raw=MANIFESTS, present=st.sets(st.sampled_from(["part-00000.parquet", "part-00001.parquet", "notes.txt",
                                                        "link.parquet", "sub"]), max_size=3),
        n=st.integers(1, 3))
+@example(raw=b'{"files": {"part-00001.parquet": null}, "notes": null}', present=set(), n=1)  # listed, never written
 def test_no_manifest_makes_the_shard_calls_touch_anything_outside_their_folder(raw, present, n):
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
@@ -479,3 +480,123 @@ def test_no_manifest_makes_the_shard_calls_touch_anything_outside_their_folder(r
             pytest.fail(f"unexpected {type(exc).__name__}: {exc}")
         after = {rel: h for rel, h in snapshot(base).items() if not rel.startswith("s/") and rel != "s"}
         assert after == outside
+
+
+# ------------------------------------------------------------------ review of issue 51: links, races, names
+
+
+def test_a_shard_folder_that_is_a_link_is_refused_untouched(tmp_path, victim):
+    """A user's own shard set behind a link where shards are written (OUT/shards -> myshards):
+    the write is refused naming the link, and the set it points to is byte-identical."""
+    mine = tmp_path / "myshards"
+    write_shards(*rows(seed=1), str(mine), 3)
+    os.symlink(mine, tmp_path / "linked")
+    before, victim_before = snapshot(mine), snapshot(victim)
+    with pytest.raises(ForeignFileError, match=f"{tmp_path / 'linked'}.*link"):
+        write_shards(*rows(seed=2), str(tmp_path / "linked"), 2)
+    assert snapshot(mine) == before and snapshot(victim) == victim_before
+
+
+def test_a_runs_shards_folder_that_is_a_link_is_refused_untouched(tmp_path):
+    """``dbn train --local`` cutting ``[data] train`` into OUT/shards: a link there (to a shard
+    set of the user's) is refused naming it, before anything is written or deleted through it."""
+    from dbn.jobs.run import local_shards
+    from dbn.jobs.spec import JobSpec
+
+    X, y = rows(seed=3)
+    np.savez(tmp_path / "train.npz", X=X, y=y)
+    mine = tmp_path / "myshards"
+    write_shards(*rows(seed=4), str(mine), 2)
+    out = tmp_path / "OUT"
+    out.mkdir()
+    os.symlink(mine, out / "shards")
+    spec = JobSpec.from_dict({"data": {"train": str(tmp_path / "train.npz")},
+                              "model": {"hidden_layers": [4], "n_classes": 3}, "output": {"dir": str(out)}})
+    before = snapshot(mine)
+    with pytest.raises(ForeignFileError, match=f"{out / 'shards'}.*link"):
+        local_shards(spec, out, 2)
+    assert snapshot(mine) == before
+
+
+@pytest.mark.parametrize("name", ["checkpoints", "logs"])
+def test_a_link_at_a_run_folder_the_run_writes_into_is_refused(tmp_path, victim, name):
+    """The folders a run writes into under its output folder (checkpoints, logs): a link there
+    before the run is refused by the ownership check, which every run makes before writing."""
+    out = tmp_path / "OUT"
+    out.mkdir()
+    os.symlink(victim, out / name)
+    before = snapshot(victim)
+    with pytest.raises(ForeignFileError, match=f"{out / name}.*link"):
+        ownership.check_owned(out, ownership.RUN_FILES)
+    assert snapshot(victim) == before
+
+
+def test_an_append_never_goes_to_a_file_replaced_between_open_and_check(tmp_path, monkeypatch):
+    """Two processes append to one log shared with another folder through a hard link: A opens
+    the shared file; B replaces the name by its private copy; A then sees one link and must
+    not append to the original (now the other folder's alone): it opens the name again."""
+    original, copy = tmp_path / "original", tmp_path / "copy"
+    original.mkdir()
+    copy.mkdir()
+    (original / "log.jsonl").write_bytes(b'{"step": 1}\n')
+    os.link(original / "log.jsonl", copy / "log.jsonl")
+    before = snapshot(original)
+    opened = durable._open_append_at
+    raced = []
+
+    def open_then_race(folder, path):
+        fd = opened(folder, path)
+        if not raced:  # process B, between A's open and A's check
+            raced.append(True)
+            durable._unshare_at(folder, path.name)
+        return fd
+
+    monkeypatch.setattr(durable, "_open_append_at", open_then_race)
+    with durable.open_append(copy / "log.jsonl") as f:
+        f.write(b'{"step": 2}\n')
+    assert raced and snapshot(original) == before
+    assert (copy / "log.jsonl").read_bytes() == b'{"step": 1}\n{"step": 2}\n'
+
+
+def test_a_copy_of_a_running_folder_takes_its_own_lock(tmp_path):
+    """``cp -al A B`` while A runs: B's lock file is A's (one file, two names). B's run takes a
+    lock of its own and proceeds; A's lock file is byte-identical and still held by A."""
+    original, copy = tmp_path / "A", tmp_path / "B"
+    original.mkdir()
+    copy.mkdir()
+    code = (f"import sys, time; sys.path.insert(0, {str(REPO)!r})\n"
+            f"from iterreduce import ownership\n"
+            f"with ownership.hold({str(original)!r}):\n    print('held', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline() == b"held\n"
+        os.link(original / ownership.LOCK_NAME, copy / ownership.LOCK_NAME)
+        before = snapshot(original)
+        with ownership.hold(copy):
+            assert f"pid {os.getpid()} " in (copy / ownership.LOCK_NAME).read_text()
+            assert snapshot(original) == before
+        assert snapshot(original) == before
+        with pytest.raises(OutputBusy, match=f"pid {proc.pid} "):  # A still holds its own
+            with ownership.hold(original):
+                pass
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.mark.parametrize("odd", ["²", "٣", "x1"])
+def test_a_remote_previous_folder_with_an_odd_number_is_passed_over(tmp_path, odd):
+    """A folder in a remote ``previous/`` whose name is a digit but not an ASCII number (``²``)
+    is someone else's: passed over, never a traceback."""
+    out = tmp_path / "out"
+    (out / "previous" / odd).mkdir(parents=True)
+    (out / "previous" / odd / "theirs").write_bytes(b"theirs")
+    (out / "logs").mkdir()
+    (out / "logs" / "a.log").write_bytes(b"a run's log")
+    fs = not_local()
+    ownership.remote_claim(fs, str(out), ["logs"])
+    before = snapshot(out / "previous" / odd)
+    folder = ownership.remote_set_aside(fs, str(out), ["logs"])
+    assert folder == str(out / "previous" / "1")
+    assert (out / "previous" / "1" / "logs" / "a.log").read_bytes() == b"a run's log"
+    assert snapshot(out / "previous" / odd) == before

@@ -359,8 +359,9 @@ def test_a_lock_shared_through_a_hard_link_is_replaced_by_a_private_one(tmp_path
 
 
 def test_a_lock_held_elsewhere_is_not_replaced(tmp_path):
-    """The lock of a folder another process holds, hard-linked into a copy: the copy is
-    refused while the holder runs (the same lock file), and the holder's lock is not touched."""
+    """The lock of a folder another process holds, hard-linked into a copy: the copy takes a
+    lock of its own (its holder's lock names the other folder), the holder's lock is not
+    touched, and the holder's folder is still refused while it runs."""
     original, copy = tmp_path / "original", tmp_path / "copy"
     original.mkdir()
     copy.mkdir()
@@ -371,9 +372,9 @@ def test_a_lock_held_elsewhere_is_not_replaced(tmp_path):
     try:
         assert proc.stdout.readline() == b"held\n"
         os.link(original / ownership.LOCK_NAME, copy / ownership.LOCK_NAME)
-        with pytest.raises(ownership.OutputBusy):
-            with ownership.hold(copy):
-                pass
+        before = state(original)
+        with ownership.hold(copy):
+            assert state(original) == before
         with pytest.raises(ownership.OutputBusy):
             with ownership.hold(original):
                 pass
@@ -388,7 +389,8 @@ NASTY = ["..", ".", "", "/", "../victim", "../../victim", "../../../victim", "{V
          "{TARGET}", "logs", "logs/..", "logs/../../../../victim", "logs/../../../../victim/a.txt",
          "../../../victim/a.txt", "../../../victim/sub", "link", "link/a.txt", "link/sub/b.txt", "flink",
          "logs/master.log", "checkpoints", "checkpoints/deep", "a" * 300, "x/" * 40 + "y", "\udcff", "\ud800",
-         "nul\0byte", "logs//master.log", "./logs", "log.jsonl", RECORD_NAME, "previous", "previous/2"]
+         "nul\0byte", "logs//master.log", "./logs", "log.jsonl", RECORD_NAME, "previous", "previous/2",
+         "hollow", "hollow/"]  # hollow: an empty folder in each run (a folder a record may call a file)
 nasty = st.sampled_from(NASTY)
 others = st.one_of(st.text(max_size=12), st.integers(-3, 2**70), st.none(), st.booleans(),
                    st.lists(nasty, max_size=2))
@@ -444,12 +446,17 @@ def four_runs(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("template") / "out"
     earlier_runs(out, 4)
     settled_run(out)
+    for folder in (out, *(out / "previous").iterdir()):
+        (folder / "hollow").mkdir()
     return out
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(first=records, second=records, top=records, extra=st.lists(nasty, max_size=3))
 @example(first={"claimed": ["../../../victim"], "files": {}, "folders": []}, second=b"", top=b"", extra=[])
+@example(first={"claimed": [], "files": {"hollow": "{IDENTITY}", "logs": "{IDENTITY}"}, "folders": ["hollow", "logs"]},
+         second={"claimed": [], "files": {"logs/master.log": "{IDENTITY}"}, "folders": ["logs/master.log", "hollow"]},
+         top=b"", extra=[])
 def test_no_record_makes_the_tool_touch_anything_outside_its_folder(four_runs, first, second, top, extra):
     """Random run records (names with ``..``, absolute, through links, empty, long, not UTF-8,
     nested; sizes and times of any type) in previous/1, previous/2 and OUT itself, with links
@@ -479,3 +486,56 @@ def test_no_record_makes_the_tool_touch_anything_outside_its_folder(four_runs, f
             except IterReduceError:
                 pass
             assert (state(victim), state(target)) == before
+
+
+# ------------------------------------------------------------------ review: a record calling a folder a file
+
+
+@pytest.mark.parametrize("case", ["folder-as-file", "file-as-folder"])
+def test_pruning_never_fails_a_run_over_a_record_that_calls_a_folder_a_file(tmp_path, victim, caplog, case):
+    """Hand-edited records of earlier runs list a folder under "files" (with its real size and
+    time, and under "folders"), or a file under "folders": pruning them never fails the run that
+    has just succeeded; a folder listed as a file is not unlinked, and the warning names the
+    record and the entry. Nothing outside the output folder changes."""
+    out = tmp_path / "out"
+    earlier_runs(out, 4)
+    for n in "1234":
+        folder = out / "previous" / n
+        (folder / "hollow").mkdir()
+        os.symlink(victim, folder / "link")
+        if case == "folder-as-file":
+            edit_record(folder, files={"hollow": identity(folder / "hollow")}, folders=["hollow"])
+        else:
+            edit_record(folder, folders=["logs/master.log", "hollow"])
+    before = state(victim)
+    with caplog.at_level(logging.WARNING):
+        prune_previous(out, keep=3)
+    assert state(victim) == before
+    first = out / "previous" / "1"
+    if case == "folder-as-file":
+        assert f"{first / RECORD_NAME}" in caplog.text and "hollow" in caplog.text
+    else:  # a file the record proves goes, whatever "folders" says of it
+        assert not (first / "logs" / "master.log").exists() and (first / "link").is_symlink()
+
+
+def test_a_copy_of_a_held_folder_made_while_held_does_not_let_a_second_run_in(tmp_path):
+    """A folder held by a run, then copied with ``cp -al`` (its lock file now has two names): a
+    second run of the held folder itself is still refused, and its lock is not replaced."""
+    held, copy = tmp_path / "held", tmp_path / "copy"
+    held.mkdir()
+    code = (f"import sys, time; sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n"
+            f"from iterreduce import ownership\n"
+            f"with ownership.hold({str(held)!r}):\n    print('held', flush=True); time.sleep(60)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline() == b"held\n"
+        copy.mkdir()
+        os.link(held / ownership.LOCK_NAME, copy / ownership.LOCK_NAME)
+        before = state(held)
+        with pytest.raises(ownership.OutputBusy, match=f"pid {proc.pid} "):
+            with ownership.hold(held):
+                pass
+        assert state(held) == before and os.lstat(held / ownership.LOCK_NAME).st_nlink == 2
+    finally:
+        proc.kill()
+        proc.wait()

@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from iterreduce import npzfile
+from iterreduce import memory as machine_memory, npzfile
 from iterreduce.exceptions import ShardError
 from iterreduce.filesystems import check_output_file, open_output_file
 from iterreduce.readers import describe_shard, list_shards, read_shard, same_classes, shard_classes
@@ -145,7 +145,7 @@ def _read_npz(path: Path, label: str | None) -> tuple[np.ndarray, np.ndarray | N
     that claim more than the machine's available memory, are an error naming the file, the
     member and the size. However far it compresses, a data file is the user's own (one-hot,
     sparse): no ratio to its size limits it, as one limits model files."""
-    memory = _available_memory()
+    memory = machine_memory.available_memory()  # by the module's name: tests set it
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
@@ -161,11 +161,6 @@ def _read_npz(path: Path, label: str | None) -> tuple[np.ndarray, np.ndarray | N
     return arrays["X"], arrays.get(name)
 
 
-def _available_memory() -> int:
-    """Bytes this machine can still give (:func:`dbn.jobs.run.available_memory`)."""
-    from ..jobs.run import available_memory  # here: dbn.jobs.run imports this module
-
-    return available_memory()
 
 
 def load_dataset(source: str, *, split: str = "train", mnist_dir: str | None = None, limit: int | None = None,

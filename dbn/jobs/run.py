@@ -40,6 +40,7 @@ from typing import Callable, Protocol
 import numpy as np
 
 from iterreduce import ownership, runlog
+from iterreduce.memory import available_memory
 from iterreduce.exceptions import MasterKilled
 from iterreduce.local import StopSignal, gpu_count, local_processes, run_local
 from iterreduce.ownership import PREVIOUS, RUN_FILES, prune_previous, set_aside
@@ -527,18 +528,6 @@ class MiniCluster:
         return {**cluster_figures(out), "shards": len(uris), "processes": config.workers, "memory": memory}
 
 
-def available_memory() -> int:
-    """Bytes this machine can still give processes (MemAvailable, else all physical memory)."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
 def local_shards(spec: JobSpec, out: Path, n_shards: int) -> str:
     """The job's shard directory: ``[cluster] shards``, or ``[data] train`` cut into OUT/shards.
 
@@ -550,6 +539,7 @@ def local_shards(spec: JobSpec, out: Path, n_shards: int) -> str:
     if source is None:  # shards already
         return data.uri
     shards = out / "shards"
+    ownership.check_not_link(shards)  # a link there: its target is not this run's to rewrite
     if shards.is_dir() and shard_note(str(shards), SHARDS_SOURCE) == source:
         return str(shards)
     # Another source's shards (written here: listed in their manifest) are replaced; a folder
