@@ -12,17 +12,21 @@ Read: the newest version, or one named by number or by time (``version``); parti
 from the log; deletion vectors applied (the rows they mark are left out of each piece);
 column mapping resolved (the files' ``col-<uuid>`` names read as the table's). A reader
 feature of the protocol this reader does not know is refused, naming the table; so is a file the
-log names outside the table's folder (a relative path always, an absolute URI unless the user
-allows it: a shallow clone's), naming the commit file and the entry.
+log names outside the table's folder (a relative path's ``..`` always; an absolute URI, a shallow
+clone's, or a link in the folder, a partition folder on another disk, unless the user allows it),
+naming the commit file and the entry; deletion vectors' files (stored by path or by UUID, in commits,
+checkpoints or sidecars) alike, before delta-rs opens them.
 """
 
 from __future__ import annotations
 
+import base64
 import datetime
 import functools
 import json
 import posixpath
 import re
+import uuid
 from urllib.parse import unquote, urlparse
 
 import numpy as np
@@ -36,7 +40,7 @@ from .columns import STORED_NAME, plain_schema
 from . import hadoopconf
 from .exceptions import ShardError, TableError
 from .filesystems import filesystem
-from .lakehouse import inside_table, once_a_version, outside_table, parse_version
+from .lakehouse import check_inside, once_a_version, parse_version
 
 #: The schema's field metadata naming a column in the data files, where the table maps names.
 PHYSICAL_NAME = "delta.columnMapping.physicalName"
@@ -111,61 +115,140 @@ def _check_readable(uri: str, table, allow_outside: bool = False) -> None:
                          f"as plain Parquet")
 
 
-#: Names in ``_delta_log/``: a commit, and a classic checkpoint (one file, or part i of n).
+#: Names in ``_delta_log/``: a commit; a checkpoint, classic (one file, or part i of n) or v2
+#: (``N.checkpoint.<uuid>.json`` or ``.parquet``, whose ``sidecar`` actions name files in ``_sidecars/``);
+#: a compacted run of commits (``N.M.compacted.json``).
 COMMIT = re.compile(r"(\d{20})\.json")
-CHECKPOINT = re.compile(r"(\d{20})\.checkpoint(\.\d+\.\d+)?\.parquet")
+CHECKPOINT = re.compile(r"(\d{20})\.checkpoint(\.\d+\.\d+|\.[0-9a-fA-F-]+)?\.(parquet|json)")
+COMPACTED = re.compile(r"(\d{20})\.(\d{20})\.compacted\.json")
+#: The Z85 alphabet a ``storageType`` "u" deletion vector's UUID is written in, and Python's base85
+#: alphabet, digit for digit (the same big-endian arithmetic: :func:`base64.b85decode` decodes it).
+Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+B85 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz!#$%&()*+-;<=>?@^_`{|}~"
+_FROM_Z85 = str.maketrans(Z85, B85)
 
 
 def _check_vector_paths(uri: str, table, allow_outside: bool) -> None:
-    """Refuse a deletion vector the log stores by absolute path (``storageType`` "p") outside the
-    table's folder, unless ``allow_outside``: :class:`TableError` naming the log file and the entry."""
+    """Refuse, before delta-rs opens any, a deletion vector file outside the table's folder: one stored
+    by absolute path (``storageType`` "p") unless ``allow_outside``, one stored by UUID ("u": relative to
+    the table) as a relative data file is (:func:`~iterreduce.lakehouse.check_inside`); a
+    :class:`TableError` naming the log file and the entry. deltalake does not show a live file's
+    deletion vector descriptor, so they are read from the log here."""
     fs, root = filesystem(uri)
-    for log_file, entry in _vector_paths(fs, root, table.version()):
+    for log_file, kind, entry in _vector_descriptors(fs, root, table.version()):
+        found = _vector_file(uri, root, log_file, kind, entry)
+        if found is not None:
+            path, relative = found
+            check_inside(uri, f"the Delta Lake log ({log_file})", entry, path, root, fs, relative=relative,
+                         allow_outside=allow_outside)
+
+
+def _vector_file(uri: str, root: str, log_file: str, kind, entry) -> tuple[str, bool] | None:
+    """``(path, relative)`` of the file a deletion vector descriptor names (the protocol's storage
+    types: "u", ``<prefix><z85 UUID>``, the file ``<table>/<prefix>/deletion_vector_<uuid>.bin``; "p",
+    an absolute URI; "i", inline, no file); a :class:`TableError` naming it where it is none of these."""
+    if kind == "i":
+        return None
+    where = f"{uri}: the Delta Lake log ({log_file}) names a deletion vector"
+    if kind == "u" and isinstance(entry, str) and len(entry) >= 20:
+        try:
+            name = f"deletion_vector_{uuid.UUID(bytes=base64.b85decode(entry[-20:].translate(_FROM_Z85)))}.bin"
+        except ValueError:
+            raise TableError(f"{where} whose UUID is not Z85: {entry!r}") from None
+        return posixpath.normpath(posixpath.join(root, entry[:-20], name)), True
+    if kind == "p" and isinstance(entry, str):
         parts = urlparse(entry)
         if parts.scheme and parts.scheme != (urlparse(uri).scheme or "file"):
-            raise TableError(f"{uri}: the Delta Lake log ({log_file}) names a deletion vector on another file "
-                             f"system: {entry}")
-        if not allow_outside and not inside_table(unquote(parts.path), root, fs):
-            raise outside_table(uri, f"the Delta Lake log ({log_file})", entry, absolute=True)
+            raise TableError(f"{where} on another file system: {entry}")
+        return unquote(parts.path), False
+    raise TableError(f"{where} this reader does not know: storageType {kind!r}, {entry!r}")
 
 
-def _vector_paths(fs, root: str, version: int):
-    """``(log file, path)`` of each deletion vector stored by path that the log at ``version`` may
-    hold live: those of the newest checkpoint at or before it and of the commits after that."""
+
+def _vector_descriptors(fs, root: str, version: int):
+    """``(log file, storage type, path or inline data)`` of each deletion vector the log at ``version``
+    may hold live: those of the newest checkpoint at or before it (its sidecars included) and of the
+    commits and compacted commits after that."""
     folder = posixpath.join(root, "_delta_log")
     checkpoints: dict[int, list[str]] = {}
-    commits: dict[int, str] = {}
+    after: dict[tuple[int, int], str] = {}  # (first, last) commit -> a commit or compacted file
     for info in fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True)):
         if (found := CHECKPOINT.fullmatch(info.base_name)) and int(found[1]) <= version:
             checkpoints.setdefault(int(found[1]), []).append(info.path)
         elif (found := COMMIT.fullmatch(info.base_name)) and int(found[1]) <= version:
-            commits[int(found[1])] = info.path
+            after[int(found[1]), int(found[1])] = info.path
+        elif (found := COMPACTED.fullmatch(info.base_name)) and int(found[2]) <= version:
+            after[int(found[1]), int(found[2])] = info.path
     start = max(checkpoints, default=-1)
     for path in checkpoints.get(start, []):
-        add = pq.read_schema(path, filesystem=fs).field("add").type
-        if add.get_field_index("deletionVector") < 0:
-            continue
-        vectors = pq.read_table(path, filesystem=fs, columns=["add.deletionVector.storageType",
-                                                              "add.deletionVector.pathOrInlineDv"])
-        for kind, entry in zip(*(vectors.column(i).to_pylist() for i in range(2))):
-            if kind == "p":
-                yield path, entry
-    for number in sorted(n for n in commits if n > start):
-        with fs.open_input_stream(commits[number]) as stream:
-            for line in stream.read().splitlines():
-                try:
-                    vector = json.loads(line).get("add", {}).get("deletionVector") or {}
-                except (ValueError, AttributeError):
-                    continue
-                if isinstance(vector, dict) and vector.get("storageType") == "p":
-                    yield commits[number], str(vector.get("pathOrInlineDv"))
+        for log_file, action in _log_actions(fs, path, root):
+            yield from _descriptor(log_file, action)
+    for first, _ in sorted(after):
+        if first > start:
+            for log_file, action in _log_actions(fs, after[first, _], root):
+                yield from _descriptor(log_file, action)
+
+
+def _descriptor(log_file: str, action: dict):
+    vector = action.get("add", {}).get("deletionVector") if isinstance(action.get("add"), dict) else None
+    if isinstance(vector, dict):
+        yield log_file, vector.get("storageType"), vector.get("pathOrInlineDv")
+
+
+def _log_actions(fs, path: str, root: str):
+    """``(file, action)`` of the add actions (their deletion vectors only) in the log file at ``path``
+    (a commit, a checkpoint of JSON or Parquet), and in the sidecars a v2 checkpoint names: each
+    sidecar must lie in the table's folder, always."""
+    if path.endswith(".json"):
+        with fs.open_input_stream(path) as stream:
+            lines = stream.read().splitlines()
+        actions = []
+        for line in lines:
+            try:
+                action = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(action, dict):
+                actions.append(action)
+    else:
+        actions = _parquet_actions(fs, path)
+    for action in actions:
+        sidecar = action.get("sidecar")
+        if isinstance(sidecar, dict) and isinstance(sidecar.get("path"), str):
+            found = posixpath.normpath(posixpath.join(root, "_delta_log", "_sidecars", unquote(sidecar["path"])))
+            check_inside(root, f"the Delta Lake checkpoint {path}", sidecar["path"], found, root, fs,
+                         relative=True, allow_outside=False)
+            yield from _log_actions(fs, found, root)
+        else:
+            yield path, action
+
+
+def _parquet_actions(fs, path: str) -> list[dict]:
+    """The deletion vectors of the add actions, and the sidecar actions, of a Parquet checkpoint or sidecar."""
+    schema = pq.read_schema(path, filesystem=fs)
+    columns = []
+    if "add" in schema.names and schema.field("add").type.get_field_index("deletionVector") >= 0:
+        columns += ["add.deletionVector.storageType", "add.deletionVector.pathOrInlineDv"]
+    if "sidecar" in schema.names:
+        columns.append("sidecar.path")
+    if not columns:
+        return []
+    read = pq.read_table(path, filesystem=fs, columns=columns)  # a column each, in that order, named by its leaf
+    found = dict(zip(columns, (read.column(i).to_pylist() for i in range(len(columns)))))
+    actions = []
+    kinds, entries = found.get("add.deletionVector.storageType", []), found.get("add.deletionVector.pathOrInlineDv", [])
+    for kind, entry in zip(kinds, entries):
+        if kind is not None:
+            actions.append({"add": {"deletionVector": {"storageType": kind, "pathOrInlineDv": entry}}})
+    actions += [{"sidecar": {"path": sidecar}} for sidecar in found.get("sidecar.path", []) if sidecar is not None]
+    return actions
 
 
 def dataset(uri: str, version: int, allow_outside: bool = False) -> ds.FileSystemDataset:
     """The table at ``uri`` at ``version`` (a number: see :func:`pin`) as a ``pyarrow.dataset`` of its
     live files, the partition values from the log, the schema the table's own at that version.
     A file the log names outside the table's folder is refused (:func:`_file_path`) unless
-    ``allow_outside`` and named by an absolute URI (a shallow clone's)."""
+    ``allow_outside`` and named by an absolute URI (a shallow clone's) or reached through a link."""
     table = load(uri, version, allow_outside)
     schema = _with_stored_names(plain_schema(pa.schema(table.schema().to_arrow())), table)
     partition_columns = table.metadata().partition_columns
@@ -193,15 +276,16 @@ def _with_stored_names(schema: pa.Schema, table) -> pa.Schema:
 def _file_path(entry: str, fs, root: str, uri: str, version: int, allow_outside: bool) -> str:
     """A data file's path on the table's file system: the log names it relative to the table's
     folder, percent-encoded, or (a shallow clone's) by an absolute URI. It must lie in the table's
-    folder (``..`` resolved, links followed), an absolute one also outside it where ``allow_outside``:
-    else :class:`TableError` naming the table, the log file and the entry."""
+    folder (``..`` resolved, links followed), where ``allow_outside`` also outside it when named by an
+    absolute URI or reached through a link in the folder (a partition folder on another disk), never by a
+    relative path's ``..``: else :class:`TableError` naming the table, the log file and the entry."""
     parts = urlparse(entry)
     absolute = bool(parts.scheme) or entry.startswith("/")
     if parts.scheme and parts.scheme != (urlparse(uri).scheme or "file"):
         raise TableError(f"{uri}: the Delta Lake log names a data file on another file system: {entry}")
     path = unquote(parts.path) if absolute else posixpath.normpath(posixpath.join(root, unquote(entry)))
-    if not inside_table(path, root, fs) and not (absolute and allow_outside):
-        raise outside_table(uri, f"the Delta Lake log ({_log_file(fs, root, entry, version)})", entry, absolute)
+    check_inside(uri, lambda: f"the Delta Lake log ({_log_file(fs, root, entry, version)})", entry, path, root, fs,
+                 relative=not absolute, allow_outside=allow_outside)  # the log file looked for only if refused
     return path
 
 

@@ -254,7 +254,7 @@ def _paths(locations: list[str], uri: str, table, snapshot, allow_outside: bool)
         if not allow_outside and not inside_table(parts.path, root, fs):
             raise outside_table(uri, f"the Apache Iceberg manifest {_manifest_of(location, table, snapshot)}",
                                 location, absolute=True)
-        paths.append(parts.path)
+        paths.append(parts.path)  # as checked: inside_table took its ``..`` and links as the kernel will
     return paths
 
 

@@ -59,7 +59,7 @@ class FileSystemIO(FileIO):
         if root is not None and not inside_table(found._path, root, found._fs):
             raise outside_table(self.properties[TABLE], f"the Apache Iceberg metadata {self.properties[METADATA]} "
                                 f"(or a manifest list it names)", location, absolute=True)
-        return found
+        return found  # opened as checked: inside_table took its ``..`` and links as the kernel will
 
     def new_output(self, location: str) -> OutputFile:
         raise PermissionError(f"{location}: this project reads Apache Iceberg tables and never writes them")

@@ -74,21 +74,65 @@ def check_not_lakehouse(fs: pafs.FileSystem, path: str, uri: str) -> None:
 
 
 def inside_table(path: str, root: str, fs: pafs.FileSystem) -> bool:
-    """Whether ``path`` lies in the folder ``root`` once ``..`` is resolved and, on local disk, links
-    are followed: what a table's log or metadata names must be the table's own files."""
-    path, root = posixpath.normpath(path), posixpath.normpath(root)
-    if isinstance(fs, pafs.LocalFileSystem):  # a link inside the table may lead out of it
-        path, root = os.path.realpath(path), os.path.realpath(root)
-    return path.startswith(root.rstrip("/") + "/")
+    """Whether ``path``, as it is opened, lies in the folder ``root``: what a table's log or metadata
+    names must be the table's own files. On local disk the kernel follows each link and takes the
+    ``..`` after it where it comes (the real path of ``path`` as written), while a URL reader
+    (delta-rs) takes ``..`` by text first: ``path`` must stay in ``root`` both ways, so that the
+    check is of the file whichever of them opens it. HDFS has no links (and its NameNode refuses a
+    ``..`` in a path), nor have object stores: there ``..`` taken by text suffices."""
+    if not isinstance(fs, pafs.LocalFileSystem):
+        return _under(posixpath.normpath(path), posixpath.normpath(root))
+    base = os.path.realpath(root)
+    return all(_under(os.path.realpath(way), base) for way in (path, posixpath.normpath(path)))
 
 
-def outside_table(uri: str, listed_in: str, entry: str, absolute: bool) -> TableError:
+def _under(path: str, folder: str) -> bool:
+    return path.startswith(folder.rstrip("/") + "/")
+
+
+def link_out(path: str, root: str, fs: pafs.FileSystem) -> str | None:
+    """The first link on ``path`` (in the folder ``root`` by its text) that leads out of ``root``;
+    None where none does, and off local disk, which has no links."""
+    if not isinstance(fs, pafs.LocalFileSystem) or not _under(posixpath.normpath(path), posixpath.normpath(root)):
+        return None
+    base, here = os.path.realpath(root), posixpath.normpath(root)
+    for part in posixpath.relpath(posixpath.normpath(path), here).split("/"):
+        here = posixpath.join(here, part)
+        if os.path.islink(here) and not _under(os.path.realpath(here), base):
+            return here
+    return None
+
+
+def check_inside(uri: str, listed_in, entry: str, path: str, root: str, fs: pafs.FileSystem, *,
+                 relative: bool, allow_outside: bool) -> None:
+    """Refuse ``path`` (the file ``entry`` in ``listed_in`` names; ``relative``: named relative to the
+    table) unless it lies in the table's folder ``root`` (:func:`inside_table`) or the user allows
+    files outside (``allow_outside``) and it leaves where the format allows: by an absolute path or
+    URI, or through a link in the folder (a partition folder on another disk), never by a relative
+    path's ``..``. :class:`TableError` from :func:`outside_table` otherwise (``listed_in``: a string,
+    or a function that finds it, called only then)."""
+    if inside_table(path, root, fs):
+        return
+    by_text = _under(posixpath.normpath(path), posixpath.normpath(root))
+    if allow_outside and (by_text or not relative):
+        return
+    raise outside_table(uri, listed_in() if callable(listed_in) else listed_in, entry, absolute=not relative,
+                        link=link_out(path, root, fs) if by_text else None)
+
+
+def outside_table(uri: str, listed_in: str, entry: str, absolute: bool, link: str | None = None) -> TableError:
     """The error for ``entry``, a file that ``listed_in`` (a log or manifest file of the table at
     ``uri``) names outside the table's folder; ``absolute``: named by an absolute path or URI,
-    which the user may allow (:data:`ALLOW_OUTSIDE`), rather than by a relative path."""
-    what = (f"{ALLOW_OUTSIDE} reads files outside the table's folder, where it means to (a Delta shallow "
-            f"clone's, files an Iceberg table adopted)" if absolute else
-            "a path relative to the table must stay in its folder")
+    which the user may allow (:data:`ALLOW_OUTSIDE`), rather than by a relative path; ``link``: the
+    link in the table's folder it leads out through, which the user may allow too."""
+    if link is not None:
+        what = (f"it leads out of the table's folder through the link {link}: {ALLOW_OUTSIDE} reads it, where "
+                f"the link is meant (a partition folder on another disk)")
+    elif absolute:
+        what = (f"{ALLOW_OUTSIDE} reads files outside the table's folder, where it means to (a Delta shallow "
+                f"clone's, files an Iceberg table adopted)")
+    else:
+        what = "a path relative to the table must stay in its folder"
     return TableError(f"{uri}: {listed_in} names a file outside the table: {entry!r}; it is not read: {what}")
 
 

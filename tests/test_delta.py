@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -43,8 +44,11 @@ def write_versions(root: Path) -> Path:
     """The four versions, each committed a moment after the one before (times tell them apart)."""
     rng = np.random.default_rng(0)
     deltalake.write_deltalake(str(root), animals(rng, 600, "abc"), partition_by=["day"])
+    time.sleep(0.02)  # commit times are in milliseconds: two commits of one millisecond cannot be told apart
     deltalake.write_deltalake(str(root), animals(rng, 600, "xy"), mode="overwrite", partition_by=["day"])
+    time.sleep(0.02)
     deltalake.DeltaTable(str(root)).delete("label = 'y' and f4 > 0")
+    time.sleep(0.02)
     deltalake.DeltaTable(str(root)).update({"label": "'z'"}, predicate="f5 > 1")
     return root
 

@@ -274,3 +274,226 @@ def test_a_deletion_vector_stored_outside_the_table_is_refused_before_it_is_open
     err = refused(tmp_path / "run", capsys, root, "delta")
     assert commit.name in err and f"file://{private}" in err and "outside the table" in err, err
     assert unread(private, before)
+
+
+# ------------------------------------------------------------------ links, ``..`` and deletion vectors (review)
+
+
+def linked_folder(tmp_path: Path, link: Path) -> Path:
+    """``link``, a folder link in a table to ``tmp_path/elsewhere/deep``, whose ``..`` is ``elsewhere``."""
+    deep = tmp_path / "elsewhere" / "deep"
+    deep.mkdir(parents=True)
+    link.symlink_to(deep)
+    return deep.parent
+
+
+@pytest.mark.parametrize("form", ["absolute path", "absolute URI"])
+def test_a_delta_entry_through_a_link_then_dotdot_is_refused_where_the_kernel_would_leave_the_table(tmp_path, capsys,
+                                                                                                     form):
+    """``<table>/sub/../private.parquet``, ``sub`` a link out of the table: the text says inside, the
+    kernel opens ``sub``'s target's parent. Checked as the kernel resolves it, it is refused unread."""
+    root = delta_table(tmp_path)
+    elsewhere = linked_folder(tmp_path, root / "sub")
+    private = elsewhere / "private.parquet"
+    pq.write_table(rows(9, 40, SECRET), private)
+    before = private.read_bytes()
+    entry = f"{root}/sub/../private.parquet"
+    entry = entry if form == "absolute path" else f"file://{entry}"
+    commit = add_to_log(root, entry, len(before), 40)
+    mark_unread(private)
+    err = refused(tmp_path / "run", capsys, root, "delta")
+    assert commit.name in err and entry in err and "outside the table" in err, err
+    assert unread(private, before)
+
+
+def test_an_iceberg_entry_through_a_link_then_dotdot_is_refused(tmp_path, capsys, catalog):
+    """An adopted file named ``<table>/data/l/../private.parquet``, ``l`` a link out of the table."""
+    table = catalog.create_table("db.dotdot", schema=rows(0, 1).schema)
+    table.append(rows(0, 100))
+    where = Path(table.location().removeprefix("file://"))
+    elsewhere = linked_folder(tmp_path, where / "data" / "l")
+    private = elsewhere / "private.parquet"
+    pq.write_table(rows(9, 40, SECRET), private)
+    before = private.read_bytes()
+    entry = f"{where}/data/l/../private.parquet"
+    decoy = where / "data" / "private.parquet"  # pyiceberg's add_files reads the footer there (``..`` by text)
+    shutil.copy(private, decoy)
+    table.add_files([entry])
+    decoy.unlink()
+    mark_unread(private)
+    err = refused(tmp_path / "run", capsys, str(where), "iceberg")
+    assert entry in err and "outside the table" in err, err
+    assert unread(private, before)
+
+
+def test_an_iceberg_manifest_list_through_a_link_then_dotdot_is_not_opened(tmp_path, capsys, catalog):
+    """The metadata names its manifest list ``<table>/metadata/l/../<list>``, ``l`` a link out of the table."""
+    table = catalog.create_table("db.listdotdot", schema=rows(0, 1).schema)
+    table.append(rows(0, 100))
+    table = catalog.load_table("db.listdotdot")
+    metadata = Path(table.metadata_location.removeprefix("file://"))
+    listed = Path(table.current_snapshot().manifest_list.removeprefix("file://"))
+    elsewhere = linked_folder(tmp_path, metadata.parent / "l")
+    copy = elsewhere / listed.name
+    shutil.copy(listed, copy)
+    before = copy.read_bytes()
+    mark_unread(copy)
+    doc = json.loads(metadata.read_text())
+    for snapshot in doc["snapshots"]:
+        snapshot["manifest-list"] = f"file://{metadata.parent}/l/../{listed.name}"
+    metadata.write_text(json.dumps(doc))
+    err = refused(tmp_path / "run", capsys, str(metadata), "iceberg")
+    assert f"l/../{listed.name}" in err and "outside the table" in err, err
+    assert unread(copy, before)
+
+
+def linked_partition_table(tmp_path: Path) -> tuple[Path, Path]:
+    """A Delta table partitioned by ``p``, its folder ``p=a`` a link to another disk's (``disk2/p=a``)."""
+    deltalake = pytest.importorskip("deltalake")
+    root = tmp_path / "table"
+    data = rows(0, 100).append_column("p", pa.array(["a", "b"] * 50))
+    deltalake.write_deltalake(str(root), data, partition_by=["p"])
+    moved = tmp_path / "disk2" / "p=a"
+    moved.parent.mkdir()
+    shutil.move(root / "p=a", moved)
+    (root / "p=a").symlink_to(moved)
+    return root, moved
+
+
+def test_a_delta_partition_folder_linked_to_another_disk_is_refused_by_default_naming_the_link(tmp_path, capsys):
+    root, moved = linked_partition_table(tmp_path)
+    victim = next(moved.glob("*.parquet"))
+    before = victim.read_bytes()
+    mark_unread(victim)
+    err = refused(tmp_path / "run", capsys, root, "delta")
+    assert str(root / "p=a") in err and "link" in err and "allow_outside_files = true" in err, err
+    assert "must stay in" not in err and unread(victim, before)
+
+
+def test_allow_outside_files_reads_a_delta_partition_folder_linked_to_another_disk(tmp_path):
+    root, _ = linked_partition_table(tmp_path)
+    result, _ = trained(tmp_path / "run", root, "delta", "allow_outside_files = true")
+    assert result["n_train"] == 100
+
+
+Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
+
+
+def z85(data: bytes) -> str:
+    """``data`` (a multiple of 4 bytes) in Z85, as the Delta protocol encodes a deletion vector's UUID."""
+    out = ""
+    for i in range(0, len(data), 4):
+        value = int.from_bytes(data[i:i + 4], "big")
+        out += "".join(Z85[value // 85 ** k % 85] for k in range(4, -1, -1))
+    return out
+
+
+def with_deletion_vector(root: Path, vector: dict) -> Path:
+    """A commit giving the table's one data file the deletion vector ``vector``."""
+    deltalake = pytest.importorskip("deltalake")
+    deltalake.DeltaTable(str(root)).alter.add_feature([deltalake.table.TableFeatures.DeletionVectors],
+                                                      allow_protocol_versions_increase=True)
+    table = deltalake.DeltaTable(str(root))
+    add = pa.table(table.get_add_actions(flatten=True)).to_pylist()[0]
+    stamp = add["modification_time"] + 1
+    actions = [{"commitInfo": {"timestamp": stamp, "operation": "DELETE"}},
+               {"remove": {"path": add["path"], "deletionTimestamp": stamp, "dataChange": True}},
+               {"add": {"path": add["path"], "partitionValues": {}, "size": add["size_bytes"],
+                        "modificationTime": stamp, "dataChange": True, "deletionVector": vector,
+                        "stats": json.dumps({"numRecords": add["num_records"]})}}]
+    commit = root / "_delta_log" / f"{table.version() + 1:020d}.json"
+    commit.write_text("".join(json.dumps(action) + "\n" for action in actions))
+    return commit
+
+
+UUID = bytes(range(16))
+UUID_TEXT = "00010203-0405-0607-0809-0a0b0c0d0e0f"
+
+
+@pytest.mark.parametrize("allow", [False, True])
+def test_a_uuid_deletion_vector_whose_prefix_leaves_the_table_is_refused_before_it_is_opened(tmp_path, capsys, allow):
+    """``storageType`` "u": ``<prefix><z85 uuid>`` names ``<table>/<prefix>/deletion_vector_<uuid>.bin``; a
+    prefix with ``..`` leads delta-rs out of the table. Relative, it is refused even where outside files are allowed."""
+    root = delta_table(tmp_path)
+    victim = tmp_path / "outside" / f"deletion_vector_{UUID_TEXT}.bin"
+    victim.parent.mkdir()
+    victim.write_bytes(b"\x01" + bytes(64))
+    before = victim.read_bytes()
+    entry = "../outside/" + z85(UUID)
+    commit = with_deletion_vector(root, {"storageType": "u", "pathOrInlineDv": entry, "offset": 1,
+                                         "sizeInBytes": 36, "cardinality": 2})
+    mark_unread(victim)
+    err = refused(tmp_path / "run", capsys, root, "delta", "allow_outside_files = true" if allow else "")
+    assert unread(victim, before)
+    assert commit.name in err and entry in err and "outside the table" in err, err
+
+
+def test_a_path_deletion_vector_through_a_link_then_dotdot_is_refused(tmp_path, capsys):
+    """``storageType`` "p", ``<table>/sub/../<file>``, ``sub`` a link out of the table: refused however
+    the ``..`` is taken (by text, as a URL; after the link, as the kernel)."""
+    root = delta_table(tmp_path)
+    elsewhere = linked_folder(tmp_path, root / "sub")
+    victim = elsewhere / "vector.bin"
+    victim.write_bytes(b"\x01" + bytes(64))
+    (root / "vector.bin").write_bytes(b"\x01" + bytes(64))
+    before = victim.read_bytes()
+    entry = f"file://{root}/sub/../vector.bin"
+    commit = with_deletion_vector(root, {"storageType": "p", "pathOrInlineDv": entry, "offset": 1,
+                                         "sizeInBytes": 36, "cardinality": 2})
+    mark_unread(victim)
+    err = refused(tmp_path / "run", capsys, root, "delta")
+    assert commit.name in err and entry in err and "outside the table" in err, err
+    assert unread(victim, before)
+
+
+def with_v2_checkpoint(root: Path, vector: dict, sidecar: bool) -> Path:
+    """A v2 checkpoint (``N.checkpoint.<uuid>.json``) of version 0 giving the table's one data file the
+    deletion vector ``vector``, in the checkpoint itself or in a Parquet sidecar it names; the
+    commit of version 0 stays as written, without one."""
+    import uuid
+
+    log = root / "_delta_log"
+    actions = [json.loads(line) for line in (log / f"{0:020d}.json").read_text().splitlines()]
+    features = ["deletionVectors", "v2Checkpoint"]
+    kept = [{"protocol": {"minReaderVersion": 3, "minWriterVersion": 7, "readerFeatures": features,
+                          "writerFeatures": features}} if "protocol" in a else a
+            for a in actions if "add" not in a and "commitInfo" not in a]
+    add = next(a["add"] for a in actions if "add" in a)
+    add = {**add, "dataChange": False, "deletionVector": vector}
+    if sidecar:
+        dv = pa.struct([("storageType", pa.string()), ("pathOrInlineDv", pa.string()), ("offset", pa.int32()),
+                        ("sizeInBytes", pa.int32()), ("cardinality", pa.int64())])
+        add_type = pa.struct([("path", pa.string()), ("partitionValues", pa.map_(pa.string(), pa.string())),
+                              ("size", pa.int64()), ("modificationTime", pa.int64()), ("dataChange", pa.bool_()),
+                              ("stats", pa.string()), ("deletionVector", dv)])
+        name = f"{uuid.uuid4()}.parquet"
+        (log / "_sidecars").mkdir()
+        adds = pa.array([{**add, "partitionValues": []}], add_type)
+        pq.write_table(pa.table({"add": adds}), log / "_sidecars" / name)
+        kept.append({"sidecar": {"path": name, "sizeInBytes": (log / "_sidecars" / name).stat().st_size,
+                                 "modificationTime": 1}})
+    else:
+        kept.append({"add": add})
+    kept.append({"checkpointMetadata": {"version": 0}})
+    checkpoint = log / f"{0:020d}.checkpoint.{uuid.uuid4()}.json"
+    checkpoint.write_text("".join(json.dumps(action) + "\n" for action in kept))
+    (log / "_last_checkpoint").write_text(json.dumps({"version": 0, "size": len(kept)}))
+    return checkpoint
+
+
+@pytest.mark.parametrize("sidecar", [False, True], ids=["in the checkpoint", "in a sidecar"])
+def test_a_deletion_vector_outside_the_table_in_a_v2_checkpoint_is_refused_before_it_is_opened(tmp_path, capsys,
+                                                                                               sidecar):
+    """delta-rs takes the live files from a v2 checkpoint (and its sidecars): their deletion vectors are checked too."""
+    root = delta_table(tmp_path)
+    victim = tmp_path / "outside" / "vector.bin"
+    victim.parent.mkdir()
+    victim.write_bytes(b"\x01" + bytes(64))
+    before = victim.read_bytes()
+    entry = f"file://{victim}"
+    checkpoint = with_v2_checkpoint(root, {"storageType": "p", "pathOrInlineDv": entry, "offset": 1,
+                                           "sizeInBytes": 36, "cardinality": 2}, sidecar)
+    mark_unread(victim)
+    err = refused(tmp_path / "run", capsys, root, "delta")
+    assert unread(victim, before)
+    assert entry in err and "outside the table" in err and (checkpoint.name in err or "_sidecars" in err), err
