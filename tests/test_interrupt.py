@@ -108,6 +108,13 @@ def child_env(**extra: str) -> dict:
                                                                        os.environ.get("PYTHONPATH")))), **extra}
 
 
+def from_a_terminal() -> None:
+    """A ``preexec_fn``: SIGINT at its default action, as a terminal's foreground job has it. A suite
+    started in the background (``&`` without job control, as a CI runner may) has SIGINT ignored, and
+    its children inherit that: Python then installs no Ctrl-C handler, and Ctrl-C does nothing."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def assert_quiet(text: str, where: str) -> None:
     assert not any(word in text for word in TRACEBACKS), f"{where}:\n{text}"
 
@@ -308,7 +315,7 @@ def test_a_local_job_stopped_from_its_terminal_ends_quietly_and_leaves_nothing_r
         """))
     dbn = subprocess.Popen([sys.executable, "-m", "dbn.cli", "train", str(job), "--local", "1", "--no-ui"],
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                           env=child_env(**{DELAY_ENV: "0"}))
+                           env=child_env(**{DELAY_ENV: "0"}), preexec_fn=from_a_terminal)
     try:
         def working() -> dict | None:
             processes = descendants(dbn.pid)
@@ -359,7 +366,7 @@ def test_a_benchmarks_per_core_process_ends_quietly_on_ctrl_c(tmp_path):
     script = tmp_path / "bench.py"
     script.write_text(BENCH)
     bench = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, start_new_session=True, env=child_env())
+                             text=True, start_new_session=True, env=child_env(), preexec_fn=from_a_terminal)
     try:
         child = int(bench.stdout.readline())
         processes = descendants(bench.pid)
