@@ -28,6 +28,8 @@ from iterreduce.exceptions import ShardError
 from iterreduce.tables import TableSource, open_dataset, read_piece, resolve, table_pieces
 from iterreduce.labels import LabelMap
 
+from test_delta import job as model_job
+
 SMALL_MODEL = """hidden_layers = [8]
 pretrain_epochs = 1
 finetune_epochs = 1
@@ -46,25 +48,9 @@ def rows(seed: int, n: int, labels: str = "ab", extra=()) -> pa.Table:
 
 
 def job(tmp_path: Path, root, features, fmt: str = "parquet", data: str = "") -> Path:
+    """A job file of this module's small model (test_delta's job files), in ``tmp_path``, made if missing."""
     tmp_path.mkdir(parents=True, exist_ok=True)
-    path = tmp_path / "job.toml"
-    path.write_text(f"""
-[data]
-train = "{root}"
-format = "{fmt}"
-features = {json.dumps(list(features))}
-label = "label"
-{data}
-[model]
-{SMALL_MODEL}
-[output]
-dir = "{tmp_path / 'out'}"
-
-[job]
-seed = 1
-device = "cpu"
-""")
-    return path
+    return model_job(tmp_path, root, data, fmt=fmt, features=features, model=SMALL_MODEL)
 
 
 def run(tmp_path: Path, root, features, fmt: str = "parquet", data: str = "") -> int:

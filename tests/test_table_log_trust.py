@@ -26,6 +26,8 @@ import pytest
 from dbn import DBN
 from dbn.cli import main
 
+from test_delta import job as model_job
+
 SMALL_MODEL = """hidden_layers = [8]
 pretrain_epochs = 1
 finetune_epochs = 1
@@ -69,25 +71,9 @@ def unread(path: Path, before: bytes) -> bool:
 
 
 def job(tmp_path: Path, root, fmt: str, data: str = "") -> Path:
+    """A job file of this module's small model (test_delta's job files), in ``tmp_path``, made if missing."""
     tmp_path.mkdir(parents=True, exist_ok=True)
-    path = tmp_path / "job.toml"
-    path.write_text(f"""
-[data]
-train = "{root}"
-format = "{fmt}"
-features = ["f1", "f2"]
-label = "label"
-{data}
-[model]
-{SMALL_MODEL}
-[output]
-dir = "{tmp_path / 'out'}"
-
-[job]
-seed = 1
-device = "cpu"
-""")
-    return path
+    return model_job(tmp_path, root, data, fmt=fmt, features=("f1", "f2"), model=SMALL_MODEL)
 
 
 def refused(tmp_path: Path, capsys, root, fmt: str, data: str = "") -> str:
