@@ -88,7 +88,7 @@ def in_group(group: int) -> list[int]:
 def wait_for(condition, what: str, process: subprocess.Popen, timeout: float = 90.0):
     deadline = time.monotonic() + timeout
     while not (found := condition()):
-        assert process.poll() is None, f"the job ended before {what}: {process.communicate()}"
+        assert process.poll() is None, f"the job ended before {what}: {process.communicate(timeout=30)}"
         assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s"
         time.sleep(0.1)
     return found
@@ -108,11 +108,20 @@ def child_env(**extra: str) -> dict:
                                                                        os.environ.get("PYTHONPATH")))), **extra}
 
 
-def from_a_terminal() -> None:
-    """A ``preexec_fn``: SIGINT at its default action, as a terminal's foreground job has it. A suite
-    started in the background (``&`` without job control, as a CI runner may) has SIGINT ignored, and
-    its children inherit that: Python then installs no Ctrl-C handler, and Ctrl-C does nothing."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+@contextlib.contextmanager
+def as_from_a_terminal():
+    """Processes started in the block begin with SIGINT at its default action, as a terminal's
+    foreground job has it. A suite started in the background (``&`` without job control, as a CI
+    runner may) has SIGINT ignored, and its children inherit that: Python then installs no Ctrl-C
+    handler, and Ctrl-C does nothing. exec keeps an ignored signal but resets a caught one, so this
+    process catches SIGINT while it starts them. (Not a ``preexec_fn``: that makes Python fork and run
+    Python code before exec, and in the suite's process, full of threads, the child can deadlock on
+    a lock another thread held at the fork: the suite hung so in CI, inside ``Popen``.)"""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def assert_quiet(text: str, where: str) -> None:
@@ -313,9 +322,10 @@ def test_a_local_job_stopped_from_its_terminal_ends_quietly_and_leaves_nothing_r
         [job]
         device = "cpu"
         """))
-    dbn = subprocess.Popen([sys.executable, "-m", "dbn.cli", "train", str(job), "--local", "1", "--no-ui"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                           env=child_env(**{DELAY_ENV: "0"}), preexec_fn=from_a_terminal)
+    with as_from_a_terminal():
+        dbn = subprocess.Popen([sys.executable, "-m", "dbn.cli", "train", str(job), "--local", "1", "--no-ui"],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                               env=child_env(**{DELAY_ENV: "0"}))
     try:
         def working() -> dict | None:
             processes = descendants(dbn.pid)
@@ -365,8 +375,9 @@ if __name__ == "__main__":
 def test_a_benchmarks_per_core_process_ends_quietly_on_ctrl_c(tmp_path):
     script = tmp_path / "bench.py"
     script.write_text(BENCH)
-    bench = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True, start_new_session=True, env=child_env(), preexec_fn=from_a_terminal)
+    with as_from_a_terminal():
+        bench = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 text=True, start_new_session=True, env=child_env())
     try:
         child = int(bench.stdout.readline())
         processes = descendants(bench.pid)
