@@ -66,6 +66,12 @@ JOB_ERRORS = (IterReduceError, ValueError, TypeError, KeyError)
 
 #: where a step's updates are reduced: by the master, or by the workers among themselves
 REDUCE_CHOICES = ("master", "workers")
+#: What a step does with the unfinished shards of a worker lost in it: "skip" goes on without them
+#: (they sit the step out); "redo" has the live workers do them within the step, so that the model is
+#: bit-identical to an undisturbed run whatever comes and goes (a shard's update depends on the
+#: step's parameters, the shard and a seed of (job, step, shard) alone). A program whose steps need
+#: every shard (Program.every_shard_every_step) always redoes them.
+LOST_SHARDS_CHOICES = ("skip", "redo")
 #: the longest a worker's request for a task waits for work before the answer is WAIT (ask again)
 LONG_POLL_S = 5.0
 
@@ -122,6 +128,7 @@ class MasterConfig:
     start_timeout: float = 300.0
     float16_wire: bool = False
     reduce: str = "master"  # where the updates are reduced: "master", or "workers" (see iterreduce.exchange)
+    lost_shards: str = "skip"  # a lost worker's unfinished shards: see LOST_SHARDS_CHOICES
     name: str = ""          # the job's name, shown on its page
     ui: bool = True         # serve the job's live page (iterreduce.webui) while it runs
     ui_host: str = "127.0.0.1"  # the page's bind address: this machine only (on YARN too: skein's AM proxies it)
@@ -130,6 +137,9 @@ class MasterConfig:
     def __post_init__(self):
         if self.reduce not in REDUCE_CHOICES:
             raise ValueError(f"reduce = {self.reduce!r}: expected one of {', '.join(map(repr, REDUCE_CHOICES))}")
+        if self.lost_shards not in LOST_SHARDS_CHOICES:
+            raise ValueError(f"lost_shards = {self.lost_shards!r}: expected one of "
+                             f"{', '.join(map(repr, LOST_SHARDS_CHOICES))}")
 
     def to_dict(self) -> dict:
         """The fields as a JSON-friendly dict (what :meth:`from_dict` reads back)."""
@@ -187,7 +197,8 @@ class Master(pb_grpc.MasterServicer):
         # one condition, each of N pushes woke all N waiting fetches, N^2 wake-ups a step.
         self.lock = threading.Condition(mutex)
         self._work = threading.Condition(mutex)
-        self.rounds = Rounds(wake=self.lock, event=self._event, skip_lost=not self.program.every_shard_every_step)
+        redo = config.lost_shards == "redo" or self.program.every_shard_every_step
+        self.rounds = Rounds(wake=self.lock, event=self._event, skip_lost=not redo)
         self.members = Membership(len(self.shards), config.workers, work=self._work, on_moved=self.rounds.moved)
         self.current = -1
         self.done = False
@@ -200,7 +211,7 @@ class Master(pb_grpc.MasterServicer):
         # read parameters from, and push updates through, its files instead of gRPC's bytes.
         self.shared = SharedFolder.from_environment()
         self.broadcast = Broadcast(float16=config.float16_wire, shared=self.shared)
-        self.failure: DataError | None = None  # a worker's report of unusable data: ends the job
+        self.failure: Exception | None = None  # bad data a worker reports, or a launcher's error: ends the job
         self._ahead_since: float | None = None   # when the workers could start the step they ran ahead to
         self._log = runlog.RunLog(runlog.log_path(self.out))
         # Before any worker starts: refuse data the program cannot use, and log what it found.
@@ -399,6 +410,25 @@ class Master(pb_grpc.MasterServicer):
 
     def _event(self, event: str, **fields) -> None:
         self._log.event(event, **fields)
+
+    def event(self, event: str, **fields) -> None:
+        """Add an event of the launcher's (e.g. a container YARN took back) to the job's log."""
+        with self.lock:
+            self._event(event, **fields)
+
+    def live_workers(self) -> set[str]:
+        """The names of the workers the master hears from now."""
+        with self.lock:
+            return {worker.name for worker in self.members.live()}
+
+    def fail(self, error: Exception) -> None:
+        """End the job with ``error``, from another thread (a launcher's watcher): :meth:`run` raises
+        it at its next look, as it does a worker's report of bad data."""
+        with self.lock:
+            if self.failure is None:
+                log.error("%s", error)
+                self.failure = error
+            self._notify_all()
 
     def _wait_for_workers(self) -> None:
         deadline = time.monotonic() + self.config.start_timeout

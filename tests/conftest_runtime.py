@@ -218,6 +218,14 @@ def load_npz(path) -> dict[str, np.ndarray]:
 # ------------------------------------------------------------ reference runs
 
 
+def assert_same_bits(got: dict, expected: dict) -> None:
+    """The same arrays, bit for bit: names, dtypes, shapes and bytes."""
+    assert sorted(got) == sorted(expected)
+    for name in expected:
+        assert got[name].dtype == expected[name].dtype and got[name].shape == expected[name].shape, name
+        assert got[name].tobytes() == expected[name].tobytes(), name
+
+
 def simulate(program: str, program_config: dict, uris: list[str], seed: int = 0) -> dict[str, np.ndarray]:
     """Run ``program`` sequentially here: every shard every step, with the runtime's seeds and reduce,
     and the master's hooks (before_step, evaluate, after_step, finished)."""

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest_runtime import (DBN_PROGRAM, SLOW_SOFTMAX, SOFTMAX, InProcessJob, blobs, events,
+from conftest_runtime import (DBN_PROGRAM, SLOW_SOFTMAX, SOFTMAX, InProcessJob, assert_same_bits, blobs, events,
                               kill_worker, load_npz, records, run_job, simulate, subprocess_env)
 from dbn.jobs.program import DBNProgram
 from iterreduce import exchange
@@ -137,20 +137,13 @@ def _updates(rng, shapes, n=5, dtype=np.float32):
                    {k: rng.standard_normal(shape).astype(dtype) for k, shape in shapes.items()}) for s in range(n)]
 
 
-def _assert_same_bits(got, expected):
-    assert sorted(got) == sorted(expected)
-    for name in expected:
-        assert got[name].dtype == expected[name].dtype and got[name].shape == expected[name].shape, name
-        assert got[name].tobytes() == expected[name].tobytes(), name
-
-
 @pytest.mark.parametrize("parts", PARTS)
 def test_weighted_average_on_rows_is_the_whole_average(parts):
     rng = np.random.default_rng(parts)
     shapes = {"w": (37, 11), "b": (11,), "v": (37,)}
     updates = _updates(rng, shapes)
     expected = weighted_average(updates, shapes)
-    _assert_same_bits(_on_rows(lambda p, u: weighted_average(u, shapes), {}, updates, parts), expected)
+    assert_same_bits(_on_rows(lambda p, u: weighted_average(u, shapes), {}, updates, parts), expected)
 
 
 @pytest.mark.parametrize("rate, nesterov", [(1.0, False), (2.0, True)])
@@ -164,7 +157,7 @@ def test_block_momentum_on_rows_is_the_whole_one(parts, rate, nesterov):
     first = reduce(parameters, _updates(rng, shapes))  # no delta yet: the master-only deltas appear
     parameters = {**parameters, **first}
     updates = _updates(rng, shapes)
-    _assert_same_bits(_on_rows(reduce, parameters, updates, parts), reduce(parameters, updates))
+    assert_same_bits(_on_rows(reduce, parameters, updates, parts), reduce(parameters, updates))
 
 
 @pytest.mark.parametrize("visible", ["bernoulli", "gaussian"])
@@ -191,7 +184,7 @@ def test_the_dbn_reduce_on_rows_is_the_whole_one(visible, parts):
                    for s in range(4)]
         reduce = lambda p, u: program.reduce(step, p, u)  # noqa: E731
         whole = reduce(parameters, updates)
-        _assert_same_bits(_on_rows(reduce, parameters, updates, parts), whole)
+        assert_same_bits(_on_rows(reduce, parameters, updates, parts), whole)
 
 
 def test_a_program_overriding_reduce_is_not_taken_as_elementwise():
@@ -254,7 +247,7 @@ def test_a_job_reduced_on_the_workers_is_the_sequential_run(tmp_path, uris, layo
     job, encoded = _run(tmp_path, uris, "workers", reduce="workers")
     assert layout[1] == [2 if layout[0] == "grid" else 0] * 4  # 3 reducers: 2 columns, a short row
     expected = simulate(SOFTMAX, job.config.program_config, uris)
-    _assert_same_bits(load_npz(job.output / "parameters.npz"), expected)
+    assert_same_bits(load_npz(job.output / "parameters.npz"), expected)
     assert not events(job.output, "exchange_failed")
     assert job.master.round == 4  # one round a step: no step was run again
     # The master sent the parameters once, at the start: after that the reducers shared them.
@@ -309,7 +302,7 @@ def test_a_reducer_is_not_sent_again_the_rows_it_reduced(tmp_path, uris, tasks, 
     first, later = [r for r in rows if r[0] == 1], [r for r in rows if r[0] > 1]
     assert len(first) == 3 and all(kept == () and sent == ["rows:bias", "rows:weights"] for _, kept, sent in first)
     assert len(later) == 9 and all(kept == ("bias", "weights") and sent == [] for _, kept, sent in later)
-    _assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(SOFTMAX, job.config.program_config, uris))
+    assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(SOFTMAX, job.config.program_config, uris))
 
 
 def test_a_star_round_after_exchanges_names_no_reducers(tmp_path, uris, tasks):
@@ -322,14 +315,14 @@ def test_a_star_round_after_exchanges_names_no_reducers(tmp_path, uris, tasks):
     # Steps 0 and 1: a round with reducers (list 1), then a star round (0, no list); then stars only.
     assert {(version, n) for _, version, n in tasks} == {(1, 3), (1, 0), (0, 0)}
     assert all(n == 0 for _, version, n in tasks if version == 0)
-    _assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(SOFTMAX, job.config.program_config, uris))
+    assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(SOFTMAX, job.config.program_config, uris))
 
 
 def test_float16_on_the_wire_gives_the_same_bits_either_way(tmp_path, uris, layout):
     star, _ = _run(tmp_path, uris, "master", float16_wire=True)
     peers, _ = _run(tmp_path, uris, "workers", float16_wire=True, reduce="workers")
     assert peers.master.round == 4 and not events(peers.output, "exchange_failed")
-    _assert_same_bits(load_npz(peers.output / "parameters.npz"), load_npz(star.output / "parameters.npz"))
+    assert_same_bits(load_npz(peers.output / "parameters.npz"), load_npz(star.output / "parameters.npz"))
 
 
 @pytest.mark.parametrize("workers", [4, 7, 9, 10])
@@ -340,7 +333,7 @@ def test_any_number_of_workers_reduced_through_the_grid_is_the_sequential_run(tm
     columns = math.isqrt(workers - 1) + 1 if layout[0] == "grid" else 0
     assert layout[1] == [columns] * 4 and not events(job.output, "exchange_failed")
     assert [r["reducers"] for r in records(job.output)] == [workers] * 4
-    _assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(SOFTMAX, job.config.program_config, uris))
+    assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(SOFTMAX, job.config.program_config, uris))
 
 
 def test_a_dbn_reduced_on_the_workers_is_the_sequential_run(tmp_path, mnist_small, layout):
@@ -355,14 +348,14 @@ def test_a_dbn_reduced_on_the_workers_is_the_sequential_run(tmp_path, mnist_smal
     expected = simulate(DBN_PROGRAM, config, uris)
     final = job.master.parameters
     assert any(k.startswith("master.block_delta.") for k in final)  # block momentum ran on the reducers
-    _assert_same_bits(final, expected)
+    assert_same_bits(final, expected)
 
 
 def test_a_non_elementwise_reduce_stays_on_the_master(tmp_path, uris):
     program = f"{__name__}:NormalizedSoftmax"
     job, _ = _run(tmp_path, uris, "workers", program=program, reduce="workers")
     assert job.master.round == 4 and not job.master.gathered  # star rounds only
-    _assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(program, job.config.program_config, uris))
+    assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(program, job.config.program_config, uris))
 
 
 class UnreachableWorker(Worker):
@@ -387,7 +380,7 @@ def test_an_unreachable_peer_makes_the_master_reduce_again_and_then_for_good(tmp
     assert job.master.round == 2 + 2 + 1 + 1  # steps 0 and 1: the failed exchange, then the star
     # Nobody was lost, so every shard is in every step: the sequential run's bits.
     assert [(r["shards"], r["reducers"]) for r in records(job.output)] == [(5, 0)] * 4  # the master reduced
-    _assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(SOFTMAX, job.config.program_config, uris))
+    assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(SOFTMAX, job.config.program_config, uris))
 
 
 def test_reduce_must_be_master_or_workers(tmp_path):
@@ -508,7 +501,7 @@ def test_a_reducer_without_the_rows_it_was_said_to_hold_fails_the_round_not_the_
     assert "are not held" in failed["reason"] and failed["step"] == 1
     # The step ran again as a star, and the next ones on the workers again: the sequential run's bits.
     assert [r["reducers"] for r in records(job.output)] == [3, 0, 3, 3]
-    _assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(SOFTMAX, job.config.program_config, uris))
+    assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(SOFTMAX, job.config.program_config, uris))
 
 
 # ------------------------------------------------------------------ running ahead
@@ -576,7 +569,7 @@ def _run_ahead_job(tmp_path, uris, program: str, worker_class):
                   reduce="workers")
     job.runs = list(CountingSoftmaxWorker.runs)
     assert job.master.round == 4 and not events(job.output, "exchange_failed")
-    _assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(job.config.program, job.config.program_config, uris))
+    assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(job.config.program, job.config.program_config, uris))
     return job
 
 
@@ -634,7 +627,7 @@ def test_a_parameter_the_master_changes_between_steps_reaches_every_worker(tmp_p
     for reduce in ("master", "workers"):
         job, _ = _run(tmp_path, uris, reduce, program=program, reduce=reduce)
         assert job.master.round == 4 and not events(job.output, "exchange_failed")
-        _assert_same_bits(load_npz(job.output / "parameters.npz"), expected)
+        assert_same_bits(load_npz(job.output / "parameters.npz"), expected)
 
 
 class SlowEndDBN(DBNProgram):
@@ -663,4 +656,4 @@ def test_a_dbn_whose_workers_run_ahead_is_the_sequential_run(tmp_path, mnist_sma
     for worker in job.worker_objects:
         ahead = {step for step, seconds in worker.kept_ahead if seconds > 0}
         assert ahead and all(phases[s] == phases[s - 1] and phases[s][0] in ("pretrain", "finetune") for s in ahead)
-    _assert_same_bits(job.master.parameters, simulate(program, config, uris))
+    assert_same_bits(job.master.parameters, simulate(program, config, uris))

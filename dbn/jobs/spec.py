@@ -48,7 +48,7 @@ from typing import Any
 
 import tomli_w
 
-from iterreduce.master import REDUCE_CHOICES, MasterConfig
+from iterreduce.master import LOST_SHARDS_CHOICES, REDUCE_CHOICES, MasterConfig
 from iterreduce.tables import FORMATS
 
 from ..data.scaling import SCALINGS
@@ -138,6 +138,7 @@ class ClusterSection:
     validation: str | None = None  # a labelled Parquet shard the master scores after each fine-tuning epoch
     stream: str = "auto"  # workers' data: "auto" streams it from local disk when it would not fit in memory; "always"; "never"
     reduce: str = "auto"  # who averages the updates: "master"; "workers" (each its rows); "auto": workers on YARN from 8 workers
+    lost_shards: str = "skip"  # a lost worker's unfinished shards: "skip" (the step goes on without them) or "redo" (the same model at any churn)
     ui: bool = True  # the live page while the job runs (locally on 127.0.0.1; on YARN behind the tracking URL)
 
     def block_settings(self, shards: int | None = None) -> dict:
@@ -203,7 +204,7 @@ class JobSection:
 SECTIONS = {"data": DataSection, "model": ModelSection, "output": OutputSection, "job": JobSection,
             "cluster": ClusterSection, "yarn": YarnSection}
 CHOICES = {("data", "format"): FORMATS, ("data", "scale"): SCALINGS, ("model", "visible"): VISIBLE_UNITS, ("job", "device"): DEVICES, ("cluster", "stream"): STREAM_CHOICES,
-           ("cluster", "reduce"): ("auto", *REDUCE_CHOICES)}
+           ("cluster", "reduce"): ("auto", *REDUCE_CHOICES), ("cluster", "lost_shards"): LOST_SHARDS_CHOICES}
 #: ``[cluster] reduce = "auto"`` has the workers reduce on YARN from this many workers: a star's
 #: master moves every worker's update, the workers a fixed share each (benchmarks/RESULTS.md).
 #: On the local mini-cluster all processes share one machine's cores, so the master reduces.
@@ -213,7 +214,7 @@ _PATH_KEYS = {("data", "train"), ("data", "test"), ("data", "mnist_dir"), ("yarn
 
 #: Settings that say where or how a job runs, not what it trains: a run whose config.json
 #: differs from the job only in these is still a run of the same job.
-NOT_THE_JOB = ("source", "output.dir", "cluster.max_restarts", "cluster.heartbeat_timeout", "cluster.shared_memory",
+NOT_THE_JOB = ("source", "output.dir", "cluster.max_restarts", "cluster.heartbeat_timeout", "cluster.lost_shards", "cluster.shared_memory",
                "yarn")
 
 
@@ -339,7 +340,7 @@ class JobSpec:
         return MasterConfig(program=PROGRAM, program_config=self.program_config(stream, n_shards), shards=shards,
                             workers=c.workers, token=token, output=output, seed=self.job.seed,
                             heartbeat_timeout=c.heartbeat_timeout, float16_wire=c.float16_wire,
-                            reduce=self.reduce_on(on_yarn), name=self.job.name or "", ui=c.ui)
+                            reduce=self.reduce_on(on_yarn), lost_shards=c.lost_shards, name=self.job.name or "", ui=c.ui)
 
     def differs_from(self, earlier: dict) -> str | None:
         """Why an earlier run's ``config.json`` (``earlier``, as :meth:`to_dict` wrote it) is of
