@@ -232,6 +232,8 @@ def test_the_progress_reads_every_runtime_event_as_a_sentence(tmp_path, capsys):
         run.event("done", steps=5, seconds=1.25)
         run.event("ui", url="http://127.0.0.1:8000/")
         run.event("heartbeat", interval=4.0, timeout=12.0)
+        run.event("container_lost", container="worker-1_2", service="worker-1", cause="preempted",
+                  message="Container preempted by scheduler", counted=False)
         run.event("checkpoint", step=5, path="ckpt-000000005.npz")  # silent: one a step
         run.event("failed", reason="boom")  # silent: the command prints it as its error
     printer = ProgressPrinter(load_spec(None))
@@ -243,5 +245,6 @@ def test_the_progress_reads_every_runtime_event_as_a_sentence(tmp_path, capsys):
     assert "bad data reported by worker-1#2: x.parquet: NaN" in err
     assert "step 4: the workers' exchange failed (worker-1 unreachable)" in err and "stopped early after step 5 of 9" in err
     assert "heartbeats every 4.0 s for this many workers; a worker is lost after 12 s of silence" in err
+    assert "YARN container worker-1_2 ended (preempted); worker-1 is asked for again" in err
     assert "live view: http://127.0.0.1:8000/" in err and "ckpt-000000005" not in err and "boom\n" not in err
     assert "{" not in err and len(err.splitlines()) == len(EVENT_LINES) + 2

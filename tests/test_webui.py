@@ -131,7 +131,10 @@ def test_every_runtime_event_reads_as_a_sentence_and_an_unknown_one_as_its_field
         {"event": "exchange_failed", "step": 2, "round": 3, "reason": "peer gone"},
         {"event": "exchange_off", "step": 2, "failed": 2}, {"event": "stopped", "step": 3, "of": 9},
         {"event": "data_error", "worker": "w", "message": "NaN"}, {"event": "done", "steps": 4, "seconds": 2.0},
-        {"event": "failed", "reason": "bad shard"}, {"event": "custom", "a": 1},
+        {"event": "failed", "reason": "bad shard"},
+        {"event": "container_lost", "container": "worker-1_2", "service": "worker-1", "cause": "preempted",
+         "message": "Container preempted by scheduler", "counted": False},
+        {"event": "custom", "a": 1},
     ]
     assert set(snapshot.EVENT_TEXT) <= {e["event"] for e in events}  # every known event is tried
     texts = [e["text"] for e in snapshot.events_of([{**e, "time": 1.0} for e in events])]

@@ -41,7 +41,9 @@ def test_dry_run_prints_a_spec_skein_accepts_with_workers_resources_gpus_and_env
     spec = dry_run(capsys, "--workers", "4", "--worker-memory", "6 GiB", "--worker-vcores", "3",
                    "--worker-gpus", "1", "--env", "hdfs:///envs/dbn.tar.gz", "--queue", "ml", "--node-label", "gpu")
     assert sorted(spec.services) == ["worker-0", "worker-1", "worker-2", "worker-3"]  # a service a worker
-    assert all(s.instances == 1 and s.max_restarts == 3 and not s.nodes for s in spec.services.values())
+    # skein restarts every container that ends; the master counts the job's own failures against 3
+    assert all(s.instances == 1 and s.max_restarts == -1 and not s.nodes for s in spec.services.values())
+    assert spec.master.env["ITERREDUCE_MAX_RESTARTS"] == "3"
     worker = spec.services["worker-3"]
     assert (worker.resources.memory, worker.resources.vcores, worker.resources.gpus) == (6144, 3, 1)
     assert worker.files["environment"].source == "hdfs:///envs/dbn.tar.gz"
@@ -133,7 +135,7 @@ def test_workers_ask_for_their_nodes_strictly_while_the_master_waits_else_as_a_p
     spec = build_spec("x", "/tmp/job.json", YarnOptions(**base, locality_wait=20))
     assert strict_services(spec) == ["worker-0"] and spec.master.env[WAIT_VAR] == "20"
     spare = spec.services[SPARE_SERVICE]
-    assert spare.instances == 0 and spare.nodes == [] and spare.max_restarts == 6  # any worker's restarts
+    assert spare.instances == 0 and spare.nodes == [] and spare.max_restarts == -1  # as the workers
     assert spare.resources == spec.services["worker-0"].resources
     for opts in (YarnOptions(**base, locality_wait=0), YarnOptions(**base, worker_gpus=1),
                  YarnOptions(**{**base, "slot_hosts": []})):  # no wait, GPU workers, no data places: YARN's delay

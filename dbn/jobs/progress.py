@@ -27,6 +27,7 @@ EVENT_LINES = {
     "worker_restarted": "{worker} exited ({exit}; {error}): restart {restart}",
     "worker_gave_up": "{worker} exited ({exit}; {error}) and used up its {restarts} restarts",
     "data_error": "bad data reported by {worker}: {message}",
+    "container_lost": "YARN container {container} ended ({cause}); {service} is asked for again",
     "resumed": "resumed from {checkpoint} at step {step}",
     "exchange_failed": "step {step}: the workers' exchange failed ({reason}); the master reduces it",
     "exchange_off": "the master reduces from step {step} on",

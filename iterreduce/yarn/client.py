@@ -171,6 +171,14 @@ def check_fits(client: skein.Client, spec: skein.ApplicationSpec) -> None:
         return  # no node reports (e.g. no permission): let YARN decide
     if not nodes:
         raise YarnError("the cluster has no running NodeManager: nothing could run the application")
+    labels = sorted({spec.node_label, *(s.node_label for s in spec.services.values())} - {""})
+    for label in labels:
+        if not any(label in (n.labels or ()) for n in nodes):
+            known = sorted({label for n in nodes for label in (n.labels or ())})
+            raise YarnError(f"no running node has the node label {label!r} (the nodes' labels: "
+                            f"{', '.join(known) or 'none'}): YARN would leave the job waiting for ever")
+    if not labels:  # a queue's share of a labelled partition is another matter: YARN decides
+        _check_queue_room(client, spec, nodes)
     wanted = [("the application master", spec.master.resources, 1)]
     wanted += [("each worker container", s.resources, s.instances) for s in spec.services.values()]
     for attr, unit in _RESOURCES:
@@ -184,6 +192,39 @@ def check_fits(client: skein.Client, spec: skein.ApplicationSpec) -> None:
         if needed > total:
             raise YarnError(f"the application needs {needed} {unit} at once (master and all workers), but the "
                             f"cluster's {len(nodes)} nodes have {total} in all: use fewer workers or less per worker")
+
+
+def queue_share(client: skein.Client, queue: str) -> float | None:
+    """The most of the cluster that ``queue`` may ever use, as a fraction: the product of the
+    maximum capacities on its path from ``root`` (the CapacityScheduler's); None when the
+    ResourceManager does not show it (another scheduler, no such queue, no permission)."""
+    try:
+        shares, frontier = {"root": 1.0}, ["root"]
+        while frontier and queue not in shares:
+            parent = frontier.pop()
+            for child in client.get_child_queues(parent):
+                shares[child.name] = shares[parent] * float(child.max_capacity) / 100
+                frontier.append(child.name)
+    except (skein.exceptions.DriverError, ValueError, ConnectionError, KeyError):
+        return None
+    return shares.get(queue)
+
+
+def _check_queue_room(client: skein.Client, spec: skein.ApplicationSpec, nodes) -> None:
+    """Raise :class:`YarnError` when the queue may never hold one of the application's containers."""
+    share = queue_share(client, spec.queue)
+    if share is None:
+        return
+    wanted = [("the application master", spec.master.resources)]
+    wanted += [("a worker container", s.resources) for s in spec.services.values()]
+    for attr, unit in _RESOURCES[:2]:
+        room = share * sum(getattr(n.total_resources, attr) for n in nodes)
+        for what, res in wanted:
+            if getattr(res, attr) > room:
+                raise YarnError(
+                    f"queue {spec.queue!r} may hold at most {room:.0f} {unit} (its maximum capacity, "
+                    f"{100 * share:.3g} % of the cluster), less than {what} ({getattr(res, attr)} {unit}): "
+                    f"YARN would leave the job waiting for ever; choose another queue (--queue) or smaller containers")
 
 
 def submit(client: skein.Client, spec: skein.ApplicationSpec) -> tuple[str, str]:

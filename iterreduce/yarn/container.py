@@ -46,6 +46,7 @@ from ..readers import list_shards
 from ..security import TlsCredentials, from_skein, new_token
 from ..worker import Worker
 from . import KV_ADDRESS, KV_PROGRESS, KV_SLOT, KV_TOKEN, KV_UI, locality
+from .keeper import PREEMPTED, Keeper, Loss
 from .relax import SPARE_SERVICE, Relaxer
 from .spec import slot_of
 from .tokens import KV_TOKENS, TokenRefresher, remove_staged_keytab
@@ -129,7 +130,7 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
     job = read_job(job_file)
     output = job["master"]["output"]
     local_out = Path("output").resolve()
-    refresher = relaxer = None
+    refresher = relaxer = keeper = None
     try:
         tls = app_credentials(app)
         # A job submitted with a keytab renews its HDFS tokens, first of all (a new attempt may
@@ -153,6 +154,9 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
         relaxer = Relaxer.from_container(app)  # workers waiting too long for their data's node go anywhere
         if relaxer is not None:
             relaxer.start()
+        # Preempted or lost containers come back; only the job's own failures count (iterreduce.yarn.keeper).
+        keeper = Keeper.from_container(app, master.live_workers, lambda loss: _report_loss(master, loss), master.fail,
+                                       grace=2 * master.heartbeat_timeout + 10).start()
         master.serve_and_run(tls=tls, on_serving=publish)
         log.info("outputs written: %s", ", ".join(upload_outputs(local_out, output)))
         master.program.commit(output)
@@ -175,6 +179,8 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
             refresher.stop()
         if relaxer is not None:
             relaxer.stop()
+        if keeper is not None:
+            keeper.stop()
     log.error(reason)
     try:
         upload_outputs(local_out, output)  # the log says what happened up to the failure
@@ -184,6 +190,15 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
         remove_staged_keytab(app)
     app.shutdown("FAILED", diagnostics=reason[:4000])
     return 1
+
+
+def _report_loss(master: Master, loss: Loss) -> None:
+    """A worker container that ended, in the master's log and the job's."""
+    budget = "" if not loss.counted else " (counted against max_restarts)"
+    log.warning("%s (%s) ended: %s%s%s", loss.container, loss.service, loss.cause,
+                f": {loss.message}" if loss.message and loss.cause != PREEMPTED else "", budget)
+    master.event("container_lost", container=loss.container, service=loss.service, cause=loss.cause,
+                 message=loss.message, counted=loss.counted)
 
 
 #: The live page's route in skein's web UI: ``<tracking URL>/pages/training/``.

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 import time
+
+from .watcher import Watcher
 
 log = logging.getLogger("iterreduce.yarn")
 
@@ -31,7 +32,7 @@ def strict_services(spec) -> list[str]:
     return sorted(name for name, service in spec.services.items() if service.nodes and not service.relax_locality)
 
 
-class Relaxer:
+class Relaxer(Watcher):
     """Withdraws strict worker containers that waited ``wait`` seconds for their node, and asks
     the spare service for one in the place of each.
 
@@ -39,12 +40,13 @@ class Relaxer:
     :meth:`check` is one look; :meth:`start` looks every ``poll`` seconds in a daemon thread.
     """
 
+    name, what = "relax-locality", "check where the workers wait"
+
     def __init__(self, app, services: list[str], wait: float, poll: float = 1.0, clock=time.monotonic):
-        self.app, self.services, self.wait, self.poll, self.clock = app, services, wait, poll, clock
+        super().__init__(poll)
+        self.app, self.services, self.wait, self.clock = app, services, wait, clock
         self.withdrawn: list[str] = []
         self._since: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     @classmethod
     def from_container(cls, app) -> Relaxer | None:
@@ -79,21 +81,3 @@ class Relaxer:
                      container.id, self.wait)
         self.withdrawn += withdrawn
         return withdrawn
-
-    def start(self) -> Relaxer:
-        """Look every ``poll`` seconds until :meth:`stop`, in a daemon thread."""
-        def loop():
-            while not self._stop.wait(self.poll):
-                try:
-                    self.check()
-                except Exception as exc:  # noqa: BLE001 - placement is a preference: never fail the job for it
-                    log.warning("could not check where the workers wait: %s", exc)
-        self._thread = threading.Thread(target=loop, name="relax-locality", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        """End the looking thread (waits for it)."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()

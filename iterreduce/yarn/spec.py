@@ -29,6 +29,13 @@ JOB_FILE = "job.json"
 WORKER_SERVICE = "worker-"
 
 
+#: skein's ``max_restarts`` of every worker service: a preempted container is restarted however
+#: often it happens; the job's own budget is counted by the master (iterreduce.yarn.keeper).
+UNLIMITED_RESTARTS = -1
+#: The application master's variable giving each worker service's budget of real failures.
+MAX_FAILURES_VAR = "ITERREDUCE_MAX_RESTARTS"
+
+
 def worker_service(slot: int) -> str:
     """The skein service of worker slot ``slot``."""
     return f"{WORKER_SERVICE}{slot}"
@@ -62,7 +69,7 @@ class YarnOptions:
     master_vcores: int = 1
     queue: str = "default"
     node_label: str = ""
-    max_restarts: int = 3          # restarts per worker (a service each)
+    max_restarts: int = 3          # failures of the job's own per worker (a service each); preemptions are free
     max_attempts: int = 2          # of the application master; a new attempt resumes
     env_archive: str | None = None  # packed environment (local path or hdfs:// URI)
     python: str | None = None      # a Python installed on every node, instead of an archive
@@ -112,7 +119,9 @@ def build_spec(name: str, job_file: str, opts: YarnOptions, device: str = "cpu")
         raise AppSpecError(str(exc)) from None
     worker_env = {"ITERREDUCE_DEVICE": "gpu" if opts.worker_gpus else device, **{var: threads for var in THREAD_VARS},
                   **log_env}
-    master_env = {AM_JAVA_OPTIONS_VAR: AM_JAVA_OPTIONS, **log_env}
+    # skein restarts every worker container that ends, whatever the cause (UNLIMITED_RESTARTS);
+    # the master counts only the job's own failures against max_restarts (iterreduce.yarn.keeper).
+    master_env = {AM_JAVA_OPTIONS_VAR: AM_JAVA_OPTIONS, MAX_FAILURES_VAR: str(opts.max_restarts), **log_env}
     master_files = dict(files)
     if opts.keytab:  # to the application master alone: it renews the job's HDFS tokens (iterreduce.yarn.tokens)
         master_files[tokens.KEYTAB_FILE] = skein.File(source=os.path.abspath(os.path.expanduser(opts.keytab)),
@@ -138,9 +147,9 @@ def build_spec(name: str, job_file: str, opts: YarnOptions, device: str = "cpu")
                 max_restarts=restarts, node_label=opts.node_label,
                 nodes=[host] if host else [], relax_locality=bool(host) and not strict)
 
-        workers = {worker_service(k): worker(1, host, opts.max_restarts) for k, host in enumerate(hosts)}
+        workers = {worker_service(k): worker(1, host, UNLIMITED_RESTARTS) for k, host in enumerate(hosts)}
         if strict:  # started by the relaxer alone, one for each worker it withdraws; any node
-            workers[SPARE_SERVICE] = worker(0, "", opts.max_restarts * opts.workers)
+            workers[SPARE_SERVICE] = worker(0, "", UNLIMITED_RESTARTS)
         master = skein.Master(
             resources=skein.Resources(memory=opts.master_memory, vcores=opts.master_vcores),
             script=_script(opts, "master"), files=master_files, env=master_env)
