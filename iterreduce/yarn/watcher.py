@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 import threading
+from abc import ABC, abstractmethod
 
 log = logging.getLogger("iterreduce.yarn")
 
 
-class Watcher:
+class Watcher(ABC):
     """Calls :meth:`check` every ``poll`` seconds from :meth:`start` until :meth:`stop`, in a daemon
     thread named ``name``; a look that fails is logged (as ``what``) and the next one is taken."""
 
@@ -20,9 +21,9 @@ class Watcher:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
+    @abstractmethod
     def check(self):
-        """One look."""
-        raise NotImplementedError
+        """One look (each watcher's own: :class:`~iterreduce.yarn.relax.Relaxer`, :class:`~iterreduce.yarn.keeper.Keeper`)."""
 
     def start(self):
         """Look every ``poll`` seconds until :meth:`stop`, in a daemon thread; returns ``self``."""
