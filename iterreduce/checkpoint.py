@@ -72,6 +72,10 @@ def save(directory: str, step: int, header: dict, arrays: dict, keep: int = 2) -
 #: before them (at least :data:`MIN_WRITE_TIMEOUT_S`). Past that the write is given up as hung.
 FIRST_WRITE_TIMEOUT_S = 600.0
 MIN_WRITE_TIMEOUT_S = 30.0
+#: A checkpoint write that fails is tried again after each of these pauses: a busy DataNode now and
+#: then refuses a write pipeline (hdfs-native: "All nodes failed for write", a RuntimeError), and a
+#: checkpoint is written whole or not at all, so a second try is safe.
+WRITE_RETRY_PAUSES_S = (1.0, 5.0)
 
 
 class Writer:
@@ -117,7 +121,15 @@ class Writer:
 
     def _write(self, directory, step, header, arrays, keep) -> str:
         started = time.perf_counter()
-        uri = save(directory, step, header, arrays, keep)
+        for pause in (*WRITE_RETRY_PAUSES_S, None):
+            try:
+                uri = save(directory, step, header, arrays, keep)
+                break
+            except (OSError, RuntimeError, CheckpointError) as exc:
+                if pause is None:
+                    raise
+                log.warning("checkpoint %d: the write failed (%s); trying again in %g s", step, exc, pause)
+                time.sleep(pause)
         seconds = time.perf_counter() - started
         self.slowest = max(self.slowest or 0.0, seconds)
         log.debug("checkpoint %d written in %.4f s", step, seconds)

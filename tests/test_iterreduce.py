@@ -165,6 +165,30 @@ def test_the_checkpoint_writer_writes_in_the_background_one_at_a_time(tmp_path):
     writer.close()
 
 
+def test_a_checkpoint_write_that_fails_is_tried_again_before_the_job_hears_of_it(tmp_path, monkeypatch):
+    """hdfs-native raises RuntimeError("All nodes failed for write") when a busy DataNode refuses a
+    pipeline; it crashed the master (a keytab job beside a running job). A write is tried again
+    after each pause of WRITE_RETRY_PAUSES_S, and only the last failure reaches the job."""
+    monkeypatch.setattr(checkpoint, "WRITE_RETRY_PAUSES_S", (0.01, 0.01))
+    real_save, calls = checkpoint.save, []
+
+    def flaky(*args, fail=2, **kw):
+        calls.append(args[1])
+        if len(calls) <= fail:
+            raise RuntimeError('DataTransferError("All nodes failed for write")')
+        return real_save(*args, **kw)
+
+    monkeypatch.setattr(checkpoint, "save", flaky)
+    writer = checkpoint.Writer()
+    writer.save(str(tmp_path), 1, {}, {"w": np.zeros(2)})
+    assert writer.flush() == str(tmp_path / "ckpt-000000001.npz") and calls == [1, 1, 1]
+    monkeypatch.setattr(checkpoint, "save", lambda *args, **kw: flaky(*args, fail=99, **kw))
+    writer.save(str(tmp_path), 2, {}, {"w": np.zeros(2)})
+    with pytest.raises(RuntimeError, match="All nodes failed for write"):
+        writer.flush()
+    assert calls == [1, 1, 1, 2, 2, 2]
+
+
 def test_a_hung_background_checkpoint_is_given_up_after_ten_times_the_slowest_write(tmp_path, monkeypatch):
     """An HDFS client can wait forever on a DataNode lost mid-write: the writer waits a bounded
     time (the first write long, later ones ten times the slowest, at least a floor), then raises

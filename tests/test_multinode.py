@@ -117,7 +117,7 @@ def test_workers_run_where_their_shards_are_and_say_so(yarn, tmp_path, capsys):
     assert SPARE_SERVICE not in {c.service_name for c in placed}  # none had to wait for its node
     containers = {c.yarn_node_http_address.split(":")[0] for c in placed}
     report = yarn.wait(app_id, timeout=300)
-    assert str(report.final_status) == "SUCCEEDED", (report.diagnostics, yarn.node_logs(app_id))
+    yarn.assert_succeeded(report, app_id)
     records = yarn.hdfs_json_lines(urlparse(output).path + "/log.jsonl")
     events = [r for r in records if r.get("event", "").startswith("worker_")]
     assert sorted((r["event"], r["worker"].split("#")[0]) for r in events) == [
@@ -152,7 +152,7 @@ def test_a_datanode_stopped_mid_job_is_read_and_written_around(yarn, tmp_path, c
     finally:
         yarn.hadoop.start_datanode(victim)  # for the next tests
         yarn.hadoop.wait_nodes()
-    assert str(report.final_status) == "SUCCEEDED", (report.diagnostics, yarn.node_logs(app_id))
+    yarn.assert_succeeded(report, app_id)
     records = yarn.hdfs_json_lines("/user/test/dn-lost/log.jsonl")
     print("datanode lost:", [r for r in records if r.get("event") in ("resumed", "failed", "checkpoint")][-3:])
 
@@ -230,7 +230,7 @@ def test_a_lost_nodemanager_restarts_its_worker_elsewhere_and_the_model_matches_
     finally:
         yarn.hadoop.start_nodemanager(node_of(yarn, on[victim]))  # for the next tests
         yarn.hadoop.wait_nodes()
-    assert str(report.final_status) == "SUCCEEDED", (report.diagnostics, yarn.node_logs(app_id))
+    yarn.assert_succeeded(report, app_id)
     workers = registered(yarn, output)
     records = yarn.hdfs_json_lines(urlparse(output).path + "/log.jsonl")
     assert restarted and on[victim] not in restarted, (restarted, on)  # restarted on another node
@@ -276,7 +276,7 @@ def test_the_application_masters_node_lost_the_next_attempt_resumes(yarn, tmp_pa
     yarn.wait_step(app_id, 4)
     yarn.hadoop.kill_node(node_of(yarn, yarn.report(app_id).host))
     report = yarn.wait(app_id, timeout=300)
-    assert str(report.final_status) == "SUCCEEDED", (report.diagnostics, yarn.node_logs(app_id))
+    yarn.assert_succeeded(report, app_id)
     records = yarn.hdfs_json_lines(urlparse(output).path + "/log.jsonl")
     resumed = [r for r in records if r.get("event") == "resumed"]
     assert len(resumed) == 1 and resumed[0]["step"] >= 1, resumed

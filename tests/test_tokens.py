@@ -115,9 +115,31 @@ def test_the_refresher_fetches_at_once_then_again_and_survives_a_failure(tmp_pat
     deadline = time.monotonic() + 10
     while len(published) < 2 and time.monotonic() < deadline:
         time.sleep(0.02)
-    refresher.stop()
+    refresher.stop(timeout=5)
     assert published == [b"set 1", b"set 2"]
     assert (tmp_path / tokens.TOKEN_FILE).read_bytes() == b"set 2"
+
+
+def test_the_interval_counts_from_each_fetchs_start_however_long_a_fetch_takes(tmp_path, monkeypatch):
+    """A fetch starts a Java process and logs in to Kerberos: on a busy node it takes seconds, and
+    the tokens' time runs from when they were issued. Fetches taking 0.3 s every 0.5 s start 0.5 s
+    apart, not 0.8 s (as the tokens of a 20-s renewal interval died under the suite's load)."""
+    monkeypatch.chdir(tmp_path)
+    starts: list[float] = []
+
+    def slow_fetch(principal, keytab, file_systems, out):
+        starts.append(time.monotonic())
+        time.sleep(0.3)
+        return b"set"
+
+    monkeypatch.setattr(tokens, "fetch", slow_fetch)
+    refresher = tokens.TokenRefresher("a@R", "k", ["hdfs://nn:8020"], lambda data: None, interval=0.5).start()
+    deadline = time.monotonic() + 10
+    while len(starts) < 5 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    refresher.stop(timeout=5)  # the fetch under way ends here, in tmp_path
+    gaps = [b - a for a, b in zip(starts, starts[1:5])]
+    assert len(gaps) == 4 and all(0.45 < gap < 0.75 for gap in gaps), gaps
 
 
 def test_a_first_fetch_that_fails_fails_the_job(tmp_path, monkeypatch):

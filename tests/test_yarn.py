@@ -203,7 +203,7 @@ def test_a_new_attempt_never_resumes_another_submissions_checkpoint_of_the_same_
     os.killpg(os.getpgid(pids[0]), signal.SIGKILL)  # the whole container: skein's AM and our master
 
     report = yarn.wait(app_id, timeout=300)
-    assert str(report.final_status) == "SUCCEEDED", (report.diagnostics, yarn.node_logs(app_id))
+    yarn.assert_succeeded(report, app_id)
     assert any(p.name.endswith("_02_000001") for p in yarn.hadoop.dir.glob(f"cluster/**/{app_id}/container_*"))
     records = yarn.hdfs_json_lines("/user/test/own-checkpoints/log.jsonl")
     resumed = [r for r in records if r.get("event") == "resumed"]
@@ -422,7 +422,7 @@ def test_master_and_workers_talk_mutual_tls_and_refuse_outsiders(yarn, env_archi
             assert answer is not None and answer[0] == 404 and b"e2e" not in answer[2], (port, path, answer)
 
     report = yarn.wait(app_id)
-    assert str(report.final_status) == "SUCCEEDED", report.diagnostics
+    yarn.assert_succeeded(report, app_id)
     records = yarn.hdfs_json_lines("/user/test/tls/log.jsonl")
     assert sorted(r["worker"].split("#")[0] for r in records if r.get("event") == "worker_registered") == \
         ["worker-0", "worker-1"]  # the intruders never registered

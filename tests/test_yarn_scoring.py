@@ -89,7 +89,7 @@ def test_a_million_rows_scored_by_three_containers_one_killed_every_row_once(yar
     (pid,) = yarn.pids(victim.yarn_container_id, "iterreduce.yarn.container worker")
     os.kill(pid, signal.SIGKILL)
     report = yarn.wait(app_id, timeout=400)
-    assert str(report.final_status) == "SUCCEEDED", (report.diagnostics, yarn.node_logs(app_id))
+    yarn.assert_succeeded(report, app_id)
 
     fs = yarn.hadoop.fs()
     with fs.open_input_stream("/user/test/scores/_dbn/scoring.json") as f:

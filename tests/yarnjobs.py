@@ -105,6 +105,14 @@ class Yarn:
             texts.append(f"== {path.parent.name}/{path.name}\n" + path.read_text(errors="replace")[-tail:])
         return "\n".join(texts) or "(no container logs)"
 
+    def assert_succeeded(self, report, app_id) -> None:
+        """Fail unless ``report`` (the application's final report) says SUCCEEDED: the diagnostics
+        in the message, and every container's whole log on stdout (pytest shows a failing test's
+        output in full; an assertion message it cuts short at its default verbosity)."""
+        if str(report.final_status) != "SUCCEEDED":
+            print(self.node_logs(app_id, tail=200_000))
+            raise AssertionError(f"{app_id} ended {report.final_status}: {report.diagnostics} (its logs: stdout)")
+
     def hdfs_json_lines(self, path: str) -> list[dict]:
         with self.hadoop.fs().open_input_stream(path) as f:
             return [json.loads(line) for line in f.read().decode().splitlines()]

@@ -21,6 +21,7 @@ import os
 import shutil
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 from .. import hadoopconf
@@ -156,24 +157,32 @@ class TokenRefresher:
         """:meth:`refresh` now (a failure fails the job: it could not outlive its tokens), then in
         the background every :attr:`interval` seconds (a failure is retried sooner, and logged)."""
         self.interval = self.interval or refresh_interval()
+        started = time.monotonic()
         self.refresh()
-        self._thread = threading.Thread(target=self._run, name="token-refresher", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(started + self.interval,), name="token-refresher",
+                                        daemon=True)
         self._thread.start()
         log.info("HDFS delegation tokens are renewed every %.0f s", self.interval)
         return self
 
-    def _run(self) -> None:
-        wait = self.interval
-        while not self._stop.wait(wait):
+    def _run(self, next_at: float) -> None:
+        # The interval counts from the start of each fetch: one takes a Java start and a Kerberos
+        # login, seconds on a busy node, and the tokens' time runs from when the NameNode issued them.
+        while not self._stop.wait(max(0.0, next_at - time.monotonic())):
+            started = time.monotonic()
             try:
                 self.refresh()
-                wait = self.interval
+                next_at = started + self.interval
             except Exception as exc:  # noqa: BLE001 - the current tokens still serve a while: try again
                 wait = min(self.interval, RETRY_S)
+                next_at = time.monotonic() + wait
                 log.warning("%s; trying again in %.0f s", exc, wait)
 
-    def stop(self) -> None:
+    def stop(self, timeout: float | None = 0.0) -> None:
+        """No more fetches; waits up to ``timeout`` seconds (None: for ever) for one under way."""
         self._stop.set()
+        if self._thread is not None and timeout != 0.0:
+            self._thread.join(timeout)
 
 
 def remove_staged_keytab(app) -> str | None:
