@@ -96,6 +96,22 @@ def bas_data(bas_patterns) -> np.ndarray:
     return data[np.random.default_rng(123).permutation(len(data))]
 
 
+REPO = Path(__file__).resolve().parents[1]
+#: What a test run may leave at the checkout's top: pytest's and hypothesis's own caches.
+RUN_CACHES = {".pytest_cache", ".hypothesis"}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _the_checkout_stays_as_it_was():
+    """A test writes in its own folders, never in the checkout (the working folder of the run):
+    the session ends with an error naming any file or folder that appeared at its top (once,
+    an empty ``runs`` and Spark's ``spark-warehouse``)."""
+    before = {p.name for p in REPO.iterdir()}
+    yield
+    new = sorted({p.name for p in REPO.iterdir()} - before - RUN_CACHES)
+    assert not new, f"tests left {new} in the checkout {REPO}: write in tmp_path"
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _one_blas_thread():
     """Run BLAS on one thread: on a small, busy machine a multi-threaded OpenBLAS waits on

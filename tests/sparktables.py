@@ -54,6 +54,7 @@ def start_spark(warehouse: Path):
             .config("spark.sql.catalog.ice", "org.apache.iceberg.spark.SparkCatalog")
             .config("spark.sql.catalog.ice.type", "hadoop")
             .config("spark.sql.catalog.ice.warehouse", str(warehouse))
+            .config("spark.sql.warehouse.dir", str(warehouse / "spark-warehouse"))  # not the working folder
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.shuffle.partitions", "1")

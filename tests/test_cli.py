@@ -222,6 +222,23 @@ def test_missing_config_file_and_bad_set(tmp_path, capsys):
     assert "did you mean 'dropout'" in capsys.readouterr().err
 
 
+def test_a_run_refused_for_its_data_leaves_no_folder_it_made(tmp_path, capsys, monkeypatch):
+    """The default output folder is runs/<name> in the working folder: a run refused for bad data
+    removes what it made for it, runs/ too, and nothing that was there before."""
+    np.savez(tmp_path / "noy.npz", X=np.zeros((3, 2)))
+    config = tmp_path / "job.toml"
+    config.write_text("[data]\ntrain = 'noy.npz'\n[job]\ndevice = 'cpu'\n")
+    for there in ([], ["runs"]):
+        cwd = tmp_path / f"cwd{len(there)}"
+        cwd.mkdir()
+        for folder in there:
+            (cwd / folder).mkdir()
+        monkeypatch.chdir(cwd)
+        assert main(["train", str(config)]) == 2
+        assert "no labels (a .npz's array 'y'" in capsys.readouterr().err
+        assert sorted(str(p.relative_to(cwd)) for p in cwd.rglob("*")) == there
+
+
 def test_bad_npz_and_missing_model(tmp_path, capsys):
     (tmp_path / "bad.npz").write_bytes(b"not a zip")
     np.savez(tmp_path / "noy.npz", X=np.zeros((3, 2)))

@@ -124,26 +124,48 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
     """
     check_environment()
     out = Path(launcher.output_dir(spec)).resolve()
-    created = not out.exists()
+    made = _first_missing(out)
     check_folder(out)
     with ownership.hold(out):  # first: a second run is refused before it reads any data
         try:
             check_test_data(spec)
         except Exception:
-            if created:  # made for the lock alone: leave no trace, and nothing that is not ours
+            if made is not None:  # made for the lock alone: leave no trace, and nothing that is not ours
                 (out / ownership.LOCK_NAME).unlink(missing_ok=True)
                 with contextlib.suppress(OSError):
                     out.rmdir()
+                _unmake_parents(out, made)
             raise
         try:
-            return _run(spec, launcher, out, created, on_record=on_record, extra=extra, overwrite=overwrite)
+            return _run(spec, launcher, out, made, on_record=on_record, extra=extra, overwrite=overwrite)
         finally:
             ownership.settle(out, RUN_NAMES)
 
 
-def _run(spec: JobSpec, launcher: Launcher, out: Path, created: bool, *, on_record: OnRecord | None,
+def _first_missing(path: Path) -> Path | None:
+    """The topmost of ``path`` and its parents that does not exist yet: what a run there makes
+    (``runs/`` too, for ``runs/<name>``); None when ``path`` exists."""
+    missing = None
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing = folder
+    return missing
+
+
+def _unmake_parents(out: Path, made: Path) -> None:
+    """Remove the folders above ``out`` this run made, up to ``made``, each only while empty."""
+    for folder in out.parents:
+        if not folder.is_relative_to(made):
+            break
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def _run(spec: JobSpec, launcher: Launcher, out: Path, made: Path | None, *, on_record: OnRecord | None,
          extra: dict | None, overwrite: bool) -> dict:
-    """:func:`run` in the output folder ``out`` (``created``: by this run), its lock held."""
+    """:func:`run` in the output folder ``out`` (``made``: the topmost folder this run made for it,
+    None when it was there), its lock held."""
     claim_output(out, spec, resume=launcher.resume, overwrite=overwrite)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / CONFIG_FILE, spec.to_dict())
@@ -156,8 +178,9 @@ def _run(spec: JobSpec, launcher: Launcher, out: Path, created: bool, *, on_reco
         spec = training_data(spec).pinned(earlier)
         figures = launcher.train(spec, out, on_record or (lambda record: None))
     except Exception:
-        if created and _nothing_but_config(out):
+        if made is not None and _nothing_but_config(out):
             shutil.rmtree(out)  # bad input, found before anything was written: leave no trace
+            _unmake_parents(out, made)
         raise
     train_seconds = time.perf_counter() - start
     model = DBN.load(out / MODEL_FILE, device="cpu")
