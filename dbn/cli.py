@@ -1,7 +1,8 @@
 """The ``dbn`` command line: it parses arguments, calls :mod:`dbn.jobs` and prints.
 
     dbn train [JOB.toml] [--local N [--resume]] [--overwrite] [--quick] [--json] [--set section.key=value ...]
-    dbn submit [JOB.toml] [--workers N] [--dry-run] [--wait]; dbn status|logs|kill APP_ID
+    dbn submit [JOB.toml] [--workers N] [--dry-run] [--wait]; dbn status|logs|kill APP_ID;
+    dbn scale APP_ID --workers N
     dbn mnist [--quick] [--local N] [--yarn --hdfs-out URI] [--sweep] [--overwrite];  dbn shard SOURCE OUT --shards N
     dbn evaluate MODEL.npz;  dbn predict|transform MODEL.npz JOB.toml --out OUT.parquet [--overwrite]
     dbn bench rbm|all [--device gpu]
@@ -60,6 +61,7 @@ SUBMIT_FLAGS = (
     ("--worker-vcores", "yarn.worker_vcores", int, "N", "virtual cores per worker container"),
     ("--worker-gpus", "yarn.worker_gpus", int, "N", "GPUs (yarn.io/gpu) per worker container"),
     ("--queue", "yarn.queue", str, "NAME", "YARN queue"),
+    ("--priority", "yarn.priority", int, "N", "the application's priority in its queue (higher first)"),
     ("--node-label", "yarn.node_label", str, "LABEL", "YARN node label"),
     ("--env", "yarn.env", str, "ARCHIVE", "packed environment to ship (default: pack this one)"),
     ("--python", "yarn.python", str, "PATH", "a Python installed on every node (ships no environment)"),
@@ -293,7 +295,7 @@ def cmd_bench_all(args) -> int:
 
 
 def cmd_yarn(args) -> int:
-    """``dbn status``, ``dbn logs`` and ``dbn kill``."""
+    """``dbn status``, ``dbn logs``, ``dbn scale`` and ``dbn kill``."""
     from iterreduce.yarn import client as yarn
 
     if not re.fullmatch(r"application_\d+_\d+", args.app_id):  # before reaching for a cluster
@@ -305,6 +307,9 @@ def cmd_yarn(args) -> int:
         print(to_json(vars(st)) if args.json else st.describe())
     elif args.command == "logs":
         print(yarn.logs(client, args.app_id, show=lambda line: print(line, file=sys.stderr)))
+    elif args.command == "scale":
+        was = yarn.scale(client, args.app_id, args.workers)
+        print(f"{args.app_id}: {args.workers} workers from its next step (it had {was})")
     else:
         yarn.kill(client, args.app_id)
         print(f"killed {args.app_id}")
@@ -360,10 +365,15 @@ def build_parser() -> argparse.ArgumentParser:
                                                   "without this flag); the earlier run's files move to "
                                                   "OUTPUT/previous/N, nothing is deleted"}))
     _flags(p, JOB_FLAGS + SUBMIT_FLAGS)
-    for name, help_ in (("status", "state and progress of a YARN application"),
-                        ("logs", "the aggregated container logs of a YARN application"), ("kill", "kill a YARN application")):
+    workers = ("--workers", {"type": int, "required": True, "metavar": "N",
+                             "help": "the workers from the job's next step on: 1 to its number of shards"})
+    for name, help_, extra in (("status", "state and progress of a YARN application", [json_]),
+                               ("logs", "the aggregated container logs of a YARN application", []),
+                               ("scale", "grow or shrink a running job's workers (the model stays the same with "
+                                         "[cluster] lost_shards = \"redo\")", [workers]),
+                               ("kill", "kill a YARN application", [])):
         p = _command(sub, name, [common], help_, cmd_yarn, ("app_id", {"help": "e.g. application_1526134340424_0012"}),
-                     *([json_] if name == "status" else []))
+                     *extra)
         _flags(p, SUBMIT_FLAGS[-2:])
     p = _command(sub, "mnist", [job], "the MNIST evaluation: shard, train on the local mini-cluster (or YARN), test "
                  "once, write result.json, log.jsonl and plots", cmd_mnist,

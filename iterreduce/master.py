@@ -126,6 +126,9 @@ class MasterConfig:
     heartbeat_interval: float = 1.0
     heartbeat_timeout: float = 10.0
     start_timeout: float = 300.0
+    #: Start once this many workers registered, the others joining as they come (0: wait for all
+    #: of ``workers``, and start with any at ``start_timeout``); fewer by ``start_timeout``: the job fails.
+    min_workers: int = 0
     float16_wire: bool = False
     reduce: str = "master"  # where the updates are reduced: "master", or "workers" (see iterreduce.exchange)
     lost_shards: str = "skip"  # a lost worker's unfinished shards: see LOST_SHARDS_CHOICES
@@ -137,6 +140,8 @@ class MasterConfig:
     def __post_init__(self):
         if self.reduce not in REDUCE_CHOICES:
             raise ValueError(f"reduce = {self.reduce!r}: expected one of {', '.join(map(repr, REDUCE_CHOICES))}")
+        if not 0 <= self.min_workers <= self.workers:
+            raise ValueError(f"min_workers = {self.min_workers}: expected 0 to workers ({self.workers})")
         if self.lost_shards not in LOST_SHARDS_CHOICES:
             raise ValueError(f"lost_shards = {self.lost_shards!r}: expected one of "
                              f"{', '.join(map(repr, LOST_SHARDS_CHOICES))}")
@@ -309,6 +314,9 @@ class Master(pb_grpc.MasterServicer):
                 worker.last_seen = time.monotonic()
                 if self.done or self.failure:
                     return [pb.TaskChunk(header=pb.TaskHeader(kind=pb.TaskHeader.DONE))]
+                if not worker.shards and not self.members.wanted(worker):
+                    self._retire(worker)
+                    return [pb.TaskChunk(header=pb.TaskHeader(kind=pb.TaskHeader.DONE))]
                 todo = self.rounds.todo(worker)
                 if todo:
                     break
@@ -401,6 +409,13 @@ class Master(pb_grpc.MasterServicer):
                 self._check_heartbeats(time.monotonic() - last)
                 last = time.monotonic()
 
+    def _retire(self, worker: WorkerInfo) -> None:
+        """``worker`` is no longer wanted and holds no shard: it is told the job is done, and leaves."""
+        worker.alive, worker.retired = False, True
+        log.info("%s retires: %d workers are wanted", worker.worker_id, self.members.size)
+        self._event("worker_retired", worker=worker.worker_id, wanted=self.members.size)
+        self._notify_all()
+
     def _check_heartbeats(self, since_last_check: float) -> None:
         """Drop workers silent for longer than the timeout, unless the master itself was stalled."""
         for worker, silence in self.members.silent(since_last_check, self.heartbeat_timeout):
@@ -421,6 +436,23 @@ class Master(pb_grpc.MasterServicer):
         with self.lock:
             return {worker.name for worker in self.members.live()}
 
+    def wanted_workers(self) -> int:
+        """How many workers the job wants now: its ``workers``, until :meth:`resize`; none once it ended."""
+        with self.lock:
+            return 0 if self.done or self.failure else self.members.size
+
+    def resize(self, workers: int) -> None:
+        """Want ``workers`` workers from now on (1 to the number of shards; ValueError else): workers
+        K >= ``workers`` give their shards up at the next step's start and retire; new ones (the
+        launcher's to start) take theirs at the next step's start. The model is the same either way."""
+        with self.lock:
+            was = self.members.size
+            self.members.resize(workers)
+            if workers != was:
+                log.info("%d workers wanted (were %d)", workers, was)
+                self._event("resized", workers=workers, was=was, step=self.current)
+            self._notify_all()
+
     def fail(self, error: Exception) -> None:
         """End the job with ``error``, from another thread (a launcher's watcher): :meth:`run` raises
         it at its next look, as it does a worker's report of bad data."""
@@ -431,16 +463,24 @@ class Master(pb_grpc.MasterServicer):
             self._notify_all()
 
     def _wait_for_workers(self) -> None:
-        deadline = time.monotonic() + self.config.start_timeout
+        """Until every worker registered, or ``min_workers`` did; by ``start_timeout``, at least
+        ``min_workers`` (or one) must have, or the job fails."""
+        config = self.config
+        enough = config.min_workers or config.workers
+        deadline = time.monotonic() + config.start_timeout
         with self.lock:
-            while len(self.members.live()) < self.config.workers:
+            while len(self.members.live()) < enough:
                 self._raise_failure()
+                live = len(self.members.live())
                 if time.monotonic() > deadline:
-                    if self.members.live():
-                        log.warning("starting with %d of %d workers", len(self.members.live()), self.config.workers)
+                    if live and not config.min_workers:  # no minimum set: any will do by then
                         break
-                    raise JobFailed(f"no worker registered within {self.config.start_timeout:.0f} s")
+                    raise JobFailed(f"{live} of the {max(1, config.min_workers)} workers needed (of {config.workers}) "
+                                    f"registered within {config.start_timeout:g} s")
                 self.lock.wait(timeout=0.5)
+            if len(self.members.live()) < config.workers:
+                log.info("starting with %d of %d workers: the others join as they come",
+                         len(self.members.live()), config.workers)
             self.members.assign_orphans()
 
     def _raise_failure(self) -> None:

@@ -1,7 +1,10 @@
 """The master's workers: who they are, which shards each holds, and when one is presumed lost.
 
-A worker's *home* shards are K, K+N, ... for worker K of N; a restarted process of the same
-name takes them back. Shards whose owner is lost go to the least-loaded live workers.
+A worker's *home* shards are K, K+N, ... for worker K of the N wanted; a restarted process of the
+same name takes them back. Shards whose owner is lost go to the least-loaded live workers. The
+number wanted may change while the job runs (:meth:`Membership.resize`): a worker K >= N is
+*unwanted*, gives its shards up at the next round and retires; each round starts with every shard
+at its home where that worker is live (:meth:`Membership.rebalance`).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class WorkerInfo:
     samples_per_s: float | None = None  # its shards' samples over its compute time, in its last push
     local: float | None = None  # the share of its data's bytes stored on its host, where its launcher knows
     shared: bool = False  # it shares the master's shared-memory folder (iterreduce.sharedmem)
+    retired: bool = False  # it left because fewer workers were wanted (not alive, not lost)
 
 
 class Membership:
@@ -58,7 +62,7 @@ class Membership:
     shard finds a new owner."""
 
     def __init__(self, shards: int, workers: int, work: threading.Condition, on_moved: Callable[[int], None]):
-        self.size = workers  # the workers the job asked for
+        self.size = workers  # the workers wanted: the job's, until resize
         self.workers: dict[str, WorkerInfo] = {}
         self.names: list[str] = []  # registration order of worker names: decides home shards
         self.owner: dict[int, str | None] = {i: None for i in range(shards)}
@@ -67,12 +71,48 @@ class Membership:
         self._work = work
         self._on_moved = on_moved
 
-    def home(self, name: str) -> set[int]:
-        """Shards K, K+N, ... of worker K: K from a name ``<prefix>-K`` (as launchers name
-        workers, so a restart, in any order, gets the same shards), else registration order."""
+    def slot(self, name: str) -> int:
+        """Worker ``name``'s number K: from a name ``<prefix>-K`` (as launchers name workers, so a
+        restart, in any order, gets the same shards), else its registration order."""
         prefix, _, suffix = name.rpartition("-")
-        k = int(suffix) if prefix and suffix.isdigit() else self.names.index(name)
+        return int(suffix) if prefix and suffix.isdigit() else self.names.index(name)
+
+    def home(self, name: str) -> set[int]:
+        """Shards K, K+N, ... of worker K of the N wanted (none for an unwanted worker)."""
+        k = self.slot(name)
         return {s for s in self.owner if s % self.size == k} if k < self.size else set()
+
+    def wanted(self, worker: WorkerInfo) -> bool:
+        """Whether ``worker`` is among the workers wanted now (see :meth:`resize`)."""
+        return self.slot(worker.name) < self.size
+
+    def resize(self, workers: int) -> None:
+        """Want ``workers`` workers from now on: 0..workers-1 by number. The shards move at the next
+        round's start (:meth:`rebalance`); an unwanted worker left without shards retires."""
+        if not 1 <= workers <= len(self.owner):
+            raise ValueError(f"workers = {workers}: expected 1 to {len(self.owner)} (one shard a worker at most)")
+        self.size = workers
+
+    def rebalance(self) -> None:
+        """At a round's start (nothing in flight): each shard to its home worker where that worker
+        is live, the others of unwanted or lost workers to the least-loaded wanted live workers."""
+        homes = {self.slot(w.name): w for w in self.live()}  # worker K's newest process
+        for shard, owner in self.owner.items():
+            home = homes.get(shard % self.size)
+            if home is not None and owner != home.worker_id:
+                self._give(shard, owner, home)
+            elif home is None and owner is not None and not self.wanted(self.workers[owner]):
+                self.workers[owner].shards.discard(shard)
+                self.owner[shard] = None
+                self._on_moved(shard)
+        self.assign_orphans()
+
+    def _give(self, shard: int, owner: str | None, worker: WorkerInfo) -> None:
+        if owner:
+            self.workers[owner].shards.discard(shard)
+        worker.shards.add(shard)
+        self.owner[shard] = worker.worker_id
+        self._on_moved(shard)
 
     def live(self) -> list[WorkerInfo]:
         """The workers not presumed lost."""
@@ -98,11 +138,7 @@ class Membership:
             owner = self.owner[shard]
             if shard in in_flight and owner and self.workers[owner].alive:
                 continue
-            if owner:
-                self.workers[owner].shards.discard(shard)
-            self._on_moved(shard)
-            worker.shards.add(shard)
-            self.owner[shard] = worker.worker_id
+            self._give(shard, owner, worker)
         self.assign_orphans()
         return worker
 
@@ -116,8 +152,9 @@ class Membership:
         return worker
 
     def assign_orphans(self) -> None:
-        """Give shards without a live owner to the least-loaded live workers."""
-        live = self.live()
+        """Give shards without a live owner to the least-loaded wanted live workers (any live
+        worker while no wanted one is)."""
+        live = [w for w in self.live() if self.wanted(w)] or self.live()
         if not live:
             return
         for shard, owner in sorted(self.owner.items()):
@@ -150,7 +187,8 @@ class Membership:
         newest = {}
         for w in self.workers.values():
             newest[w.name] = w  # registration order: the last one of a name is the newest
-        rows = [{"name": w.name, "state": (w.status.get("state", "idle") if w.alive else "lost")
+        rows = [{"name": w.name, "state": (w.status.get("state", "idle") if w.alive else
+                                           "retired" if w.retired else "lost")
                  if not finished else "finished",
                  "host": w.host, "local": w.local, "shards": sorted(w.shards),
                  "restarts": self.registrations.get(w.name, 1) - 1,

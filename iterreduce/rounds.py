@@ -73,7 +73,7 @@ class Rounds:
         self.results, self.in_flight, self.compute_s, self.reporter = {}, {}, {}, {}
         self.reduced, self.exchange_error = {}, None
         self.columns, self.shard_reducer = 0, {}
-        members.assign_orphans()
+        members.rebalance()  # nothing is in flight: each shard to its home worker, none to an unwanted one
         owner, workers = members.owner, members.workers
         if not same_shards:
             self.expected = {s for s, w in owner.items() if w is not None and workers[w].alive}

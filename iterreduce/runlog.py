@@ -24,7 +24,7 @@ they carry a ``phase``.
     {"event": "worker_lost", "time": 1700000000.0, <fields of the event>}
 
 Events of the runtime: ``worker_registered``, ``worker_lost``, ``resumed``,
-``done`` (master); ``worker_restarted``, ``worker_gave_up`` (local launcher); ``container_lost``
+``done``, ``resized``, ``worker_retired`` (master); ``worker_restarted``, ``worker_gave_up`` (local launcher); ``container_lost``
 (YARN's application master: a worker container ended, and why: :mod:`iterreduce.yarn.keeper`).
 
 A resumed job appends to the same file and logs again the steps it redoes;

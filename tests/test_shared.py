@@ -40,6 +40,8 @@ SHARED_QUEUES = {
     "yarn.scheduler.capacity.root.prod.user-limit-factor": 2,
     "yarn.scheduler.capacity.root.batch.user-limit-factor": 2,
     "yarn.scheduler.capacity.maximum-am-resource-percent": 1.0,
+    # Applications may have priorities 0 to 10 (YARN's default maximum is 0: every one the same).
+    "yarn.cluster.max-application-priority": 10,
     # Preemption: looked for twice a second, a container killed a second after it was asked back.
     "yarn.resourcemanager.scheduler.monitor.enable": "true",
     "yarn.resourcemanager.scheduler.monitor.policies":
@@ -171,7 +173,7 @@ def test_a_job_in_batch_whose_workers_are_preempted_again_and_again_succeeds(yar
     finally:
         competitor.close()
     print(f"six preemptions in {churned:.0f} s; the job took {time.monotonic() - started:.0f} s")
-    assert str(report.final_status) == "SUCCEEDED", (report.diagnostics, yarn.node_logs(app_id))
+    yarn.assert_succeeded(report, app_id)
     # The job's log names each loss (skein's books close with the application).
     records = yarn.hdfs_json_lines(urlparse(output).path + "/log.jsonl")
     named = [r for r in records if r.get("event") == "container_lost"]
@@ -244,10 +246,86 @@ def test_a_worker_lost_in_the_heartbeat_that_ends_a_container_the_job_killed_is_
     for pid in pids:
         os.kill(pid, signal.SIGKILL)
     report = yarn.wait(app_id, timeout=300)
-    assert str(report.final_status) == "SUCCEEDED", (report.diagnostics, yarn.node_logs(app_id))
+    yarn.assert_succeeded(report, app_id)
     records = yarn.hdfs_json_lines(urlparse(output).path + "/log.jsonl")
     joined = [r["worker"] for r in records if r.get("event") == "worker_registered"]
     assert sum(w.startswith("worker-1#") for w in joined) == 2, joined  # back after its loss
     lost = [(r["container"], r["cause"]) for r in records if r.get("event") == "container_lost"]
     print("containers lost:", lost)  # "completion lost": skein dropped worker-1's end, the keeper refilled it
     assert any(container.startswith("worker-1_") for container, _ in lost), lost
+
+
+def test_dbn_scale_shrinks_a_running_job_to_one_worker_and_grows_it_back_to_the_same_model(yarn, tmp_path, capsys):
+    """Issue 52's bar for part 4: `dbn scale APP_ID --workers 1`, then 3, mid-job: the workers no
+    longer wanted retire (their containers end with exit 0, nothing counted), spare containers come
+    for the new ones, the job ends SUCCEEDED with the model bit-identical to the undisturbed run's."""
+    import sys
+    from urllib.parse import urlparse
+
+    output = yarn.hadoop.uri("/user/test/scaled")
+    path = job_file(tmp_path, output, workers=3, epochs=40, finetune=10,
+                    extra=f'python = "{sys.executable}"\nqueue = "batch"',
+                    cluster_extra='lost_shards = "redo"\nthreads_per_process = 1\nprocesses = 3')
+    app_id = submit(capsys, path)
+    yarn.wait_step(app_id, 3, timeout=120)
+    assert main(["scale", app_id, "--workers", "1"]) == 0
+    assert capsys.readouterr().out.strip() == f"{app_id}: 1 workers from its next step (it had 3)"
+    deadline = time.monotonic() + 120
+    while len(yarn.containers(app_id, states=["SUCCEEDED"])) < 2:  # two retired: exit 0
+        assert time.monotonic() < deadline, yarn.containers(app_id)
+        time.sleep(0.3)
+    shrunk_at = yarn.step(app_id)
+    yarn.wait_step(app_id, shrunk_at + 5, timeout=120)  # steps on one worker
+    assert len(yarn.containers(app_id, states=["RUNNING"])) == 1
+    assert main(["scale", app_id, "--workers", "3"]) == 0
+    assert capsys.readouterr().out.strip() == f"{app_id}: 3 workers from its next step (it had 1)"
+    assert main(["scale", app_id, "--workers", "9"]) == 2  # its data was cut into 3 shards: 3 at most
+    err = capsys.readouterr().err
+    assert f"--workers 9: {app_id} can have 1 to 3 workers" in err and len(err.strip().splitlines()) == 1, err
+    report = yarn.wait(app_id, timeout=300)
+    yarn.assert_succeeded(report, app_id)
+    records = yarn.hdfs_json_lines(urlparse(output).path + "/log.jsonl")
+    assert [(r["workers"], r["was"]) for r in records if r.get("event") == "resized"] == [(1, 3), (3, 1)]
+    retired = sorted(r["worker"].split("#")[0] for r in records if r.get("event") == "worker_retired")
+    assert retired == ["worker-1", "worker-2"], retired
+    assert not [r for r in records if r.get("event") == "container_lost" and r["counted"]]
+    joined = [r["worker"].split("#")[0] for r in records if r.get("event") == "worker_registered"]
+    assert sorted(joined) == ["worker-0", "worker-1", "worker-1", "worker-2", "worker-2"], joined
+    with yarn.hadoop.fs().open_input_stream(urlparse(output).path + "/model.npz") as f:
+        (tmp_path / "yarn-model.npz").write_bytes(f.read())
+    local = tmp_path / "undisturbed"
+    assert main(["train", path, "--local", "3", "--quiet", "--no-ui", "--out", str(local)]) == 0
+    with np.load(tmp_path / "yarn-model.npz") as scaled, np.load(local / "model.npz") as undisturbed:
+        different = [k for k in undisturbed.files
+                     if k != "__header__" and scaled[k].tobytes() != undisturbed[k].tobytes()]
+    assert different == [], different
+
+
+def test_submit_priority_gives_the_application_its_priority_capped_at_the_clusters_maximum(yarn, tmp_path, capsys,
+                                                                                        monkeypatch):
+    """skein's spec has no priority: `dbn submit --priority N` has the ResourceManager set it just
+    after submitting (Hadoop's `yarn application -updatePriority`), and says what YARN gave."""
+    import os
+    import sys
+
+    from iterreduce.yarn.client import set_priority
+
+    monkeypatch.setenv("PATH", f"{yarn.hadoop.bin_dir}{os.pathsep}{os.environ['PATH']}")
+    path = job_file(tmp_path, yarn.hadoop.uri("/user/test/priority"), workers=1, epochs=200,
+                    extra=f'python = "{sys.executable}"\nqueue = "batch"')
+    assert main(["submit", path, "--priority", "50"]) == 0
+    out, err = capsys.readouterr()
+    app_id = out.strip().splitlines()[-1]
+    try:
+        assert f"{app_id} has priority 10 in queue 'batch' (asked 50: the cluster's maximum)" in err, err
+
+        def priority() -> str:
+            status = yarn.hadoop.run("yarn", "application", "-status", app_id).stdout
+            return next(line.split(":", 1)[1].strip() for line in status.splitlines() if "Priority" in line)
+
+        assert priority() == "10"
+        assert set_priority(app_id, 3) == 3 and priority() == "3"
+    finally:
+        assert main(["kill", app_id]) == 0
+    assert main(["submit", path, "--priority", "-1", "--dry-run"]) == 2
+    assert "[yarn] priority = -1: expected 0 (the queue's default) or more" in capsys.readouterr().err

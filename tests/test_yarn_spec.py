@@ -40,9 +40,11 @@ def dry_run(capsys, *args) -> skein.ApplicationSpec:
 def test_dry_run_prints_a_spec_skein_accepts_with_workers_resources_gpus_and_env(capsys):
     spec = dry_run(capsys, "--workers", "4", "--worker-memory", "6 GiB", "--worker-vcores", "3",
                    "--worker-gpus", "1", "--env", "hdfs:///envs/dbn.tar.gz", "--queue", "ml", "--node-label", "gpu")
-    assert sorted(spec.services) == ["worker-0", "worker-1", "worker-2", "worker-3"]  # a service a worker
+    # a service a worker, and a spare one on any node (the relaxer's and dbn scale's)
+    assert sorted(spec.services) == ["worker-0", "worker-1", "worker-2", "worker-3", "worker-any"]
     # skein restarts every container that ends; the master counts the job's own failures against 3
-    assert all(s.instances == 1 and s.max_restarts == -1 and not s.nodes for s in spec.services.values())
+    assert all(s.instances == (0 if name == "worker-any" else 1) and s.max_restarts == -1 and not s.nodes
+               for name, s in spec.services.items())
     assert spec.master.env["ITERREDUCE_MAX_RESTARTS"] == "3"
     worker = spec.services["worker-3"]
     assert (worker.resources.memory, worker.resources.vcores, worker.resources.gpus) == (6144, 3, 1)
@@ -73,7 +75,7 @@ def test_dry_run_with_python_ships_no_environment(capsys):
 def test_dry_run_without_env_names_the_archive_it_would_pack(capsys):
     spec = dry_run(capsys)
     assert spec.master.files["environment"].source.endswith(".tar.gz")
-    assert len(spec.services) == 10  # examples/yarn.toml
+    assert len(spec.services) == 10 + 1  # examples/yarn.toml's workers, and the spare service
 
 
 @pytest.mark.parametrize("args, message", [
@@ -140,7 +142,8 @@ def test_workers_ask_for_their_nodes_strictly_while_the_master_waits_else_as_a_p
     for opts in (YarnOptions(**base, locality_wait=0), YarnOptions(**base, worker_gpus=1),
                  YarnOptions(**{**base, "slot_hosts": []})):  # no wait, GPU workers, no data places: YARN's delay
         spec = build_spec("x", "/tmp/job.json", opts)
-        assert strict_services(spec) == [] and SPARE_SERVICE not in spec.services and WAIT_VAR not in spec.master.env
+        assert strict_services(spec) == [] and WAIT_VAR not in spec.master.env
+        assert spec.services[SPARE_SERVICE].instances == 0  # for dbn scale
         assert spec.services["worker-0"].relax_locality == bool(opts.slot_hosts)
     with pytest.raises(ValueError, match="locality_wait must be >= 0 seconds, got -1"):
         build_spec("x", "/tmp/job.json", YarnOptions(**base, locality_wait=-1))

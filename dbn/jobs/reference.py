@@ -216,6 +216,14 @@ DESCRIPTIONS = {
     "yarn.master_memory": "The application master's container.",
     "yarn.max_attempts": "Application master attempts; a new attempt resumes from its submission's newest "
                          "checkpoint.",
+    "yarn.priority": "The application's priority in its queue: YARN schedules higher ones first (up to the "
+                      "cluster's `yarn.cluster.max-application-priority`, 0 by default: then only 0). Set after "
+                      "submitting with Hadoop's `yarn application -updatePriority`; `0` leaves the queue's default.",
+    "yarn.min_workers": "Start the job once this many workers run, the others joining as YARN gives their "
+                        "containers (a busy queue); `0`: wait for all of `[cluster] workers`. `dbn scale` changes "
+                        "the count while the job runs ([yarn.md](yarn.md), \"Shared queues\").",
+    "yarn.start_timeout": "Seconds the job waits for `min_workers` (or, with `0`, one) worker to run; then it "
+                          "fails, saying what it waited for.",
     "yarn.locality_wait": "Seconds a worker container waits for a node holding its data (asked for strictly), "
                           "then runs on any node. 0: YARN's own locality delay decides, which on a small "
                           "cluster gives a node up within a few heartbeats. GPU workers always leave it to YARN.",

@@ -161,6 +161,7 @@ class YarnSection:
     """Resources and placement on YARN (``dbn submit``); the worker count is [cluster] workers."""
 
     queue: str = "default"  # YARN queue
+    priority: int = 0  # the application's priority in its queue (higher first); 0: the queue's default
     node_label: str = ""  # run only on nodes with this label
     worker_memory: str = "4 GiB"  # per worker container (YARN kills a container that exceeds it)
     worker_vcores: int = 2  # per worker container; also its BLAS threads
@@ -168,6 +169,8 @@ class YarnSection:
     master_memory: str = "2 GiB"  # the application master's container
     max_attempts: int = 2  # application master attempts; a new attempt resumes from the newest checkpoint
     locality_wait: float = 15.0  # seconds a worker waits for a node holding its data, then any node; 0: YARN's delay
+    min_workers: int = 0  # start once this many workers run, the others joining as YARN gives containers; 0: all of them
+    start_timeout: float = 300.0  # seconds to get min_workers (or one, with 0) running; then the job fails, saying why
     env: str | None = None  # packed environment (.tar.gz, local or hdfs://); None: pack the current one
     python: str | None = None  # a Python installed on every node, instead of shipping an environment
     file_systems: tuple[str, ...] = ()  # extra HDFS name services the job reads or writes (delegation tokens)
@@ -340,7 +343,9 @@ class JobSpec:
         return MasterConfig(program=PROGRAM, program_config=self.program_config(stream, n_shards), shards=shards,
                             workers=c.workers, token=token, output=output, seed=self.job.seed,
                             heartbeat_timeout=c.heartbeat_timeout, float16_wire=c.float16_wire,
-                            reduce=self.reduce_on(on_yarn), lost_shards=c.lost_shards, name=self.job.name or "", ui=c.ui)
+                            reduce=self.reduce_on(on_yarn), lost_shards=c.lost_shards, name=self.job.name or "", ui=c.ui,
+                            **({"min_workers": min(self.yarn.min_workers, c.workers),
+                                "start_timeout": self.yarn.start_timeout} if on_yarn else {}))
 
     def differs_from(self, earlier: dict) -> str | None:
         """Why an earlier run's ``config.json`` (``earlier``, as :meth:`to_dict` wrote it) is of
@@ -388,6 +393,14 @@ class JobSpec:
                 and self.fine_tunes:  # known before the table's shares are written
             raise ConfigError(f"{where}: the table {self.data.train} has no label column named ([data] label), "
                               f"but fine-tuning needs labels ([model] finetune_epochs = 0 pre-trains only)")
+        y = self.yarn
+        if not 0 <= y.min_workers <= max(1, self.cluster.workers):
+            raise ConfigError(f"{where}: [yarn] min_workers = {y.min_workers}: expected 0 to [cluster] workers "
+                              f"({self.cluster.workers})")
+        if y.priority < 0:
+            raise ConfigError(f"{where}: [yarn] priority = {y.priority}: expected 0 (the queue's default) or more")
+        if y.start_timeout <= 0:
+            raise ConfigError(f"{where}: [yarn] start_timeout = {y.start_timeout}: expected seconds > 0")
         if m.early_stopping_patience is not None and not self.cluster.validation:
             raise ConfigError(f"{where}: [model] early_stopping_patience needs a validation set: on workers name a "
                               f"labelled shard in [cluster] validation (scored after each fine-tuning epoch)")

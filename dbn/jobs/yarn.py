@@ -30,7 +30,7 @@ import pyarrow.fs as pafs
 from skein.model import parse_memory
 
 from iterreduce import ownership
-from iterreduce.exceptions import ForeignFileError
+from iterreduce.exceptions import ForeignFileError, YarnError
 from iterreduce.filesystems import filesystem, join, open_output_file
 from iterreduce.readers import list_shards, shard_info
 from iterreduce.tables import TableShard
@@ -134,6 +134,7 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
     master = cfg.master_config(shards=shards, output=output, stream=stream, on_yarn=True,
                                n_shards=len(uris) if uris else None).to_dict()
     master["workers"] = opts.workers  # the containers started (fewer where the shards are fewer)
+    master["min_workers"] = min(master["min_workers"], opts.workers)
     del master["token"]  # each application master attempt makes its own
     job = {"master": master, "slots": placed, "spec": cfg.to_dict()}
     job_file = write_job_file(cfg.job.name, job)
@@ -227,6 +228,13 @@ def submit(cfg: JobSpec, *, log=print, overwrite: bool = False):
         lock.release()
         raise
     lock.name_holder(app_id=app_id)
+    if cfg.yarn.priority:  # the job runs whatever comes of it: said either way
+        try:
+            granted = yarn.set_priority(app_id, cfg.yarn.priority)
+            log(f"{app_id} has priority {granted} in queue {cfg.yarn.queue!r}" + (
+                "" if granted == cfg.yarn.priority else f" (asked {cfg.yarn.priority}: the cluster's maximum)"))
+        except YarnError as exc:
+            log(f"priority {cfg.yarn.priority} not set ({exc}): {app_id} runs at its queue's default")
     return submission, app_id, url, client
 
 

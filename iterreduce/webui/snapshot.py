@@ -39,6 +39,8 @@ EVENT_TEXT = {
     "worker_restarted": "{worker} exited ({error}): restart {restart}",
     "worker_gave_up": "{worker} used up its {restarts} restarts ({error})",
     "container_lost": "YARN container {container} ended ({cause})",
+    "resized": "{workers} workers wanted (were {was})",
+    "worker_retired": "{worker} retired",
     "checkpoint": "checkpoint after step {step}",
     "resumed": "resumed at step {step}",
     "exchange_failed": "step {step}: the workers' exchange failed ({reason}); the master reduced",

@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -33,7 +34,7 @@ import skein
 from .. import kerberos
 from ..exceptions import STOPPED_ON_BAD_DATA, HadoopConfigError
 from ..filesystems import kerberos_login, keytab_login
-from . import KV_PROGRESS, KV_SLOT, KV_UI, YarnError
+from . import KV_PROGRESS, KV_SLOT, KV_UI, KV_WORKERS, KV_WORKERS_ASKED, YarnError
 
 
 def _config_dir() -> str:
@@ -483,6 +484,71 @@ def _yarn_logs(app_id: str, timeout: float = 300) -> tuple[str | None, str]:
         lines = [line for line in proc.stderr.splitlines() if " INFO " not in line and " WARN " not in line]
         return None, (lines[-1] if lines else f"exit {proc.returncode}, no logs")
     return proc.stdout, ""
+
+
+def set_priority(app_id: str, priority: int, timeout: float = 120) -> int:
+    """Give application ``app_id`` ``priority`` in its queue through Hadoop's ``yarn application
+    -updatePriority`` (skein's spec has no priority); returns the priority YARN then reports
+    (``-status``: never above the cluster's ``yarn.cluster.max-application-priority``). Raises
+    :class:`YarnError` saying why not."""
+    update = _yarn_application(["-appId", app_id, "-updatePriority", str(priority)], timeout)
+    status = _yarn_application(["-status", app_id], timeout)
+    granted = re.search(r"^\s*(?:Application )?Priority\s*:\s*(-?\d+)\s*$", status, re.MULTILINE)
+    if granted is None:
+        raise YarnError(f"`yarn application -status {app_id}` shows no priority (the update said: "
+                        f"{update.strip().splitlines()[-1] if update.strip() else 'nothing'})")
+    return int(granted.group(1))
+
+
+def _yarn_application(args: list[str], timeout: float) -> str:
+    """The output of Hadoop's ``yarn application ARGS`` (with the keytab's ticket where the client
+    logged in with one); raises :class:`YarnError` with its last words when it fails."""
+    yarn = shutil.which("yarn")
+    if yarn is None:
+        raise YarnError("no `yarn` command on PATH")
+    try:
+        with kerberos.keytab_ticket(*keytab_login()) as env:
+            proc = subprocess.run([yarn, "application", *args], capture_output=True, text=True, timeout=timeout,
+                                  env=env)
+    except (OSError, subprocess.TimeoutExpired, HadoopConfigError) as exc:
+        raise YarnError(str(exc)) from exc
+    if proc.returncode != 0:
+        said = [line for line in (proc.stderr + proc.stdout).splitlines()
+                if line.strip() and " INFO " not in line and " WARN " not in line]
+        raise YarnError(said[-1] if said else f"`yarn application {args[0]}` exit {proc.returncode}")
+    return proc.stdout
+
+
+def workers_of(app: skein.ApplicationClient) -> dict | None:
+    """What a running job's master wants (``{"wanted": N, "most": shards}``), None before it said."""
+    try:
+        state = json.loads(app.kv.get(KV_WORKERS) or b"null")
+        return state if isinstance(state, dict) and {"wanted", "most"} <= set(state) else None
+    except ValueError:
+        return None
+
+
+def scale(client: skein.Client, app_id: str, workers: int, timeout: float = 60.0) -> int:
+    """Have running application ``app_id`` work with ``workers`` workers from its next step on
+    (``dbn scale``): its master retires those no longer wanted, or asks YARN for more containers.
+    Waits until the master took the number; returns the number it had."""
+    try:
+        app = application(client, app_id)
+        state = workers_of(app)
+    except (skein.exceptions.SkeinError, ValueError, KeyError, ConnectionError) as exc:
+        raise YarnError(f"{app_id}: cannot reach the running job ({exc})") from exc
+    if state is None:
+        raise YarnError(f"{app_id}: its master has not said how many workers it has (still starting, or not a job "
+                        f"of this project): try again in a few seconds")
+    if not 1 <= workers <= int(state["most"]):
+        raise YarnError(f"--workers {workers}: {app_id} can have 1 to {state['most']} workers (one shard each at most)")
+    app.kv[KV_WORKERS_ASKED] = str(workers).encode()
+    deadline = time.monotonic() + timeout
+    while (now := workers_of(app)) is None or now["wanted"] != workers:
+        if time.monotonic() > deadline:
+            raise YarnError(f"{app_id}: its master did not take {workers} workers within {timeout:.0f} s")
+        time.sleep(0.5)
+    return int(state["wanted"])
 
 
 def kill(client: skein.Client, app_id: str) -> None:

@@ -35,6 +35,7 @@ import shutil
 import socket
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import skein
@@ -45,8 +46,8 @@ from ..master import JOB_ERRORS, JobFailed, Master, MasterConfig
 from ..readers import list_shards
 from ..security import TlsCredentials, from_skein, new_token
 from ..worker import Worker
-from . import KV_ADDRESS, KV_PROGRESS, KV_SLOT, KV_TOKEN, KV_UI, locality
-from .keeper import PREEMPTED, Keeper, Loss
+from . import KV_ADDRESS, KV_PROGRESS, KV_SLOT, KV_TOKEN, KV_UI, KV_WORKERS, locality
+from .keeper import Keeper
 from .relax import SPARE_SERVICE, Relaxer
 from .spec import slot_of
 from .tokens import KV_TOKENS, TokenRefresher, remove_staged_keytab
@@ -154,9 +155,9 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
         relaxer = Relaxer.from_container(app)  # workers waiting too long for their data's node go anywhere
         if relaxer is not None:
             relaxer.start()
-        # Preempted or lost containers come back; only the job's own failures count (iterreduce.yarn.keeper).
-        keeper = Keeper.from_container(app, master.live_workers, lambda loss: _report_loss(master, loss), master.fail,
-                                       grace=2 * master.heartbeat_timeout + 10).start()
+        # Preempted or lost containers come back, only the job's own failures count, and as many
+        # workers run as the job wants (dbn scale): iterreduce.yarn.keeper.
+        keeper = Keeper.from_container(app, master, grace=2 * master.heartbeat_timeout + 10).start()
         master.serve_and_run(tls=tls, on_serving=publish)
         log.info("outputs written: %s", ", ".join(upload_outputs(local_out, output)))
         master.program.commit(output)
@@ -174,6 +175,7 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
             log.exception("%s; YARN will start attempt %d, which resumes from this submission's newest checkpoint",
                           reason, attempt + 1)
             return 1
+        log.exception("the last attempt crashed")
     finally:
         if refresher is not None:
             refresher.stop()
@@ -190,15 +192,6 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
         remove_staged_keytab(app)
     app.shutdown("FAILED", diagnostics=reason[:4000])
     return 1
-
-
-def _report_loss(master: Master, loss: Loss) -> None:
-    """A worker container that ended, in the master's log and the job's."""
-    budget = "" if not loss.counted else " (counted against max_restarts)"
-    log.warning("%s (%s) ended: %s%s%s", loss.container, loss.service, loss.cause,
-                f": {loss.message}" if loss.message and loss.cause != PREEMPTED else "", budget)
-    master.event("container_lost", container=loss.container, service=loss.service, cause=loss.cause,
-                 message=loss.message, counted=loss.counted)
 
 
 #: The live page's route in skein's web UI: ``<tracking URL>/pages/training/``.
@@ -232,7 +225,8 @@ def register_page(app, url: str) -> str:
 def _max_attempts(app) -> int:
     try:
         return int(app.get_specification().max_attempts)
-    except Exception:  # noqa: BLE001 - unknown: assume this is the last attempt
+    except Exception as exc:  # noqa: BLE001 - unknown: assume this is the last attempt
+        log.warning("could not read the application's max_attempts (%s): taking this attempt for the last", exc)
         return 1
 
 
@@ -245,32 +239,42 @@ def _report(app, record: dict) -> None:
         log.warning("could not report progress: %s", exc)
 
 
-def claim_slot(app, order: list[int], where, timeout: float = 120.0) -> int:
-    """Hold the first free worker slot of ``order`` in the key-value store: a key owned by this
+def claim_slot(app, order: Callable[[], list[int]], where, timeout: float = 120.0) -> int | None:
+    """Hold the first free worker slot of ``order()`` in the key-value store: a key owned by this
     container (YARN's end of the container removes it), whose value is ``where(slot)`` (JSON: the
     container, its host and the share of the slot's data there, which ``dbn status`` shows).
     A restarted container may start before YARN has released its predecessor's key, so this
-    retries until ``timeout``. Returns the slot."""
+    retries until ``timeout``. Returns the slot; None when none came free (the job wants fewer
+    workers than run: this container is not needed)."""
     deadline = time.monotonic() + timeout
     while True:
-        for slot in order:
+        for slot in order():
             placed = where(slot)
             result = app.kv.transaction(conditions=[skein.kv.missing(f"{KV_SLOT}{slot}")], on_success=[
                 skein.kv.put(f"{KV_SLOT}{slot}", value=json.dumps(placed).encode(), owner=placed["container"])])
             if result.succeeded:
                 return slot
         if time.monotonic() > deadline:
-            raise JobFailed(f"no free worker slot after {timeout:.0f} s: more worker containers than workers")
+            return None
         time.sleep(1.0)
 
 
-def slot_order(job: dict, host: str, own: int | None) -> list[int]:
+def slot_order(job: dict, host: str, own: int | None, wanted: int | None = None) -> list[int]:
     """The worker slots in the order a container on ``host`` tries them: most of their data's bytes
     on this host first (YARN may place a container on another slot's node: it takes that slot,
     and the other container this one's), then its own service's slot (None: a spare container's),
-    then by number."""
-    workers = int(job["master"]["workers"])
+    then by number. ``wanted``: the workers the job wants now (None: the job's ``workers``)."""
+    workers = int(job["master"]["workers"]) if wanted is None else wanted
     return sorted(range(workers), key=lambda k: (-(placement(job, k, host, "")["local"] or 0.0), k != own, k))
+
+
+def workers_wanted(app) -> int | None:
+    """The workers the job wants now, as the application master's keeper publishes it (None before
+    it did, or if it cannot be read)."""
+    try:
+        return int(json.loads(app.kv.get(KV_WORKERS) or b"null")["wanted"])
+    except (ValueError, TypeError, KeyError):
+        return None
 
 
 def placement(job: dict, slot: int, host: str, container: str) -> dict:
@@ -298,7 +302,11 @@ def run_worker(job_file: str, app: skein.ApplicationClient) -> int:
     if not spare and (own is None or own >= int(job["master"]["workers"])):
         raise JobFailed(f"container {container!r} is not one of the job's worker services "
                         f"(worker-0 to worker-{int(job['master']['workers']) - 1}, {SPARE_SERVICE})")
-    slot = claim_slot(app, slot_order(job, host, own), lambda k: placement(job, k, host, container))
+    slot = claim_slot(app, lambda: slot_order(job, host, own, workers_wanted(app)),
+                      lambda k: placement(job, k, host, container))
+    if slot is None:
+        log.info("no worker slot came free: the job wants fewer workers than run, this container is not needed")
+        return 0
     where = placement(job, slot, host, container)
     name = f"worker-{slot}"
     logging.getLogger().handlers[0].setFormatter(logging.Formatter(f"%(asctime)s {name} %(levelname)s %(message)s"))

@@ -148,8 +148,9 @@ def build_spec(name: str, job_file: str, opts: YarnOptions, device: str = "cpu")
                 nodes=[host] if host else [], relax_locality=bool(host) and not strict)
 
         workers = {worker_service(k): worker(1, host, UNLIMITED_RESTARTS) for k, host in enumerate(hosts)}
-        if strict:  # started by the relaxer alone, one for each worker it withdraws; any node
-            workers[SPARE_SERVICE] = worker(0, "", UNLIMITED_RESTARTS)
+        # Any node; started by the relaxer, one for each worker it withdraws, and by the keeper while
+        # the job wants more workers than it has containers (dbn scale).
+        workers[SPARE_SERVICE] = worker(0, "", UNLIMITED_RESTARTS)
         master = skein.Master(
             resources=skein.Resources(memory=opts.master_memory, vcores=opts.master_vcores),
             script=_script(opts, "master"), files=master_files, env=master_env)
