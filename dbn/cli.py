@@ -116,20 +116,21 @@ def cmd_submit(args) -> int:
         print(prepare(spec, dry_run=True, log=say).spec.to_yaml(), end="")
         return 0
     submission, app_id, url, client = submit(spec, log=say, overwrite=args.overwrite)
-    return _submitted(args, say, client, app_id, url, f"outputs in {submission.job['master']['output']}")
+    return _submitted(args, say, client, app_id, url, f"outputs in {submission.job['master']['output']}",
+                      start_timeout=spec.yarn.start_timeout)
 
 
-def _submitted(args, say, client, app_id: str, url: str, where: str) -> int:
+def _submitted(args, say, client, app_id: str, url: str, where: str, start_timeout: float | None = None) -> int:
     """Print a submitted application's id and how to watch it; with ``--wait``, follow it to its
-    end. Returns the exit code (an application that failed on bad data ends as bad input does
-    on one machine)."""
+    end (killed when YARN has not started it within ``start_timeout`` seconds). Returns the exit
+    code (an application that failed on bad data ends as bad input does on one machine)."""
     from iterreduce.yarn import client as yarn
 
     print(app_id)
     say(f"submitted {app_id}; tracking URL: {url or '(none yet)'}; {where}")
     say(f"watch it with `dbn status {app_id}`, read its logs with `dbn logs {app_id}`")
     if args.wait:
-        st = yarn.follow(client, app_id, show=say)
+        st = yarn.follow(client, app_id, show=say, start_timeout=start_timeout)
         if st.final_status != "SUCCEEDED":
             print(f"dbn: error: {yarn.ended_badly(st)}", file=sys.stderr)
             return EXIT_ERROR if yarn.stopped_on_bad_data(st) else 1

@@ -25,7 +25,9 @@ they carry a ``phase``.
 
 Events of the runtime: ``worker_registered``, ``worker_lost``, ``resumed``,
 ``done``, ``resized``, ``worker_retired`` (master); ``worker_restarted``, ``worker_gave_up`` (local launcher); ``container_lost``
-(YARN's application master: a worker container ended, and why: :mod:`iterreduce.yarn.keeper`).
+and ``containers_pending``
+(YARN's application master: a worker container ended, and why; containers YARN has no room for:
+:mod:`iterreduce.yarn.keeper`).
 
 A resumed job appends to the same file and logs again the steps it redoes;
 :func:`progress` keeps the latest record of each step.

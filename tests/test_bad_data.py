@@ -234,6 +234,7 @@ def test_the_progress_reads_every_runtime_event_as_a_sentence(tmp_path, capsys):
         run.event("heartbeat", interval=4.0, timeout=12.0)
         run.event("container_lost", container="worker-1_2", service="worker-1", cause="preempted",
                   message="Container preempted by scheduler", counted=False)
+        run.event("containers_pending", pending=2, running=1, queue="small", label="", seconds=30)
         run.event("resized", workers=1, was=3, step=6)
         run.event("worker_retired", worker="worker-2#3", wanted=1)
         run.event("checkpoint", step=5, path="ckpt-000000005.npz")  # silent: one a step
@@ -248,6 +249,7 @@ def test_the_progress_reads_every_runtime_event_as_a_sentence(tmp_path, capsys):
     assert "step 4: the workers' exchange failed (worker-1 unreachable)" in err and "stopped early after step 5 of 9" in err
     assert "heartbeats every 4.0 s for this many workers; a worker is lost after 12 s of silence" in err
     assert "YARN container worker-1_2 ended (preempted); worker-1 is asked for again" in err
+    assert "2 worker containers have waited 30 s for room in queue small" in err
     assert "1 workers wanted from the next step (were 3)" in err and "worker-2#3 retired: 1 workers are wanted" in err
     assert "live view: http://127.0.0.1:8000/" in err and "ckpt-000000005" not in err and "boom\n" not in err
     assert "{" not in err and len(err.splitlines()) == len(EVENT_LINES) + 2

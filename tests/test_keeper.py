@@ -187,7 +187,8 @@ def test_a_new_number_of_workers_resizes_the_master_and_the_containers_follow_it
     for n in range(3):
         app.run(f"worker-{n}_0", slot=n)
     k.check()
-    assert json.loads(app.kv[KV_WORKERS]) == {"wanted": 3, "most": 6} and app.added == []
+    assert json.loads(app.kv[KV_WORKERS]) == {"wanted": 3, "most": 6, "running": 3, "pending": 0, "queue": "",
+                                              "label": ""} and app.added == []
     app.kv[KV_WORKERS_ASKED] = b"1"
     k.check()
     assert k.master.wanted == 1 and json.loads(app.kv[KV_WORKERS])["wanted"] == 1
@@ -236,3 +237,27 @@ def test_a_slot_no_longer_wanted_is_never_refilled():
         now[0] = t
         k.check()
     assert app.killed == [] and app.added == [] and k.refilled == []
+
+
+def test_containers_yarn_has_no_room_for_are_counted_published_and_told_once_after_a_while():
+    from iterreduce.yarn.keeper import PENDING_NOTE_S
+
+    app, now = App(), [0.0]
+    master = FakeMaster({"worker-0"}, wanted=3)
+    k = Keeper(app, master, 2, grace=20, clock=lambda: now[0], queue="small")
+    app.run("worker-0_0", slot=0)
+    app.run("worker-1_0", state="REQUESTED")
+    app.run("worker-2_0", state="WAITING")
+    k.check()
+    assert json.loads(app.kv[KV_WORKERS]) == {"wanted": 3, "most": 6, "running": 1, "pending": 2, "queue": "small",
+                                              "label": ""}
+    assert k.waiting() == "2 worker containers pending in queue 'small': YARN has no room for them"
+    for t in (PENDING_NOTE_S - 1, PENDING_NOTE_S, PENDING_NOTE_S + 5):
+        now[0] = t
+        k.check()
+    told = [fields for event, fields in master.events if event == "containers_pending"]
+    assert told == [{"pending": 2, "running": 1, "queue": "small", "label": "", "seconds": 30}]  # once
+    for n in (1, 2):
+        app.containers[f"worker-{n}_0"].state = "RUNNING"
+    k.check()
+    assert k.waiting() == "" and json.loads(app.kv[KV_WORKERS])["pending"] == 0

@@ -28,12 +28,17 @@ NODE_MB, MASTER_MB, WORKER_MB = 3072, 1024, 512
 #: Pre-training epochs of the preempted job: long enough for six rounds of preemption.
 EPOCHS = 120
 SHARED_QUEUES = {
-    "yarn.scheduler.capacity.root.queues": "prod,batch,tiny",
+    "yarn.scheduler.capacity.root.queues": "prod,batch,tiny,small",
     "yarn.scheduler.capacity.root.prod.capacity": 50,
     "yarn.scheduler.capacity.root.batch.capacity": 50,
     # A queue that can never hold one worker: 5 % of the node is 154 MiB.
     "yarn.scheduler.capacity.root.tiny.capacity": 0,
     "yarn.scheduler.capacity.root.tiny.maximum-capacity": 5,
+    # A queue that holds a master and one worker, never a second: 60 % of the node is 1843 MiB.
+    "yarn.scheduler.capacity.root.small.capacity": 0,
+    "yarn.scheduler.capacity.root.small.maximum-capacity": 60,
+    "yarn.scheduler.capacity.root.small.user-limit-factor": 100,
+    "yarn.scheduler.capacity.root.small.maximum-applications": 10,  # else 0: its capacity's share
     "yarn.scheduler.capacity.root.prod.maximum-capacity": 100,
     "yarn.scheduler.capacity.root.batch.maximum-capacity": 100,
     # One user may take the whole queue, and more than its guarantee while the other is idle.
@@ -110,8 +115,8 @@ def submit(capsys, *args) -> str:
 
 
 def test_the_cluster_has_two_queues_and_batch_may_grow_above_its_share(yarn):
-    queues = {name: yarn.client.get_queue(name) for name in ("prod", "batch", "tiny")}
-    assert {name: q.capacity for name, q in queues.items()} == {"prod": 50, "batch": 50, "tiny": 0}
+    queues = {name: yarn.client.get_queue(name) for name in ("prod", "batch", "tiny", "small")}
+    assert {name: q.capacity for name, q in queues.items()} == {"prod": 50, "batch": 50, "tiny": 0, "small": 0}
     assert queues["batch"].max_capacity == 100
 
 
@@ -329,3 +334,41 @@ def test_submit_priority_gives_the_application_its_priority_capped_at_the_cluste
         assert main(["kill", app_id]) == 0
     assert main(["submit", path, "--priority", "-1", "--dry-run"]) == 2
     assert "[yarn] priority = -1: expected 0 (the queue's default) or more" in capsys.readouterr().err
+
+
+def test_a_job_whose_queue_has_no_room_for_its_minimum_says_so_while_it_waits_and_fails_at_its_bound(
+        yarn, tmp_path, capsys):
+    """Issue 52 part 5, a queue at its limit: `small` holds the master and one worker, never a
+    second. With [yarn] min_workers = 3, `dbn status` says what the job waits for while it waits,
+    and at [yarn] start_timeout the job ends FAILED with one line naming the queue and the count;
+    with min_workers = 1 the same job starts on the one worker it got and succeeds."""
+    import sys
+    from urllib.parse import urlparse
+
+    yarn_extra = f'python = "{sys.executable}"\nqueue = "small"\nstart_timeout = 30'
+    path = job_file(tmp_path, yarn.hadoop.uri("/user/test/small"), workers=3, extra=yarn_extra + "\nmin_workers = 3")
+    app_id = submit(capsys, path)
+    deadline = time.monotonic() + 120
+    while True:
+        assert main(["status", app_id]) == 0
+        said = capsys.readouterr().out
+        if "containers pending" in said:
+            break
+        assert "FAILED" not in said and time.monotonic() < deadline, said
+        time.sleep(1)
+    assert "1 of 3 workers running; 2 containers pending in queue 'small': YARN has no room for them yet" in said, said
+    report = yarn.wait(app_id, timeout=180)
+    assert str(report.final_status) == "FAILED", report.diagnostics
+    assert report.diagnostics.startswith("job failed: 1 of the 3 workers needed (of 3) registered within 30 s; "
+                                         "2 worker containers pending in queue 'small': YARN has no room for them"), \
+        report.diagnostics
+    assert len(report.diagnostics.splitlines()) == 1
+
+    output = yarn.hadoop.uri("/user/test/small-min1")
+    path = job_file(tmp_path, output, workers=3, extra=yarn_extra + "\nmin_workers = 1")
+    app_id = submit(capsys, path)
+    report = yarn.wait(app_id, timeout=300)
+    yarn.assert_succeeded(report, app_id)
+    records = yarn.hdfs_json_lines(urlparse(output).path + "/log.jsonl")
+    registered = [r["worker"] for r in records if r.get("event") == "worker_registered"]
+    assert len(registered) == 1, registered  # the queue never had room for a second

@@ -134,6 +134,7 @@ def test_every_runtime_event_reads_as_a_sentence_and_an_unknown_one_as_its_field
         {"event": "failed", "reason": "bad shard"},
         {"event": "container_lost", "container": "worker-1_2", "service": "worker-1", "cause": "preempted",
          "message": "Container preempted by scheduler", "counted": False},
+        {"event": "containers_pending", "pending": 2, "running": 1, "queue": "q", "label": "", "seconds": 30},
         {"event": "resized", "workers": 1, "was": 3, "step": 6}, {"event": "worker_retired", "worker": "w", "wanted": 1},
         {"event": "custom", "a": 1},
     ]

@@ -327,7 +327,7 @@ def test_each_submission_gets_credentials_of_its_own_kept_for_the_user_alone(tmp
     user = skein.Security.new_credentials()
 
     class Report:
-        tracking_url, diagnostics, progress, final_status = "http://rm/proxy/x/", "", 0.5, "UNDEFINED"
+        tracking_url, diagnostics, progress, final_status, queue = "http://rm/proxy/x/", "", 0.5, "UNDEFINED", "default"
 
         def __init__(self, state):
             self.state = state
@@ -425,3 +425,44 @@ def test_a_container_takes_the_free_slot_whose_data_is_on_its_node_else_its_own(
     assert slot_order(job, "c", own=0) == [1, 2, 0]  # placed on slot 1's node: slot 1 first
     assert slot_order(job, "z", own=2) == [2, 0, 1]  # no data here: its own slot
     assert slot_order({"master": {"workers": 2}}, "a", own=1) == [1, 0]  # no block places known
+
+
+def test_status_says_what_the_job_waits_for_and_submit_wait_kills_one_yarn_never_starts(monkeypatch):
+    """ACCEPTED: its application master's container waits (a full queue); RUNNING with pending
+    worker containers: how many, in which queue. `dbn submit --wait` kills an application YARN has
+    not started within [yarn] start_timeout, saying so."""
+    from iterreduce.exceptions import YarnError
+    from iterreduce.yarn import client as yarn_client
+    from iterreduce.yarn.client import Status
+
+    accepted = Status("application_1_0001", "ACCEPTED", "UNDEFINED", 0.0, "Queue's AM resource limit exceeded", "",
+                      queue="small")
+    assert accepted.waiting() == "waiting for YARN to start its application master in queue 'small'"
+    assert accepted.describe().splitlines()[1] == "  waiting for YARN to start its application master in queue 'small'"
+    running = Status("application_1_0001", "RUNNING", "UNDEFINED", 0.1, "", "", queue="small",
+                     containers={"wanted": 3, "most": 3, "running": 1, "pending": 2, "queue": "small", "label": ""})
+    assert running.waiting() == "1 of 3 workers running; 2 containers pending in queue 'small': YARN has no room for them yet"
+    assert Status("a", "RUNNING", "UNDEFINED", 0.5, "", "", containers={"pending": 0}).waiting() == ""
+    killed = []
+    monkeypatch.setattr(yarn_client, "status", lambda client, app_id: accepted)
+    monkeypatch.setattr(yarn_client, "kill", lambda client, app_id: killed.append(app_id))
+    monkeypatch.setattr(yarn_client.time, "sleep", lambda s: None)
+    clock = iter(range(0, 1000, 5))
+    monkeypatch.setattr(yarn_client.time, "monotonic", lambda: next(clock))
+    shown = []
+    with pytest.raises(YarnError, match=r"application_1_0001 was not started within 20 s, waiting for YARN to start "
+                                        r"its application master in queue 'small' \(YARN: Queue's AM resource limit "
+                                        r"exceeded\): killed"):
+        yarn_client.follow(None, "application_1_0001", shown.append, start_timeout=20)
+    assert killed == ["application_1_0001"] and len(shown) == 1  # one line while nothing changes
+
+
+def test_yarns_refusal_of_a_submission_is_one_line_naming_the_reason():
+    from iterreduce.yarn.client import java_reason
+
+    said = ("Failed to submit application, exception:\nFailed to submit application_1_0001 to YARN : "
+            "org.apache.hadoop.security.AccessControlException: Queue root.small already has 0 applications, "
+            "cannot accept submission of application: application_1_0001")
+    assert java_reason(said) == ("Queue root.small already has 0 applications, cannot accept submission of "
+                                 "application: application_1_0001")
+    assert java_reason("plain words") == "plain words" and java_reason("") == ""

@@ -28,6 +28,7 @@ EVENT_LINES = {
     "worker_gave_up": "{worker} exited ({exit}; {error}) and used up its {restarts} restarts",
     "data_error": "bad data reported by {worker}: {message}",
     "container_lost": "YARN container {container} ended ({cause}); {service} is asked for again",
+    "containers_pending": "{pending} worker containers have waited {seconds} s for room in queue {queue}",
     "resized": "{workers} workers wanted from the next step (were {was})",
     "worker_retired": "{worker} retired: {wanted} workers are wanted",
     "resumed": "resumed from {checkpoint} at step {step}",

@@ -39,6 +39,7 @@ EVENT_TEXT = {
     "worker_restarted": "{worker} exited ({error}): restart {restart}",
     "worker_gave_up": "{worker} used up its {restarts} restarts ({error})",
     "container_lost": "YARN container {container} ended ({cause})",
+    "containers_pending": "{pending} worker containers wait for room in queue {queue}",
     "resized": "{workers} workers wanted (were {was})",
     "worker_retired": "{worker} retired",
     "checkpoint": "checkpoint after step {step}",

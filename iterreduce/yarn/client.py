@@ -195,6 +195,14 @@ def check_fits(client: skein.Client, spec: skein.ApplicationSpec) -> None:
                             f"cluster's {len(nodes)} nodes have {total} in all: use fewer workers or less per worker")
 
 
+def java_reason(message: str) -> str:
+    """The reason in a Java error skein's driver passes on, in one line: its last line, without the
+    "Failed to submit ... to YARN :" preamble and the exception's class name."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()] or [message]
+    reason = re.sub(r"^Failed to submit \S+ to YARN\s*:\s*", "", lines[-1])
+    return re.sub(r"^(?:[\w$]+\.)+[\w$]*(?:Exception|Error)\s*:\s*", "", reason)
+
+
 def queue_share(client: skein.Client, queue: str) -> float | None:
     """The most of the cluster that ``queue`` may ever use, as a fraction: the product of the
     maximum capacities on its path from ``root`` (the CapacityScheduler's); None when the
@@ -239,7 +247,7 @@ def submit(client: skein.Client, spec: skein.ApplicationSpec) -> tuple[str, str]
     try:
         app_id = client.submit(spec)
     except (skein.exceptions.DriverError, ValueError, ConnectionError) as exc:
-        raise YarnError(f"YARN refused the application: {exc}") from exc
+        raise YarnError(f"YARN refused the application: {java_reason(str(exc))}") from exc
     keep_application_security(app_id, spec.master.security)
     try:
         report = client.application_report(app_id)
@@ -309,14 +317,36 @@ class Status:
     record: dict | None = None
     live_view: str = ""  # the job's live page through YARN's proxy, while it runs
     workers: list[dict] = field(default_factory=list)  # where each running worker is (container.placement)
+    queue: str = ""
+    containers: dict | None = None  # the keeper's count: wanted, running, pending (KV_WORKERS)
+
+    def waiting(self) -> str:
+        """What the job waits for, in a line ("" when it waits for nothing): its application
+        master's container (ACCEPTED), or worker containers YARN has no room for yet."""
+        if self.state in ("NEW", "NEW_SAVING", "SUBMITTED", "ACCEPTED"):
+            return f"waiting for YARN to start its application master in queue {self.queue!r}"
+        c = self.containers or {}
+        if self.state == "RUNNING" and c.get("pending"):
+            return (f"{c.get('running', 0)} of {c.get('wanted', '?')} workers running; {c['pending']} containers "
+                    f"pending in queue {c.get('queue') or self.queue!r}" + (
+                        f" (node label {c['label']!r})" if c.get("label") else "") + ": YARN has no room for them yet")
+        return ""
+
+    def step_line(self) -> str:
+        """The newest superstep, in a line ("" before the first)."""
+        r = self.record
+        if not r:
+            return ""
+        where = " ".join(f"{k} {r[k]}" for k in ("layer", "epoch") if k in r)
+        return f"superstep {r['step'] + 1} of {r['of']}: {r['phase']} {where}".rstrip()
 
     def describe(self) -> str:
         """A few human lines."""
         lines = [f"{self.app_id}: {self.state} ({self.final_status}), progress {100 * self.progress:.0f} %"]
+        if self.waiting():
+            lines.append(f"  {self.waiting()}")
         if self.record:
-            r = self.record
-            where = " ".join(f"{k} {r[k]}" for k in ("layer", "epoch") if k in r)
-            lines.append(f"  superstep {r['step'] + 1} of {r['of']}: {r['phase']} {where}".rstrip())
+            lines.append(f"  {self.step_line()}")
         if self.workers:
             lines.append("  workers: " + ", ".join(
                 f"{w['name']} on {w['host']}" + ("" if w.get("local") is None else f" ({100 * w['local']:.0f} % "
@@ -338,7 +368,7 @@ def status(client: skein.Client, app_id: str) -> Status:
     except (skein.exceptions.DriverError, ValueError, KeyError) as exc:
         raise YarnError(f"{app_id}: no such application ({exc})") from exc
     result = Status(app_id, str(report.state), str(report.final_status), float(report.progress),
-                    report.diagnostics or "", report.tracking_url or "")
+                    report.diagnostics or "", report.tracking_url or "", queue=str(report.queue or ""))
     if str(report.state) in TERMINAL_STATES:
         forget_application_security(app_id)
     elif str(report.state) == "RUNNING":
@@ -348,6 +378,7 @@ def status(client: skein.Client, app_id: str) -> Status:
             result.record = json.loads(value) if value else None
             result.live_view = (kv.get(KV_UI) or b"").decode()
             result.workers = _placements(kv.get_prefix(KV_SLOT))
+            result.containers = json.loads(kv.get(KV_WORKERS) or b"null")
         except Exception:  # noqa: BLE001 - the report alone is still an answer
             pass
     return result
@@ -383,21 +414,28 @@ def wait(client: skein.Client, app_id: str, poll: float = 2.0, on_status=None) -
         time.sleep(poll)
 
 
-def follow(client: skein.Client, app_id: str, show) -> Status:
+def follow(client: skein.Client, app_id: str, show, start_timeout: float | None = None) -> Status:
     """Wait for the application to end, calling ``show(line)`` with each new one-line status
-    (state, and the newest superstep while it runs); returns the last status."""
+    (state, what it waits for, and the newest superstep while it runs); returns the last status.
+    An application YARN has not started within ``start_timeout`` seconds (its queue full) is
+    killed: :class:`YarnError` says what it waited for."""
     shown: list[str] = []
     pages: set[str] = set()
+    since = time.monotonic()
 
     def on_status(st: Status) -> None:
         if st.live_view and st.live_view not in pages:  # once per application master attempt
             pages.add(st.live_view)
             show(f"live view: {st.live_view}")
-        lines = st.describe().splitlines()
-        line = lines[0] + (f" | {lines[1].strip()}" if st.record else "")
+        line = " | ".join(part for part in (st.describe().splitlines()[0], st.waiting(), st.step_line()) if part)
         if line not in shown[-1:]:
             shown.append(line)
             show(line)
+        if start_timeout is not None and st.state not in ("RUNNING", *TERMINAL_STATES) and \
+                time.monotonic() - since > start_timeout:
+            kill(client, app_id)
+            raise YarnError(f"{app_id} was not started within {start_timeout:g} s, {st.waiting()}"
+                            + (f" (YARN: {st.diagnostics})" if st.diagnostics else "") + ": killed")
 
     return wait(client, app_id, on_status=on_status)
 

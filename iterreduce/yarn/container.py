@@ -168,7 +168,8 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
     except DataError as exc:
         reason = f"{STOPPED_ON_BAD_DATA}: {exc}"
     except JOB_ERRORS as exc:
-        reason = f"job failed: {exc}"
+        waiting = keeper.waiting() if keeper is not None else ""
+        reason = f"job failed: {exc}" + (f"; {waiting}" if waiting else "")
     except Exception as exc:  # noqa: BLE001 - a crash: another attempt may get further
         reason = f"master crashed: {type(exc).__name__}: {exc}"
         if attempt < _max_attempts(app):

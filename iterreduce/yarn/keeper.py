@@ -49,6 +49,8 @@ ACTIVE = ("WAITING", "REQUESTED", "RUNNING")
 #: Looks in a row that must find too few or too many containers before the keeper acts (another
 #: thread, the locality relaxer, kills one container and asks for another in two calls).
 LOOKS_TO_ACT = 2
+#: Seconds worker containers may wait for YARN before the job's log says so (once each time).
+PENDING_NOTE_S = 30.0
 _CAUSES = ((PREEMPTED, ("preempted",)),
            (NODE_LOST, ("lost* node", "lost node", "decommission", "disks failed", "bad disk")))
 
@@ -86,9 +88,13 @@ class Keeper(Watcher):
     """
 
     def __init__(self, app, master, max_failures: int, grace: float = 30.0, poll: float = 1.0,
-                 clock=time.monotonic):
+                 clock=time.monotonic, queue: str = "", label: str = ""):
         super().__init__(poll)
         self.app, self.master, self.max_failures, self.grace, self.clock = app, master, max_failures, grace, clock
+        self.queue, self.label = queue, label  # where the containers are asked for: what a wait names
+        self.running = self.pending = 0
+        self._pending_since: float | None = None
+        self._pending_told = False
         self.failures: dict[str, int] = {}
         self.losses: list[Loss] = []
         self.refilled: list[str] = []
@@ -114,7 +120,20 @@ class Keeper(Watcher):
         except ValueError:
             log.warning("%s=%r is not a whole number: each worker may fail %d times", MAX_FAILURES_VAR, raw, default)
             budget = default
-        return cls(app, master, budget, grace=grace)
+        try:
+            spec = app.get_specification()
+            queue, label = spec.queue, next((s.node_label for s in spec.services.values() if s.node_label), "")
+        except Exception as exc:  # noqa: BLE001 - only named in what the job waits for
+            log.warning("could not read the application's queue: %s", exc)
+            queue = label = ""
+        return cls(app, master, budget, grace=grace, queue=queue, label=label)
+
+    def waiting(self) -> str:
+        """What the job's workers wait for, in words ("" when none is pending)."""
+        if not self.pending:
+            return ""
+        return (f"{self.pending} worker containers pending in queue {self.queue!r}"
+                + (f" (node label {self.label!r})" if self.label else "") + ": YARN has no room for them")
 
     # ------------------------------------------------------------------ one look
 
@@ -127,8 +146,12 @@ class Keeper(Watcher):
         containers = [c for c in self.app.get_containers(states=["waiting", "requested", "running", "failed"])
                       if c.service_name.startswith(WORKER_SERVICE)]
         new = [self._ended_container(c) for c in containers if str(c.state) == "FAILED" and c.id not in self._ended]
-        self._refill_lost_completions([c for c in containers if str(c.state) == "RUNNING"], wanted)
-        self._keep_count([c for c in containers if str(c.state) in ACTIVE], wanted)
+        running = [c for c in containers if str(c.state) == "RUNNING"]
+        self._refill_lost_completions(running, wanted)
+        active = [c for c in containers if str(c.state) in ACTIVE]
+        self._keep_count(active, wanted)
+        self._note_pending(len(running), len(active) - len(running))
+        self._publish(wanted)
         return new
 
     # ------------------------------------------------------------------ how many
@@ -143,10 +166,29 @@ class Keeper(Watcher):
                 self.master.resize(int(asked))
             except ValueError as exc:
                 log.warning("ignored the ask for %r workers: %s", asked[:20].decode(errors="replace"), exc)
-        state = json.dumps({"wanted": self.master.wanted_workers(), "most": len(self.master.shards)}).encode()
+            self._publish(self.master.wanted_workers())  # at once: dbn scale waits for it
+
+    def _publish(self, wanted: int) -> None:
+        """What the job wants and has, under :data:`KV_WORKERS` (when it changed)."""
+        state = json.dumps({"wanted": wanted, "most": len(self.master.shards), "running": self.running,
+                            "pending": self.pending, "queue": self.queue, "label": self.label}).encode()
         if state != self._published:
             self.app.kv[KV_WORKERS] = state
             self._published = state
+
+    def _note_pending(self, running: int, pending: int) -> None:
+        """Count the containers; the job's log says so once some have waited :data:`PENDING_NOTE_S`."""
+        self.running, self.pending = running, pending
+        now = self.clock()
+        if not pending:
+            self._pending_since, self._pending_told = None, False
+        elif self._pending_since is None:
+            self._pending_since = now
+        elif not self._pending_told and now - self._pending_since >= PENDING_NOTE_S:
+            log.warning("%s, for %.0f s", self.waiting(), now - self._pending_since)
+            self.master.event("containers_pending", pending=pending, running=running, queue=self.queue,
+                              label=self.label, seconds=round(now - self._pending_since))
+            self._pending_told = True  # once, until none is pending
 
     def _keep_count(self, active, wanted: int) -> None:
         """Spare containers while fewer than ``wanted`` are active; pending ones withdrawn (spare
