@@ -17,7 +17,6 @@ import skein
 
 from yarnjobs import KEEP_CLUSTERS, job_file, shared_driver, started
 from dbn.cli import main
-from iterreduce.yarn import client as yarn_client
 
 pytestmark = [pytest.mark.shared, pytest.mark.yarn, pytest.mark.hdfs,
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -222,42 +221,6 @@ def test_a_worker_that_keeps_failing_fails_the_job_once_past_max_restarts_naming
     failed = [r for r in records if r.get("event") == "container_lost"]
     assert all(r["cause"] == "failed" and r["counted"] for r in failed), failed
     assert 3 <= len(failed) <= 6, failed  # the job ended at the third of a worker: not restarted for ever
-
-
-def test_a_worker_lost_in_the_heartbeat_that_ends_a_container_the_job_killed_is_restarted(yarn, tmp_path, capsys):
-    """skein's master returns from its completion handler at a container it killed itself (exit
-    status KILLED_BY_APPMASTER), dropping the other completions of that heartbeat. Here one container
-    is killed through skein while another worker's process is SIGKILLed at the same moment: that
-    worker's slot is filled again and the job ends SUCCEEDED. (In our drills skein heard of the
-    SIGKILLed worker: skein 0.8.2 kills a running container by releasing it at the ResourceManager,
-    whose completion comes as ABORTED, not KILLED_BY_APPMASTER. The keeper's refill of a dropped end
-    is tested on skein's answers in tests/test_keeper.py.)"""
-    import os
-    import signal
-    import sys
-    from urllib.parse import urlparse
-
-    output = yarn.hadoop.uri("/user/test/dropped")
-    path = job_file(tmp_path, output, workers=3, epochs=60, finetune=20,
-                    extra=f'python = "{sys.executable}"\nqueue = "batch"', cluster_extra='lost_shards = "redo"')
-    app_id = submit(capsys, path)
-    yarn.wait_step(app_id, 2, timeout=120)
-    app = yarn_client.application(yarn.client, app_id)
-    running = {c.service_name: c for c in yarn.containers(app_id, states=["RUNNING"])}
-    victim = running["worker-1"]
-    pids = yarn.pids(victim.yarn_container_id, "iterreduce.yarn.container worker")
-    assert pids, victim
-    app.kill_container(running["worker-2"].id)  # as the job's own kills do
-    for pid in pids:
-        os.kill(pid, signal.SIGKILL)
-    report = yarn.wait(app_id, timeout=300)
-    yarn.assert_succeeded(report, app_id)
-    records = yarn.hdfs_json_lines(urlparse(output).path + "/log.jsonl")
-    joined = [r["worker"] for r in records if r.get("event") == "worker_registered"]
-    assert sum(w.startswith("worker-1#") for w in joined) == 2, joined  # back after its loss
-    lost = [(r["container"], r["cause"]) for r in records if r.get("event") == "container_lost"]
-    print("containers lost:", lost)  # "completion lost": skein dropped worker-1's end, the keeper refilled it
-    assert any(container.startswith("worker-1_") for container, _ in lost), lost
 
 
 def test_dbn_scale_shrinks_a_running_job_to_one_worker_and_grows_it_back_to_the_same_model(yarn, tmp_path, capsys):
