@@ -343,8 +343,8 @@ class Status:
     def describe(self) -> str:
         """A few human lines."""
         lines = [f"{self.app_id}: {self.state} ({self.final_status}), progress {100 * self.progress:.0f} %"]
-        if self.waiting():
-            lines.append(f"  {self.waiting()}")
+        if waiting := self.waiting():
+            lines.append(f"  {waiting}")
         if self.record:
             lines.append(f"  {self.step_line()}")
         if self.workers:
