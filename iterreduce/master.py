@@ -395,7 +395,8 @@ class Master(pb_grpc.MasterServicer):
         program that needs every shard every step, has other workers do them)."""
         worker.alive = False
         lost = self.rounds.lose(worker, why, others_live=bool(self.members.live()))
-        log.warning("lost %s (%s); step %d continues without shards %s", worker.worker_id, why, self.current, sorted(lost))
+        log.warning("lost %s (%s); shards step %d goes on without: %s (the others are redone)", worker.worker_id, why,
+                    self.current, sorted(lost))
         self._event("worker_lost", worker=worker.worker_id, reason=why, shards_skipped=sorted(lost))
         self.members.assign_orphans()
         self._notify_all()

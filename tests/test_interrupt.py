@@ -68,15 +68,36 @@ def identity(pid: int) -> tuple[str, str]:
     return (fields[19] if fields else "", _cmdline(pid))
 
 
-def still_alive(processes: dict[int, tuple[str, str]], within: float = 5.0) -> list[str]:
-    """Those of ``processes`` (from :func:`descendants`) still running after ``within`` seconds."""
+def still_alive(processes: dict[int, tuple[str, str]], within: float = 30.0) -> list[str]:
+    """Those of ``processes`` (from :func:`descendants`) still running after ``within`` seconds
+    (normally they end in a tenth of a second; the bound is for a loaded machine). Each one left is
+    described (its state and where each of its threads waits in the kernel), then sent SIGABRT:
+    a Python started with PYTHONFAULTHANDLER=1 (as :func:`child_env` starts them) writes every
+    thread's stack to its stderr, the log a failing test prints."""
     deadline = time.monotonic() + within
     while True:
-        alive = [command for pid, (start, command) in processes.items()
-                 if (fields := _stat(pid)) and fields[0] != "Z" and fields[19] == start]
+        alive = {pid: command for pid, (start, command) in processes.items()
+                 if (fields := _stat(pid)) and fields[0] != "Z" and fields[19] == start}
         if not alive or time.monotonic() > deadline:
-            return alive
+            break
         time.sleep(0.1)
+    stuck = [f"{command} ({where_it_waits(pid)})" for pid, command in alive.items()]
+    for pid in alive:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGABRT)
+    if alive:
+        time.sleep(2)  # for the stacks to reach the logs
+    return stuck
+
+
+def where_it_waits(pid: int) -> str:
+    """Process ``pid``'s state and, for each of its threads, its name and the kernel function it waits in."""
+    threads = []
+    with contextlib.suppress(OSError):
+        for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
+            with contextlib.suppress(OSError):
+                threads.append(f"{(task / 'comm').read_text().strip()}: {(task / 'wchan').read_text().strip() or '-'}")
+    return f"state {(_stat(pid) or ['gone'])[0]}; threads {'; '.join(threads)}"
 
 
 def in_group(group: int) -> list[int]:
@@ -104,7 +125,7 @@ def environment_of(pid: int, name: str) -> str | None:
 
 
 def child_env(**extra: str) -> dict:
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(TESTS_DIR), str(REPO),
+    return {**os.environ, "PYTHONFAULTHANDLER": "1", "PYTHONPATH": os.pathsep.join(filter(None, (str(TESTS_DIR), str(REPO),
                                                                        os.environ.get("PYTHONPATH")))), **extra}
 
 
@@ -263,7 +284,8 @@ def test_a_worker_and_the_master_end_quietly_and_remove_their_files(tmp_path):
                                  "row files of the worker", launcher)
             stopped = {worker: identity(worker)}
             os.kill(worker, signum)
-            assert not still_alive(stopped)
+            stuck = still_alive(stopped)
+            assert not stuck, f"{stuck} outlived {signum.name}: {(out / 'logs' / 'worker-0.log').read_text()[-6000:]}"
             assert not [f for f in row_files if f.exists()], f"the worker stopped by {signum.name} left its row files"
             assert_quiet((out / "logs" / "worker-0.log").read_text(), "worker-0.log")
 

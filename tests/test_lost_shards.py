@@ -66,3 +66,16 @@ def test_lost_shards_is_skip_or_redo(tmp_path):
     with pytest.raises(ValueError, match=r"lost_shards = 'retry': expected one of 'skip', 'redo'"):
         MasterConfig(program=SOFTMAX, program_config={}, shards=[], workers=1, token="", output=str(tmp_path),
                      lost_shards="retry")
+
+
+def test_a_dbn_job_redoes_lost_shards_unless_told_to_skip_them(tmp_path):
+    """The DBN job's default is "redo" (one step's compute a loss buys the undisturbed model,
+    benchmarks/lost_shards_cost.py); the job file can still choose "skip"."""
+    from dbn.jobs.spec import load_spec
+
+    def policy(**overrides):
+        spec = load_spec(None, {"cluster.workers": 2, **overrides}, quick=True)
+        return spec.master_config(shards=["a", "b"], output=str(tmp_path)).lost_shards
+
+    assert policy() == "redo"
+    assert policy(**{"cluster.lost_shards": "skip"}) == "skip"

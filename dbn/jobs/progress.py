@@ -23,7 +23,7 @@ def to_json(record) -> str:
 #: How the runtime's events read in the progress (any other event is shown as its JSON).
 EVENT_LINES = {
     "worker_registered": "{worker} joined from {host} with shards {shards}",
-    "worker_lost": "{worker} lost ({reason}); the step goes on without shards {shards_skipped}",
+    "worker_lost": "{worker} lost ({reason}); shards the step goes on without: {shards_skipped}",
     "worker_restarted": "{worker} exited ({exit}; {error}): restart {restart}",
     "worker_gave_up": "{worker} exited ({exit}; {error}) and used up its {restarts} restarts",
     "data_error": "bad data reported by {worker}: {message}",

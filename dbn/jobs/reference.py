@@ -201,9 +201,10 @@ DESCRIPTIONS = {
                       "machine moves more than a few copies of the model whatever the worker count; "
                       "`\"auto\"`: the workers on YARN from 8 workers, else the master.",
     "cluster.lost_shards": "What a step does with the unfinished shards of a worker it lost (a crash, a container "
-                           "YARN preempted): `\"skip\"` goes on without them; `\"redo\"` has the live workers do "
-                           "them within the step, so that the model is bit-identical to an undisturbed run "
-                           "whatever comes and goes ([yarn.md](yarn.md), \"Shared queues\").",
+                           "YARN preempted): `\"redo\"` has the live workers do them within the step, so that "
+                           "the model is bit-identical to an undisturbed run whatever comes and goes (a loss costs "
+                           "about one step's compute more); `\"skip\"` goes on without them ([yarn.md](yarn.md), "
+                           "\"Shared queues\").",
     "cluster.ui": "The live page while a distributed job runs: on 127.0.0.1 locally (its address is printed "
                   "at the start), behind the tracking URL on YARN.",
     # [yarn]

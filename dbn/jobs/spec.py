@@ -138,7 +138,7 @@ class ClusterSection:
     validation: str | None = None  # a labelled Parquet shard the master scores after each fine-tuning epoch
     stream: str = "auto"  # workers' data: "auto" streams it from local disk when it would not fit in memory; "always"; "never"
     reduce: str = "auto"  # who averages the updates: "master"; "workers" (each its rows); "auto": workers on YARN from 8 workers
-    lost_shards: str = "skip"  # a lost worker's unfinished shards: "skip" (the step goes on without them) or "redo" (the same model at any churn)
+    lost_shards: str = "redo"  # a lost worker's unfinished shards: "redo" (the same model at any churn; about one step's compute a loss) or "skip" (the step goes on without them)
     ui: bool = True  # the live page while the job runs (locally on 127.0.0.1; on YARN behind the tracking URL)
 
     def block_settings(self, shards: int | None = None) -> dict:
