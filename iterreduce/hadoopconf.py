@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import xml.etree.ElementTree as ET
 from functools import lru_cache
@@ -123,3 +124,17 @@ def application_classpath() -> str:
     entries = (get("yarn.application.classpath") or DEFAULT_APPLICATION_CLASSPATH).replace("\n", ",").split(",")
     expanded = [os.path.expandvars(re.sub(r"\{\{(\w+)\}\}", r"${\1}", entry.strip())) for entry in entries]
     return ":".join(entry for entry in expanded if entry and "$" not in entry)
+
+
+def java() -> str | None:
+    """The ``java`` that runs Hadoop's tools here: ``$JAVA_HOME/bin/java``, else the one on PATH."""
+    home = os.environ.get("JAVA_HOME")
+    return os.path.join(home, "bin", "java") if home else shutil.which("java")
+
+
+def java_tool(main: str, options: tuple[str, ...] = ()) -> list[str] | None:
+    """The command that runs Hadoop's class ``main`` (add its arguments) with JVM ``options`` on this
+    container's Hadoop classpath (``$CLASSPATH``, else :func:`application_classpath`); None without a
+    java or a classpath."""
+    executable, classpath = java(), os.environ.get("CLASSPATH") or application_classpath()
+    return [executable, *options, "-cp", classpath, main] if executable and classpath else None

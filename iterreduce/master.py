@@ -411,10 +411,11 @@ class Master(pb_grpc.MasterServicer):
                 last = time.monotonic()
 
     def _retire(self, worker: WorkerInfo) -> None:
-        """``worker`` is no longer wanted and holds no shard: it is told the job is done, and leaves."""
+        """``worker`` is no longer wanted (or drains) and holds no shard: it is told the job is done, and leaves."""
         worker.alive, worker.retired = False, True
-        log.info("%s retires: %d workers are wanted", worker.worker_id, self.members.size)
-        self._event("worker_retired", worker=worker.worker_id, wanted=self.members.size)
+        reason = worker.draining or f"{self.members.size} workers are wanted"
+        log.info("%s retires: %s", worker.worker_id, reason)
+        self._event("worker_retired", worker=worker.worker_id, wanted=self.members.size, reason=reason)
         self._notify_all()
 
     def _check_heartbeats(self, since_last_check: float) -> None:
@@ -453,6 +454,22 @@ class Master(pb_grpc.MasterServicer):
                 log.info("%d workers wanted (were %d)", workers, was)
                 self._event("resized", workers=workers, was=was, step=self.current)
             self._notify_all()
+
+    def drain(self, name: str, why: str) -> bool:
+        """Have worker ``name``'s live process leave, for ``why`` (its node is being decommissioned):
+        its shards go to the other workers at the next step's start, then it retires (exit 0,
+        nothing lost), and its slot stays wanted: a new process of ``name`` (the launcher's to
+        start, elsewhere) takes the shards back at the step after it registers. A worker alone
+        keeps its shards until another joins. False when no live process has that name."""
+        with self.lock:
+            worker = next((w for w in self.members.live() if w.name == name), None)
+            if worker is None or worker.draining:
+                return False
+            worker.draining = why
+            log.info("%s drains: %s", worker.worker_id, why)
+            self._event("worker_draining", worker=worker.worker_id, reason=why, step=self.current)
+            self._notify_all()
+            return True
 
     def fail(self, error: Exception) -> None:
         """End the job with ``error``, from another thread (a launcher's watcher): :meth:`run` raises

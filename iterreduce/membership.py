@@ -3,8 +3,10 @@
 A worker's *home* shards are K, K+N, ... for worker K of the N wanted; a restarted process of the
 same name takes them back. Shards whose owner is lost go to the least-loaded live workers. The
 number wanted may change while the job runs (:meth:`Membership.resize`): a worker K >= N is
-*unwanted*, gives its shards up at the next round and retires; each round starts with every shard
-at its home where that worker is live (:meth:`Membership.rebalance`).
+*unwanted*, gives its shards up at the next round and retires; so does a *draining* worker (its
+node is leaving the cluster), whose slot stays wanted for a new process elsewhere. Each round
+starts with every shard at its home where that worker is live and not draining
+(:meth:`Membership.rebalance`).
 """
 
 from __future__ import annotations
@@ -52,7 +54,8 @@ class WorkerInfo:
     samples_per_s: float | None = None  # its shards' samples over its compute time, in its last push
     local: float | None = None  # the share of its data's bytes stored on its host, where its launcher knows
     shared: bool = False  # it shares the master's shared-memory folder (iterreduce.sharedmem)
-    retired: bool = False  # it left because fewer workers were wanted (not alive, not lost)
+    retired: bool = False  # it left because fewer workers were wanted, or it drained (not alive, not lost)
+    draining: str = ""  # why it is to leave (its node is being decommissioned); "": it stays
 
 
 class Membership:
@@ -83,8 +86,8 @@ class Membership:
         return {s for s in self.owner if s % self.size == k} if k < self.size else set()
 
     def wanted(self, worker: WorkerInfo) -> bool:
-        """Whether ``worker`` is among the workers wanted now (see :meth:`resize`)."""
-        return self.slot(worker.name) < self.size
+        """Whether ``worker`` is among the workers wanted now (see :meth:`resize`) and not draining."""
+        return self.slot(worker.name) < self.size and not worker.draining
 
     def resize(self, workers: int) -> None:
         """Want ``workers`` workers from now on: 0..workers-1 by number. The shards move at the next
@@ -95,8 +98,9 @@ class Membership:
 
     def rebalance(self) -> None:
         """At a round's start (nothing in flight): each shard to its home worker where that worker
-        is live, the others of unwanted or lost workers to the least-loaded wanted live workers."""
-        homes = {self.slot(w.name): w for w in self.live()}  # worker K's newest process
+        is live and not draining, the others of unwanted, draining or lost workers to the
+        least-loaded wanted live workers (a draining worker alone keeps its shards)."""
+        homes = {self.slot(w.name): w for w in self.live() if not w.draining}  # worker K's newest process
         for shard, owner in self.owner.items():
             home = homes.get(shard % self.size)
             if home is not None and owner != home.worker_id:
@@ -187,10 +191,14 @@ class Membership:
         newest = {}
         for w in self.workers.values():
             newest[w.name] = w  # registration order: the last one of a name is the newest
-        rows = [{"name": w.name, "state": (w.status.get("state", "idle") if w.alive else
-                                           "retired" if w.retired else "lost")
-                 if not finished else "finished",
-                 "host": w.host, "local": w.local, "shards": sorted(w.shards),
+        def state(w: WorkerInfo) -> str:
+            if finished:
+                return "finished"
+            if w.alive:
+                return "draining" if w.draining else w.status.get("state", "idle")
+            return "retired" if w.retired else "lost"
+
+        rows = [{"name": w.name, "state": state(w), "host": w.host, "local": w.local, "shards": sorted(w.shards),
                  "restarts": self.registrations.get(w.name, 1) - 1,
                  "samples_per_s": w.samples_per_s, "heartbeat_age_s": now - w.last_seen}
                 for w in newest.values()]

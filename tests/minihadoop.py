@@ -176,6 +176,7 @@ _COMMANDS = {
              "applicationattempt": ("org.apache.hadoop.yarn.client.cli.ApplicationCLI", True),
              "container": ("org.apache.hadoop.yarn.client.cli.ApplicationCLI", True),
              "node": ("org.apache.hadoop.yarn.client.cli.NodeCLI", False),
+             "rmadmin": ("org.apache.hadoop.yarn.client.cli.RMAdminCLI", False),
              "logs": ("org.apache.hadoop.yarn.client.cli.LogsCLI", False)},
     "hdfs": {"dfs": ("org.apache.hadoop.fs.FsShell", False),
              "fsck": ("org.apache.hadoop.hdfs.tools.DFSck", False),
@@ -200,6 +201,8 @@ def _script(name: str, java: str, conf: Path, jars: Path, java_options: list[str
             f'"$main" "$@"\n')
 
 
+#: The ResourceManager's exclude file (yarn.resourcemanager.nodes.exclude-path), in the configuration folder.
+EXCLUDE_FILE = "excluded-nodes"
 #: Seconds after which a silent NodeManager is lost to the ResourceManager, and (about) a silent
 #: DataNode dead to the NameNode, on a multi-node cluster (production: 10 minutes each).
 NODE_EXPIRY_S = 15
@@ -329,6 +332,39 @@ class MiniHadoop:
         """Start node ``k``'s stopped DataNode again, with the blocks it had."""
         self._command(k, "start datanode")
 
+    def decommission(self, k: int, timeout_s: int = 600) -> None:
+        """Drain node ``k`` as an administrator does (graceful decommission): its host in the
+        ResourceManager's exclude file, then ``yarn rmadmin -refreshNodes -g TIMEOUT -server``. The
+        node is DECOMMISSIONING: no new containers; decommissioned once its containers and the
+        applications that ran there have ended, or at the timeout (YARN kills what is left)."""
+        (self.conf_dir / EXCLUDE_FILE).write_text(self.node_hosts[k] + "\n")
+        self._refresh_nodes("-g", str(timeout_s), "-server")
+
+    def recommission(self, k: int, timeout: float = 60.0) -> None:
+        """Take node ``k`` back: the exclude file emptied and the nodes refreshed. A node still
+        DECOMMISSIONING runs again at once; a decommissioned one's NodeManager was shut down by the
+        ResourceManager, so it is started again. Returns once every node is live."""
+        (self.conf_dir / EXCLUDE_FILE).write_text("")
+        self._refresh_nodes()
+        if self.node_states().get(self.node_hosts[k]) != "RUNNING":
+            self.start_nodemanager(k)
+        self.wait_nodes(timeout)
+
+    def node_states(self) -> dict[str, str]:
+        """Each NodeManager host's state at the ResourceManager (RUNNING, DECOMMISSIONING, ...)."""
+        import json
+        import urllib.request
+
+        states = "NEW,RUNNING,UNHEALTHY,DECOMMISSIONING,DECOMMISSIONED,LOST,REBOOTED,SHUTDOWN"
+        with urllib.request.urlopen(f"http://{self.rm_web}/ws/v1/cluster/nodes?states={states}", timeout=10) as r:
+            return {n["nodeHostName"]: n["state"] for n in (json.load(r).get("nodes") or {}).get("node", [])}
+
+    def _refresh_nodes(self, *args: str) -> None:
+        done = self.run("yarn", "rmadmin", "-refreshNodes", *args)
+        if done.returncode != 0:
+            raise HadoopError(f"yarn rmadmin -refreshNodes {' '.join(args)}: exit {done.returncode}: "
+                              f"{done.stderr[-2000:]}")
+
     def wait_nodes(self, timeout: float = 60.0) -> None:
         """Wait until YARN and HDFS count every node live again."""
         hosts, deadline = sorted(self.node_hosts), time.monotonic() + timeout
@@ -417,6 +453,8 @@ class MiniHadoop:
             "yarn.nodemanager.vmem-check-enabled": "false",  # virtual memory means little on 64-bit Linux
             "yarn.nodemanager.disk-health-checker.max-disk-utilization-per-disk-percentage": 100,
             "yarn.log-aggregation-enable": "true",
+            # The hosts an administrator takes out (decommission): none until decommission() names one.
+            "yarn.resourcemanager.nodes.exclude-path": str(self.conf_dir / EXCLUDE_FILE),
             # The minicluster jar has no capacity-scheduler.xml: one queue, and GPUs counted by the scheduler.
             "yarn.scheduler.capacity.root.queues": "default",
             "yarn.scheduler.capacity.root.default.capacity": 100,
@@ -460,6 +498,7 @@ class MiniHadoop:
         (conf / "node-resources.xml").write_text(
             _site_xml({"yarn.nodemanager.resource-type.yarn.io/gpu": self.gpus}))
         (conf / "log4j.properties").write_text(_LOG4J)
+        (conf / EXCLUDE_FILE).write_text("")
         java = str(Path(self._java_home) / "bin" / "java")
         for tool in _COMMANDS:
             (bin_dir / tool).write_text(_script(tool, java, conf, jars, self._java_options()))

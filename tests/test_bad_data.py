@@ -236,7 +236,8 @@ def test_the_progress_reads_every_runtime_event_as_a_sentence(tmp_path, capsys):
                   message="Container preempted by scheduler", counted=False)
         run.event("containers_pending", pending=2, running=1, queue="small", label="", seconds=30)
         run.event("resized", workers=1, was=3, step=6)
-        run.event("worker_retired", worker="worker-2#3", wanted=1)
+        run.event("worker_retired", worker="worker-2#3", wanted=1, reason="1 workers are wanted")
+        run.event("worker_draining", worker="worker-1#2", reason="its node h2 is being decommissioned", step=7)
         run.event("checkpoint", step=5, path="ckpt-000000005.npz")  # silent: one a step
         run.event("failed", reason="boom")  # silent: the command prints it as its error
     printer = ProgressPrinter(load_spec(None))
@@ -250,6 +251,9 @@ def test_the_progress_reads_every_runtime_event_as_a_sentence(tmp_path, capsys):
     assert "heartbeats every 4.0 s for this many workers; a worker is lost after 12 s of silence" in err
     assert "YARN container worker-1_2 ended (preempted); worker-1 is asked for again" in err
     assert "2 worker containers have waited 30 s for room in queue small" in err
-    assert "1 workers wanted from the next step (were 3)" in err and "worker-2#3 retired: 1 workers are wanted" in err
+    assert "1 workers wanted from the next step (were 3)" in err and "worker-2#3 retired (1 workers are wanted)" in err
+    assert "worker-1#2 leaves at the next step: its node h2 is being decommissioned" in err
     assert "live view: http://127.0.0.1:8000/" in err and "ckpt-000000005" not in err and "boom\n" not in err
     assert "{" not in err and len(err.splitlines()) == len(EVENT_LINES) + 2
+    printer({"event": "worker_retired", "worker": "worker-2#3", "wanted": 1})  # an older log's: no reason
+    assert capsys.readouterr().err == '[worker_retired] {"worker": "worker-2#3", "wanted": 1}\n'

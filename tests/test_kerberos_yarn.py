@@ -82,11 +82,12 @@ def secure_yarn(secure_hadoop, tmp_path_factory):
 def test_a_job_submitted_with_a_ticket_runs_on_delegation_tokens_alone(secure_yarn, tmp_path, capsys):
     """From the ticket cache: `dbn shard` writes the shards onto the secured HDFS from this machine,
     the containers read them and write the checkpoints, the log and the model with the submission's
-    delegation tokens (the NameNode's audit says TOKEN for every one of their files), and `dbn status`
+    delegation tokens (the NameNode's audit says TOKEN for every one of their files), the application
+    master asks the ResourceManager for nodes being decommissioned with them, and `dbn status`
     and `dbn logs` read the application's state and its aggregated logs with the ticket."""
     cluster = secure_yarn.hadoop
     shards, output = user_uri(cluster, "ticket/shards"), user_uri(cluster, "ticket/out")
-    path = python_job(tmp_path, output, epochs=4, finetune=2,
+    path = python_job(tmp_path, output, epochs=4, finetune=2, extra="decommission_check = 1",
                       cluster_extra=f'shards = "{shards}"')
     assert main(["shard", str(tmp_path / "train.npz"), shards, "--shards", "2"]) == 0
     capsys.readouterr()
@@ -113,7 +114,10 @@ def test_a_job_submitted_with_a_ticket_runs_on_delegation_tokens_alone(secure_ya
             break
         time.sleep(2)
     assert code == 0, err
-    for text in ("attempt 1 serving 2 shards", "working as worker-0", "working as worker-1", "outputs written"):
+    for text in ("attempt 1 serving 2 shards", "working as worker-0", "working as worker-1", "outputs written",
+                 # The application master asked the secured ResourceManager for its nodes being
+                 # decommissioned with the token skein gave it (iterreduce.yarn.drain).
+                 "nodes being decommissioned: none (a look every 1 s)"):
         assert text in logs, text
     assert app_id in cluster.run("hdfs", "dfs", "-ls", "-R", "/tmp/logs").stdout  # aggregated on the secured HDFS
     assert "using the master's HDFS delegation tokens" not in logs  # a ticket-cache job keeps its submission's

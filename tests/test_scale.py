@@ -34,9 +34,13 @@ def wait_for(condition, timeout=60.0, what="the condition"):
         time.sleep(0.02)
 
 
-def test_a_job_shrunk_to_one_worker_and_grown_back_gives_the_undisturbed_model(tmp_path, monkeypatch):
-    monkeypatch.setenv(DELAY_ENV, "0.03")  # steps long enough to resize between them
-    X, y = blobs(900, d=8, k=3, seed=4)
+def changing_job(tmp_path, monkeypatch, change, seed=4):
+    """A 3-worker job on 6 shards, master and workers in this process, while ``change(master, start,
+    exits)`` runs beside it (what a launcher and `dbn scale` or the drainer do): ``start(name)`` starts
+    a worker process of that name, ``exits`` holds each name's exit codes. Returns the output folder,
+    the exits and the shards' URIs once the job and its workers ended."""
+    monkeypatch.setenv(DELAY_ENV, "0.03")  # steps long enough to act between them
+    X, y = blobs(900, d=8, k=3, seed=seed)
     uris = write_shards(X, y, str(tmp_path / "shards"), 6)
     token, out = new_token(), tmp_path / "out"
     master = Master(MasterConfig(program=SLOW_SOFTMAX, program_config=CONFIG, shards=uris, workers=3, token=token,
@@ -45,29 +49,22 @@ def test_a_job_shrunk_to_one_worker_and_grown_back_gives_the_undisturbed_model(t
     threads: list[threading.Thread] = []
     errors: list[BaseException] = []
 
-    def start(address: str, name: str) -> None:
-        def run():
-            exits.setdefault(name, []).append(Worker(address, token, name).run())
-        threads.append(threading.Thread(target=run, name=name, daemon=True))
-        threads[-1].start()
-
-    def scale(address: str) -> None:  # what a launcher and `dbn scale` do
-        try:
-            wait_for(lambda: master.current >= 3, what="step 3")
-            master.resize(1)
-            wait_for(lambda: exits.get("worker-1") == [0] and exits.get("worker-2") == [0], what="two retirements")
-            shrunk_at = master.current
-            wait_for(lambda: master.current >= shrunk_at + 3, what="three steps on one worker")
-            master.resize(3)
-            start(address, "worker-1")
-            start(address, "worker-2")
-        except BaseException as exc:  # noqa: BLE001 - the test thread raises it
-            errors.append(exc)
-
     def on_serving(address: str) -> None:
+        def start(name: str) -> None:
+            def run():
+                exits.setdefault(name, []).append(Worker(address, token, name).run())
+            threads.append(threading.Thread(target=run, name=name, daemon=True))
+            threads[-1].start()
+
+        def act():
+            try:
+                change(master, start, exits)
+            except BaseException as exc:  # noqa: BLE001 - the test thread raises it
+                errors.append(exc)
+
         for k in range(3):
-            start(address, f"worker-{k}")
-        threading.Thread(target=scale, args=(address,), daemon=True).start()
+            start(f"worker-{k}")
+        threading.Thread(target=act, daemon=True).start()
 
     try:
         master.serve_and_run(on_serving=on_serving)
@@ -76,6 +73,22 @@ def test_a_job_shrunk_to_one_worker_and_grown_back_gives_the_undisturbed_model(t
     for thread in threads:
         thread.join(15)
     assert not errors, errors
+    assert master.wanted_workers() == 0  # ended: a launcher asks for no container any more
+    return out, exits, uris
+
+
+def test_a_job_shrunk_to_one_worker_and_grown_back_gives_the_undisturbed_model(tmp_path, monkeypatch):
+    def scale(master, start, exits):  # what a launcher and `dbn scale` do
+        wait_for(lambda: master.current >= 3, what="step 3")
+        master.resize(1)
+        wait_for(lambda: exits.get("worker-1") == [0] and exits.get("worker-2") == [0], what="two retirements")
+        shrunk_at = master.current
+        wait_for(lambda: master.current >= shrunk_at + 3, what="three steps on one worker")
+        master.resize(3)
+        start("worker-1")
+        start("worker-2")
+
+    out, exits, uris = changing_job(tmp_path, monkeypatch, scale)
     assert exits == {"worker-0": [0], "worker-1": [0, 0], "worker-2": [0, 0]}
     assert [(e["workers"], e["was"]) for e in events(out, "resized")] == [(1, 3), (3, 1)]
     retired = events(out, "worker_retired")
@@ -83,7 +96,6 @@ def test_a_job_shrunk_to_one_worker_and_grown_back_gives_the_undisturbed_model(t
     assert not events(out, "worker_lost")  # leaving is not being lost
     assert all(r["shards"] == 6 for r in records(out))  # no step went without a shard
     assert_same_bits(load_npz(out / "parameters.npz"), simulate(SOFTMAX, CONFIG, uris))
-    assert master.wanted_workers() == 0  # ended: a launcher asks for no container any more
 
 
 def test_resize_moves_the_shards_at_a_rounds_start_each_to_its_home_none_to_an_unwanted_worker():

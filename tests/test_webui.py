@@ -136,6 +136,7 @@ def test_every_runtime_event_reads_as_a_sentence_and_an_unknown_one_as_its_field
          "message": "Container preempted by scheduler", "counted": False},
         {"event": "containers_pending", "pending": 2, "running": 1, "queue": "q", "label": "", "seconds": 30},
         {"event": "resized", "workers": 1, "was": 3, "step": 6}, {"event": "worker_retired", "worker": "w", "wanted": 1},
+        {"event": "worker_draining", "worker": "w", "reason": "its node is being decommissioned", "step": 3},
         {"event": "custom", "a": 1},
     ]
     assert set(snapshot.EVENT_TEXT) <= {e["event"] for e in events}  # every known event is tried

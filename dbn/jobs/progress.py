@@ -30,7 +30,8 @@ EVENT_LINES = {
     "container_lost": "YARN container {container} ended ({cause}); {service} is asked for again",
     "containers_pending": "{pending} worker containers have waited {seconds} s for room in queue {queue}",
     "resized": "{workers} workers wanted from the next step (were {was})",
-    "worker_retired": "{worker} retired: {wanted} workers are wanted",
+    "worker_draining": "{worker} leaves at the next step: {reason}",
+    "worker_retired": "{worker} retired ({reason})",
     "resumed": "resumed from {checkpoint} at step {step}",
     "exchange_failed": "step {step}: the workers' exchange failed ({reason}); the master reduces it",
     "exchange_off": "the master reduces from step {step} on",
@@ -41,6 +42,19 @@ EVENT_LINES = {
 }
 #: Events that print nothing: a checkpoint a step, and a failure the command reports as its error.
 SILENT_EVENTS = frozenset({"checkpoint", "failed"})
+
+
+def event_line(rec: dict) -> str:
+    """An event's sentence (:data:`EVENT_LINES`); an unknown event, or one without a field its
+    sentence needs (a log an older version wrote), as its fields."""
+    template = EVENT_LINES.get(rec.get("event"))
+    if template is not None:
+        try:
+            return template.format_map(rec)
+        except (KeyError, IndexError, ValueError):
+            pass
+    detail = {k: v for k, v in rec.items() if k not in ("event", "time")}
+    return f"[{rec.get('event')}] {to_json(detail)}"
 
 
 def _rate(x: float) -> str:
@@ -71,11 +85,8 @@ class ProgressPrinter:
             line = self._step(rec)
         elif rec.get("event") in SILENT_EVENTS:
             return
-        elif rec.get("event") in EVENT_LINES:
-            line = EVENT_LINES[rec["event"]].format_map(rec)
         else:
-            detail = {k: v for k, v in rec.items() if k not in ("event", "time")}
-            line = f"[{rec.get('event')}] {to_json(detail)}"
+            line = event_line(rec)
         print(line, file=self.stream, flush=True)
 
     def _where(self, rec: dict) -> str:

@@ -228,6 +228,12 @@ DESCRIPTIONS = {
     "yarn.locality_wait": "Seconds a worker container waits for a node holding its data (asked for strictly), "
                           "then runs on any node. 0: YARN's own locality delay decides, which on a small "
                           "cluster gives a node up within a few heartbeats. GPU workers always leave it to YARN.",
+    "yarn.decommission_check": "Seconds between the application master's looks for nodes being decommissioned "
+                               "(`yarn rmadmin -refreshNodes -g`): a worker on such a node hands its shards to "
+                               "the others, leaves, and a container on another node takes its place, nothing "
+                               "counted, the model the same. Each look runs Hadoop's `yarn node -list` (a JVM "
+                               "start); `0`: never look (YARN ends those workers at the timeout, also nothing "
+                               "counted).",
     "yarn.env": "A packed environment (`.tar.gz`, local or `hdfs://`) to ship. none: pack the current one.",
     "yarn.python": "A Python installed on every node, used instead of shipping an environment.",
     "yarn.file_systems": "Extra HDFS name services the job touches (they get delegation tokens); those of the "

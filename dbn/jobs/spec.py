@@ -169,6 +169,7 @@ class YarnSection:
     master_memory: str = "2 GiB"  # the application master's container
     max_attempts: int = 2  # application master attempts; a new attempt resumes from the newest checkpoint
     locality_wait: float = 15.0  # seconds a worker waits for a node holding its data, then any node; 0: YARN's delay
+    decommission_check: float = 30.0  # seconds between the application master's looks for nodes being decommissioned; 0: never
     min_workers: int = 0  # start once this many workers run, the others joining as YARN gives containers; 0: all of them
     start_timeout: float = 300.0  # seconds to get min_workers (or one, with 0) running; then the job fails, saying why
     env: str | None = None  # packed environment (.tar.gz, local or hdfs://); None: pack the current one
@@ -582,6 +583,8 @@ def _check(origin: str, section: str, key: str, value, parse_strings: bool = Fal
         raise ConfigError(f"{where} {key}: must be in [0, 1), got {value!r}")
     if key in ("block_learning_rate", "pretrain_block_learning_rate") and not value > 0:
         raise ConfigError(f"{where} {key}: must be > 0 (1: the plain average's step), got {value!r}")
+    if key == "decommission_check" and value < 0:
+        raise ConfigError(f"{where} {key}: must be >= 0 seconds (0: never look), got {value!r}")
     if key == "locality_wait" and value < 0:
         raise ConfigError(f"{where} {key}: must be >= 0 seconds (0: YARN's own locality delay), got {value!r}")
     if key == "heartbeat_timeout" and value <= 0:

@@ -65,6 +65,7 @@ def yarn_options(cfg: JobSpec) -> YarnOptions:
         workers=cfg.cluster.workers, worker_memory=y.worker_memory, worker_vcores=y.worker_vcores,
         worker_gpus=y.worker_gpus, master_memory=y.master_memory, queue=y.queue, node_label=y.node_label,
         max_restarts=cfg.cluster.max_restarts, max_attempts=y.max_attempts, locality_wait=y.locality_wait,
+        decommission_check=y.decommission_check,
         env_archive=y.env, python=y.python,
         file_systems=list(y.file_systems), principal=y.principal, keytab=y.keytab)
 

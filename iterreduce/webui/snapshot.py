@@ -41,6 +41,7 @@ EVENT_TEXT = {
     "container_lost": "YARN container {container} ended ({cause})",
     "containers_pending": "{pending} worker containers wait for room in queue {queue}",
     "resized": "{workers} workers wanted (were {was})",
+    "worker_draining": "{worker} leaves: {reason}",
     "worker_retired": "{worker} retired",
     "checkpoint": "checkpoint after step {step}",
     "resumed": "resumed at step {step}",

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import skein
 
-from .. import kerberos
+from .. import hadoopconf, kerberos
 from ..exceptions import STOPPED_ON_BAD_DATA, HadoopConfigError
 from ..filesystems import kerberos_login, keytab_login
 from . import KV_PROGRESS, KV_SLOT, KV_UI, KV_WORKERS, KV_WORKERS_ASKED, YarnError
@@ -78,7 +78,7 @@ class _Client(skein.Client):
 
 def _driver_missing() -> str | None:
     """Why skein cannot start a driver here (no ``yarn`` or no ``java``), or None."""
-    java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else shutil.which("java")
+    java = hadoopconf.java()
     if not shutil.which("yarn"):
         return "no `yarn` command on PATH (Hadoop's client: skein's driver needs its classpath)"
     if not java or not os.path.exists(java):

@@ -47,6 +47,7 @@ from ..readers import list_shards
 from ..security import TlsCredentials, from_skein, new_token
 from ..worker import Worker
 from . import KV_ADDRESS, KV_PROGRESS, KV_SLOT, KV_TOKEN, KV_UI, KV_WORKERS, locality
+from .drain import Drainer
 from .keeper import Keeper
 from .relax import SPARE_SERVICE, Relaxer
 from .spec import slot_of
@@ -131,7 +132,10 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
     job = read_job(job_file)
     output = job["master"]["output"]
     local_out = Path("output").resolve()
-    refresher = relaxer = keeper = None
+    refresher = relaxer = keeper = drainer = None
+    # The credentials the container started with: skein's ResourceManager token is among them (the
+    # refresher's new files hold HDFS tokens alone).
+    am_tokens = os.environ.get("HADOOP_TOKEN_FILE_LOCATION")
     try:
         tls = app_credentials(app)
         # A job submitted with a keytab renews its HDFS tokens, first of all (a new attempt may
@@ -158,6 +162,10 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
         # Preempted or lost containers come back, only the job's own failures count, and as many
         # workers run as the job wants (dbn scale): iterreduce.yarn.keeper.
         keeper = Keeper.from_container(app, master, grace=2 * master.heartbeat_timeout + 10).start()
+        # Workers leave a node being decommissioned before YARN ends them: iterreduce.yarn.drain.
+        drainer = Drainer.from_container(app, master, am_tokens)
+        if drainer is not None:
+            drainer.start()
         master.serve_and_run(tls=tls, on_serving=publish)
         log.info("outputs written: %s", ", ".join(upload_outputs(local_out, output)))
         master.program.commit(output)
@@ -184,6 +192,8 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
             relaxer.stop()
         if keeper is not None:
             keeper.stop()
+        if drainer is not None:
+            drainer.stop()
     log.error(reason)
     try:
         upload_outputs(local_out, output)  # the log says what happened up to the failure

@@ -240,7 +240,7 @@ class Keeper(Watcher):
                           message=loss.message, counted=loss.counted)
 
     def _refill_lost_completions(self, running, wanted: int) -> None:
-        slots = self._slots()
+        slots = held_slots(self.app)
         live = self.master.live_workers()
         now = self.clock()
         running_ids = {c.id: c for c in running}
@@ -264,17 +264,17 @@ class Keeper(Watcher):
         self.refilled.append(container.id)
         self._report(Loss(container.id, container.service_name, COMPLETION_LOST, f"worker gone {gone_for:.0f} s", False))
 
-    def _slots(self) -> dict[int, tuple[str, str]]:
-        """Each held worker slot K: the worker's name (``worker-K``) and the container holding it, from
-        skein's key-value store (the keys the workers claim: :func:`iterreduce.yarn.container.claim_slot`)."""
-        held = {}
-        for key, value in self.app.kv.get_prefix(KV_SLOT).items():
-            slot = key[len(KV_SLOT):]
-            try:
-                container = json.loads(value)["container"]
-            except (ValueError, KeyError, TypeError):
-                continue
-            if slot.isdigit() and isinstance(container, str):
-                held[int(slot)] = (f"{WORKER_SERVICE}{int(slot)}", container)
-        return held
 
+def held_slots(app) -> dict[int, tuple[str, str]]:
+    """Each held worker slot K: the worker's name (``worker-K``) and the container holding it, from
+    skein's key-value store (the keys the workers claim: :func:`iterreduce.yarn.container.claim_slot`)."""
+    held = {}
+    for key, value in app.kv.get_prefix(KV_SLOT).items():
+        slot = key[len(KV_SLOT):]
+        try:
+            container = json.loads(value)["container"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        if slot.isdigit() and isinstance(container, str):
+            held[int(slot)] = (f"{WORKER_SERVICE}{int(slot)}", container)
+    return held

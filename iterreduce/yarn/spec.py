@@ -34,6 +34,9 @@ WORKER_SERVICE = "worker-"
 UNLIMITED_RESTARTS = -1
 #: The application master's variable giving each worker service's budget of real failures.
 MAX_FAILURES_VAR = "ITERREDUCE_MAX_RESTARTS"
+#: The application master's variable giving the seconds between its looks for nodes being
+#: decommissioned (iterreduce.yarn.drain).
+DECOMMISSION_CHECK_VAR = "ITERREDUCE_DECOMMISSION_CHECK"
 
 
 def worker_service(slot: int) -> str:
@@ -77,6 +80,7 @@ class YarnOptions:
     slot_hosts: list[str] = field(default_factory=list)  # each worker's node (its data's), "" for any
     files: dict[str, str] = field(default_factory=dict)  # more files for every container: {name: path or URI}
     locality_wait: float = 15.0    # seconds a worker waits for its node before any node; 0: YARN's own delay
+    decommission_check: float = 30.0  # seconds between looks for nodes being decommissioned; 0: never
     tags: list[str] = field(default_factory=list)
     principal: str | None = None   # with keytab: shipped to the application master, which renews the tokens
     keytab: str | None = None
@@ -121,7 +125,10 @@ def build_spec(name: str, job_file: str, opts: YarnOptions, device: str = "cpu")
                   **log_env}
     # skein restarts every worker container that ends, whatever the cause (UNLIMITED_RESTARTS);
     # the master counts only the job's own failures against max_restarts (iterreduce.yarn.keeper).
-    master_env = {AM_JAVA_OPTIONS_VAR: AM_JAVA_OPTIONS, MAX_FAILURES_VAR: str(opts.max_restarts), **log_env}
+    if opts.decommission_check < 0:
+        raise AppSpecError(f"decommission_check must be >= 0 seconds, got {opts.decommission_check}")
+    master_env = {AM_JAVA_OPTIONS_VAR: AM_JAVA_OPTIONS, MAX_FAILURES_VAR: str(opts.max_restarts),
+                  DECOMMISSION_CHECK_VAR: f"{opts.decommission_check:g}", **log_env}
     master_files = dict(files)
     if opts.keytab:  # to the application master alone: it renews the job's HDFS tokens (iterreduce.yarn.tokens)
         master_files[tokens.KEYTAB_FILE] = skein.File(source=os.path.abspath(os.path.expanduser(opts.keytab)),

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -74,15 +73,14 @@ def fetch(principal: str, keytab: str, file_systems: list[str], out: Path) -> by
     ``keytab`` by Hadoop's ``dtutil`` on the container's Hadoop classpath (``$CLASSPATH``, else
     :func:`~iterreduce.hadoopconf.application_classpath`),
     written to ``out``; returns the token file's bytes. Raises :class:`JobFailed` saying why."""
-    java = os.path.join(os.environ["JAVA_HOME"], "bin", "java") if os.environ.get("JAVA_HOME") else shutil.which("java")
-    classpath = os.environ.get("CLASSPATH") or hadoopconf.application_classpath()
-    if not java or not classpath:
+    dtutil = hadoopconf.java_tool(DTUTIL)
+    if dtutil is None:
         raise JobFailed("cannot obtain HDFS delegation tokens: no java (JAVA_HOME) or no Hadoop classpath "
                         "(yarn.application.classpath) in the application master's container")
     partial = out.with_name(out.name + ".partial")
     partial.unlink(missing_ok=True)
     for uri in file_systems:  # dtutil adds each file system's token to the file
-        command = [java, "-cp", classpath, DTUTIL, "-keytab", keytab, "-principal", principal, "get", uri,
+        command = [*dtutil, "-keytab", keytab, "-principal", principal, "get", uri,
                    "-renewer", principal.split("@")[0].split("/")[0], "-format", "protobuf", str(partial)]
         try:
             done = subprocess.run(command, capture_output=True, text=True, timeout=FETCH_TIMEOUT_S)
