@@ -21,8 +21,10 @@ def test_the_scripts_answer_what_skein_and_a_person_ask(hadoop):
     assert "yarn.io/gpu: 2" in nodes.stdout  # the declared GPUs, as the ResourceManager counts them
     listing = hadoop.run("hdfs", "dfs", "-ls", "/")
     assert listing.returncode == 0 and "/user" in listing.stdout and "/tmp" in listing.stdout
-    unknown = hadoop.run("yarn", "rmadmin")
-    assert unknown.returncode == 1 and "yarn rmadmin: not available in this MiniHadoop" in unknown.stderr
+    refreshed = hadoop.run("yarn", "rmadmin", "-refreshNodes")  # an administrator's (decommission)
+    assert refreshed.returncode == 0, refreshed.stderr[-2000:]
+    unknown = hadoop.run("yarn", "top")
+    assert unknown.returncode == 1 and "yarn top: not available in this MiniHadoop" in unknown.stderr
 
 
 def cmdline(pid: int) -> bytes:
