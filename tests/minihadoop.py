@@ -347,6 +347,7 @@ class MiniHadoop:
         (self.conf_dir / EXCLUDE_FILE).write_text("")
         self._refresh_nodes()
         if self.node_states().get(self.node_hosts[k]) != "RUNNING":
+            self.stop_nodemanager(k)  # the node's handle on the NodeManager the ResourceManager shut down
             self.start_nodemanager(k)
         self.wait_nodes(timeout)
 
