@@ -138,3 +138,10 @@ def java_tool(main: str, options: tuple[str, ...] = ()) -> list[str] | None:
     java or a classpath."""
     executable, classpath = java(), os.environ.get("CLASSPATH") or application_classpath()
     return [executable, *options, "-cp", classpath, main] if executable and classpath else None
+
+
+def tool_output_tail(stdout: str, stderr: str, lines: int = 3) -> str:
+    """What a Hadoop tool that failed said, for an error message: its last ``lines`` lines that are
+    not INFO logging, joined by `` | `` ("no output" when it said nothing else)."""
+    said = [line for line in (stderr + stdout).splitlines() if line.strip() and " INFO " not in line]
+    return " | ".join(said[-lines:]) or "no output"

@@ -21,8 +21,7 @@ import subprocess
 
 from .. import hadoopconf
 from .keeper import held_slots
-from .spec import DECOMMISSION_CHECK_VAR as CHECK_VAR
-from .spec import WORKER_SERVICE
+from .spec import DECOMMISSION_CHECK_VAR, WORKER_SERVICE
 from .watcher import Watcher
 
 log = logging.getLogger("iterreduce.yarn")
@@ -59,8 +58,8 @@ def decommissioning_hosts(token_file: str | None = None) -> set[str]:
     done = subprocess.run([*command, "-list", "-states", DECOMMISSIONING], capture_output=True, text=True,
                           timeout=LIST_TIMEOUT_S, env=env)
     if done.returncode != 0:
-        lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip() and " INFO " not in line]
-        raise RuntimeError(f"`yarn node -list` exit {done.returncode}: {' | '.join(lines[-3:]) or 'no output'}")
+        raise RuntimeError(f"`yarn node -list` exit {done.returncode}: "
+                           f"{hadoopconf.tool_output_tail(done.stdout, done.stderr)}")
     return parse_node_list(done.stdout)
 
 
@@ -81,14 +80,15 @@ class Drainer(Watcher):
 
     @classmethod
     def from_container(cls, app, master, token_file: str | None) -> Drainer | None:
-        """The drainer of this application master, looking every :data:`CHECK_VAR` seconds (None
+        """The drainer of this application master, looking every ``$ITERREDUCE_DECOMMISSION_CHECK`` seconds (None
         where that is 0), with the credentials of ``token_file`` (those the container started with:
         skein's ResourceManager token is in them)."""
-        raw = os.environ.get(CHECK_VAR, "")
+        raw = os.environ.get(DECOMMISSION_CHECK_VAR, "")
         try:
             interval = float(raw or 0)
         except ValueError:
-            log.warning("%s=%r is not a number of seconds: no look for nodes being decommissioned", CHECK_VAR, raw)
+            log.warning("%s=%r is not a number of seconds: no look for nodes being decommissioned",
+                        DECOMMISSION_CHECK_VAR, raw)
             return None
         if interval <= 0:
             return None

@@ -87,9 +87,8 @@ def fetch(principal: str, keytab: str, file_systems: list[str], out: Path) -> by
         except (OSError, subprocess.TimeoutExpired) as exc:
             raise JobFailed(f"cannot obtain HDFS delegation tokens for {uri} as {principal}: {exc}") from exc
         if done.returncode != 0 or not partial.is_file():
-            lines = [line for line in (done.stderr + done.stdout).splitlines() if line.strip() and " INFO " not in line]
             raise JobFailed(f"cannot obtain HDFS delegation tokens for {uri} as {principal} with its keytab (dtutil "
-                            f"exit {done.returncode}): {' | '.join(lines[-3:]) or 'no output'}")
+                            f"exit {done.returncode}): {hadoopconf.tool_output_tail(done.stdout, done.stderr)}")
     os.chmod(partial, 0o600)
     data = partial.read_bytes()
     os.replace(partial, out)
