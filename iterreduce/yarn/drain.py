@@ -109,7 +109,8 @@ class Drainer(Watcher):
             self._failing = True
             return []
         if self._failing or not self._looked:  # the first answer, and the first after failures: it works
-            log.info("nodes being decommissioned: %s (a look every %g s)", ", ".join(sorted(hosts)) or "none", self.poll)
+            log.info("nodes being decommissioned: %s (a look every %g s)", ", ".join(sorted(hosts)) or "none",
+                     self.poll)
         self._failing, self._looked = False, True
         if self.am_host in hosts and not self._told_am:
             self._told_am = True
