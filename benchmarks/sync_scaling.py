@@ -98,6 +98,7 @@ class SyncProgram(Program):
     and each superstep trains (fetches, pushes and reduces) the arrays of ``config["layer"]``."""
 
     worker_class = "sync_scaling:FixedUpdateWorker"  # for --reduce workers; the bare clients need none
+    reader = "shardio.readers:ShardFiles"
 
     def initial_parameters(self, seed, shards):
         params = {}
@@ -141,7 +142,7 @@ class FixedUpdateWorker(WorkerProgram):
 def serve_master(args) -> None:
     """The master process: serve one job, report per-step timings as JSON on stdout."""
     from iterreduce.master import Master, MasterConfig
-    from iterreduce.shards import write_shards
+    from shardio.shards import write_shards
 
     out = Path(args.out)
     if args.layout != "auto":  # the master picks the layout: force it here

@@ -28,8 +28,8 @@ from typing import Callable
 
 from . import THREAD_VARS, checkpoint, durable, jobfolders, ownership, runlog, sharedmem
 from .master import EXIT_DATA_ERROR, MasterConfig, new_run_id
+from .program import reader_of
 from .security import new_token
-from .readers import list_shards
 from .rowfile import LOCAL_DIR_VAR
 from .exceptions import STOPPED_ON_BAD_DATA, LocalJobError, MasterKilled
 from .lifeline import LAUNCHER_PID
@@ -309,7 +309,8 @@ def _run_local(config: MasterConfig, *, max_restarts: int = 3, device: str = "cp
     if earlier_runs and not config.resume:  # a new run's log and checkpoints start afresh; a resumed one continues them
         ownership.set_aside(out)
     ownership.claim(out, ownership.RUN_FILES)
-    shards = list_shards(config.shards) if isinstance(config.shards, str) else list(config.shards)
+    shards = config.shards
+    shards = reader_of(config.program).list_shards(shards) if isinstance(shards, str) else list(shards)
     config = dataclasses.replace(config, shards=shards, output=str(out), token=config.token or new_token(),
                                  run_id=config.run_id or new_run_id(),
                                  checkpoint_dir=config.checkpoint_dir or str(out / "checkpoints"))

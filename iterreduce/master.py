@@ -44,12 +44,11 @@ from .sharedmem import SharedFolder
 from .lifeline import follow_launcher
 from .membership import HEARTBEATS_PER_S, Membership, WorkerInfo, heartbeat_timing
 from .memory import keep_freed_memory
-from .program import MASTER_STATE, Program, load_class, master_side, step_to_json
+from .program import MASTER_STATE, Program, load_class, master_side, reader_of, step_to_json
 from .proto import iterreduce_pb2 as pb
 from .proto import iterreduce_pb2_grpc as pb_grpc
 from .pushes import Refused, read_push
 from .security import TlsCredentials, check_token, server_credentials
-from .readers import shard_info
 from .resume import checkpoint_to_resume, job_fingerprint, load_checkpoint
 from .rounds import Rounds
 from .service import master_server
@@ -188,9 +187,8 @@ class Master(pb_grpc.MasterServicer):
         self.config = config
         self.out = Path(config.output)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.shards = shard_info(config.shards)
-        program_cls = load_class(config.program)
-        self.program: Program = program_cls(config.program_config)
+        self.shards = reader_of(config.program).describe(config.shards)
+        self.program: Program = load_class(config.program)(config.program_config)
         self.steps = list(self.program.schedule(self.shards))
         # What a checkpoint must match to be resumed: same program, config, seed, data and schedule.
         self.run_id = config.run_id  # in every checkpoint; a resume of another run's checkpoint continues that run

@@ -8,6 +8,10 @@ The runtime knows nothing of any model. A program describes:
 - on a worker: how to turn one data shard, the current parameters and a seed into
   an update for one superstep.
 
+The runtime reads no data itself: a program names its :class:`Reader` (:attr:`Program.reader`),
+which lists and describes the shards, and its worker half loads each one
+(:meth:`WorkerProgram.load_shard`); the runtime only passes URIs and what the reader said.
+
 The shard, not the worker, is the unit of data parallelism: a worker computes one
 update per shard it holds, and seeds derive from (job seed, step, shard). So the
 result does not depend on which worker process ran which shard, which is what
@@ -24,7 +28,6 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from .readers import read_shard
 
 Arrays = dict[str, np.ndarray]
 
@@ -53,11 +56,29 @@ class Update:
     metrics: dict = field(default_factory=dict)
 
 
+class Reader(ABC):
+    """A program's data format, as the runtime sees it: which shards a URI holds and what each
+    holds, read cheaply. Errors are :class:`~iterreduce.exceptions.DataError`\\ s naming the shard."""
+
+    @abstractmethod
+    def list_shards(self, uri: str) -> list[str]:
+        """URIs of the shards in folder ``uri`` (or ``uri`` itself, one shard), in a fixed order."""
+
+    @abstractmethod
+    def describe(self, uris: list[str]) -> list[dict]:
+        """Each shard's ``{"uri", "rows", "features", "labels", "ranges", ...}``, without reading its
+        rows; refuses a shard that is unusable already by what it says of itself."""
+
+
 class Program(ABC):
     """Master-side half of an iterative algorithm. ``config`` is a JSON-friendly dict."""
 
     #: import path of the :class:`WorkerProgram` subclass that pairs with this program
     worker_class: str = ""
+
+    #: import path of the :class:`Reader` of the program's shards (the launchers list a folder of
+    #: shards with it, the master describes them with it)
+    reader: str = ""
 
     #: Set True when :meth:`reduce` is elementwise: each row (index on axis 0) of each array it
     #: returns depends only on the same row of the updates and of the parameters it reads (the
@@ -88,7 +109,7 @@ class Program(ABC):
         """Refuse data this program cannot use, before any training: raise
         :class:`~iterreduce.exceptions.DataError` naming the shard. ``shards`` as for
         :meth:`initial_parameters`, plus ``ranges``, the smallest and largest feature value
-        and label from the footers (:func:`iterreduce.shards.footer_ranges`). Returns facts
+        and label from the footers (:func:`shardio.shards.footer_ranges`). Returns facts
         about the data for the log's ``data`` event (e.g. class counts; ``rows`` replaces the
         stored rows the master counted, where the program read how many it trains on); default: none."""
         return {}
@@ -184,17 +205,16 @@ class WorkerProgram(ABC):
         self.config = dict(config)
         self.device = device
 
+    @abstractmethod
     def load_shard(self, uri: str, index: int):
-        """This worker's copy of shard ``index``: by default read whole into memory
-        (:func:`iterreduce.readers.read_shard`). A program whose data may not fit returns
-        :func:`iterreduce.readers.spill_shard`'s streamed copy instead."""
-        return read_shard(uri, index)
+        """This worker's copy of shard ``index`` at ``uri``, in whatever form :meth:`run` takes it (read
+        whole into memory, or streamed to local disk where the data may not fit)."""
 
     @abstractmethod
     def run(self, step: Step, parameters: Arrays, shard, seed: int) -> Update:
         """Compute this shard's update for ``step`` from ``parameters``.
 
-        ``shard`` is a :class:`iterreduce.readers.ShardData` (features, labels, index).
+        ``shard`` is what :meth:`load_shard` returned for it.
         Raise :class:`~iterreduce.exceptions.DataError` for data that cannot be used: the
         job then stops with its message (it is not retried in a new process).
         """
@@ -302,6 +322,14 @@ def load_class(path: str):
     if not name:
         raise ValueError(f"program path {path!r} must look like 'package.module:Class'")
     return getattr(importlib.import_module(module), name)
+
+
+def reader_of(program: str) -> Reader:
+    """The :class:`Reader` that the program at import path ``program`` names."""
+    program_cls = load_class(program)
+    if not program_cls.reader:
+        raise ValueError(f"program {program!r} names no reader of its shards (its class attribute 'reader')")
+    return load_class(program_cls.reader)()
 
 
 def step_to_json(step: Step) -> str:

@@ -26,7 +26,7 @@ class RowFile:
     """Fixed-width rows of ``dtype`` in the file ``path`` (created, or truncated, here).
 
     ``convert`` (optional) turns stored rows into the rows callers see on the way out (a
-    shard passes :func:`iterreduce.shards.as_float32`, the conversion of the in-memory read,
+    shard passes :func:`shardio.shards.as_float32`, the conversion of the in-memory read,
     so a row read from disk has the bits of the same row read into memory while the file
     keeps the compact stored type).
     """

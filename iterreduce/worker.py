@@ -23,7 +23,6 @@ from .program import Update, WorkerProgram, load_class, master_side, shard_seed,
 from .proto import iterreduce_pb2 as pb
 from .exceptions import DataError
 from .security import TlsCredentials, TokenError, check_token, open_channel
-from .readers import ShardData
 from .sharedmem import SharedFolder
 
 log = logging.getLogger("iterreduce.worker")
@@ -57,8 +56,10 @@ class Worker:
         self.resources = resources or {}
         self.parameters: dict[str, np.ndarray] = {}
         self.versions: dict[str, int] = {}
-        self.shards: dict[int, ShardData] = {}
+        self.shards: dict[int, object] = {}  # what the program's load_shard gave
         self.status: dict = {"state": "starting"}
+        self.worker_id = ""  # the master's name for this incarnation, once registered
+        self.heartbeat_interval = 1.0  # until the master says its own
         self._stop = threading.Event()
         self.token, self.tls = token, tls
         self.peer_address = ""
@@ -102,7 +103,7 @@ class Worker:
         finished fetch or push also counts at the master: with a sync a second, heartbeats would
         double its calls)."""
         while not self._stop.wait(self.heartbeat_interval):
-            if time.monotonic() - self.link.heard < self.heartbeat_interval:
+            if not self.worker_id or time.monotonic() - self.link.heard < self.heartbeat_interval:
                 continue
             try:
                 reply = self.link.heartbeat(self.worker_id, self.status)
@@ -115,8 +116,9 @@ class Worker:
 
     def run(self) -> int:
         """Work until the master says the job is done; returns the exit code."""
-        self.register()
+        # Beating from the registration on: loading the program after it (its imports) may take seconds.
         threading.Thread(target=self._heartbeat, daemon=True).start()
+        self.register()
         try:
             task = None  # the next task, when the last push brought it (see _push), or its future (_exchange)
             while True:

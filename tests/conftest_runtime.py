@@ -229,7 +229,7 @@ def assert_same_bits(got: dict, expected: dict) -> None:
 def simulate(program: str, program_config: dict, uris: list[str], seed: int = 0) -> dict[str, np.ndarray]:
     """Run ``program`` sequentially here: every shard every step, with the runtime's seeds and reduce,
     and the master's hooks (before_step, evaluate, after_step, finished)."""
-    from iterreduce.readers import shard_info
+    from shardio.readers import shard_info
     from iterreduce.program import load_class, shard_seed
 
     info = shard_info(uris)

@@ -182,7 +182,7 @@ def test_the_token_is_in_no_file_a_local_job_writes(tmp_path):
     only, never in the job file, the log, checkpoints or any other file of the output folder."""
     from conftest_runtime import SOFTMAX, blobs
     from iterreduce.local import run_local
-    from iterreduce.shards import write_shards
+    from shardio.shards import write_shards
 
     X, y = blobs(60, d=4, k=3)
     uris = write_shards(X, y, str(tmp_path / "shards"), 2)

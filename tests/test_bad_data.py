@@ -14,7 +14,7 @@ import pytest
 
 from dbn.cli import main
 from iterreduce import ownership
-from iterreduce.shards import write_shards
+from shardio.shards import write_shards
 
 N_ROWS, N_FEATURES, N_SHARDS, BAD = 120, 12, 3, 1  # shard BAD holds the fault
 ROW, COL = 7, 4  # where in that shard

@@ -391,7 +391,7 @@ def test_bench_rejects_bad_sizes(capsys):
 
 def test_one_process_trains_on_the_shards_the_job_names(tmp_path, capsys):
     """[cluster] shards without --local: the shards are the data, never [data] train (MNIST by default)."""
-    from iterreduce.shards import write_shards
+    from shardio.shards import write_shards
 
     make_dataset(tmp_path / "d.npz", n=240)
     with np.load(tmp_path / "d.npz") as d:

@@ -11,7 +11,7 @@ import pytest
 
 from dbn import DBN
 from dbn.cli import main
-from iterreduce.readers import list_shards, read_shard
+from shardio.readers import list_shards, read_shard
 
 from test_cli import HAVE_MNIST, N_CLASSES, N_FEATURES, REAL_MNIST, make_dataset, read_jsonl
 
@@ -131,7 +131,7 @@ def test_train_local_pretraining_only(tmp_path, capsys):
 
 
 def test_train_local_on_unlabelled_shards_exits_2_naming_the_shard(tmp_path, capsys):
-    from iterreduce.shards import write_shards
+    from shardio.shards import write_shards
 
     X = np.random.default_rng(0).random((40, N_FEATURES), dtype=np.float32)
     write_shards(X, None, str(tmp_path / "shards"), 2)

@@ -10,8 +10,8 @@ from dbn import DBN
 from dbn.exceptions import DataError
 from dbn.jobs.program import DBNProgram
 from iterreduce.local import LocalJobError
-from iterreduce.readers import list_shards, shard_info
-from iterreduce.shards import write_shards
+from shardio.readers import list_shards, shard_info
+from shardio.shards import write_shards
 
 
 @pytest.fixture(autouse=True)

@@ -24,8 +24,8 @@ deltalake = pytest.importorskip("deltalake")
 from dbn import DBN  # noqa: E402
 from dbn.cli import main  # noqa: E402
 from iterreduce.exceptions import TableError  # noqa: E402
-from iterreduce.readers import list_shards  # noqa: E402
-from iterreduce.tables import TableShard, TableSource, open_dataset, pieces, pin  # noqa: E402
+from shardio.readers import list_shards  # noqa: E402
+from shardio.tables import TableShard, TableSource, open_dataset, pieces, pin  # noqa: E402
 
 FEATURES = 6
 

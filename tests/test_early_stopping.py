@@ -18,8 +18,8 @@ from dbn import DBN, DataError
 from dbn.cli import main
 from dbn.jobs.program import BEST_ERROR, SINCE_BEST, STOP, DBNProgram
 from iterreduce.program import MASTER_STATE, Step
-from iterreduce.readers import list_shards
-from iterreduce.shards import write_shards
+from shardio.readers import list_shards
+from shardio.shards import write_shards
 
 FEATURES, CLASSES, EPOCHS, PATIENCE = 16, 3, 12, 2
 

@@ -18,8 +18,8 @@ from iterreduce.master import Master, MasterConfig
 from iterreduce.program import Update, block_momentum_average, weighted_average
 from iterreduce.programs.softmax import SoftmaxRegression, SoftmaxWorker
 from iterreduce.proto import iterreduce_pb2 as pb
-from iterreduce.readers import list_shards
-from iterreduce.shards import write_shards
+from shardio.readers import list_shards
+from shardio.shards import write_shards
 from iterreduce.worker import Worker
 
 PARTS = [1, 2, 3, 7, 64]

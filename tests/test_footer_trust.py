@@ -33,8 +33,8 @@ from dbn.cli import main
 from dbn.data.sharding import load_shards, load_source
 from dbn.exceptions import DataError
 from iterreduce.exceptions import ShardError
-from iterreduce.readers import describe_shard, read_labels, read_shard, shard_info, spill_shard
-from iterreduce.shards import write_shards
+from shardio.readers import describe_shard, read_labels, read_shard, shard_info, spill_shard
+from shardio.shards import write_shards
 from test_bad_data import N_ROWS, N_SHARDS, assert_refused, make_job
 from test_npz_limits import model_file, npy, npy_header, run_measured  # noqa: F401 - a fixture
 
@@ -224,7 +224,7 @@ def test_a_footer_that_agrees_with_itself_but_not_the_pages_stops_a_job_before_i
 MEASURE = """
 import json, resource, sys, tracemalloc
 import pyarrow as pa
-from iterreduce import readers
+from shardio import readers
 hard = resource.getrlimit(resource.RLIMIT_AS)[1]
 cap = int(sys.argv[1]) if hard == resource.RLIM_INFINITY else min(int(sys.argv[1]), hard)
 resource.setrlimit(resource.RLIMIT_AS, (cap, hard))

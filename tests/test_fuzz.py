@@ -2,8 +2,8 @@
 
 Three readers take bytes that nobody checked before them:
 
-- the Parquet shard reader (``iterreduce.readers.read_shard``) and the master's footer
-  check (``iterreduce.master.shard_info``): files built from random tables (valid
+- the Parquet shard reader (``shardio.readers.read_shard``) and the master's footer
+  check (``shardio.readers.shard_info``): files built from random tables (valid
   shards, wrong column types, nulls, NaN/inf, ragged or zero-width lists, duplicate
   columns, random schemas), then maybe truncated, bit-flipped or overwritten;
 - the tensor wire decoder (``iterreduce.wire.Decoder``): valid streams, mutated
@@ -61,9 +61,9 @@ from dbn.exceptions import DBNError
 from dbn.model import persist
 from iterreduce import wire
 from iterreduce.exceptions import ShardError, WireError
-from iterreduce.master import shard_info
+from shardio.readers import shard_info
 from iterreduce.proto import iterreduce_pb2 as pb
-from iterreduce.readers import read_shard, ShardData
+from shardio.readers import read_shard, ShardData
 
 # ------------------------------------------------------------------ settings
 
@@ -502,7 +502,7 @@ def spill_and_read(path, index, n_features, need_labels):
     """:func:`spill_shard` to a scratch directory, its rows read back into memory."""
     import tempfile
 
-    from iterreduce.readers import ShardData, spill_shard
+    from shardio.readers import ShardData, spill_shard
 
     with tempfile.TemporaryDirectory() as scratch:
         spilled = spill_shard(path, scratch, index, n_features, need_labels)
@@ -1260,7 +1260,7 @@ FILTER_SCHEMA = pa.schema([("a", pa.int64()), ("b", pa.float64()), ("c", pa.stri
 def test_filter_parser_gives_an_expression_or_a_table_error(text):
     """``parse_filter``, ``filter_columns`` and the check against a table's types (where pyarrow
     evaluates the expression): any text gives a result or the runtime's own error naming the filter."""
-    from iterreduce import tables
+    from shardio import tables
     from iterreduce.exceptions import IterReduceError
 
     try:

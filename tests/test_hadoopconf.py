@@ -94,7 +94,7 @@ def test_the_footer_reader_reaches_hdfs_as_its_caller_does_now(monkeypatch):
     """shard_info's helper process is started once and lives on: it must take the caller's configuration
     and login of each call, not those of its start (a later kinit, keytab or HADOOP_CONF_DIR). Here the
     helper's side runs in this process, its environment as the helper's was."""
-    from iterreduce import readers as shards
+    from shardio import readers as shards
 
     for var in shards.CLIENT_ENVIRONMENT:  # restored afterwards, whatever the call sets
         monkeypatch.setenv(var, "as the helper started")

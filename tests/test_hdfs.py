@@ -1,6 +1,6 @@
 """The project's file I/O against a real HDFS (the NameNode and DataNode of tests/minihadoop.py).
 
-Everything goes through the project's own ``hdfs://`` path (``iterreduce.shards.
+Everything goes through the project's own ``hdfs://`` path (``shardio.shards.
 filesystem``: hdfs-native under pyarrow); the ``hdfs`` fixture's own client
 (``hdfs.fs()``) only plants files and checks what really landed on HDFS.
 """
@@ -19,9 +19,9 @@ from iterreduce import checkpoint
 from iterreduce.checkpoint import CheckpointError
 from iterreduce.ownership import MANIFEST_NAME
 from iterreduce.exceptions import ShardError
-from iterreduce.readers import list_shards, read_shard
+from shardio.readers import list_shards, read_shard
 from iterreduce.filesystems import open_output_file
-from iterreduce.shards import write_shards
+from shardio.shards import write_shards
 
 pytestmark = pytest.mark.hdfs
 
@@ -121,7 +121,7 @@ def test_missing_shard_on_hdfs_is_a_shard_error_naming_the_uri(hdfs, base):
 
 
 def test_shard_info_and_labels_read_footers_and_one_column_on_hdfs(hdfs, base):
-    from iterreduce.readers import read_labels, shard_info
+    from shardio.readers import read_labels, shard_info
 
     uri, path = base
     X = np.random.default_rng(5).random((40, 7), dtype=np.float32)
@@ -320,7 +320,7 @@ def test_outputs_named_like_compressed_files_land_byte_for_byte(hdfs, base, tmp_
 def test_string_labels_keep_their_classes_on_hdfs(hdfs, base, tmp_path):
     """The classes of string labels travel in each shard's Parquet metadata (test_string_labels.py)."""
     from dbn.data.sharding import shard_dataset
-    from iterreduce.readers import shard_classes, shard_info
+    from shardio.readers import shard_classes, shard_info
 
     uri, _ = base
     X, y = _dataset(tmp_path)

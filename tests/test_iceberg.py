@@ -24,8 +24,8 @@ from pyiceberg.catalog.sql import SqlCatalog  # noqa: E402
 
 from dbn import DBN  # noqa: E402
 from dbn.cli import main  # noqa: E402
-from iterreduce.readers import list_shards  # noqa: E402
-from iterreduce.tables import TableShard, TableSource, pin  # noqa: E402
+from shardio.readers import list_shards  # noqa: E402
+from shardio.tables import TableShard, TableSource, pin  # noqa: E402
 from test_delta import animals, job as delta_job, train as delta_train  # noqa: E402
 
 
@@ -182,7 +182,7 @@ class WritingIO:
         from pyiceberg.io import OutputFile
 
         from iterreduce.filesystems import filesystem
-        from iterreduce.iceberg_io import FileSystemInput, FileSystemIO
+        from shardio.iceberg_io import FileSystemInput, FileSystemIO
 
         class Output(OutputFile):
             def __init__(self, location):
@@ -227,8 +227,8 @@ def write_on_hdfs(hdfs, tmp_path, folder: str):
 
 
 def test_the_metadata_is_read_through_the_projects_own_file_systems(table):
-    from iterreduce.iceberg import load
-    from iterreduce.iceberg_io import FileSystemIO
+    from shardio.iceberg import load
+    from shardio.iceberg_io import FileSystemIO
 
     loaded, snapshot = load(str(folder(table)))
     assert isinstance(loaded.io, FileSystemIO) and snapshot.snapshot_id == table.current_snapshot().snapshot_id
@@ -251,7 +251,7 @@ def test_equality_delete_files_are_refused_naming_their_kind():
 
     from pyiceberg.manifest import DataFileContent, FileFormat
 
-    from iterreduce import iceberg
+    from shardio import iceberg
     from iterreduce.exceptions import TableError
 
     data = SimpleNamespace(file_path="file:///t/data/a.parquet", content=DataFileContent.DATA,

@@ -201,12 +201,12 @@ def test_a_stop_signal_unwinds_the_process_then_ends_it_by_that_signal(tmp_path,
 
 @pytest.mark.parametrize("signum", STOPS, ids=lambda s: s.name)
 def test_the_footer_reader_ends_quietly_on_a_stop_signal(tmp_path, capfd, signum):
-    from iterreduce.footers import FooterReader
+    from shardio.footers import FooterReader
     from iterreduce.filesystems import client_environment
-    from iterreduce.shards import write_shards
+    from shardio.shards import write_shards
 
     (uri,) = write_shards(np.ones((4, 3), np.float32), None, str(tmp_path / "shard"), 1)
-    reader = FooterReader()
+    reader = FooterReader("shardio.readers")
     try:
         assert reader.describe(uri, client_environment())["rows"] == 4  # the helper is up and answering
         helper = reader.process
@@ -220,13 +220,13 @@ def test_the_footer_reader_ends_quietly_on_a_stop_signal(tmp_path, capfd, signum
 
 def test_a_footer_reader_stopped_while_asked_is_named_as_stopped_not_as_a_crash(tmp_path, monkeypatch):
     """The shard did not end the helper: the error says what did (a real crash is test_shards' business)."""
-    from iterreduce import footers
+    from shardio import footers
     from iterreduce.exceptions import ShardError
     from iterreduce.filesystems import client_environment
-    from iterreduce.shards import write_shards
+    from shardio.shards import write_shards
 
     (uri,) = write_shards(np.ones((4, 3), np.float32), None, str(tmp_path / "shard"), 1)
-    reader = footers.FooterReader()
+    reader = footers.FooterReader("shardio.readers")
     try:
         reader.describe(uri, client_environment())
 
@@ -265,7 +265,7 @@ def test_a_worker_and_the_master_end_quietly_and_remove_their_files(tmp_path):
     """A worker stopped by SIGTERM, then the one the launcher starts in its place by SIGINT, write no
     traceback in their log and remove their row files; the master stopped by SIGINT writes none
     either, and the launcher reads it as killed by SIGINT (a --resume continues such a job)."""
-    from iterreduce.shards import write_shards
+    from shardio.shards import write_shards
 
     rng = np.random.default_rng(0)
     write_shards(rng.random((200, 6)).astype(np.float32), np.arange(200) % 2, str(tmp_path / "shards"), 1)
@@ -352,7 +352,7 @@ def test_a_local_job_stopped_from_its_terminal_ends_quietly_and_leaves_nothing_r
         def working() -> dict | None:
             processes = descendants(dbn.pid)
             commands = " ".join(command for _, command in processes.values())
-            up = all(name in commands for name in ("iterreduce.master", "iterreduce.worker", "iterreduce.footers"))
+            up = all(name in commands for name in ("iterreduce.master", "iterreduce.worker", "shardio.readers"))
             logs = list((tmp_path / "out").rglob("log.jsonl"))
             return processes if up and any(len(records(log.parent)) >= 2 for log in logs) else None
 

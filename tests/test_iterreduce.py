@@ -17,7 +17,7 @@ from iterreduce import checkpoint, wire
 from iterreduce.program import Program, Step, Update, shard_seed, step_from_json, step_to_json, weighted_average
 from iterreduce.proto import iterreduce_pb2 as pb
 from iterreduce.security import TOKEN_KEY, metadata, new_token
-from iterreduce.shards import write_shards
+from shardio.shards import write_shards
 
 
 @pytest.fixture

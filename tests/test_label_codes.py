@@ -20,7 +20,7 @@ import pytest
 from dbn import DBN
 from dbn.cli import main
 from dbn.data.validation import MAX_EMPTY_CLASSES, DataError, check_labels, label_indices
-from iterreduce.shards import write_shards
+from shardio.shards import write_shards
 
 CODES = np.array([19990101, 20231231, 20240101])
 

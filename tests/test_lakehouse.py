@@ -16,7 +16,7 @@ import pytest
 from dbn.cli import main
 from iterreduce.exceptions import TableError
 from iterreduce.filesystems import filesystem
-from iterreduce.lakehouse import lakehouse_format
+from shardio.lakehouse import lakehouse_format
 from test_table_jobs import write_animals
 
 FEATURES = '["vec", "x0", "x1", "x2", "x3"]'

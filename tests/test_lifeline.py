@@ -13,8 +13,8 @@ import time
 PARENT = """
 import sys, time
 import numpy as np
-from iterreduce import readers
-from iterreduce.shards import write_shards
+from shardio import readers
+from shardio.shards import write_shards
 (uri,) = write_shards(np.ones((4, 3), np.float32), None, sys.argv[1], 1)
 readers.shard_info([uri])  # starts the footer reader, as the master does
 print(readers._footer_reader.process.pid, flush=True)

@@ -20,7 +20,7 @@ from conftest_runtime import (DELAY_ENV, SLOW_DBN, SLOW_SOFTMAX, SOFTMAX, blobs,
                               worker_pids)
 from iterreduce import checkpoint, sharedmem
 from iterreduce.exceptions import LocalJobError, MasterKilled
-from iterreduce.shards import write_shards
+from shardio.shards import write_shards
 
 
 @pytest.fixture(autouse=True)
@@ -416,3 +416,16 @@ def test_the_log_level_variable_reaches_master_and_workers(tmp_path, monkeypatch
     with pytest.raises(LocalJobError, match=f"{LOG_LEVEL_VAR}='loud': not a log level"):
         run_job(program=SOFTMAX, program_config={"n_classes": 3, "epochs": 2}, shards=str(tmp_path / "shards"),
                 workers=2, output=str(tmp_path / "out2"), timeout=60)
+
+
+def test_a_worker_whose_program_takes_seconds_to_import_is_not_taken_for_lost(tmp_path, monkeypatch):
+    """A worker learns its program when it registers, then imports it (CuPy's import may take seconds):
+    it beats from its registration on, so the master does not drop it as silent meanwhile."""
+    subprocess_env(monkeypatch)
+    monkeypatch.setenv("SLOW_IMPORT_S", "3")  # three heartbeat timeouts
+    X, y = blobs(300)
+    uris = write_shards(X, y, str(tmp_path / "shards"), 3)
+    out = run_job(program="slow_import_program:SlowImportSoftmax", program_config={"n_classes": 3, "epochs": 2},
+                  shards=uris, workers=3, output=str(tmp_path / "out"), heartbeat_timeout=1.0, timeout=120)
+    assert events(out, "worker_lost") == []
+    assert [r["shards"] for r in records(out)] == [3, 3]

@@ -16,8 +16,8 @@ import pytest
 from conftest_runtime import (SLOW_SOFTMAX, SOFTMAX, assert_same_bits, blobs, events, kill_worker, load_npz, records,
                               run_job, simulate, subprocess_env)
 from iterreduce.master import MasterConfig
-from iterreduce.readers import list_shards
-from iterreduce.shards import write_shards
+from shardio.readers import list_shards
+from shardio.shards import write_shards
 
 CONFIG = {"n_classes": 3, "epochs": 16, "batch_size": 0, "local_steps": 1, "learning_rate": 0.5}
 KILLS = {3: "worker-1", 8: "worker-2", 12: "worker-1"}  # step -> the worker SIGKILLed once that step is in

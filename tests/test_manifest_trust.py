@@ -35,8 +35,8 @@ from hypothesis import strategies as st
 from conftest_runtime import REPO, TESTS_DIR
 from iterreduce import durable, ownership
 from iterreduce.exceptions import ForeignFileError, IterReduceError, OutputBusy
-from iterreduce.readers import list_shards, read_shard
-from iterreduce.shards import write_shards
+from shardio.readers import list_shards, read_shard
+from shardio.shards import write_shards
 
 MANIFEST = ownership.MANIFEST_NAME
 

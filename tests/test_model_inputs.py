@@ -11,8 +11,8 @@ import pytest
 
 from dbn import DBN, DataError, ModelFileError
 from dbn.model import persist, preprocess
-from iterreduce.scaling import FeatureStats, Scaler
-from iterreduce.labels import LabelMap
+from dbn.model.scaler import FeatureStats, Scaler
+from shardio.labels import LabelMap
 
 SMALL = dict(pretrain_epochs=3, finetune_epochs=20, top_layer_epochs=2, finetune_learning_rate=0.3,
              pretrain_batch_size=20, finetune_batch_size=20, device="cpu", seed=0)
@@ -177,7 +177,7 @@ def test_gaussian_units_take_standardized_raw_rows():
     (lambda s: s, (0, 1, 2**70), r"class 1180591620717411303424 \(at 2\) does not fit in 64 bits"),
     (lambda s: s, np.array([["ant", "bee", "cat"]]), r"classes must be 1-D, got shape \(1, 3\)"),
     (lambda s: s, "abc", "classes must be a sequence"),
-    (lambda s: s.to_dict(), None, "scaler must be an iterreduce.scaling.Scaler, got dict"),
+    (lambda s: s.to_dict(), None, "scaler must be an dbn.model.scaler.Scaler, got dict"),
     (lambda s: Scaler("max_abs", s.offset, s.scale), None, "scaler kind must be one of .*'max_abs'"),
     (lambda s: Scaler("min_max", s.offset, s.scale[:4]), None, "scaler scale has 4 values but its offset 6"),
     (lambda s: Scaler("min_max", np.where(np.arange(6) == 4, np.inf, s.offset), s.scale), None,

@@ -20,7 +20,7 @@ import pytest
 from yarnjobs import KEEP_CLUSTERS, N_FEATURES, job_file, shared_driver, started
 from dbn import DBN
 from dbn.cli import main
-from iterreduce.shards import write_shards
+from shardio.shards import write_shards
 from iterreduce.yarn import client as yarn_client
 from iterreduce.yarn.relax import SPARE_SERVICE
 

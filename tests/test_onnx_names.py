@@ -19,7 +19,7 @@ from hypothesis import strategies as st  # noqa: E402
 from dbn import DBN  # noqa: E402
 from dbn.cli import main  # noqa: E402
 from dbn.model.onnx_export import to_onnx  # noqa: E402
-from iterreduce.scaling import Scaler  # noqa: E402
+from dbn.model.scaler import Scaler  # noqa: E402
 
 TOLERANCE = 1e-5
 #: Every name the graph of a scaled, three-layer model used for its own values, its outputs and the

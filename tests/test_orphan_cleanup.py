@@ -21,7 +21,7 @@ import pytest
 from conftest_runtime import REPO, SOFTMAX, TESTS_DIR, blobs, cmdline, master_info, records, worker_pids
 from iterreduce import jobfolders, lifeline, sharedmem
 from iterreduce.rowfile import LOCAL_DIR_VAR
-from iterreduce.shards import write_shards
+from shardio.shards import write_shards
 from iterreduce.sharedmem import SharedFolder
 
 LAUNCHER = """

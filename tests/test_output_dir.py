@@ -318,7 +318,7 @@ def test_resume_passes_over_another_jobs_checkpoints_in_the_directory(tmp_path, 
     """Another job's higher-numbered checkpoints in the very checkpoint folder (e.g. a shared
     [cluster] checkpoint folder on HDFS): the master resumes from its own job's newest."""
     from conftest_runtime import SOFTMAX, blobs, run_job
-    from iterreduce.shards import write_shards
+    from shardio.shards import write_shards
 
     subprocess_env(monkeypatch)
     X, y = blobs(300, d=4, k=3)

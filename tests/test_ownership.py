@@ -31,8 +31,8 @@ from dbn.cli import main
 from iterreduce import ownership
 from iterreduce.exceptions import ForeignFileError, OutputBusy
 from iterreduce.ownership import prune_previous, set_aside
-from iterreduce.readers import list_shards, read_shard
-from iterreduce.shards import write_shards
+from shardio.readers import list_shards, read_shard
+from shardio.shards import write_shards
 from test_cli import make_dataset
 from test_output_dir import job, train  # noqa: F401 (job: a fixture)
 

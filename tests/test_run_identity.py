@@ -18,7 +18,7 @@ import pytest
 
 from conftest_runtime import InProcessJob, blobs, events, records, run_job, subprocess_env, SOFTMAX
 from iterreduce import checkpoint
-from iterreduce.shards import write_shards
+from shardio.shards import write_shards
 
 CONFIG = {"n_classes": 3, "epochs": 4}
 

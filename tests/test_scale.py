@@ -21,7 +21,7 @@ from conftest_runtime import DELAY_ENV, SLOW_SOFTMAX, SOFTMAX, assert_same_bits,
 from iterreduce.master import Master, MasterConfig
 from iterreduce.membership import Membership
 from iterreduce.security import new_token
-from iterreduce.shards import write_shards
+from shardio.shards import write_shards
 from iterreduce.worker import Worker
 
 CONFIG = {"n_classes": 3, "epochs": 14, "batch_size": 0, "local_steps": 1, "learning_rate": 0.5}

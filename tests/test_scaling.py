@@ -15,7 +15,7 @@ import pytest
 from dbn import DBN
 from dbn.cli import main
 from dbn.jobs.spec import load_spec
-from iterreduce.shards import write_shards
+from shardio.shards import write_shards
 
 CLASSES, FEATURES = 3, 12
 

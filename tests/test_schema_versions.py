@@ -25,8 +25,8 @@ import pytest
 from dbn import DBN
 from dbn.cli import main
 from iterreduce.exceptions import ShardError
-from iterreduce.tables import TableSource, open_dataset, read_piece, resolve, table_pieces
-from iterreduce.labels import LabelMap
+from shardio.tables import TableSource, open_dataset, read_piece, resolve, table_pieces
+from shardio.labels import LabelMap
 
 from test_delta import job as model_job
 
@@ -240,7 +240,7 @@ class CountingHandler(pafs.FileSystemHandler):
 
 def test_the_footers_merged_are_those_the_pieces_are_cut_from(tmp_path, monkeypatch):
     """Merging the schemas reads each footer once, and cutting the pieces reads none again."""
-    import iterreduce.tables as tables
+    import shardio.tables as tables
 
     for day in range(1, 6):
         write(rows(day, 60, extra=["f10"] if day > 3 else ()), tmp_path / "t" / f"day={day}" / "part-0.parquet",

@@ -8,8 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from iterreduce.exceptions import ShardError
-from iterreduce.readers import list_shards, read_shard
-from iterreduce.shards import write_shards
+from shardio.readers import list_shards, read_shard
+from shardio.shards import write_shards
 
 
 def fixed_list(values: np.ndarray, width: int, type_=None):
@@ -246,7 +246,7 @@ def test_the_footer_reader_process_ends_with_the_process_that_started_it(tmp_pat
     from pathlib import Path
 
     (uri,) = write_shards(np.ones((4, 3), np.float32), None, str(tmp_path), 1)
-    script = ("import sys, time\nfrom iterreduce import readers as shards\nshards.shard_info([sys.argv[1]])\n"
+    script = ("import sys, time\nfrom shardio import readers as shards\nshards.shard_info([sys.argv[1]])\n"
               "print(shards._footer_reader.process.pid, flush=True)\ntime.sleep(60)\n")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.Popen([sys.executable, "-c", script, uri], stdout=subprocess.PIPE, text=True, env=env)
@@ -274,7 +274,7 @@ def test_a_process_tree_killed_leaves_nothing_in_dev_shm(tmp_path):
     if not os.path.isdir("/dev/shm"):
         pytest.skip("no /dev/shm")
     (uri,) = write_shards(np.ones((4, 3), np.float32), None, str(tmp_path), 1)
-    script = ("import sys, time\nfrom iterreduce import readers\nreaders.shard_info([sys.argv[1]])\n"
+    script = ("import sys, time\nfrom shardio import readers\nreaders.shard_info([sys.argv[1]])\n"
               "print('read', flush=True)\ntime.sleep(60)\n")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     proc = subprocess.Popen([sys.executable, "-c", script, uri], stdout=subprocess.PIPE, text=True, env=env,
@@ -331,12 +331,12 @@ def test_a_footer_that_ends_the_reader_is_an_error_naming_the_shard(tmp_path, mo
     import subprocess
     import sys
 
-    from iterreduce import footers, readers
+    from shardio import footers, readers
 
     (uri,) = write_shards(np.ones((4, 3), np.float32), None, str(tmp_path), 1)
-    reader = footers.FooterReader()
+    reader = footers.FooterReader("shardio.readers")
     real_start = footers._start
-    monkeypatch.setattr(footers, "_start", lambda: subprocess.Popen(  # reads the request, then dies as pyarrow does
+    monkeypatch.setattr(footers, "_start", lambda module: subprocess.Popen(  # reads the request, then dies as pyarrow does
         [sys.executable, "-c", "import os, sys; sys.stdin.buffer.read(8); os.abort()"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL))
     with pytest.raises(ShardError, match=f"{uri}: not a readable Parquet file"):

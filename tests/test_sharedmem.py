@@ -17,7 +17,7 @@ from iterreduce import sharedmem, wire
 from iterreduce.broadcast import SHARED_VALUES_KEPT, Broadcast
 from iterreduce.exceptions import MasterKilled, WireError
 from iterreduce.proto import iterreduce_pb2 as pb
-from iterreduce.shards import write_shards
+from shardio.shards import write_shards
 from iterreduce.sharedmem import SharedFolder
 
 pytestmark = pytest.mark.skipif(not sharedmem.available(), reason="no /dev/shm on this host")

@@ -10,8 +10,8 @@ from dbn import DBN, RBM
 from dbn.jobs.program import DBNProgram, dbn_params
 from dbn.model import persist, state
 from iterreduce import checkpoint
-from iterreduce.readers import shard_info
-from iterreduce.shards import write_shards
+from shardio.readers import shard_info
+from shardio.shards import write_shards
 
 SMALL = dict(pretrain_epochs=2, finetune_epochs=3, top_layer_epochs=1, finetune_learning_rate=0.3, device="cpu", seed=0)
 

@@ -13,11 +13,11 @@ import pytest
 from conftest_runtime import InProcessJob, simulate
 from dbn.exceptions import ConfigError
 from dbn.jobs import memory
-from iterreduce import shards as shards_module
+from shardio import shards as shards_module
 from iterreduce.exceptions import ShardError
 from iterreduce.rowfile import RowFile, prefetch
-from iterreduce.shards import as_float32, write_shards
-from iterreduce.readers import read_shard, spill_shard
+from shardio.shards import as_float32, write_shards
+from shardio.readers import read_shard, spill_shard
 
 DBN_PROGRAM = "dbn.jobs.program:DBNProgram"
 
@@ -187,7 +187,7 @@ def test_streaming_workers_train_the_one_process_model(tmp_path, small_blocks):
 
 def test_a_streamed_worker_keeps_only_the_data_and_the_newest_layer_on_disk(tmp_path, small_blocks, monkeypatch):
     from iterreduce.program import shard_seed
-    from iterreduce.readers import shard_info
+    from shardio.readers import shard_info
     from dbn.jobs.program import DBNProgram, DBNWorker
 
     monkeypatch.setenv("ITERREDUCE_LOCAL_DIR", str(tmp_path / "local"))

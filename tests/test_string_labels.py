@@ -20,9 +20,9 @@ from dbn.data.sharding import load_shards, shard_dataset
 from dbn.data.validation import label_indices
 from dbn.exceptions import DataError
 from iterreduce.exceptions import ShardError
-from iterreduce.shards import CLASSES_KEY, write_shards
-from iterreduce.readers import describe_shard, list_shards, shard_classes
-from iterreduce.labels import LabelMap
+from shardio.shards import CLASSES_KEY, write_shards
+from shardio.readers import describe_shard, list_shards, shard_classes
+from shardio.labels import LabelMap
 
 NAMES = np.array(["red", "rose", "white"])  # sorted: class i is NAMES[i]
 FEATURES = 8

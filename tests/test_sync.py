@@ -10,7 +10,7 @@ from conftest_runtime import InProcessJob, blobs, load_npz, simulate
 from iterreduce import wire
 from iterreduce.program import REDUCE_BLOCK, Update, block_momentum_average, weighted_average
 from iterreduce.proto import iterreduce_pb2 as pb
-from iterreduce.shards import write_shards
+from shardio.shards import write_shards
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64, np.int32])

@@ -29,10 +29,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from dbn.cli import main
-from iterreduce import iceberg
+from shardio import iceberg
 from iterreduce.exceptions import ShardError
-from iterreduce.labels import LabelMap
-from iterreduce.tables import TableShard, TableSource, label_classes, open_dataset, read_piece, resolve, table_pieces
+from shardio.labels import LabelMap
+from shardio.tables import TableShard, TableSource, label_classes, open_dataset, read_piece, resolve, table_pieces
 from test_bad_data import assert_refused, plant_earlier_model
 from test_footer_trust import _encoded_i64, _list_header, _struct_fields, address_space_cap, footer_says
 

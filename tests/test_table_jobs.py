@@ -17,10 +17,10 @@ from conftest import MNIST_DIR
 from dbn import DBN
 from dbn.cli import main
 from dbn.data.table_data import read_table
-from iterreduce.readers import list_shards, read_shard
-from iterreduce.shards import write_shards
-from iterreduce.scaling import FeatureStats
-from iterreduce.tables import TableShard
+from shardio.readers import list_shards, read_shard
+from shardio.shards import write_shards
+from dbn.model.scaler import FeatureStats
+from shardio.tables import TableShard
 
 # Spark ML's VectorUDT as Spark stores it in Parquet.
 VECTOR = pa.struct([pa.field("type", pa.int8(), nullable=False), pa.field("size", pa.int32()),

@@ -13,10 +13,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from iterreduce.exceptions import ShardError
-from iterreduce.scaling import FeatureStats, Scaler
-from iterreduce.labels import LabelMap
-from iterreduce.filters import filter_columns, parse_filter
-from iterreduce.tables import Piece, TableSource, assign, label_classes, open_dataset, pieces, read_piece, resolve
+from dbn.model.scaler import FeatureStats, Scaler
+from shardio.labels import LabelMap
+from shardio.filters import filter_columns, parse_filter
+from shardio.tables import Piece, TableSource, assign, label_classes, open_dataset, pieces, read_piece, resolve
 from iterreduce.exceptions import TableError
 
 # Spark ML's VectorUDT as Spark stores it in Parquet.
@@ -348,7 +348,7 @@ def test_assign_is_longest_first_to_the_least_loaded():
 
 
 def test_assign_with_homes_keeps_each_workers_pieces_on_one_host_where_the_replicas_allow():
-    from iterreduce.tables import worker_hosts
+    from shardio.tables import worker_hosts
 
     # Six files of one block, two replicas each, over three nodes (as HDFS spreads them).
     homes = [{"a": 10, "b": 10}, {"b": 10, "c": 10}, {"a": 10, "c": 10}, {"a": 10, "b": 10}, {"b": 10, "c": 10},
@@ -787,7 +787,7 @@ def test_an_unpartitioned_table_has_no_partition_columns(tmp_path):
 def test_list_views_become_lists_of_the_same_rows_in_any_order_and_with_nulls():
     """pyarrow's cast of a list_view a filter had reordered gave wrong lengths: the lists here are
     rebuilt from the views' lengths and values, nulls kept."""
-    from iterreduce.columns import as_large_list, without_list_views
+    from shardio.columns import as_large_list, without_list_views
 
     views = pa.ListViewArray.from_arrays(pa.array([4, 0, 2, 0], pa.int32()), pa.array([2, 1, 2, 0], pa.int32()),
                                          pa.array([0.0, 1, 2, 3, 4, 5]), mask=pa.array([False, False, False, True]))

@@ -20,7 +20,7 @@ from iterreduce.proto import iterreduce_pb2 as pb
 from iterreduce.proto import iterreduce_pb2_grpc as pb_grpc
 from iterreduce.security import (TlsCredentials, certificate_name, channel_credentials, channel_options, from_skein,
                                  metadata, new_token)
-from iterreduce.shards import write_shards
+from shardio.shards import write_shards
 from iterreduce.worker import Worker
 from iterreduce.yarn.container import app_credentials
 

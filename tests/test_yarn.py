@@ -219,7 +219,7 @@ def test_a_new_attempt_never_resumes_another_submissions_checkpoint_of_the_same_
 
 
 def test_a_job_error_ends_the_application_failed_with_the_reason_in_status(yarn, env_archive, hdfs, tmp_path, capsys):
-    from iterreduce.shards import write_shards
+    from shardio.shards import write_shards
 
     X = np.random.default_rng(0).random((40, N_FEATURES), dtype=np.float32)
     write_shards(X, None, hdfs.uri("/user/test/unlabelled"), 2)  # no labels, but fine-tuning is asked for
@@ -431,7 +431,7 @@ def test_master_and_workers_talk_mutual_tls_and_refuse_outsiders(yarn, env_archi
 
 
 def test_block_locations_come_from_the_real_namenode(yarn, hdfs, tmp_path):
-    from iterreduce.shards import write_shards
+    from shardio.shards import write_shards
     from iterreduce.yarn import locality
 
     X = np.random.default_rng(0).random((90, N_FEATURES), dtype=np.float32)
@@ -512,7 +512,7 @@ def test_a_delta_table_on_hdfs_trains_its_current_version_on_yarn(yarn, env_arch
 
     from dbn.jobs.run import Yarn, run
     from dbn.jobs.spec import load_spec
-    from iterreduce.tables import TableSource, open_dataset, pieces, pin
+    from shardio.tables import TableSource, open_dataset, pieces, pin
 
     local = write_versions(tmp_path / "delta")
     fs = yarn.hadoop.fs()

@@ -2,11 +2,11 @@
 (:func:`scale_kind`), a scaler fitted on rows in memory (:func:`fit_scaler`), and the same
 statistics gathered by a distributed job's workers as parameters of its first step (:data:`STATS`)
 and merged by the master (:func:`merge_stats_arrays`) into the same scaler (:func:`gathered_scaler`).
-The statistics and the scaler themselves are :mod:`iterreduce.scaling`'s."""
+The statistics and the scaler themselves are :mod:`dbn.model.scaler`'s."""
 
 from __future__ import annotations
 
-from iterreduce.scaling import FeatureStats, Scaler, merged
+from dbn.model.scaler import FeatureStats, Scaler, merged
 
 #: ``[data] scale``: how features are mapped before training. "auto": to [0, 1] by each
 #: feature's min and max for Bernoulli visible units, to mean 0 and deviation 1 for Gaussian ones.

@@ -18,8 +18,8 @@ import pyarrow.parquet as pq
 from iterreduce import memory as machine_memory, npzfile
 from iterreduce.exceptions import ShardError
 from iterreduce.filesystems import check_output_file, open_output_file
-from iterreduce.readers import describe_shard, list_shards, read_shard, same_classes, shard_classes
-from iterreduce.shards import as_float32, write_shards
+from shardio.readers import describe_shard, list_shards, read_shard, same_classes, shard_classes
+from shardio.shards import as_float32, write_shards
 
 from ..model.preprocess import encode_labels
 from .mnist import load_mnist
@@ -169,7 +169,7 @@ def load_dataset(source: str, *, split: str = "train", mnist_dir: str | None = N
     """Features ready to train on and labels, from ``source`` ("mnist", a .npz or a .csv, as
     :func:`load_source`); ``labels=True`` requires them. uint8 features (MNIST's pixels, a .npz
     of images) are intensities, read as [0, 1] as the shards read them
-    (:func:`iterreduce.shards.as_float32`): the same rows in this process, on the workers and
+    (:func:`shardio.shards.as_float32`): the same rows in this process, on the workers and
     when a model is tested."""
     X, y = load_source(source, split=split, mnist_dir=mnist_dir, limit=limit, label=label, columns=columns)
     if labels and y is None:
@@ -188,7 +188,7 @@ def load_shards(uri: str, *, limit: int | None = None, n_classes: int | None = N
                 unit_interval: bool = False, labels: bool = True):
     """``(X, y, classes)``: the features and class indices of every Parquet shard under ``uri``
     (a directory or URI), in order, and the label classes the shards were written with
-    (:func:`iterreduce.readers.shard_classes`), for training in one process on the shards a job
+    (:func:`shardio.readers.shard_classes`), for training in one process on the shards a job
     names; the first ``limit`` rows only. Each shard is checked as a worker would: a label
     outside ``0..n_classes-1``, or (with ``unit_interval``) a feature outside [0, 1], is an
     error naming its shard and row. ``labels=False`` (pre-training only) reads shards without

@@ -6,12 +6,12 @@ turns that into what training needs, with no copy of the data:
 
 - :func:`table_shards`: the table's pieces (Parquet row groups, ORC files) split among the
   workers, balanced by rows, each share saved as a small ``.table.json`` file that the
-  runtime hands out like a Parquet shard (:class:`iterreduce.tables.TableShard`);
+  runtime hands out like a Parquet shard (:class:`shardio.tables.TableShard`);
 - :func:`table_scaler`: the feature scaler from one pass over the rows (a distributed job
   gathers the same statistics on its workers: :data:`dbn.data.scaling.STATS`);
 - :func:`read_table`: the whole table (or a test table with the same columns) in memory;
-- the label classes (:class:`~iterreduce.labels.LabelMap`) and the feature scaler
-  (:class:`~iterreduce.scaling.Scaler`), computed once, are the same for every share and
+- the label classes (:class:`~shardio.labels.LabelMap`) and the feature scaler
+  (:class:`~dbn.model.scaler.Scaler`), computed once, are the same for every share and
   are saved with the model, so that it predicts from raw rows.
 """
 
@@ -22,13 +22,13 @@ import dataclasses
 import numpy as np
 import pyarrow as pa
 
-from iterreduce import iceberg
+from shardio import iceberg
 from iterreduce.filesystems import check_output_file, join, open_output_file
-from iterreduce.labels import LabelMap
-from iterreduce.scaling import FeatureStats, Scaler
-from iterreduce.shards import shard_set
+from shardio.labels import LabelMap
+from dbn.model.scaler import FeatureStats, Scaler
+from shardio.shards import shard_set
 from iterreduce.yarn.locality import piece_blocks
-from iterreduce.tables import (TableShard, TableSource, assign, column_widths, label_classes, open_dataset, pin,
+from shardio.tables import (TableShard, TableSource, assign, column_widths, label_classes, open_dataset, pin,
                                read_columns, read_piece, resolve, table_pieces)
 
 from .sharding import FEATURES_COLUMNS, PREDICTION_COLUMNS, RowsWriter, output_columns, output_format
@@ -143,8 +143,8 @@ def table_shards(data, workers: int, directory: str, locate=None) -> list[str]:
     pieces) and save each share in ``directory``; returns their URIs in worker order. The
     shares hold raw rows: the workers gather the statistics that scale them (:data:`dbn.data.scaling.STATS`).
     ``locate``: where files' blocks are (:func:`iterreduce.yarn.locality.file_blocks`), so that
-    each share's pieces are stored on one host where the blocks allow (:func:`iterreduce.tables.assign`).
-    ``directory`` is empty or holds shards written here (:func:`iterreduce.shards.shard_set`)."""
+    each share's pieces are stored on one host where the blocks allow (:func:`shardio.tables.assign`).
+    ``directory`` is empty or holds shards written here (:func:`shardio.shards.shard_set`)."""
     whole = open_table(data)
     pieces = list(whole.pieces)
     homes = [b.on for b in piece_blocks(whole.source.uri, pieces, locate)] if locate else None

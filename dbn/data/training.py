@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from iterreduce.labels import LabelMap
-from iterreduce.readers import describe_shard, list_shards, shard_info
-from iterreduce.scaling import Scaler
+from shardio.labels import LabelMap
+from shardio.readers import describe_shard, list_shards, shard_info
+from dbn.model.scaler import Scaler
 
 from ..exceptions import UsageError
 from .scaling import fit_scaler, scale_kind

@@ -134,7 +134,7 @@ def is_string_labels(y) -> bool:
 
 def label_indices(y, *, n_samples: int, n_classes: int | None = None, classes=None, name: str = "y"):
     """``(indices, classes)``: the class index (int64) of each label in ``y``, and the label
-    classes they index, a sorted :class:`~iterreduce.labels.LabelMap` (None: class i is i).
+    classes they index, a sorted :class:`~shardio.labels.LabelMap` (None: class i is i).
 
     Integer labels are class indices 0..n_classes-1 (:func:`check_labels`); ``classes``, when
     given, is returned with them. Without ``classes`` and ``n_classes``, integer codes
@@ -144,7 +144,7 @@ def label_indices(y, *, n_samples: int, n_classes: int | None = None, classes=No
     sorted distinct values, as a table's labels are. A null or a value that is not a class
     raises :class:`DataError` naming it and its row.
     """
-    from iterreduce.labels import LabelMap
+    from shardio.labels import LabelMap
 
     host = np.asarray(_to_host(y))
     if classes is not None and not isinstance(classes, LabelMap):

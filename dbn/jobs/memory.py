@@ -80,7 +80,7 @@ def shard_bytes(rows: int, features: int, hidden_layers, *, stream: bool = False
 
 
 def worker_bytes(shards: list[dict], workers: int, hidden_layers, *, stream: bool, exchange: bool = False) -> int:
-    """The most memory any of ``workers`` workers needs for ``shards`` (:func:`iterreduce.readers.shard_info`
+    """The most memory any of ``workers`` workers needs for ``shards`` (:func:`shardio.readers.shard_info`
     entries, dealt out in turn as the runtime does); ``exchange``: they reduce among themselves."""
     per_worker: list[int] = [0] * max(1, min(workers, len(shards)))
     for i, shard in enumerate(shards):

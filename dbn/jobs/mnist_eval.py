@@ -21,7 +21,7 @@ from typing import Callable
 from iterreduce import ownership
 from iterreduce.exceptions import ForeignFileError
 from iterreduce.filesystems import join
-from iterreduce.shards import write_shards
+from shardio.shards import write_shards
 
 from ..data.mnist import load_mnist
 from ..exceptions import UsageError

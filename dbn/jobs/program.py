@@ -24,8 +24,8 @@ import numpy as np
 from iterreduce.program import (MASTER_STATE, Program, Step, Update, WorkerProgram, block_momentum_average, master_side,
                                 weighted_average)
 from iterreduce.rowfile import RowFile, local_directory
-from iterreduce.scaling import FeatureStats
-from iterreduce.readers import read_labels, read_shard, same_classes, shard_classes, shard_info, spill_shard
+from dbn.model.scaler import FeatureStats
+from shardio.readers import read_labels, read_shard, same_classes, shard_classes, shard_info, spill_shard
 
 from ..data.scaling import STATS, gathered_scaler, merge_stats_arrays, stats_arrays
 from ..data.table_data import attach_inputs
@@ -69,6 +69,7 @@ class DBNProgram(Program):
     softmax layer's initial weights, drawn here so that every worker starts from the same ones."""
 
     worker_class = "dbn.jobs.program:DBNWorker"
+    reader = "shardio.readers:ShardFiles"
 
     def __init__(self, config):
         super().__init__(config)
@@ -291,7 +292,7 @@ class DBNProgram(Program):
 class DBNWorker(WorkerProgram):
     """Worker side: trains RBM layers and the network on its shards.
 
-    With ``config["stream"]`` a shard is copied to local disk (:func:`iterreduce.readers.spill_shard`)
+    With ``config["stream"]`` a shard is copied to local disk (:func:`shardio.readers.spill_shard`)
     and every layer's input stays there, read a few minibatches ahead: a worker's memory then
     no longer grows with its data (see :mod:`dbn.jobs.memory`). The rows, and so the model,
     are the same bits either way."""

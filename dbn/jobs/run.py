@@ -44,9 +44,9 @@ from iterreduce.memory import available_memory
 from iterreduce.exceptions import MasterKilled
 from iterreduce.local import StopSignal, gpu_count, local_processes, run_local
 from iterreduce.ownership import PREVIOUS, RUN_FILES, prune_previous, set_aside
-from iterreduce.readers import list_shards, shard_info
+from shardio.readers import list_shards, shard_info
 from iterreduce.filesystems import filesystem, join
-from iterreduce.shards import set_shard_note, shard_note
+from shardio.shards import set_shard_note, shard_note
 
 from .. import __version__
 from ..data.sharding import load_dataset, load_validation
@@ -566,7 +566,7 @@ def local_shards(spec: JobSpec, out: Path, n_shards: int) -> str:
     if shards.is_dir() and shard_note(str(shards), SHARDS_SOURCE) == source:
         return str(shards)
     # Another source's shards (written here: listed in their manifest) are replaced; a folder
-    # holding anything else is refused untouched (iterreduce.shards.shard_set).
+    # holding anything else is refused untouched (shardio.shards.shard_set).
     data.shards(str(shards), n_shards)
     set_shard_note(str(shards), SHARDS_SOURCE, source)
     return str(shards)

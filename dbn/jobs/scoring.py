@@ -34,7 +34,7 @@ from iterreduce.exceptions import ForeignFileError, OutputExists
 from iterreduce.filesystems import filesystem, join, open_output_file
 from iterreduce.master import MasterConfig, new_run_id
 from iterreduce.program import Program, Step, Update, WorkerProgram
-from iterreduce.tables import TableShard, assign, table_pieces
+from shardio.tables import TableShard, assign, table_pieces
 from iterreduce.yarn import locality
 
 from ..data.sharding import RowsWriter
@@ -91,6 +91,7 @@ class ScoringProgram(Program):
     label column, or None), ``table``, ``filter``, ``chunks`` (steps)."""
 
     worker_class = "dbn.jobs.scoring:ScoringWorker"
+    reader = "shardio.readers:ShardFiles"
     every_shard_every_step = True  # a chunk skipped would be rows missing from the output
     COUNTS = ("rows", "wrong")
 

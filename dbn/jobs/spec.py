@@ -49,7 +49,7 @@ from typing import Any
 import tomli_w
 
 from iterreduce.master import LOST_SHARDS_CHOICES, REDUCE_CHOICES, MasterConfig
-from iterreduce.tables import FORMATS
+from shardio.tables import FORMATS
 
 from ..data.scaling import SCALINGS
 from ..data.training import training_data

@@ -32,8 +32,8 @@ from skein.model import parse_memory
 from iterreduce import ownership
 from iterreduce.exceptions import ForeignFileError, YarnError
 from iterreduce.filesystems import filesystem, join, open_output_file
-from iterreduce.readers import list_shards, shard_info
-from iterreduce.tables import TableShard
+from shardio.readers import list_shards, shard_info
+from shardio.tables import TableShard
 from iterreduce.yarn import locality
 from iterreduce.yarn.envpack import pack_environment
 from iterreduce.yarn.spec import YarnOptions, build_spec
@@ -175,7 +175,7 @@ def ship_environment(opts: YarnOptions, *, dry_run: bool = False, log=print) -> 
     archive = CACHE / "environments" / f"{hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]}.tar.gz"
     if not dry_run:
         log(f"packing this Python environment ({sys.prefix}) into {archive}")
-        pack_environment(str(archive), require=("iterreduce", "dbn"))
+        pack_environment(str(archive), require=("iterreduce", "shardio", "dbn"))
     opts.env_archive = str(archive)
 
 

@@ -21,7 +21,7 @@ class RawInputs:
         """Attach what turned the raw table into the training data, so that the model takes raw
         rows and answers in label values; returns self. Saved with the model (:meth:`save`).
 
-        scaler : iterreduce.scaling.Scaler or None
+        scaler : dbn.model.scaler.Scaler or None
             Scales every row that :meth:`transform`, :meth:`predict_proba`, :meth:`predict` and
             :meth:`score` get, before the input checks: raw rows outside [0, 1] suit Bernoulli
             visible units when the scaler maps them into [0, 1]. Its width must be
@@ -98,7 +98,7 @@ class RawInputs:
             return X
         import pyarrow as pa
 
-        from iterreduce.tables import named_blocks, named_features
+        from shardio.tables import named_blocks, named_features
 
         if isinstance(X, pa.RecordBatch):
             X = pa.Table.from_batches([X])

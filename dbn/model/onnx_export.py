@@ -1,7 +1,7 @@
 """A trained classifier as an ONNX graph: raw rows in, the table's labels and their probabilities out.
 
 The whole inference path of :meth:`~dbn.model.estimator.DBN.predict` is in the graph: the saved
-feature scaler (in float64, then rounded to float32, as :class:`~iterreduce.scaling.Scaler`
+feature scaler (in float64, then rounded to float32, as :class:`~dbn.model.scaler.Scaler`
 does), the sigmoid layers, the softmax, and the label classes (strings or integers) as a
 constant the most probable class indexes. Where the model knows its columns and each gives one
 feature, each column is an input of its own, by name ([N, 1]); otherwise one input ``features``

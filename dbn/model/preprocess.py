@@ -1,7 +1,7 @@
 """What a model does to raw rows before its network sees them, and to class indices after.
 
-The training job scales a table's features with an :class:`iterreduce.scaling.Scaler` and maps
-its labels to class indices 0..K-1 with an :class:`iterreduce.labels.LabelMap`. A
+The training job scales a table's features with an :class:`dbn.model.scaler.Scaler` and maps
+its labels to class indices 0..K-1 with an :class:`shardio.labels.LabelMap`. A
 :class:`~dbn.model.estimator.DBN` that carries both (``DBN.set_inputs``) takes raw rows of
 the same table and gives label values; it also names the table's columns it reads, so that a
 table whose columns come in another order gives it the same features. This module checks them,
@@ -9,7 +9,7 @@ applies them and gives their model-file form: the scaler's kind, the classes (in
 strings, exactly, as JSON) and the columns in the header, the scaler's offset and scale as
 float64 arrays named :data:`SCALER_ARRAYS`.
 
-:mod:`iterreduce.labels` (and with it pyarrow) is imported on first use, so that ``import dbn``
+:mod:`shardio.labels` (and with it pyarrow) is imported on first use, so that ``import dbn``
 stays quick.
 """
 
@@ -20,7 +20,7 @@ import collections
 import numpy as np
 
 from iterreduce.exceptions import ShardError
-from iterreduce.scaling import Scaler
+from dbn.model.scaler import Scaler
 
 from ..data.validation import check_label_shape
 from ..exceptions import DataError
@@ -34,11 +34,11 @@ _INT64 = np.iinfo(np.int64)
 # ------------------------------------------------------------------ checks
 
 def check_scaler(scaler, n_features: int | None = None) -> Scaler:
-    """A checked copy of ``scaler`` (an :class:`iterreduce.scaling.Scaler`): a known kind, offset and
+    """A checked copy of ``scaler`` (an :class:`dbn.model.scaler.Scaler`): a known kind, offset and
     scale 1-D, finite, float64 and of one length, ``n_features`` when given. The copy keeps later
     changes to the caller's arrays out of the model."""
     if not isinstance(scaler, Scaler):
-        raise TypeError(f"scaler must be an iterreduce.scaling.Scaler, got {type(scaler).__name__}")
+        raise TypeError(f"scaler must be an dbn.model.scaler.Scaler, got {type(scaler).__name__}")
     if scaler.kind not in SCALER_KINDS:
         raise ValueError(f"scaler kind must be one of {SCALER_KINDS}, got {scaler.kind!r}")
     fields = {}
@@ -122,7 +122,7 @@ def check_widths(widths, columns: tuple[str, ...], n_features: int | None = None
 
 def scale(scaler: Scaler, X) -> np.ndarray:
     """Raw rows ``X`` (checked: 2-D, numeric, finite, of the scaler's width) scaled as the training
-    data was, by :meth:`Scaler.transform <iterreduce.scaling.Scaler.transform>` itself: float32 on the host."""
+    data was, by :meth:`Scaler.transform <dbn.model.scaler.Scaler.transform>` itself: float32 on the host."""
     if type(X).__module__.startswith("cupy"):
         X = X.get()  # the Scaler works on the host; its result goes to the model's device next
     return scaler.transform(X)
@@ -130,9 +130,9 @@ def scale(scaler: Scaler, X) -> np.ndarray:
 
 def encode_labels(classes: np.ndarray, y, n_samples: int, name: str = "y") -> np.ndarray:
     """The class index (int64) of each label value in ``y`` (1-D, ``n_samples`` of them), by
-    :meth:`LabelMap.encode <iterreduce.labels.LabelMap.encode>` as the training job maps them;
+    :meth:`LabelMap.encode <shardio.labels.LabelMap.encode>` as the training job maps them;
     a value that is not one of ``classes`` raises :class:`DataError` naming it and its row."""
-    from iterreduce.labels import LabelMap  # pyarrow: only when labels are encoded
+    from shardio.labels import LabelMap  # pyarrow: only when labels are encoded
 
     if type(y).__module__.startswith("cupy"):
         y = y.get()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from shardio.readers import read_shard
+
 from ..program import Program, Step, Update, WorkerProgram
 
 ARRAYS = ("weights", "bias")
@@ -17,6 +19,7 @@ ARRAYS = ("weights", "bias")
 
 class SoftmaxRegression(Program):
     worker_class = "iterreduce.programs.softmax:SoftmaxWorker"
+    reader = "shardio.readers:ShardFiles"
 
     def initial_parameters(self, seed, shards):
         n_features = shards[0]["features"]
@@ -34,6 +37,9 @@ class SoftmaxRegression(Program):
 
 
 class SoftmaxWorker(WorkerProgram):
+    def load_shard(self, uri, index):
+        return read_shard(uri, index)
+
     def run(self, step: Step, parameters, shard, seed) -> Update:
         W = parameters["weights"].astype(np.float64)
         b = parameters["bias"].astype(np.float64)

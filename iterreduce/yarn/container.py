@@ -43,7 +43,7 @@ import skein
 from ..exceptions import STOPPED_ON_BAD_DATA, DataError
 from ..filesystems import filesystem, join, open_output_file
 from ..master import JOB_ERRORS, JobFailed, Master, MasterConfig
-from ..readers import list_shards
+from ..program import reader_of
 from ..security import TlsCredentials, from_skein, new_token
 from ..worker import Worker
 from . import KV_ADDRESS, KV_PROGRESS, KV_SLOT, KV_TOKEN, KV_UI, KV_WORKERS, locality
@@ -86,7 +86,8 @@ def master_config(job: dict, local_out: Path, token: str, restart: bool, run_id:
     the user's: the newest checkpoint of the job, whichever run wrote it."""
     fields = dict(job["master"])
     shards = fields["shards"]
-    fields.update(shards=list_shards(shards) if isinstance(shards, str) else list(shards), output=str(local_out),
+    shards = reader_of(fields["program"]).list_shards(shards) if isinstance(shards, str) else list(shards)
+    fields.update(shards=shards, output=str(local_out),
                   token=token, host="0.0.0.0", advertise_host=os.environ.get("NM_HOST") or socket.getfqdn(),
                   # The page on loopback only: skein's application master, in this container, serves it
                   # to YARN's web proxy alone (register_page), under a secret path only it knows.

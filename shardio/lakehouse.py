@@ -17,7 +17,7 @@ import posixpath
 
 import pyarrow.fs as pafs
 
-from .exceptions import TableError
+from iterreduce.exceptions import TableError
 
 #: The folder each format keeps beside its data files, and the format's name.
 MARKERS = {"_delta_log": "Delta Lake", "metadata": "Apache Iceberg", ".hoodie": "Apache Hudi"}

@@ -9,7 +9,7 @@ The steps, one function each:
 - :func:`pieces` cuts the table into work units (a Parquet row group, or an ORC file), plain
   data a master can send, and :func:`assign` balances them among workers by rows;
 - :func:`read_piece` reads one as float32 features (rows x features) and int64 classes;
-- :func:`label_classes` builds the :class:`~iterreduce.labels.LabelMap` from the label column;
+- :func:`label_classes` builds the :class:`~shardio.labels.LabelMap` from the label column;
 - :class:`TableShard`, a worker's share of the pieces, is the reader of a ``.table.json`` URI.
 
 Errors found in the data (a missing or non-numeric column, a null, a ragged array) are
@@ -34,19 +34,21 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from .exceptions import ShardError, TableError
+from iterreduce.exceptions import ShardError, TableError
+from iterreduce.filesystems import filesystem, open_output_file
+
+from . import delta, iceberg
 from .columns import (STORED_NAME, feature_block, feature_kind, leave_out_missing, non_null, plain_schema,
-                      type_width, without_list_views)
-from .filesystems import filesystem, open_output_file
+                      some_columns, type_width, without_list_views)
+from .counted import checked_group_rows, checked_row_groups, counted_batches, miscounted_rows
 from .filters import FilterParser, filter_columns, parse_filter
 from .labels import LabelMap, is_label_type, label_values
-from . import delta, iceberg
 from .lakehouse import check_not_lakehouse, parse_version
-from .shards import ALTERED, STREAM_ROWS
+from .shards import STREAM_ROWS
 
 #: A table's format, and the format of its data files: a Delta Lake table's are Parquet files
-#: that its log lists (:mod:`iterreduce.delta`), an Apache Iceberg table's those its metadata
-#: lists (:mod:`iterreduce.iceberg`).
+#: that its log lists (:mod:`shardio.delta`), an Apache Iceberg table's those its metadata
+#: lists (:mod:`shardio.iceberg`).
 FILE_FORMATS = {"parquet": "parquet", "orc": "orc", "delta": "parquet", "iceberg": "parquet"}
 FORMATS = tuple(FILE_FORMATS)
 #: The formats whose tables have versions (``version``: a Delta version or an Iceberg snapshot id,
@@ -173,7 +175,7 @@ def open_dataset(source: TableSource) -> ds.FileSystemDataset:
     Hadoop's side files skipped) and hive partition folders (``key=value``) as columns; a
     Delta Lake or Iceberg table's live files at its version (:data:`VERSIONED_FORMATS`). A
     lakehouse table's folder read as plain files is refused
-    (:func:`iterreduce.lakehouse.check_not_lakehouse`)."""
+    (:func:`shardio.lakehouse.check_not_lakehouse`)."""
     if source.format in VERSIONED_FORMATS:
         return VERSIONED_FORMATS[source.format].dataset(source.uri, pin(source).version, source.allow_outside_files)
     fs, path = filesystem(source.uri)
@@ -301,7 +303,7 @@ def _feature_columns(source: TableSource, schema: pa.Schema, stored: list[str], 
             continue
         matched = [name for name in stored if fnmatch.fnmatchcase(name, entry) and name != source.label]
         if not matched:
-            raise ShardError(f"{where}: no column matches features = {entry!r} ({_some_columns(stored)})")
+            raise ShardError(f"{where}: no column matches features = {entry!r} ({some_columns(stored)})")
         names.update(dict.fromkeys(name for name in matched if name not in names))
     names = list(names)
     for name in names:
@@ -328,14 +330,9 @@ def _column_type(schema: pa.Schema, name: str, where: str) -> pa.DataType:
     # -1 also means a name twice, which schema.field refuses below.
     if schema.get_field_index(name) < 0 and name not in schema.names:
         close = difflib.get_close_matches(name, schema.names, n=3)
-        hint = (f"did you mean {' or '.join(map(repr, close))}?" if close else _some_columns(schema.names))
+        hint = (f"did you mean {' or '.join(map(repr, close))}?" if close else some_columns(schema.names))
         raise ShardError(f"{where}: no column {name!r} ({hint})")
     return schema.field(name).type
-
-
-def _some_columns(names: list[str], shown: int = 10) -> str:
-    listed = ", ".join(names[:shown]) + (f", ... ({len(names)} in all)" if len(names) > shown else "")
-    return f"columns: {listed}" if names else "no columns"
 
 
 def _check_label(schema: pa.Schema, name: str, where: str, found_in=lambda name: "") -> None:
@@ -433,67 +430,6 @@ def _row_groups(fragment: ds.FileFragment) -> list[int]:
         return [fragment.count_rows()]
     except (OSError, pa.ArrowException) as exc:
         raise ShardError(f"{fragment.path}: not a readable data file ({type(exc).__name__}: {exc})") from exc
-
-
-def checked_row_groups(meta: pq.FileMetaData, path: str) -> list[int]:
-    """The rows of each row group that the Parquet footer ``meta`` of the file at ``path`` says,
-    refused (:class:`ShardError`) where the footer disagrees with itself: a file count other than
-    its groups' sum, or a group whose flat columns hold another count of values (a damaged or
-    altered footer). A footer that agrees with itself is still checked against the rows read
-    (:func:`counted_batches`): no reader allocates by it."""
-    groups = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
-    if meta.num_rows < 0 or min(groups, default=0) < 0 or sum(groups) != meta.num_rows:
-        raise ShardError(f"{path}: its footer says {meta.num_rows} rows, but its row groups say {sum(groups)} "
-                         f"({ALTERED})")
-    return [checked_group_rows(meta, path, g) for g in range(meta.num_row_groups)]
-
-
-def checked_group_rows(meta: pq.FileMetaData, path: str, group: int) -> int:
-    """The rows the footer ``meta`` says row group ``group`` holds, refused where one of its flat
-    columns (a value a row, nulls counted) holds another count of values."""
-    rows = meta.row_group(group).num_rows
-    for i in range(meta.num_columns):
-        column = meta.row_group(group).column(i)
-        if column.num_values != rows and meta.schema.column(i).max_repetition_level == 0:
-            raise ShardError(f"{path}: its footer says {rows} rows in row group {group}, but its column "
-                             f"{column.path_in_schema!r} holds {column.num_values} values there ({ALTERED})")
-    return rows
-
-
-def counted_batches(batches, claimed: int, path: str, group: int | None = None):
-    """``batches``, the rows of the file at ``path`` (of its row group ``group``, or the whole
-    file), in turn, refused where they are other than the ``claimed`` rows its footer says: as
-    soon as they pass it (the rest counted, a batch at a time), or at the end. The error names
-    the file and both counts."""
-    held = 0
-    for batch in batches:
-        held += batch.num_rows
-        if held > claimed:
-            raise _miscounted(path, claimed, held + sum(rest.num_rows for rest in batches), group)
-        yield batch
-    if held != claimed:
-        raise _miscounted(path, claimed, held, group)
-
-
-def _miscounted(path: str, claimed: int, held: int, group: int | None) -> ShardError:
-    where = ("", "the file") if group is None else (f" in row group {group}", "the row group")
-    return ShardError(f"{path}: its footer says {claimed} rows{where[0]}, but {where[1]} holds {held} ({ALTERED})")
-
-
-def read_counted(path: str, fs, columns: list[str]) -> pa.Table:
-    """``columns`` of the whole Parquet file at ``path`` on file system ``fs``, read a batch at a
-    time and counted against its footer (:func:`checked_row_groups`, :func:`counted_batches`):
-    a tiny file claiming billions of rows makes no allocation of that size."""
-    parquet = pq.ParquetFile(path, filesystem=fs, pre_buffer=False)
-    with parquet:
-        missing = [name for name in columns if name not in parquet.schema_arrow.names]
-        if missing:
-            raise ShardError(f"{path}: no column {missing[0]!r} ({_some_columns(parquet.schema_arrow.names)})")
-        batches = []
-        for group, claimed in enumerate(checked_row_groups(parquet.metadata, path)):
-            rows = parquet.iter_batches(batch_size=STREAM_ROWS, row_groups=[group], columns=columns)
-            batches += counted_batches(rows, claimed, path, group)
-        return pa.Table.from_batches(batches, schema=pa.schema([parquet.schema_arrow.field(c) for c in columns]))
 
 
 def assign(pieces: list[Piece], workers: int, homes: list[dict[str, int]] | None = None) -> list[list[Piece]]:
@@ -685,7 +621,7 @@ def _read_rows(source: TableSource, piece: Piece, fragment: ds.FileFragment, sch
     except (OSError, pa.ArrowException) as exc:
         raise ShardError(f"{piece.path}: cannot read {', '.join(wanted)} ({type(exc).__name__}: {exc})") from exc
     if table.num_rows != piece.rows:  # an ORC footer's count, which its stripes may not hold
-        raise _miscounted(piece.path, piece.rows, table.num_rows, piece.row_group)
+        raise miscounted_rows(piece.path, piece.rows, table.num_rows, piece.row_group)
     table = table.append_column(ROW, pa.array(np.arange(piece.start, piece.start + table.num_rows)))
     if piece.deleted:  # rows the table's delete files removed
         table = table.filter(pc.invert(pc.is_in(table.column(ROW), pa.array(piece.deleted, pa.int64()))))
@@ -761,7 +697,7 @@ def label_classes(source: TableSource, dataset: ds.FileSystemDataset | None = No
 class TableShard:
     """One worker's share of a table, read in place: the source, its pieces, and the label
     classes (the same for every share). Saved as a small JSON file whose URI the runtime hands
-    out like a Parquet shard's: it is the :class:`iterreduce.readers.ShardReader` of a
+    out like a Parquet shard's: it is the :class:`shardio.readers.ShardReader` of a
     ``.table.json`` URI."""
 
     source: TableSource           # resolved (:func:`resolve`): a glob names the same columns everywhere
@@ -796,7 +732,7 @@ class TableShard:
         return sum(p.rows for p in self.pieces)
 
     def describe(self) -> dict:
-        """The reader's description (:meth:`iterreduce.readers.ShardReader.describe`): raw rows
+        """The reader's description (:meth:`shardio.readers.ShardReader.describe`): raw rows
         have no footer range to check; the label ``classes`` and feature ``columns`` are the
         share's, which the model keeps."""
         if self.rows == 0:

@@ -9,7 +9,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .exceptions import ShardError, TableError
+from iterreduce.exceptions import ShardError, TableError
 
 
 @dataclass(frozen=True)

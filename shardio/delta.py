@@ -36,10 +36,11 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from iterreduce import hadoopconf
+from iterreduce.exceptions import ShardError, TableError
+from iterreduce.filesystems import filesystem
+
 from .columns import STORED_NAME, plain_schema
-from . import hadoopconf
-from .exceptions import ShardError, TableError
-from .filesystems import filesystem
 from .lakehouse import check_inside, once_a_version, parse_version
 
 #: The schema's field metadata naming a column in the data files, where the table maps names.
@@ -89,7 +90,7 @@ def _load(uri: str, version=None, allow_outside: bool = False):
     return table
 
 
-#: A version number's table, read once (:func:`~iterreduce.lakehouse.once_a_version`).
+#: A version number's table, read once (:func:`~shardio.lakehouse.once_a_version`).
 load = once_a_version(_load)
 
 
@@ -131,7 +132,7 @@ _FROM_Z85 = str.maketrans(Z85, B85)
 def _check_vector_paths(uri: str, table, allow_outside: bool) -> None:
     """Refuse, before delta-rs opens any, a deletion vector file outside the table's folder: one stored
     by absolute path (``storageType`` "p") unless ``allow_outside``, one stored by UUID ("u": relative to
-    the table) as a relative data file is (:func:`~iterreduce.lakehouse.check_inside`); a
+    the table) as a relative data file is (:func:`~shardio.lakehouse.check_inside`); a
     :class:`TableError` naming the log file and the entry. deltalake does not show a live file's
     deletion vector descriptor, so they are read from the log here."""
     fs, root = filesystem(uri)
@@ -266,7 +267,7 @@ def dataset(uri: str, version: int, allow_outside: bool = False) -> ds.FileSyste
 
 def _with_stored_names(schema: pa.Schema, table) -> pa.Schema:
     """``schema`` with each column's name in the data files (column mapping: ``col-<uuid>``) in its
-    field metadata (:data:`~iterreduce.columns.STORED_NAME`), where the table maps names."""
+    field metadata (:data:`~shardio.columns.STORED_NAME`), where the table maps names."""
     stored = {field["name"]: field["metadata"].get(PHYSICAL_NAME)
               for field in json.loads(table.schema().to_json())["fields"]}
     return pa.schema([field.with_metadata({STORED_NAME: stored[field.name]}) if stored.get(field.name) else field

@@ -1,9 +1,9 @@
 """The footer reader: a child process that reads shards' footers for its parent.
 
 On some corrupt footers pyarrow ends the process that reads them (std::terminate): the master
-must name the shard instead of dying. So :func:`iterreduce.readers.shard_info` asks a helper,
-started on first use and kept. Requests and replies are length-prefixed pickles on the helper's
-stdin and stdout: it is this process's own child, and nothing else writes there. Not a
+must name the shard instead of dying. So :func:`shardio.readers.shard_info` asks a helper,
+started on first use and kept: the module that describes a shard, run with :func:`serve` as its
+main. Requests and replies are length-prefixed pickles on the helper's stdin and stdout: it is this process's own child, and nothing else writes there. Not a
 multiprocessing pool: a pool's named semaphores stay in ``/dev/shm`` when its process tree is
 killed with SIGKILL (as a YARN container's is), and a plain child needs none.
 
@@ -22,24 +22,29 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import stopping
-from .exceptions import ShardError
+from collections.abc import Callable
+
+from iterreduce import stopping
+from iterreduce.exceptions import ShardError
+from iterreduce.lifeline import follow_parent
 
 _LENGTH = struct.Struct("<Q")
 
 
 class FooterReader:
-    """The parent's side: :meth:`describe` a shard in the helper, which is started when needed."""
+    """The parent's side: :meth:`describe` a shard in the helper, which is started when needed:
+    ``python -m helper_module``, a module that calls :func:`serve` when run."""
 
-    def __init__(self):
+    def __init__(self, helper_module: str):
+        self.helper_module = helper_module
         self.process: subprocess.Popen | None = None
 
     def describe(self, uri: str, environment: tuple[str, ...]) -> dict:
-        """:func:`iterreduce.readers.describe_shard` of ``uri`` in the helper, with the caller's
+        """:func:`shardio.readers.describe_shard` of ``uri`` in the helper, with the caller's
         client ``environment``; raises what it raised, or :class:`ShardError` naming ``uri`` when
         reading it ended the helper."""
         if self.process is None or self.process.poll() is not None:
-            self.process = _start()
+            self.process = _start(self.helper_module)
         try:
             _send(self.process.stdin, (uri, environment))
             status, value = _receive(self.process.stdout)
@@ -70,11 +75,11 @@ class FooterReader:
         return code
 
 
-def _start() -> subprocess.Popen:
-    # The helper imports the runtime from where this process does, whatever its PYTHONPATH says.
+def _start(helper_module: str) -> subprocess.Popen:
+    # The helper imports the packages from where this process does, whatever its PYTHONPATH says.
     root = str(Path(__file__).resolve().parents[1])
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-    return subprocess.Popen([sys.executable, "-m", "iterreduce.footers"], stdin=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", helper_module], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, env=env, close_fds=True)
 
 
@@ -95,11 +100,9 @@ def _receive(stream):
     return pickle.loads(data)  # noqa: S301 - from this process's own child, on its private pipe
 
 
-def main() -> int:
-    """The helper's loop: a reply for each request until its parent closes the pipe or is gone."""
-    from .lifeline import follow_parent
-    from .readers import describe_as_caller
-
+def serve(describe: Callable[[str, tuple[str, ...]], dict]) -> int:
+    """The helper's loop: ``describe(uri, environment)`` for each request, replied, until its parent
+    closes the pipe or is gone."""
     follow_parent()
     requests, replies = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing else may write on the replies' pipe
@@ -109,7 +112,7 @@ def main() -> int:
         except EOFError:
             return 0
         try:
-            reply = ("ok", describe_as_caller(uri, environment))
+            reply = ("ok", describe(uri, environment))
         except Exception as exc:  # noqa: BLE001 - raised again in the parent
             reply = ("error", exc)
         try:
@@ -117,7 +120,3 @@ def main() -> int:
         except Exception:  # noqa: BLE001 - an error that does not pickle goes as its message
             reply = ("error", ShardError(f"{uri}: {reply[1]}"))
         _send(replies, reply)
-
-
-if __name__ == "__main__":
-    raise SystemExit(stopping.run(main))  # SIGINT (Ctrl-C), SIGTERM: end by the signal, with no traceback

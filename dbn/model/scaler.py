@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .exceptions import TableError
+from iterreduce.exceptions import TableError
 
 #: The names of :meth:`FeatureStats.arrays`.
 FIELDS = ("count", "min", "max", "sum", "sum_sq")

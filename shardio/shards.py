@@ -1,6 +1,6 @@
 """Parquet shards: a folder of Parquet files written by :func:`write_shards`, addressed by URI
 (any file system :func:`iterreduce.filesystems.filesystem` reaches), and :class:`ParquetShard`,
-the reader of one (:mod:`iterreduce.readers` chooses it for a ``.parquet`` URI).
+the reader of one (:mod:`shardio.readers` chooses it for a ``.parquet`` URI).
 
 Schema of every shard:
 
@@ -18,9 +18,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import ownership
-from .exceptions import HdfsAccessError, IterReduceError, ShardError
-from .filesystems import filesystem, join
+from iterreduce import ownership
+from iterreduce.exceptions import HdfsAccessError, IterReduceError, ShardError
+from iterreduce.filesystems import filesystem, join
+
 from .labels import LabelMap
 
 FEATURES = "features"
@@ -213,7 +214,7 @@ def label_rows(uri: str, column, first_row: int = 0) -> np.ndarray:
 
 
 class ParquetShard:
-    """The reader of one Parquet shard (:class:`iterreduce.readers.ShardReader`): its footer
+    """The reader of one Parquet shard (:class:`shardio.readers.ShardReader`): its footer
     described, its rows read whole or a block of :data:`STREAM_ROWS` at a time, every value
     checked, every error naming the file (and the row and column where known)."""
 
@@ -228,7 +229,7 @@ class ParquetShard:
         return cls(uri)
 
     def describe(self) -> dict:
-        """What the footer says, without reading the data (:func:`iterreduce.readers.describe_shard`);
+        """What the footer says, without reading the data (:func:`shardio.readers.describe_shard`);
         refuses a shard the footer already shows to be unusable."""
         uri = self.uri
         with open_shard(uri) as parquet:
@@ -391,7 +392,7 @@ def _classes_in(metadata: dict | None, uri: str) -> dict | None:
 def write_shards(X: np.ndarray, y: np.ndarray | None, uri: str, n_shards: int, *, prefix: str = "part",
                  classes=None, columns: list[str] | None = None) -> list[str]:
     """Split rows of ``X`` (and class indices ``y``) into ``n_shards`` Parquet files of near-equal
-    size; ``classes`` (a :class:`~iterreduce.labels.LabelMap`), the label values ``y`` index,
+    size; ``classes`` (a :class:`~shardio.labels.LabelMap`), the label values ``y`` index,
     and ``columns``, the names of the source columns the features come from (one a feature),
     go into every file's metadata (:data:`CLASSES_KEY`, :data:`COLUMNS_KEY`). The folder
     ``uri`` must be empty or hold shards written here (:func:`shard_set`): an earlier set of

@@ -14,7 +14,8 @@ from __future__ import annotations
 import pyarrow.fs as pafs
 from pyiceberg.io import FileIO, InputFile, OutputFile
 
-from .filesystems import filesystem
+from iterreduce.filesystems import filesystem
+
 from .lakehouse import inside_table, outside_table
 
 #: pyiceberg's property that names the FileIO class a table reads with.

@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .exceptions import ShardError
+from iterreduce.exceptions import ShardError
 
 #: The fields of a Spark ML vector as Spark stores it: type 1 dense (``values`` holds every
 #: entry), type 0 sparse (``size`` entries, the nonzero ``values`` at ``indices``).
@@ -204,3 +204,9 @@ def type_width(schema: pa.Schema, names: list[str]) -> int:
         type_ = schema.field(name).type
         width += 1 if feature_kind(type_) == "scalar" else getattr(type_, "list_size", 0)
     return width
+
+
+def some_columns(names: list[str], shown: int = 10) -> str:
+    """A list of ``names`` to show in an error: the first ``shown`` of them and how many in all."""
+    listed = ", ".join(names[:shown]) + (f", ... ({len(names)} in all)" if len(names) > shown else "")
+    return f"columns: {listed}" if names else "no columns"

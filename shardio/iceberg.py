@@ -32,9 +32,11 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
+from iterreduce.exceptions import ShardError, TableError
+from iterreduce.filesystems import filesystem
+
 from .columns import plain_schema
-from .exceptions import ShardError, TableError
-from .filesystems import filesystem
+from .counted import read_counted
 from .lakehouse import inside_table, once_a_version, outside_table, parse_version
 
 METADATA_SUFFIX = ".metadata.json"
@@ -116,7 +118,7 @@ def _same_scheme(uri: str, path: str, found: str) -> str:
 def table_root(location: str) -> str:
     """The folder of the table whose metadata file is at ``location`` (a path on its file system):
     the folder above its ``metadata/``, else the metadata file's own. What the metadata names
-    (manifests, data and delete files) must lie in it (:func:`~iterreduce.lakehouse.inside_table`)."""
+    (manifests, data and delete files) must lie in it (:func:`~shardio.lakehouse.inside_table`)."""
     folder = posixpath.dirname(location)
     return posixpath.dirname(folder) if posixpath.basename(folder) == "metadata" else folder
 
@@ -153,7 +155,7 @@ def _load(uri: str, version=None, allow_outside: bool = False):
     return table, snapshot
 
 
-#: A version number's table, read once (:func:`~iterreduce.lakehouse.once_a_version`).
+#: A version number's table, read once (:func:`~shardio.lakehouse.once_a_version`).
 load = once_a_version(_load)
 
 
@@ -217,8 +219,6 @@ def deleted_rows(uri: str, version: int, allow_outside: bool = False) -> dict[st
     """The rows of each data file (by its path on the table's file system) that the snapshot's
     positional delete files remove: a delete file lists (data file, position) pairs. A delete
     file outside the table's folder is refused, as a data file is (:func:`dataset`)."""
-    from .tables import read_counted  # tables imports this module: imported when first needed
-
     table, snapshot = load(uri, version, allow_outside)
     readers: dict[str, list[str]] = {}  # delete file -> the data files it may name
     for task in _tasks(uri, table, snapshot):

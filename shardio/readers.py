@@ -1,9 +1,12 @@
 """Reading a shard, whatever holds its rows: the one place that chooses the reader from the URI.
 
-A shard URI names a Parquet shard (``.parquet``: :class:`iterreduce.shards.ParquetShard`) or a
-worker's share of a table read in place (``.table.json``: :class:`iterreduce.tables.TableShard`).
-Both are :class:`ShardReader`\\ s; the functions here (what programs and the master call) work
-on either, and a new kind of shard is one more class in :data:`READERS`.
+A shard URI names a Parquet shard (``.parquet``: :class:`shardio.shards.ParquetShard`) or a
+worker's share of a table read in place (``.table.json``: :class:`shardio.tables.TableShard`).
+Both are :class:`ShardReader`\\ s; the functions here (what programs call) work on either, and a
+new kind of shard is one more class in :data:`READERS`. :class:`ShardFiles` is what the runtime
+is given of them (a program's :attr:`~iterreduce.program.Program.reader`).
+
+Run as a module, this is the footer reader's helper process (:mod:`shardio.footers`).
 """
 
 from __future__ import annotations
@@ -16,11 +19,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from .exceptions import ShardError
-from .filesystems import CLIENT_ENVIRONMENT, client_environment, filesystem, join
-from .footers import FooterReader
+from iterreduce import stopping
+from iterreduce.exceptions import ShardError
+from iterreduce.filesystems import CLIENT_ENVIRONMENT, client_environment, filesystem, join
+from iterreduce.program import Reader
+from iterreduce.rowfile import RowFile
+
+from . import footers
 from .labels import LabelMap
-from .rowfile import RowFile
 from .shards import ParquetShard, as_float32
 from .tables import TableShard
 
@@ -37,7 +43,7 @@ class ShardReader(Protocol):
 
     def describe(self) -> dict:
         """``uri``, ``rows``, ``features`` (per row), ``labels`` (whether it has them), ``ranges``
-        (:func:`iterreduce.shards.footer_ranges`' form), ``classes`` (a :class:`LabelMap` as a
+        (:func:`shardio.shards.footer_ranges`' form), ``classes`` (a :class:`LabelMap` as a
         dict, or None) and ``columns`` (the feature columns' names, or None), read cheaply."""
 
     def read(self, n_features: int | None, need_labels: bool) -> tuple[np.ndarray, np.ndarray | None]:
@@ -45,7 +51,7 @@ class ShardReader(Protocol):
 
     def blocks(self, n_features: int | None, need_labels: bool) -> Iterator[tuple[np.ndarray, np.ndarray | None]]:
         """The rows a block at a time: feature values (float32, or uint8 intensities that
-        :func:`iterreduce.shards.as_float32` makes features) and int64 classes (or None)."""
+        :func:`shardio.shards.as_float32` makes features) and int64 classes (or None)."""
 
     def labels(self) -> np.ndarray:
         """Every row's class, reading the labels alone."""
@@ -140,13 +146,24 @@ def shard_info(uris: list[str]) -> list[dict]:
     Refuses a shard the footer already shows to be unusable: unreadable, of another schema,
     empty, with infinite features or negative labels.
 
-    The footers are read in a helper process (:mod:`iterreduce.footers`): on some corrupt footers
+    The footers are read in a helper process (:mod:`shardio.footers`): on some corrupt footers
     pyarrow ends the process that reads them (std::terminate), which must be an error naming the
     shard, not the death of the master."""
     return [_footer_reader.describe(uri, client_environment()) for uri in uris]
 
 
-_footer_reader = FooterReader()  # shard_info's helper process, started on first use
+_footer_reader = footers.FooterReader("shardio.readers")  # this module: shard_info's helper process, started on first use
+
+
+class ShardFiles(Reader):
+    """Parquet shards and shares of tables, as the runtime sees them: :func:`list_shards`,
+    :func:`shard_info`."""
+
+    def list_shards(self, uri: str) -> list[str]:
+        return list_shards(uri)
+
+    def describe(self, uris: list[str]) -> list[dict]:
+        return shard_info(uris)
 
 
 def describe_as_caller(uri: str, environment: tuple[str, ...]) -> dict:
@@ -161,7 +178,7 @@ def describe_as_caller(uri: str, environment: tuple[str, ...]) -> dict:
 
 
 def shard_classes(infos_or_uris) -> LabelMap | None:
-    """The :class:`~iterreduce.labels.LabelMap` the shards' labels index (None: class i is i), from
+    """The :class:`~shardio.labels.LabelMap` the shards' labels index (None: class i is i), from
     :func:`shard_info` entries or shard URIs; shards that disagree raise :class:`ShardError`
     naming two of them."""
     infos = [describe_shard(x) if isinstance(x, str) else x for x in infos_or_uris]
@@ -183,3 +200,7 @@ def same_classes(info: dict, reference: dict) -> None:
         raise ShardError(f"{info['uri']}: its label classes {show(info.get('classes'))} differ from those of "
                          f"{reference['uri']} ({show(reference.get('classes'))}): the shards come from different "
                          f"data sets")
+
+
+if __name__ == "__main__":  # the footer reader's helper; SIGINT, SIGTERM: end by the signal, with no traceback
+    raise SystemExit(stopping.run(lambda: footers.serve(describe_as_caller)))
