@@ -34,7 +34,7 @@ figures are pessimistic for the workers' side; the master's CPU per byte is what
 projects to a cluster (see ``--project``).
 
 With ``--reduce workers`` the master has the workers reduce among themselves
-(:mod:`iterreduce.exchange`), so the workers can no longer be bare clients: each is a real
+(:mod:`iterreduce.transport.exchange`), so the workers can no longer be bare clients: each is a real
 :class:`iterreduce.worker.Worker` (its Peer service, the scatter, its part of the reduce, the
 all-gather), threads in a few processes, whose program returns a fixed real-size update
 without computing (or after ``--sleep`` seconds). Added figures: ``worker CPU s`` (a worker's CPU per sync: its processes'
@@ -146,7 +146,7 @@ def serve_master(args) -> None:
 
     out = Path(args.out)
     if args.layout != "auto":  # the master picks the layout: force it here
-        from iterreduce import exchange
+        from iterreduce.transport import exchange
         exchange.MESSAGE_COST_BYTES = 0 if args.layout == "straight" else 1 << 40
     X = np.random.default_rng(0).random((max(args.n, 1) * 2, 4), dtype=np.float32)
     uris = write_shards(X, None, str(out / "shards"), args.n)
@@ -238,7 +238,7 @@ def run_peer_workers(args) -> None:
     """One process of real workers (``--reduce workers``): a :class:`Worker` per thread, with its
     Peer service. Reports the process's CPU and the bytes sent to peers over the measured steps
     (from the first task of step 1 on)."""
-    from iterreduce import exchange
+    from iterreduce.transport import exchange
     from iterreduce.worker import Worker
 
     lock = threading.Lock()
@@ -296,16 +296,16 @@ def run_clients(args) -> None:
         return run_peer_workers(args)
     import grpc
 
-    from iterreduce import wire
+    from iterreduce.transport import wire
     from iterreduce.proto import iterreduce_pb2 as pb
     from iterreduce.proto import iterreduce_pb2_grpc as pb_grpc
     if args.reduce == "workers":
-        from iterreduce import exchange
-    from iterreduce.security import metadata
+        from iterreduce.transport import exchange
+    from iterreduce.transport.security import metadata
 
     md = metadata(args.token)
     try:  # as the master does (not in a --root copy that lacks it)
-        from iterreduce.memory import keep_freed_memory
+        from iterreduce.process.memory import keep_freed_memory
     except ImportError:
         pass
     else:
@@ -475,8 +475,8 @@ PEER_BENCH_TOKEN = "bench-peer-costs-token"
 def peer_receiver() -> None:
     """A Peer service alone (the receiving half of :func:`measure_peer_costs`): prints its
     address, then its CPU time at each line read from stdin."""
-    from iterreduce import exchange
-    from iterreduce.memory import keep_freed_memory
+    from iterreduce.transport import exchange
+    from iterreduce.process.memory import keep_freed_memory
 
     keep_freed_memory()
     inbox = exchange.Inbox()
@@ -492,8 +492,8 @@ def measure_peer_costs(batch: int = 10) -> dict:
     """CPU seconds a worker spends per message and per byte to send a part to a peer, and the
     peer to receive it (two processes on loopback, nothing else running: what one worker of a
     cluster pays), from parts of 8 KB and 8 MB sent ``batch`` at a time."""
-    from iterreduce import exchange
-    from iterreduce.memory import keep_freed_memory
+    from iterreduce.transport import exchange
+    from iterreduce.process.memory import keep_freed_memory
 
     keep_freed_memory()
     receiver = subprocess.Popen([sys.executable, __file__, "--role", "peer-receiver"], stdin=subprocess.PIPE,
@@ -530,7 +530,7 @@ def measure_peer_costs(batch: int = 10) -> dict:
 def measure_reduce_costs(layer: int, parts: int, shards: int) -> float:
     """CPU seconds of a reducer's local work per sync: its rows of ``shards`` updates averaged
     (in shard order, float64), and the parts of the new parameters joined back."""
-    from iterreduce import exchange
+    from iterreduce.transport import exchange
     from iterreduce.program import weighted_average
 
     update = rbm_arrays(layer, seed=1)
@@ -573,7 +573,7 @@ def measure_compute(layer: int, rows: int, repeats: int = 3) -> float:
 
 def run_one(n: int, args, compute_s: float) -> dict:
     """One job of ``n`` lightweight workers; returns the row of the table."""
-    from iterreduce.security import new_token
+    from iterreduce.transport.security import new_token
 
     token = new_token()
     with tempfile.TemporaryDirectory(prefix="sync-scaling-") as tmp:
@@ -661,7 +661,7 @@ def grid_messages(n: int, columns: int) -> tuple[int, int]:
     """The messages the busiest of ``n`` workers sends and receives in a sync through the grid
     (both phases: a message to each of its relays, one down its column to each other reducer;
     one from each sender it relays, one from each other relay of its column)."""
-    from iterreduce import exchange
+    from iterreduce.transport import exchange
 
     relayed = {}
     for s in range(n):
@@ -689,7 +689,7 @@ def project_workers(rows: list[dict], costs: dict, link_bytes_s: float = 1.25e9)
     worker (:func:`grid_messages`), each update's rows travelling twice: 3 (N-1)/N of a model
     each way. Plus its local reduce. The master's CPU per sync is what the bare clients
     measured (it grows with N: an RPC per worker), fitted as a + b N and extrapolated."""
-    from iterreduce import exchange
+    from iterreduce.transport import exchange
 
     ns = [r["workers"] for r in rows]
     master_b, master_a = np.polyfit(ns, [r["master_cpu_s"] for r in rows], 1) if len(rows) > 1 else (0.0, rows[0]["master_cpu_s"])
@@ -763,7 +763,7 @@ def main(argv=None) -> int:
                     help="who reduces: the master, or the workers, each its rows")
     ap.add_argument("--layout", choices=("auto", "straight", "grid"), default="auto",
                     help="how the workers' messages go (--reduce workers): as the runtime picks, straight "
-                         "to every reducer, or through the grid (iterreduce.exchange)")
+                         "to every reducer, or through the grid (iterreduce.transport.exchange)")
     ap.add_argument("--real-workers", action="store_true",
                     help="with --reduce workers: real workers that exchange their rows (on this machine's cores), "
                          "instead of bare clients that play only the master's side")

@@ -124,7 +124,7 @@ def _submitted(args, say, client, app_id: str, url: str, where: str, start_timeo
     """Print a submitted application's id and how to watch it; with ``--wait``, follow it to its
     end (killed when YARN has not started it within ``start_timeout`` seconds). Returns the exit
     code (an application that failed on bad data ends as bad input does on one machine)."""
-    from iterreduce.yarn import client as yarn
+    from iterreduce.launch.yarn import client as yarn
 
     print(app_id)
     say(f"submitted {app_id}; tracking URL: {url or '(none yet)'}; {where}")
@@ -246,7 +246,7 @@ def _score_distributed(args, spec, rows, keep: tuple[str, ...], features: bool) 
 
 
 def cmd_export(args) -> int:
-    from iterreduce.filesystems import check_output_file
+    from iterreduce.storage.filesystems import check_output_file
 
     from .model.estimator import DBN
 
@@ -297,7 +297,7 @@ def cmd_bench_all(args) -> int:
 
 def cmd_yarn(args) -> int:
     """``dbn status``, ``dbn logs``, ``dbn scale`` and ``dbn kill``."""
-    from iterreduce.yarn import client as yarn
+    from iterreduce.launch.yarn import client as yarn
 
     if not re.fullmatch(r"application_\d+_\d+", args.app_id):  # before reaching for a cluster
         raise UsageError(f"{args.app_id!r} is not a YARN application id (application_<cluster start>_<number>, "

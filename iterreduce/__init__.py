@@ -1,10 +1,12 @@
 """IterativeReduce: a generic master/worker runtime for data-parallel iterative programs.
 
 A master (:mod:`.master`) averages what workers (:mod:`.worker`) compute on their own
-data shards (:mod:`.shards`), superstep by superstep, over gRPC, or has the workers average
-among themselves, each its own rows (:mod:`.exchange`); a :class:`.program.Program` says
-what a superstep is. The same code runs as a local mini-cluster of processes
-(:mod:`.local`) or in YARN containers (:mod:`.yarn`). It knows nothing about DBNs.
+data shards, superstep by superstep, over gRPC (:mod:`.transport`), or has the workers average
+among themselves, each its own rows (:mod:`.transport.exchange`); a :class:`.program.Program`
+says what a superstep is, and names the :class:`.program.Reader` of its shards: the runtime reads
+no data format itself. The same code runs as a local mini-cluster of processes
+(:mod:`.launch.local`) or in YARN containers (:mod:`.launch.yarn`), with its files on local
+disk or HDFS (:mod:`.storage`). It knows nothing about DBNs.
 """
 
 import os

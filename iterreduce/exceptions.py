@@ -78,18 +78,18 @@ class AppSpecError(IterReduceError, ValueError):
 class ForeignFileError(IterReduceError, ValueError):
     """An output folder holds a file the runtime cannot prove it wrote, where the runtime would
     write, move or delete: refused, naming the file; the file is left byte for byte as it was
-    (see :mod:`iterreduce.ownership`)."""
+    (see :mod:`iterreduce.storage.ownership`)."""
 
 
 class OutputBusy(IterReduceError, RuntimeError):
     """Another run is writing into the output folder (it holds the folder's lock): refused at
-    once, naming the folder and the holder (see :func:`iterreduce.ownership.hold`)."""
+    once, naming the folder and the holder (see :func:`iterreduce.storage.ownership.hold`)."""
 
 
 class OutputExists(ForeignFileError):
     """A file is already at the path a command was told to write (``dbn predict --out``), and
     the caller did not ask to replace it: refused before anything is computed, naming the file,
-    which is left byte for byte as it was (see :func:`iterreduce.filesystems.check_output_file`)."""
+    which is left byte for byte as it was (see :func:`iterreduce.storage.filesystems.check_output_file`)."""
 
 
 class HadoopConfigError(IterReduceError, ValueError):
@@ -100,4 +100,4 @@ class HadoopConfigError(IterReduceError, ValueError):
 class HdfsAccessError(IterReduceError, OSError):
     """HDFS refused this process (no Kerberos ticket, an expired delegation token, a client
     configured otherwise than the cluster, ...) or could not be reached: not a fault of the
-    data. The message names the file and says what to do (see :mod:`iterreduce.kerberos`)."""
+    data. The message names the file and says what to do (see :mod:`iterreduce.storage.kerberos`)."""

@@ -85,7 +85,7 @@ class Program(ABC):
     #: step's arrays and the master-only ones; no others), so that run on rows ``a:b`` of every
     #: array it returns rows ``a:b`` of every result, with the same bits (sums in shard order,
     #: elementwise NumPy). The workers may then reduce among themselves,
-    #: each its own rows (``MasterConfig.reduce = "workers"``, :mod:`iterreduce.exchange`). The
+    #: each its own rows (``MasterConfig.reduce = "workers"``, :mod:`iterreduce.transport.exchange`). The
     #: default reduce is; an overriding one is taken not to be unless it says so.
     elementwise_reduce: bool = False
 
@@ -124,8 +124,8 @@ class Program(ABC):
 
     def finalize(self, parameters: Arrays, output_dir: str) -> None:
         """Write the result after the last step; default: the parameters as ``parameters.npz``
-        (a new file renamed in, :func:`iterreduce.durable.write_local`)."""
-        from .durable import write_local  # here: a program's workers need none of durable's pyarrow
+        (a new file renamed in, :func:`iterreduce.storage.durable.write_local`)."""
+        from .storage.durable import write_local  # here: a program's workers need none of durable's pyarrow
 
         write_local(f"{output_dir}/parameters.npz", lambda f: np.savez(f, **parameters))
 

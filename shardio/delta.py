@@ -36,9 +36,9 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from iterreduce import hadoopconf
+from iterreduce.storage import hadoopconf
 from iterreduce.exceptions import ShardError, TableError
-from iterreduce.filesystems import filesystem
+from iterreduce.storage.filesystems import filesystem
 
 from .columns import STORED_NAME, plain_schema
 from .lakehouse import check_inside, once_a_version, parse_version

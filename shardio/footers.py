@@ -8,7 +8,7 @@ multiprocessing pool: a pool's named semaphores stay in ``/dev/shm`` when its pr
 killed with SIGKILL (as a YARN container's is), and a plain child needs none.
 
 The helper is in its parent's process group, so a terminal's Ctrl-C reaches it too: it ends
-quietly on SIGINT and SIGTERM (:mod:`iterreduce.stopping`), and its parent, interrupted as well,
+quietly on SIGINT and SIGTERM (:mod:`iterreduce.process.stopping`), and its parent, interrupted as well,
 says so; a helper stopped alone is named as stopped, not as a crash the shard caused.
 """
 
@@ -24,9 +24,9 @@ from pathlib import Path
 
 from collections.abc import Callable
 
-from iterreduce import stopping
+from iterreduce.process import stopping
 from iterreduce.exceptions import ShardError
-from iterreduce.lifeline import follow_parent
+from iterreduce.process.lifeline import follow_parent
 
 _LENGTH = struct.Struct("<Q")
 

@@ -33,7 +33,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
 from iterreduce.exceptions import ShardError, TableError
-from iterreduce.filesystems import filesystem
+from iterreduce.storage.filesystems import filesystem
 
 from .columns import plain_schema
 from .counted import read_counted

@@ -1,4 +1,4 @@
-"""pyiceberg's file access through this project's file systems (:func:`iterreduce.filesystems.filesystem`).
+"""pyiceberg's file access through this project's file systems (:func:`iterreduce.storage.filesystems.filesystem`).
 
 pyiceberg reaches ``hdfs://`` through libhdfs (a Hadoop install and its JVM), which a client
 here need not have; this reaches it as every other read of the project does: hdfs-native,
@@ -14,7 +14,7 @@ from __future__ import annotations
 import pyarrow.fs as pafs
 from pyiceberg.io import FileIO, InputFile, OutputFile
 
-from iterreduce.filesystems import filesystem
+from iterreduce.storage.filesystems import filesystem
 
 from .lakehouse import inside_table, outside_table
 
@@ -50,7 +50,7 @@ class FileSystemInput(InputFile):
 
 
 class FileSystemIO(FileIO):
-    """pyiceberg's FileIO over :func:`~iterreduce.filesystems.filesystem`: reads only."""
+    """pyiceberg's FileIO over :func:`~iterreduce.storage.filesystems.filesystem`: reads only."""
 
     def new_input(self, location: str) -> InputFile:
         """The file at ``location``; one outside the table's folder (:func:`confined`) is refused,

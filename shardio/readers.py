@@ -19,11 +19,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from iterreduce import stopping
+from iterreduce.process import stopping
 from iterreduce.exceptions import ShardError
-from iterreduce.filesystems import CLIENT_ENVIRONMENT, client_environment, filesystem, join
+from iterreduce.storage.filesystems import CLIENT_ENVIRONMENT, client_environment, filesystem, join
 from iterreduce.program import Reader
-from iterreduce.rowfile import RowFile
+from iterreduce.storage.rowfile import RowFile
 
 from . import footers
 from .labels import LabelMap
@@ -70,7 +70,7 @@ def open_reader(uri: str) -> ShardReader:
 @dataclass
 class ShardData:
     """One shard: float32 features (rows x features) and optional int64 labels. The features
-    are an array in memory, or a :class:`~iterreduce.rowfile.RowFile` on local disk for a
+    are an array in memory, or a :class:`~iterreduce.storage.rowfile.RowFile` on local disk for a
     shard streamed by :func:`spill_shard` (same rows, same bits, read on demand)."""
 
     index: int
@@ -111,7 +111,7 @@ def read_shard(uri: str, index: int = 0, n_features: int | None = None, need_lab
 
 def spill_shard(uri: str, directory: str, index: int = 0, n_features: int | None = None,
                 need_labels: bool = False) -> ShardData:
-    """Copy one shard to a :class:`~iterreduce.rowfile.RowFile` in local ``directory``, a
+    """Copy one shard to a :class:`~iterreduce.storage.rowfile.RowFile` in local ``directory``, a
     block at a time, with the checks of :func:`read_shard`: the shard's features never sit
     whole in memory (its labels do, 8 bytes a row). Rows come back from the file with the
     bits :func:`read_shard` gives them."""

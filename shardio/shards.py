@@ -1,5 +1,5 @@
 """Parquet shards: a folder of Parquet files written by :func:`write_shards`, addressed by URI
-(any file system :func:`iterreduce.filesystems.filesystem` reaches), and :class:`ParquetShard`,
+(any file system :func:`iterreduce.storage.filesystems.filesystem` reaches), and :class:`ParquetShard`,
 the reader of one (:mod:`shardio.readers` chooses it for a ``.parquet`` URI).
 
 Schema of every shard:
@@ -18,9 +18,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from iterreduce import ownership
+from iterreduce.storage import ownership
 from iterreduce.exceptions import HdfsAccessError, IterReduceError, ShardError
-from iterreduce.filesystems import filesystem, join
+from iterreduce.storage.filesystems import filesystem, join
 
 from .labels import LabelMap
 
@@ -196,7 +196,7 @@ def feature_rows(uri: str, column: pa.Array, first_row: int = 0, n_features: int
 
 def as_float32(values: np.ndarray) -> np.ndarray:
     """Stored feature values as the float32 features programs see: uint8 intensities scaled
-    to [0, 1]; a spilled shard's :class:`~iterreduce.rowfile.RowFile` converts with it too."""
+    to [0, 1]; a spilled shard's :class:`~iterreduce.storage.rowfile.RowFile` converts with it too."""
     return values.astype(np.float32) / 255.0 if values.dtype == np.uint8 else values
 
 
@@ -431,10 +431,10 @@ def write_shards(X: np.ndarray, y: np.ndarray | None, uri: str, n_shards: int, *
 def shard_set(uri: str, names: list[str], prefix: str = "part"):
     """Write the shard files ``names`` (of a set named ``prefix``-...) into folder ``uri`` in the
     ``with`` block, which gets ``(file system, path)``. Only shards this module wrote and listed
-    in the folder's manifest (:data:`iterreduce.ownership.MANIFEST_NAME`) are replaced: the
+    in the folder's manifest (:data:`iterreduce.storage.ownership.MANIFEST_NAME`) are replaced: the
     earlier set of the same prefix goes, other sets it lists stay, and a folder holding any file
     it does not list is refused (:class:`~iterreduce.exceptions.ForeignFileError`) untouched.
-    One writer at a time: the folder is held (:func:`iterreduce.ownership.shard_folder`) for the
+    One writer at a time: the folder is held (:func:`iterreduce.storage.ownership.shard_folder`) for the
     whole write, and a second writer is refused (:class:`~iterreduce.exceptions.OutputBusy`)."""
     fs, path = filesystem(uri)
     with ownership.shard_folder(fs, path, uri):

@@ -1,6 +1,6 @@
 """Tables as Spark and Hive write them, read in place: a directory of Parquet or ORC files,
 hive-partitioned (``year=2024/country=NL/part-...``) or not, or one file, at any URI
-:func:`~iterreduce.filesystems.filesystem` reaches (plain paths, ``file://``, ``hdfs://``, ``s3://``).
+:func:`~iterreduce.storage.filesystems.filesystem` reaches (plain paths, ``file://``, ``hdfs://``, ``s3://``).
 
 The steps, one function each:
 
@@ -35,7 +35,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from iterreduce.exceptions import ShardError, TableError
-from iterreduce.filesystems import filesystem, open_output_file
+from iterreduce.storage.filesystems import filesystem, open_output_file
 
 from . import delta, iceberg
 from .columns import (STORED_NAME, feature_block, feature_kind, leave_out_missing, non_null, plain_schema,

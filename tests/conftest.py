@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from itertools import product
 from pathlib import Path
 
@@ -9,6 +10,12 @@ import numpy as np
 import pytest
 
 MNIST_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"
+
+# The programs the tests run (tests/softmax_program.py, conftest_runtime's) live here: every process a
+# test starts (a job's master and workers) imports them, and this checkout, as the test does.
+_TESTS = Path(__file__).resolve().parent
+os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(_TESTS), str(_TESTS.parent), os.environ.get("PYTHONPATH"))
+                                           if p)
 
 
 def sigmoid(x):

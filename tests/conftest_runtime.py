@@ -28,13 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
-from iterreduce.programs.softmax import SoftmaxRegression, SoftmaxWorker
+from softmax_program import SoftmaxRegression, SoftmaxWorker
 
 TESTS_DIR = Path(__file__).resolve().parent
 REPO = TESTS_DIR.parent
 MNIST_DIR = REPO.parent / "shared" / "data" / "mnist"
 
-SOFTMAX = "iterreduce.programs.softmax:SoftmaxRegression"
+SOFTMAX = "softmax_program:SoftmaxRegression"
 SLOW_SOFTMAX = "conftest_runtime:SlowSoftmax"
 DBN_PROGRAM = "dbn.jobs.program:DBNProgram"
 SLOW_DBN = "conftest_runtime:SlowDBNProgram"
@@ -180,9 +180,9 @@ def log_tail(output, lines: int = 8) -> str:
 
 def run_job(*, timeout: float = 60.0, max_restarts: int = 3, device: str = "cpu", on_record=None,
             shared_memory: bool = True, **fields) -> Path:
-    """``iterreduce.local.run_local`` of a MasterConfig with ``fields``, failing (not hanging)
+    """``iterreduce.launch.local.run_local`` of a MasterConfig with ``fields``, failing (not hanging)
     after ``timeout`` seconds."""
-    from iterreduce.local import run_local
+    from iterreduce.launch.local import run_local
     from iterreduce.master import MasterConfig
 
     fields.setdefault("heartbeat_interval", 0.2)
@@ -254,7 +254,7 @@ class InProcessJob:
 
     def __init__(self, output, uris, *, workers: int, program: str = SOFTMAX, program_config=None, **config):
         from iterreduce.master import Master, MasterConfig
-        from iterreduce.security import new_token
+        from iterreduce.transport.security import new_token
 
         config.setdefault("heartbeat_interval", 0.2)
         config.setdefault("heartbeat_timeout", 5.0)

@@ -4,7 +4,7 @@ than the heartbeat timeout of the tests' jobs."""
 import os
 import time
 
-from iterreduce.programs.softmax import SoftmaxRegression
+from softmax_program import SoftmaxRegression
 
 time.sleep(float(os.environ.get("SLOW_IMPORT_S", "0")))
 

@@ -18,10 +18,10 @@ import textwrap
 import grpc
 import pytest
 
-from iterreduce import exchange, security
-from iterreduce.security import TokenError
+from iterreduce.transport import exchange, security
+from iterreduce.transport.security import TokenError
 from iterreduce.master import Master, MasterConfig
-from iterreduce.security import new_token
+from iterreduce.transport.security import new_token
 
 BODY_BYTES = 96 << 20
 #: what an unauthenticated call may add to the server's peak memory (gRPC's buffers, a thread)
@@ -31,13 +31,13 @@ ALLOWED_GROWTH_BYTES = 16 << 20
 #: with its peak resident memory
 _SERVER = textwrap.dedent("""
     import json, sys
-    from iterreduce import exchange
+    from iterreduce.transport import exchange
     from iterreduce.master import Master, MasterConfig
     kind, token = sys.argv[1], sys.argv[2]
     if kind == "peer":
         server, address = exchange.serve(exchange.Inbox(), token, "127.0.0.1", "127.0.0.1")
     else:
-        master = Master(MasterConfig(program="iterreduce.programs.softmax:SoftmaxRegression", program_config={},
+        master = Master(MasterConfig(program="softmax_program:SoftmaxRegression", program_config={},
                                      shards=[], workers=1, token=token, output=sys.argv[3], ui=False))
         server, address = master.serve()
     print(address, flush=True)
@@ -151,7 +151,7 @@ def test_no_service_starts_with_an_empty_or_short_token(token, tmp_path):
         security.TokenInterceptor(token)
     with pytest.raises(TokenError):
         exchange.serve(exchange.Inbox(), token, "127.0.0.1", "127.0.0.1")
-    master = Master(MasterConfig(program="iterreduce.programs.softmax:SoftmaxRegression", program_config={},
+    master = Master(MasterConfig(program="softmax_program:SoftmaxRegression", program_config={},
                                  shards=[], workers=1, token=token, output=str(tmp_path), ui=False))
     with pytest.raises(TokenError):
         master.serve()
@@ -159,7 +159,7 @@ def test_no_service_starts_with_an_empty_or_short_token(token, tmp_path):
 
 def test_master_and_worker_commands_refuse_an_empty_token(tmp_path):
     job = tmp_path / "job.json"
-    job.write_text(json.dumps({"program": "iterreduce.programs.softmax:SoftmaxRegression", "program_config": {},
+    job.write_text(json.dumps({"program": "softmax_program:SoftmaxRegression", "program_config": {},
                                "shards": [], "workers": 1, "output": str(tmp_path / "out")}))
     env = {k: v for k, v in os.environ.items() if k != "ITERREDUCE_TOKEN"}
     for command in ([sys.executable, "-m", "iterreduce.master", str(job)],
@@ -181,7 +181,7 @@ def test_the_token_is_in_no_file_a_local_job_writes(tmp_path):
     """A job on the local mini-cluster (real processes): its token travels in the environment
     only, never in the job file, the log, checkpoints or any other file of the output folder."""
     from conftest_runtime import SOFTMAX, blobs
-    from iterreduce.local import run_local
+    from iterreduce.launch.local import run_local
     from shardio.shards import write_shards
 
     X, y = blobs(60, d=4, k=3)

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dbn.cli import main
-from iterreduce import ownership
+from iterreduce.storage import ownership
 from shardio.shards import write_shards
 
 N_ROWS, N_FEATURES, N_SHARDS, BAD = 120, 12, 3, 1  # shard BAD holds the fault
@@ -215,7 +215,7 @@ def test_the_progress_reads_every_runtime_event_as_a_sentence(tmp_path, capsys):
     sentences, not JSON; the data event lists the classes and its warnings."""
     from dbn.jobs.progress import EVENT_LINES, ProgressPrinter
     from dbn.jobs.spec import load_spec
-    from iterreduce.runlog import RunLog
+    from iterreduce.storage.runlog import RunLog
 
     log = tmp_path / "log.jsonl"
     with RunLog(log) as run:

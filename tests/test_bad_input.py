@@ -340,7 +340,7 @@ def test_pretrain_learning_rates_are_checked_one_by_one():
 
 
 def test_a_checkpoint_loaded_as_a_model_says_what_it_is(tmp_path):
-    from iterreduce import checkpoint
+    from iterreduce.master import checkpoint
 
     path = checkpoint.save(str(tmp_path), 3, {"fingerprint": "f"}, {"w": np.zeros((2, 2), np.float32)})
     with pytest.raises(ModelFileError, match="a training checkpoint, not a model: the model is model.npz"):

@@ -9,7 +9,7 @@ from conftest_runtime import DBN_PROGRAM, InProcessJob, events, load_npz, record
 from dbn import DBN
 from dbn.exceptions import DataError
 from dbn.jobs.program import DBNProgram
-from iterreduce.local import LocalJobError
+from iterreduce.launch.local import LocalJobError
 from shardio.readers import list_shards, shard_info
 from shardio.shards import write_shards
 

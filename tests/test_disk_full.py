@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from dbn.model import persist
-from iterreduce import checkpoint
+from iterreduce.master import checkpoint
 from iterreduce.exceptions import CheckpointError
 
 

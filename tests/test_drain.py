@@ -1,4 +1,4 @@
-"""Workers leave a node being decommissioned (issue 52 part 6, iterreduce.yarn.drain): which nodes the
+"""Workers leave a node being decommissioned (issue 52 part 6, iterreduce.launch.yarn.drain): which nodes the
 ResourceManager drains (Hadoop's ``yarn node -list`` as a fake java prints it), which workers the
 application master then drains (on skein's answers as a fake application gives them), and what a
 drained worker does in a running job (master and workers in this process: its shards move, it retires,
@@ -13,10 +13,10 @@ import threading
 import pytest
 
 from conftest_runtime import SOFTMAX, assert_same_bits, events, load_npz, records, simulate
-from iterreduce.membership import Membership
-from iterreduce.yarn import drain
-from iterreduce.yarn.drain import Drainer, decommissioning_hosts, parse_node_list
-from iterreduce.yarn.spec import DECOMMISSION_CHECK_VAR, YarnOptions, build_spec
+from iterreduce.master.membership import Membership
+from iterreduce.launch.yarn import drain
+from iterreduce.launch.yarn.drain import Drainer, decommissioning_hosts, parse_node_list
+from iterreduce.launch.yarn.spec import DECOMMISSION_CHECK_VAR, YarnOptions, build_spec
 from test_keeper import App
 from test_scale import CONFIG, changing_job, wait_for
 

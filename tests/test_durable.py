@@ -1,4 +1,4 @@
-"""Atomic, durable file replacement (issue 36, items 4 and 5): iterreduce.durable, as every
+"""Atomic, durable file replacement (issue 36, items 4 and 5): iterreduce.storage.durable, as every
 writer uses it (open_output_file: checkpoints, predictions, a table's shares, YARN uploads;
 persist.atomic_write: models, result.json).
 
@@ -17,8 +17,9 @@ import pyarrow.fs as pafs
 import pytest
 
 from dbn.model import persist
-from iterreduce import checkpoint, durable
-from iterreduce.filesystems import open_output_file
+from iterreduce.master import checkpoint
+from iterreduce.storage import durable
+from iterreduce.storage.filesystems import open_output_file
 
 
 def write_with_open_output_file(path, data: bytes) -> None:

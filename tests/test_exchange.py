@@ -1,4 +1,4 @@
-"""The reduce on the workers (``MasterConfig.reduce = "workers"``, iterreduce.exchange): each
+"""The reduce on the workers (``MasterConfig.reduce = "workers"``, iterreduce.transport.exchange): each
 worker reduces its own rows, and the model is the master's reduce's, bit for bit; a failed
 exchange runs the step again with the master reducing."""
 
@@ -13,10 +13,10 @@ import pytest
 from conftest_runtime import (DBN_PROGRAM, SLOW_SOFTMAX, SOFTMAX, InProcessJob, assert_same_bits, blobs, events,
                               kill_worker, load_npz, records, run_job, simulate, subprocess_env)
 from dbn.jobs.program import DBNProgram
-from iterreduce import exchange
+from iterreduce.transport import exchange
 from iterreduce.master import Master, MasterConfig
 from iterreduce.program import Update, block_momentum_average, weighted_average
-from iterreduce.programs.softmax import SoftmaxRegression, SoftmaxWorker
+from softmax_program import SoftmaxRegression, SoftmaxWorker
 from iterreduce.proto import iterreduce_pb2 as pb
 from shardio.readers import list_shards
 from shardio.shards import write_shards
@@ -205,7 +205,7 @@ class NormalizedSoftmax(SoftmaxRegression):
 
 @pytest.fixture(params=["straight", "grid"])
 def layout(request, monkeypatch):
-    """Both ways the reducers' messages go (iterreduce.exchange): straight, or through the grid
+    """Both ways the reducers' messages go (iterreduce.transport.exchange): straight, or through the grid
     (taken whenever it saves a message); yields the columns the master chose, round by round."""
     monkeypatch.setattr(exchange, "MESSAGE_COST_BYTES", 0 if request.param == "straight" else 1 << 40)
     chosen = []
@@ -599,9 +599,9 @@ class LateAheadWorker(AheadCountingWorker):
 def test_a_worker_runs_ahead_while_the_master_answers_wait(tmp_path, uris, monkeypatch):
     # The master takes longer to end a step (0.2 s) than a request for a task waits (1 ms): the
     # answer is WAIT, which is no task, so the worker computes ahead all the same.
-    import iterreduce.master
+    import iterreduce.master.master
 
-    monkeypatch.setattr(iterreduce.master, "LONG_POLL_S", 0.001)
+    monkeypatch.setattr(iterreduce.master.master, "LONG_POLL_S", 0.001)
     job = _run_ahead_job(tmp_path, uris, "SlowEndSoftmax", LateAheadWorker)
     for worker in job.worker_objects:
         assert all(seconds > 0 for _, seconds in worker.kept_ahead[1:])

@@ -6,7 +6,7 @@ before it steers an allocation or a read.
   file and both counts, whichever way it is read (whole, streamed to local disk, its labels), and
   never trains on rows that are not there; a footer claiming a huge count on a tiny file makes no
   allocation of that size.
-- A data ``.npz`` (``--data``, ``dbn shard``) is read through :func:`iterreduce.npzfile.read_npz`:
+- A data ``.npz`` (``--data``, ``dbn shard``) is read through :func:`iterreduce.storage.npzfile.read_npz`:
   a member whose header claims terabytes, a zip bomb whose directory lies about its size, or
   members claiming more than the machine's available memory, are an error naming the file, the
   member and the claimed size, in little memory; a file that compresses far (one-hot) reads.
@@ -468,12 +468,12 @@ def test_a_data_npz_claiming_more_than_the_machine_can_give_is_an_error_in_littl
 
 
 def test_an_honest_data_npz_larger_than_the_memory_left_is_an_error_before_reading(tmp_path, monkeypatch):
-    import iterreduce.memory
+    import iterreduce.process.memory
 
     X, y = one_hot()
     path = tmp_path / "onehot.npz"
     np.savez_compressed(path, X=X, y=y)
-    monkeypatch.setattr(iterreduce.memory, "available_memory", lambda: 16 << 20)  # a busy machine
+    monkeypatch.setattr(iterreduce.process.memory, "available_memory", lambda: 16 << 20)  # a busy machine
     message = refused_in_little_memory(path)
     assert message.startswith(f"{path}: ") and f"member 'X.npy' claims {X.nbytes + 128}" in message, message
     assert f"the {16 << 20} bytes" in message and "available" in message, message

@@ -6,7 +6,7 @@ Three readers take bytes that nobody checked before them:
   check (``shardio.readers.shard_info``): files built from random tables (valid
   shards, wrong column types, nulls, NaN/inf, ragged or zero-width lists, duplicate
   columns, random schemas), then maybe truncated, bit-flipped or overwritten;
-- the tensor wire decoder (``iterreduce.wire.Decoder``): valid streams, mutated
+- the tensor wire decoder (``iterreduce.transport.wire.Decoder``): valid streams, mutated
   (chunks dropped, reordered, repeated, fields changed), and random chunk sequences
   (any names, dtypes, shapes, offsets, data, ``last`` and ``narrowed`` flags);
 - the model file loader (``dbn.DBN.load`` / ``dbn.model.persist``): the files of two
@@ -59,7 +59,7 @@ from hypothesis import strategies as st
 from dbn import DBN
 from dbn.exceptions import DBNError
 from dbn.model import persist
-from iterreduce import wire
+from iterreduce.transport import wire
 from iterreduce.exceptions import ShardError, WireError
 from shardio.readers import shard_info
 from iterreduce.proto import iterreduce_pb2 as pb
@@ -1151,11 +1151,11 @@ def crafted_npz(draw) -> Sample:
 @given(sample=crafted_npz())
 @example(sample=Sample(b"PK\x05\x06" + bytes(18), "an empty zip"))
 def test_npz_reader_gives_arrays_within_the_limits_or_an_npz_error(sample):
-    """``iterreduce.npzfile.read_npz``: any bytes give arrays whose bytes the limits allow, or
+    """``iterreduce.storage.npzfile.read_npz``: any bytes give arrays whose bytes the limits allow, or
     an NpzError; peak allocation (tracemalloc sees NumPy's) stays within the same bound."""
     import tracemalloc
 
-    from iterreduce import npzfile
+    from iterreduce.storage import npzfile
 
     size = len(sample.data)
     bound = npzfile.MAX_INFLATION_RATIO * size + npzfile.INFLATION_ALLOWANCE
@@ -1190,9 +1190,10 @@ def zero_bomb(megabytes: int) -> Sample:
 @given(sample=crafted_npz())
 @example(sample=zero_bomb(64))  # loaded whole by np.load before the bounded reader
 def test_checkpoint_loader_gives_a_checkpoint_or_a_checkpoint_error(sample, tmp_path_factory):
-    """``iterreduce.checkpoint.load``: a checkpoint within the reader's limits, or a
+    """``iterreduce.master.checkpoint.load``: a checkpoint within the reader's limits, or a
     CheckpointError naming the file; ``latest`` passes over what it cannot read."""
-    from iterreduce import checkpoint, npzfile
+    from iterreduce.master import checkpoint
+    from iterreduce.storage import npzfile
     from iterreduce.exceptions import CheckpointError
 
     path = tmp_path_factory.mktemp("ckpt", numbered=True) / "ckpt-000000001.npz"

@@ -25,7 +25,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from iterreduce import runlog
+from iterreduce.storage import runlog
 from iterreduce.webui import ViewServer
 
 settings.register_profile("webui-ci", max_examples=150, derandomize=True, database=None,

@@ -1,4 +1,4 @@
-"""The Hadoop client configuration (iterreduce.hadoopconf): a NameNode is reached under the name Hadoop
+"""The Hadoop client configuration (iterreduce.storage.hadoopconf): a NameNode is reached under the name Hadoop
 gives its delegation tokens, else a YARN container (tokens, no ticket) finds none and cannot read HDFS."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-from iterreduce import hadoopconf
+from iterreduce.storage import hadoopconf
 from iterreduce.exceptions import HadoopConfigError
-from iterreduce.filesystems import filesystem
+from iterreduce.storage.filesystems import filesystem
 
 
 def site(folder, name: str, settings: dict[str, str]) -> None:

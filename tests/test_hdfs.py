@@ -15,12 +15,12 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
-from iterreduce import checkpoint
-from iterreduce.checkpoint import CheckpointError
-from iterreduce.ownership import MANIFEST_NAME
+from iterreduce.master import checkpoint
+from iterreduce.master.checkpoint import CheckpointError
+from iterreduce.storage.ownership import MANIFEST_NAME
 from iterreduce.exceptions import ShardError
 from shardio.readers import list_shards, read_shard
-from iterreduce.filesystems import open_output_file
+from iterreduce.storage.filesystems import open_output_file
 from shardio.shards import write_shards
 
 pytestmark = pytest.mark.hdfs
@@ -282,7 +282,7 @@ def test_local_job_trains_on_shards_read_from_hdfs(hdfs, base, tmp_path, monkeyp
 
 
 def test_upload_outputs_copies_the_masters_files_to_hdfs(hdfs, base, tmp_path):
-    from iterreduce.yarn.container import upload_outputs
+    from iterreduce.launch.yarn.container import upload_outputs
 
     uri, path = base
     (tmp_path / "model.npz").write_bytes(b"\x00model" * 1000)
@@ -304,7 +304,7 @@ def test_outputs_named_like_compressed_files_land_byte_for_byte(hdfs, base, tmp_
     """pyarrow's streams compress or decompress by the file name's extension unless told not to:
     an output named *.gz (or .bz2, .zst, ...) must reach HDFS exactly as written, as other
     Hadoop tools (``hdfs dfs -get``, YARN's localizer) read it."""
-    from iterreduce.yarn.container import upload_outputs
+    from iterreduce.launch.yarn.container import upload_outputs
 
     uri, path = base
     payload = {"embeddings.csv.gz": b"\x1f\x8b" + bytes(range(256)) * 4, "notes.bz2": b"BZh9 not really",
@@ -339,7 +339,7 @@ def test_an_interrupted_upload_leaves_the_earlier_model_whole(hdfs, base, tmp_pa
     """A master that fails while copying its outputs (an error, a crash) leaves the earlier
     attempt's model.npz on HDFS byte for byte, and no partial file. Before, the upload wrote in
     place: the model was truncated to what had been copied."""
-    import iterreduce.yarn.container as container
+    import iterreduce.launch.yarn.container as container
 
     uri, path = base
     earlier = np.random.default_rng(0).bytes(300_000)
@@ -480,9 +480,9 @@ def test_shards_on_hdfs_replace_only_the_set_their_manifest_lists(hdfs, base):
 
 
 def test_hdfs_create_if_absent_is_exclusive_and_the_lock_names_its_holder(hdfs, base):
-    from iterreduce import ownership
+    from iterreduce.storage import ownership
     from iterreduce.exceptions import OutputBusy
-    from iterreduce.filesystems import filesystem
+    from iterreduce.storage.filesystems import filesystem
 
     uri, path = base
     fs, _ = filesystem(uri)

@@ -181,7 +181,7 @@ class WritingIO:
     def __new__(cls, properties=None):
         from pyiceberg.io import OutputFile
 
-        from iterreduce.filesystems import filesystem
+        from iterreduce.storage.filesystems import filesystem
         from shardio.iceberg_io import FileSystemInput, FileSystemIO
 
         class Output(OutputFile):

@@ -154,7 +154,7 @@ def assert_quiet(text: str, where: str) -> None:
 
 CLEANS_UP = """
 import atexit, os, sys, time
-from iterreduce import stopping
+from iterreduce.process import stopping
 folder = sys.argv[1]
 
 class Spilled:  # removes its file when collected, as a worker's row files do
@@ -202,7 +202,7 @@ def test_a_stop_signal_unwinds_the_process_then_ends_it_by_that_signal(tmp_path,
 @pytest.mark.parametrize("signum", STOPS, ids=lambda s: s.name)
 def test_the_footer_reader_ends_quietly_on_a_stop_signal(tmp_path, capfd, signum):
     from shardio.footers import FooterReader
-    from iterreduce.filesystems import client_environment
+    from iterreduce.storage.filesystems import client_environment
     from shardio.shards import write_shards
 
     (uri,) = write_shards(np.ones((4, 3), np.float32), None, str(tmp_path / "shard"), 1)
@@ -222,7 +222,7 @@ def test_a_footer_reader_stopped_while_asked_is_named_as_stopped_not_as_a_crash(
     """The shard did not end the helper: the error says what did (a real crash is test_shards' business)."""
     from shardio import footers
     from iterreduce.exceptions import ShardError
-    from iterreduce.filesystems import client_environment
+    from iterreduce.storage.filesystems import client_environment
     from shardio.shards import write_shards
 
     (uri,) = write_shards(np.ones((4, 3), np.float32), None, str(tmp_path / "shard"), 1)
@@ -249,7 +249,7 @@ def test_a_footer_reader_stopped_while_asked_is_named_as_stopped_not_as_a_crash(
 LAUNCHER = """
 import sys
 from iterreduce.exceptions import MasterKilled
-from iterreduce.local import run_local
+from iterreduce.launch.local import run_local
 from iterreduce.master import MasterConfig
 try:
     run_local(MasterConfig(program=sys.argv[1], program_config={"hidden_layers": [8], "pretrain_epochs": 100000,

@@ -13,10 +13,11 @@ import pytest
 
 from conftest_runtime import (DELAY_ENV, SLOW_SOFTMAX, SOFTMAX, InProcessJob, blobs, events, load_npz, records,
                               simulate)
-from iterreduce import checkpoint, wire
+from iterreduce.master import checkpoint
+from iterreduce.transport import wire
 from iterreduce.program import Program, Step, Update, shard_seed, step_from_json, step_to_json, weighted_average
 from iterreduce.proto import iterreduce_pb2 as pb
-from iterreduce.security import TOKEN_KEY, metadata, new_token
+from iterreduce.transport.security import TOKEN_KEY, metadata, new_token
 from shardio.shards import write_shards
 
 
@@ -770,7 +771,7 @@ def test_a_worker_syncs_on_one_stream_which_ends_when_the_master_drops_it(jobs, 
     (1000, (10.0, 30.0)),                   # ... and past that the timeout is 3 intervals
 ])
 def test_heartbeats_to_the_master_are_bounded_whatever_the_workers(workers, expected):
-    from iterreduce.master import HEARTBEATS_PER_S, heartbeat_timing
+    from iterreduce.master.master import HEARTBEATS_PER_S, heartbeat_timing
 
     interval, timeout = heartbeat_timing(1.0, 10.0, workers)
     assert (interval, timeout) == expected
@@ -789,7 +790,7 @@ def test_a_master_of_many_workers_hands_out_the_stretched_interval(jobs, tmp_pat
 def test_a_task_for_sync_is_one_message_however_packing_groups(jobs, tmp_path, monkeypatch):
     # Sync's reply holds one TaskChunk: the tensors are within its limit, but the header comes on
     # top, so a task near the limit would pack into two messages. It must come whole in one.
-    from iterreduce.master import wire as master_wire
+    from iterreduce.master.master import wire as master_wire
 
     job = make_job(jobs, tmp_path, n_shards=2, rows=200, workers=1, program_config={"n_classes": 3, "epochs": 2})
     stub = job.stub()

@@ -1,4 +1,4 @@
-"""The application master's keeper of worker containers (issue 52, iterreduce.yarn.keeper), on
+"""The application master's keeper of worker containers (issue 52, iterreduce.launch.yarn.keeper), on
 skein's answers as a fake application gives them: each ended container named by its cause, only the
 job's own failures counted, a slot whose container's end skein dropped filled again, and as many
 containers kept as the job wants (dbn scale)."""
@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 
 from iterreduce.exceptions import JobFailed
-from iterreduce.yarn import KV_WORKERS, KV_WORKERS_ASKED
-from iterreduce.yarn.keeper import COMPLETION_LOST, FAILED, NODE_LOST, PREEMPTED, Keeper, cause_of
-from iterreduce.yarn.relax import SPARE_SERVICE
+from iterreduce.launch.yarn import KV_WORKERS, KV_WORKERS_ASKED
+from iterreduce.launch.yarn.keeper import COMPLETION_LOST, FAILED, NODE_LOST, PREEMPTED, Keeper, cause_of
+from iterreduce.launch.yarn.relax import SPARE_SERVICE
 
 # Diagnostics as YARN gives them (Hadoop's SchedulerUtils) and as skein words a non-zero exit.
 PREEMPTION = "Container preempted by scheduler"
@@ -171,7 +171,7 @@ def test_a_worker_that_comes_back_within_the_grace_is_left_alone():
 
 
 def test_the_budget_comes_from_the_application_masters_environment(monkeypatch):
-    from iterreduce.yarn.spec import MAX_FAILURES_VAR
+    from iterreduce.launch.yarn.spec import MAX_FAILURES_VAR
 
     for value, budget in (("5", 5), ("0", 0), ("many", 3)):
         monkeypatch.setenv(MAX_FAILURES_VAR, value)
@@ -240,7 +240,7 @@ def test_a_slot_no_longer_wanted_is_never_refilled():
 
 
 def test_containers_yarn_has_no_room_for_are_counted_published_and_told_once_after_a_while():
-    from iterreduce.yarn.keeper import PENDING_NOTE_S
+    from iterreduce.launch.yarn.keeper import PENDING_NOTE_S
 
     app, now = App(), [0.0]
     master = FakeMaster({"worker-0"}, wanted=3)

@@ -74,7 +74,7 @@ def test_the_namenode_refuses_a_client_without_a_ticket(gssapi, client_env, tmp_
 def test_with_a_ticket_hdfs_is_read_and_written_as_the_project_does_it(gssapi, client_env):
     """iterreduce's file system (hdfs-native, no JVM): Kerberos on RPC, SASL with privacy (encryption)
     on the DataNode's block transfers, as the client configuration in HADOOP_CONF_DIR asks."""
-    from iterreduce.filesystems import filesystem
+    from iterreduce.storage.filesystems import filesystem
 
     uri = client_env.uri(f"/user/{client_env.principal.split('@')[0]}/kerberos/blob.bin")
     payload = os.urandom(3 * 1024 * 1024 + 17)  # several packets

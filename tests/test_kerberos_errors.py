@@ -1,4 +1,4 @@
-"""What users get wrong with Kerberos, said in one line that says what to do (iterreduce.kerberos), before
+"""What users get wrong with Kerberos, said in one line that says what to do (iterreduce.storage.kerberos), before
 anything is submitted: checked here without a cluster. tests/test_kerberos.py meets the same mistakes on
 the secured Hadoop."""
 
@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from dbn.cli import main
-from iterreduce import kerberos
+from iterreduce.storage import kerberos
 from iterreduce.exceptions import HadoopConfigError
 
 

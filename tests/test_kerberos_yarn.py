@@ -26,7 +26,7 @@ import pytest
 import skein
 
 from dbn.cli import main
-from iterreduce.filesystems import KEYTAB_LOGIN_VARS
+from iterreduce.storage.filesystems import KEYTAB_LOGIN_VARS
 from yarnjobs import Yarn, job_file, shared_driver, upload
 
 pytestmark = [pytest.mark.kerberos, pytest.mark.yarn, pytest.mark.hdfs,
@@ -116,7 +116,7 @@ def test_a_job_submitted_with_a_ticket_runs_on_delegation_tokens_alone(secure_ya
     assert code == 0, err
     for text in ("attempt 1 serving 2 shards", "working as worker-0", "working as worker-1", "outputs written",
                  # The application master asked the secured ResourceManager for its nodes being
-                 # decommissioned with the token skein gave it (iterreduce.yarn.drain).
+                 # decommissioned with the token skein gave it (iterreduce.launch.yarn.drain).
                  "nodes being decommissioned: none (a look every 1 s)"):
         assert text in logs, text
     assert app_id in cluster.run("hdfs", "dfs", "-ls", "-R", "/tmp/logs").stdout  # aggregated on the secured HDFS
@@ -302,7 +302,7 @@ def test_a_job_submitted_with_a_keytab_outlives_its_delegation_tokens(short_live
             assert str(yarn.report(app_id).state) == "RUNNING", yarn.report(app_id).diagnostics
             time.sleep(1)
         victim = next(c for c in yarn.containers(app_id) if c.id == "worker-0_0")
-        (pid,) = yarn.pids(victim.yarn_container_id, "iterreduce.yarn.container worker")
+        (pid,) = yarn.pids(victim.yarn_container_id, "iterreduce.launch.yarn.container worker")
         os.kill(pid, signal.SIGKILL)
         report = yarn.wait(app_id, timeout=400)
         yarn.assert_succeeded(report, app_id)

@@ -15,7 +15,7 @@ import pytest
 
 from dbn.cli import main
 from iterreduce.exceptions import TableError
-from iterreduce.filesystems import filesystem
+from iterreduce.storage.filesystems import filesystem
 from shardio.lakehouse import lakehouse_format
 from test_table_jobs import write_animals
 

@@ -18,7 +18,8 @@ import pytest
 from conftest_runtime import (DELAY_ENV, SLOW_DBN, SLOW_SOFTMAX, SOFTMAX, blobs, events, kill_master, kill_worker,
                               cmdline, load_npz, master_info, records, run_job, simulate, subprocess_env,
                               worker_pids)
-from iterreduce import checkpoint, sharedmem
+from iterreduce.master import checkpoint
+from iterreduce.transport import sharedmem
 from iterreduce.exceptions import LocalJobError, MasterKilled
 from shardio.shards import write_shards
 
@@ -287,7 +288,7 @@ def test_the_launcher_ending_by_any_signal_stops_the_whole_job(tmp_path, signum)
     write_shards(X, y, str(tmp_path / "shards"), 2)
     script = (
         "import sys; sys.path.insert(0, %r)\n"
-        "from iterreduce.local import run_local\nfrom iterreduce.master import MasterConfig\n"
+        "from iterreduce.launch.local import run_local\nfrom iterreduce.master import MasterConfig\n"
         "run_local(MasterConfig(program=%r, program_config={'n_classes': 3, 'epochs': 10000}, shards=%r, workers=2, "
         "token='', output=%r))\n"
     ) % (str(Path(__file__).resolve().parents[1]), SOFTMAX, str(tmp_path / "shards"), str(tmp_path / "out"))
@@ -321,7 +322,7 @@ def test_the_launcher_ending_by_any_signal_stops_the_whole_job(tmp_path, signum)
 def job_folders(pid: int) -> list[str]:
     """The scratch and shared-memory folders the launcher made for the job of process ``pid`` (its
     master or a worker), as the launcher named them in its environment: this job's alone."""
-    from iterreduce.rowfile import LOCAL_DIR_VAR
+    from iterreduce.storage.rowfile import LOCAL_DIR_VAR
 
     items = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     environ = dict(item.split(b"=", 1) for item in items if b"=" in item)
@@ -334,7 +335,7 @@ def test_worker_processes_get_their_share_of_blas_threads(tmp_path, threads, wor
     """``[cluster] threads_per_process`` caps each worker's BLAS threads; unset, the cores are shared out."""
     import os
 
-    from iterreduce.local import LocalCluster
+    from iterreduce.launch.local import LocalCluster
     from iterreduce.master import MasterConfig
     from iterreduce import THREAD_VARS
 

@@ -2,8 +2,8 @@
 and its lock say is checked before it steers a delete or a write.
 
 - 4: only the hidden names the tool itself writes (``.NAME.<8 hex>.tmp`` / ``.old``,
-  :data:`iterreduce.durable.HIDDEN_NAME`) count as its leftovers; a user's look-alike is refused
-  untouched, in a shard folder and by :func:`iterreduce.durable.restore`;
+  :data:`iterreduce.storage.durable.HIDDEN_NAME`) count as its leftovers; a user's look-alike is refused
+  untouched, in a shard folder and by :func:`iterreduce.storage.durable.restore`;
 - 5: one writer per shard folder: a second ``dbn shard`` into a folder being written is refused
   at once, naming the folder and the holder, and the folder holds one input's shards;
 - 13: an HDFS stale lock is replaced only if it is still the stale one: a new holder's lock,
@@ -33,7 +33,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest_runtime import REPO, TESTS_DIR
-from iterreduce import durable, ownership
+from iterreduce.storage import durable, ownership
 from iterreduce.exceptions import ForeignFileError, IterReduceError, OutputBusy
 from shardio.readers import list_shards, read_shard
 from shardio.shards import write_shards

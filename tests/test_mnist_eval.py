@@ -9,7 +9,7 @@ import pytest
 
 from dbn.cli import main
 from dbn.jobs.mnist_eval import PUBLISHED, SWEEP_MARKER, mnist_config, prepare_validation, sweep_table
-from iterreduce import ownership
+from iterreduce.storage import ownership
 
 from conftest import MNIST_DIR
 

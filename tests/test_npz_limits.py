@@ -1,4 +1,4 @@
-"""Model files and checkpoints are read with limits (``iterreduce.npzfile``): a small file never
+"""Model files and checkpoints are read with limits (``iterreduce.storage.npzfile``): a small file never
 makes the process allocate much more than it holds, whatever its zip and ``.npy`` headers claim.
 
 The bar: a model file under 10 MB that would inflate to 1 GiB is refused by ``dbn evaluate``
@@ -23,7 +23,8 @@ import pytest
 from dbn import DBN
 from dbn.exceptions import ModelFileError
 from dbn.model import persist
-from iterreduce import checkpoint, npzfile
+from iterreduce.master import checkpoint
+from iterreduce.storage import npzfile
 from iterreduce.exceptions import CheckpointError
 
 GIB = 1 << 30

@@ -1,5 +1,5 @@
 """A local job whose launcher and master die together leaves none of its folders behind (issue 51,
-item 10): its workers, the last of its processes, remove them (iterreduce.jobfolders): only the
+item 10): its workers, the last of its processes, remove them (iterreduce.process.jobfolders): only the
 folders the launcher made, never through a link, idempotently however many remove them at once, and
 only where a launcher started them and is gone (not on YARN); a user's files beside them stay."""
 
@@ -19,14 +19,15 @@ import numpy as np
 import pytest
 
 from conftest_runtime import REPO, SOFTMAX, TESTS_DIR, blobs, cmdline, master_info, records, worker_pids
-from iterreduce import jobfolders, lifeline, sharedmem
-from iterreduce.rowfile import LOCAL_DIR_VAR
+from iterreduce.process import jobfolders, lifeline
+from iterreduce.transport import sharedmem
+from iterreduce.storage.rowfile import LOCAL_DIR_VAR
 from shardio.shards import write_shards
-from iterreduce.sharedmem import SharedFolder
+from iterreduce.transport.sharedmem import SharedFolder
 
 LAUNCHER = """
 import sys
-from iterreduce.local import run_local
+from iterreduce.launch.local import run_local
 from iterreduce.master import MasterConfig
 run_local(MasterConfig(program=sys.argv[1], program_config={'n_classes': 3, 'epochs': 100000}, shards=sys.argv[2],
                        workers=2, token='', output=sys.argv[3], heartbeat_interval=0.2, heartbeat_timeout=2.0))

@@ -21,8 +21,9 @@ from dbn import DBN
 from dbn.cli import main
 from dbn.jobs.run import why_another_job
 from dbn.jobs.spec import load_spec
-from iterreduce import checkpoint, ownership
-from iterreduce.ownership import prune_previous, set_aside
+from iterreduce.master import checkpoint
+from iterreduce.storage import ownership
+from iterreduce.storage.ownership import prune_previous, set_aside
 from test_cli import make_dataset
 
 RUN_FILES = ("model.npz", "result.json", "config.json", "log.jsonl")

@@ -23,7 +23,7 @@ import dbn.data.table_data as table_data
 from dbn.cli import main
 from dbn.model.estimator import DBN
 from iterreduce.exceptions import ForeignFileError, OutputExists
-from iterreduce.filesystems import open_output_file
+from iterreduce.storage.filesystems import open_output_file
 from test_table_jobs import animals, train  # noqa: F401 - the fixture, and a trained table job
 
 USERS_OWN = b"id,score\n1,0.25\n2,0.75\n" + bytes(range(256))  # not ours: any bytes at all

@@ -15,7 +15,7 @@ import pytest
 
 from dbn import DBN
 from dbn.cli import main
-from iterreduce.filesystems import open_output_file
+from iterreduce.storage.filesystems import open_output_file
 
 
 def test_a_bare_file_name_is_a_file_in_the_current_folder(tmp_path, monkeypatch):

@@ -96,7 +96,7 @@ def test_the_dry_run_in_the_readme_runs(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert ["submit", "examples/yarn.toml", "--dry-run"] in dbn_commands([ROOT / "README.md"])
     assert main(["submit", "examples/yarn.toml", "--dry-run"]) == 0
-    assert "iterreduce.yarn.container master job.json" in capsys.readouterr().out
+    assert "iterreduce.launch.yarn.container master job.json" in capsys.readouterr().out
 
 
 def anchors(page: Path) -> set[str]:

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from conftest_runtime import InProcessJob, blobs, events, records, run_job, subprocess_env, SOFTMAX
-from iterreduce import checkpoint
+from iterreduce.master import checkpoint
 from shardio.shards import write_shards
 
 CONFIG = {"n_classes": 3, "epochs": 4}
@@ -105,7 +105,7 @@ def test_checkpoint_latest_by_run(tmp_path):
 
 def test_a_later_application_attempt_restarts_its_own_run(tmp_path):
     """What the application master's container makes of its job file and attempt."""
-    from iterreduce.yarn.container import master_config
+    from iterreduce.launch.yarn.container import master_config
 
     job = {"master": {"program": SOFTMAX, "program_config": CONFIG, "shards": ["a.parquet"], "workers": 1,
                       "output": "hdfs://nn/out"}}

@@ -1,4 +1,4 @@
-"""Tests for iterreduce.runlog: writing, reading, tailing and summing a job's log.jsonl."""
+"""Tests for iterreduce.storage.runlog: writing, reading, tailing and summing a job's log.jsonl."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from iterreduce import runlog
+from iterreduce.storage import runlog
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -19,8 +19,8 @@ import pytest
 from conftest_runtime import DELAY_ENV, SLOW_SOFTMAX, SOFTMAX, assert_same_bits, blobs, events, load_npz, records, \
     simulate
 from iterreduce.master import Master, MasterConfig
-from iterreduce.membership import Membership
-from iterreduce.security import new_token
+from iterreduce.master.membership import Membership
+from iterreduce.transport.security import new_token
 from shardio.shards import write_shards
 from iterreduce.worker import Worker
 

@@ -173,9 +173,9 @@ def test_a_lost_workers_unfinished_shards_are_skipped_in_training_and_moved_with
     without a lost worker's unfinished shards; scoring's step waits for the worker they move to."""
     import threading
 
-    from iterreduce.membership import Membership
+    from iterreduce.master.membership import Membership
     from iterreduce.program import Step
-    from iterreduce.rounds import Rounds
+    from iterreduce.master.rounds import Rounds
 
     lock = threading.Condition()
     lock.acquire()  # the master's lock, held around every call as the master holds it

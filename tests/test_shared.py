@@ -276,7 +276,7 @@ def test_submit_priority_gives_the_application_its_priority_capped_at_the_cluste
     import os
     import sys
 
-    from iterreduce.yarn.client import set_priority
+    from iterreduce.launch.yarn.client import set_priority
 
     monkeypatch.setenv("PATH", f"{yarn.hadoop.bin_dir}{os.pathsep}{os.environ['PATH']}")
     path = job_file(tmp_path, yarn.hadoop.uri("/user/test/priority"), workers=1, epochs=200,

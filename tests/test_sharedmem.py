@@ -1,4 +1,4 @@
-"""Tensors through shared memory between processes of one host (issue 42, iterreduce.sharedmem):
+"""Tensors through shared memory between processes of one host (issue 42, iterreduce.transport.sharedmem):
 the same bits as gRPC's bytes, references checked before anything is read, and nothing left
 behind but what is not the run's."""
 
@@ -13,12 +13,12 @@ import pytest
 
 from conftest_runtime import (SLOW_SOFTMAX, SOFTMAX, InProcessJob, blobs, events, kill_master, kill_worker, load_npz,
                               run_job, simulate, subprocess_env)
-from iterreduce import sharedmem, wire
-from iterreduce.broadcast import SHARED_VALUES_KEPT, Broadcast
+from iterreduce.transport import sharedmem, wire
+from iterreduce.master.broadcast import SHARED_VALUES_KEPT, Broadcast
 from iterreduce.exceptions import MasterKilled, WireError
 from iterreduce.proto import iterreduce_pb2 as pb
 from shardio.shards import write_shards
-from iterreduce.sharedmem import SharedFolder
+from iterreduce.transport.sharedmem import SharedFolder
 
 pytestmark = pytest.mark.skipif(not sharedmem.available(), reason="no /dev/shm on this host")
 
@@ -37,7 +37,7 @@ def folder():
 def made_folders(monkeypatch):
     """The (scratch, shared-memory) folders each local launcher of the test makes, as it makes them:
     the test's own jobs' folders, whatever other jobs run on the machine."""
-    from iterreduce import jobfolders
+    from iterreduce.process import jobfolders
 
     made, make = [], jobfolders.make
     monkeypatch.setattr(jobfolders, "make", lambda *args, **kwargs: made.append(make(*args, **kwargs)) or made[-1])
@@ -331,8 +331,8 @@ def test_processes_killed_the_job_ends_and_the_folder_goes(tmp_path, uris, monke
 def test_a_master_whose_launcher_died_removes_only_folders_the_launcher_made(tmp_path, monkeypatch):
     """The master removes what the environment names only where it is a folder as the launcher
     makes them (its prefix, a real 0700 folder of this user); a user's folders and files stay."""
-    from iterreduce import jobfolders
-    from iterreduce.rowfile import LOCAL_DIR_VAR
+    from iterreduce.process import jobfolders
+    from iterreduce.storage.rowfile import LOCAL_DIR_VAR
 
     monkeypatch.setenv(LOCAL_DIR_VAR, str(tmp_path))  # jobfolders.make puts the scratch folder here
     scratch, shared = jobfolders.make(shared_memory=True)

@@ -21,7 +21,7 @@ import time
 
 import numpy as np
 
-from iterreduce import runlog
+from iterreduce.storage import runlog
 from iterreduce.webui import ViewServer
 
 LOOPBACK, OTHER_LOOPBACK = "127.0.0.1", "127.0.0.2"

@@ -9,7 +9,7 @@ from conftest_runtime import DBN_PROGRAM, InProcessJob, load_npz, simulate
 from dbn import DBN, RBM
 from dbn.jobs.program import DBNProgram, dbn_params
 from dbn.model import persist, state
-from iterreduce import checkpoint
+from iterreduce.master import checkpoint
 from shardio.readers import shard_info
 from shardio.shards import write_shards
 

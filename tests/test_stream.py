@@ -15,7 +15,7 @@ from dbn.exceptions import ConfigError
 from dbn.jobs import memory
 from shardio import shards as shards_module
 from iterreduce.exceptions import ShardError
-from iterreduce.rowfile import RowFile, prefetch
+from iterreduce.storage.rowfile import RowFile, prefetch
 from shardio.shards import as_float32, write_shards
 from shardio.readers import read_shard, spill_shard
 

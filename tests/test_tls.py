@@ -15,14 +15,14 @@ import pytest
 import skein
 
 from conftest_runtime import SOFTMAX, blobs, load_npz, records, simulate
-from iterreduce.master import JobFailed, Master, MasterConfig
+from iterreduce.master.master import JobFailed, Master, MasterConfig
 from iterreduce.proto import iterreduce_pb2 as pb
 from iterreduce.proto import iterreduce_pb2_grpc as pb_grpc
-from iterreduce.security import (TlsCredentials, certificate_name, channel_credentials, channel_options, from_skein,
-                                 metadata, new_token)
+from iterreduce.transport.security import (TlsCredentials, certificate_name, channel_credentials, channel_options,
+                                           from_skein, metadata, new_token)
 from shardio.shards import write_shards
 from iterreduce.worker import Worker
-from iterreduce.yarn.container import app_credentials
+from iterreduce.launch.yarn.container import app_credentials
 
 
 @pytest.fixture(scope="module")

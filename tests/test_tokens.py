@@ -1,4 +1,4 @@
-"""Fresh delegation tokens for a job submitted with a keytab (iterreduce.yarn.tokens), without a cluster:
+"""Fresh delegation tokens for a job submitted with a keytab (iterreduce.launch.yarn.tokens), without a cluster:
 Hadoop's dtutil stood in for by a script that checks its arguments, skein's key-value store by one that
 hands out real skein events. tests/test_kerberos_yarn.py runs the real thing on the secured Hadoop."""
 
@@ -14,8 +14,8 @@ import pytest
 import skein
 
 from iterreduce.exceptions import JobFailed
-from iterreduce.yarn import tokens
-from iterreduce.yarn.spec import YarnOptions, build_spec
+from iterreduce.launch.yarn import tokens
+from iterreduce.launch.yarn.spec import YarnOptions, build_spec
 
 
 def site(folder, settings: dict[str, str]) -> None:

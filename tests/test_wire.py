@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from iterreduce import wire
+from iterreduce.transport import wire
 from iterreduce.proto import iterreduce_pb2 as pb
-from iterreduce.wire import CHUNK_BYTES, Decoder, WireError, decode, encode
+from iterreduce.transport.wire import CHUNK_BYTES, Decoder, WireError, decode, encode
 
 
 def chunk(name="t", dtype="", shape=(), offset=0, data=b"", last=True) -> pb.TensorChunk:

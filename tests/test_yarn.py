@@ -29,11 +29,11 @@ from browser import console_errors, needs_browser, start_browser, wait_for
 from yarnjobs import N_FEATURES, TERMINAL, job_file, shared_driver, upload
 from dbn import DBN
 from dbn.cli import main
-from iterreduce import checkpoint
-from iterreduce.ownership import MANIFEST_NAME
-from iterreduce.yarn import KV_ADDRESS
-from iterreduce.yarn import client as yarn_client
-from iterreduce.yarn.relax import SPARE_SERVICE
+from iterreduce.master import checkpoint
+from iterreduce.storage.ownership import MANIFEST_NAME
+from iterreduce.launch.yarn import KV_ADDRESS
+from iterreduce.launch.yarn import client as yarn_client
+from iterreduce.launch.yarn.relax import SPARE_SERVICE
 
 pytestmark = [pytest.mark.yarn, pytest.mark.hdfs, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -70,7 +70,7 @@ def venv(tmp_path_factory):
 @pytest.fixture(scope="module")
 def env_archive(yarn, venv, tmp_path_factory):
     """That environment packed by the project's own code and put on HDFS once, for the other tests' jobs."""
-    from iterreduce.yarn.envpack import pack_environment
+    from iterreduce.launch.yarn.envpack import pack_environment
 
     local = pack_environment(str(tmp_path_factory.mktemp("pack") / "dbn-env.tar.gz"), prefix=str(venv))
     fs = yarn.hadoop.fs()
@@ -176,7 +176,7 @@ def plant_another_submissions_checkpoint(job: dict, tmp_path) -> tuple[str, str]
     """A checkpoint of the very same job, as an earlier submission into that output folder would
     have left it, at the job's last step; returns (its URI, the job's fingerprint)."""
     from iterreduce.master import Master
-    from iterreduce.yarn.container import master_config
+    from iterreduce.launch.yarn.container import master_config
 
     config = master_config(job, tmp_path / "planted", "token", restart=False, run_id="application_0_0001")
     master = Master(config)
@@ -361,7 +361,7 @@ def test_master_and_workers_talk_mutual_tls_and_refuse_outsiders(yarn, env_archi
 
     from iterreduce.proto import iterreduce_pb2 as pb
     from iterreduce.proto import iterreduce_pb2_grpc as pb_grpc
-    from iterreduce.security import channel_credentials, channel_options, from_skein, metadata
+    from iterreduce.transport.security import channel_credentials, channel_options, from_skein, metadata
 
     output = yarn.hadoop.uri("/user/test/tls")
     app_id = submit(capsys, job_file(tmp_path, output, env=env_archive, epochs=30,
@@ -389,7 +389,8 @@ def test_master_and_workers_talk_mutual_tls_and_refuse_outsiders(yarn, env_archi
         return info.value.code()
 
     am_container = app_id.replace("application_", "container_") + "_01_000001"
-    workers = [pid for c in yarn.containers(app_id) for pid in yarn.pids(c.yarn_container_id, "iterreduce.yarn.container")]
+    container = "iterreduce.launch.yarn.container"
+    workers = [pid for c in yarn.containers(app_id) for pid in yarn.pids(c.yarn_container_id, container)]
     peers = [f"127.0.0.1:{port}" for pid in workers for _, port in listeners(pid)]
     assert len(workers) == 2 and len(peers) >= 2, (workers, peers)
     outsiders = {"plaintext": None, "another application's": from_skein(skein.Security.new_credentials()),
@@ -413,7 +414,7 @@ def test_master_and_workers_talk_mutual_tls_and_refuse_outsiders(yarn, env_archi
                                      a[1].get("Location", "")) for a in refused if a[0] != 403), answers
     assert not any(a is not None and a[0] == 200 and b"e2e" in a[2] for a in answers), answers
     # The page's own listener: loopback only, and nothing but 404 without the secret path.
-    pages = [(host, port) for pid in yarn.pids(am_container, "iterreduce.yarn.container")
+    pages = [(host, port) for pid in yarn.pids(am_container, "iterreduce.launch.yarn.container")
              for host, port in listeners(pid) if not address.endswith(f":{port}")]
     assert pages and all(host == "127.0.0.1" for host, _ in pages), pages
     for _, port in pages:
@@ -432,7 +433,7 @@ def test_master_and_workers_talk_mutual_tls_and_refuse_outsiders(yarn, env_archi
 
 def test_block_locations_come_from_the_real_namenode(yarn, hdfs, tmp_path):
     from shardio.shards import write_shards
-    from iterreduce.yarn import locality
+    from iterreduce.launch.yarn import locality
 
     X = np.random.default_rng(0).random((90, N_FEATURES), dtype=np.float32)
     uris = write_shards(X, np.zeros(90, dtype=np.int64), hdfs.uri("/user/test/located"), 3)
@@ -575,7 +576,7 @@ def test_a_second_submission_into_a_running_jobs_hdfs_folder_is_refused(yarn, en
     ended, its lock is stale and the next submission takes the folder."""
     import time
 
-    from iterreduce import ownership
+    from iterreduce.storage import ownership
 
     out = yarn.hadoop.uri("/user/test/locked")
     first = submit(capsys, job_file(tmp_path, out, env=env_archive, epochs=400))

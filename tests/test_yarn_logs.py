@@ -13,8 +13,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from iterreduce.yarn import YarnError
-from iterreduce.yarn import client as yarn_client
+from iterreduce.launch.yarn import YarnError
+from iterreduce.launch.yarn import client as yarn_client
 
 APP = "application_1764000000000_0007"
 

@@ -86,7 +86,7 @@ def test_a_million_rows_scored_by_three_containers_one_killed_every_row_once(yar
     status = capsys.readouterr().out
     assert re.search(r"superstep \d+ of 14: score", status) and "workers: worker-0 on " in status, status
     victim = next(c for c in yarn.containers(app_id, states=["RUNNING"]) if c.id == "worker-1_0")
-    (pid,) = yarn.pids(victim.yarn_container_id, "iterreduce.yarn.container worker")
+    (pid,) = yarn.pids(victim.yarn_container_id, "iterreduce.launch.yarn.container worker")
     os.kill(pid, signal.SIGKILL)
     report = yarn.wait(app_id, timeout=400)
     yarn.assert_succeeded(report, app_id)

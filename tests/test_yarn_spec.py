@@ -10,10 +10,10 @@ import skein
 
 from dbn.cli import main
 from iterreduce.master import MasterConfig
-from iterreduce.yarn.container import attempt_number
-from iterreduce.yarn.envpack import EnvPackError, environment_kind, pack_environment
-from iterreduce.yarn.locality import Blocks, parse_fsck, place, slot_blocks
-from iterreduce.yarn.spec import YarnOptions, build_spec
+from iterreduce.launch.yarn.container import attempt_number
+from iterreduce.launch.yarn.envpack import EnvPackError, environment_kind, pack_environment
+from iterreduce.launch.yarn.locality import Blocks, parse_fsck, place, slot_blocks
+from iterreduce.launch.yarn.spec import YarnOptions, build_spec
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "yarn.toml"
 
@@ -54,8 +54,8 @@ def test_dry_run_prints_a_spec_skein_accepts_with_workers_resources_gpus_and_env
     assert worker.env["ITERREDUCE_DEVICE"] == "gpu" and worker.env["OMP_NUM_THREADS"] == "3"
     assert (spec.queue, spec.node_label, spec.max_attempts) == ("ml", "gpu", 2)
     assert "hdfs://namenode:8020" in spec.file_systems  # delegation tokens for the output's name service
-    assert '"$PWD/environment/bin/python" -m iterreduce.yarn.container master job.json' in spec.master.script
-    assert "iterreduce.yarn.container worker job.json" in worker.script
+    assert '"$PWD/environment/bin/python" -m iterreduce.launch.yarn.container master job.json' in spec.master.script
+    assert "iterreduce.launch.yarn.container worker job.json" in worker.script
     job_file = Path(spec.master.files["job.json"].source.replace("file://", ""))
     assert job_file.is_file() and '"dbn.jobs.program:DBNProgram"' in job_file.read_text()
 
@@ -69,7 +69,7 @@ def test_a_validation_shard_on_another_name_service_gets_its_delegation_token(ca
 def test_dry_run_with_python_ships_no_environment(capsys):
     spec = dry_run(capsys, "--python", "/opt/py/bin/python")
     assert "environment" not in spec.services["worker-0"].files
-    assert "exec /opt/py/bin/python -m iterreduce.yarn.container" in spec.master.script
+    assert "exec /opt/py/bin/python -m iterreduce.launch.yarn.container" in spec.master.script
 
 
 def test_dry_run_without_env_names_the_archive_it_would_pack(capsys):
@@ -131,7 +131,7 @@ def test_spec_yaml_round_trip():
 
 
 def test_workers_ask_for_their_nodes_strictly_while_the_master_waits_else_as_a_preference():
-    from iterreduce.yarn.relax import SPARE_SERVICE, WAIT_VAR, strict_services
+    from iterreduce.launch.yarn.relax import SPARE_SERVICE, WAIT_VAR, strict_services
 
     base = dict(env_archive="/tmp/env.tar.gz", workers=2, slot_hosts=["h1", ""], max_restarts=3)
     spec = build_spec("x", "/tmp/job.json", YarnOptions(**base, locality_wait=20))
@@ -169,7 +169,7 @@ class FakeApp:
 def test_a_worker_waiting_longer_than_the_wait_is_withdrawn_and_a_spare_asked_for():
     from types import SimpleNamespace
 
-    from iterreduce.yarn.relax import SPARE_SERVICE, Relaxer
+    from iterreduce.launch.yarn.relax import SPARE_SERVICE, Relaxer
 
     def container(id, state):
         return SimpleNamespace(id=id, service_name=id.split("_")[0], state=state)
@@ -194,7 +194,7 @@ def test_a_worker_waiting_longer_than_the_wait_is_withdrawn_and_a_spare_asked_fo
 def test_the_master_relaxes_only_what_its_spec_and_environment_ask(monkeypatch):
     from types import SimpleNamespace
 
-    from iterreduce.yarn.relax import WAIT_VAR, Relaxer
+    from iterreduce.launch.yarn.relax import WAIT_VAR, Relaxer
 
     spec = build_spec("x", "/tmp/job.json", YarnOptions(env_archive="/tmp/env.tar.gz", workers=2, slot_hosts=["h1", "h2"]))
     app = SimpleNamespace(get_specification=lambda: spec)
@@ -207,7 +207,7 @@ def test_the_master_relaxes_only_what_its_spec_and_environment_ask(monkeypatch):
 
 
 def test_a_spare_container_takes_the_free_slot_with_the_most_of_its_data_on_its_node():
-    from iterreduce.yarn.container import slot_order
+    from iterreduce.launch.yarn.container import slot_order
 
     job = {"master": {"workers": 3}, "slots": [{"host": "a", "bytes": 10, "bytes_on": {"a": 10}},
                                                {"host": "b", "bytes": 10, "bytes_on": {"b": 10, "c": 4}},
@@ -217,7 +217,7 @@ def test_a_spare_container_takes_the_free_slot_with_the_most_of_its_data_on_its_
 
 
 def test_a_worker_container_names_its_slot():
-    from iterreduce.yarn.spec import slot_of, worker_service
+    from iterreduce.launch.yarn.spec import slot_of, worker_service
 
     assert [slot_of(c) for c in ("worker-0_0", "worker-12_3", worker_service(7) + "_1")] == [0, 12, 7]
     assert [slot_of(c) for c in ("worker_0", "master_0", "worker-x_0", "", "worker-_1")] == [None] * 5
@@ -226,7 +226,7 @@ def test_a_worker_container_names_its_slot():
 def test_yarn_spec_files_are_valid_skein_specs():
     for path in (Path(__file__).resolve().parents[1] / "yarn_specs").glob("*.yaml"):
         spec = skein.ApplicationSpec.from_file(str(path))
-        assert "iterreduce.yarn.container" in spec.master.script, path
+        assert "iterreduce.launch.yarn.container" in spec.master.script, path
 
 
 def test_fsck_locations_are_parsed_per_file_as_bytes_on_each_host():
@@ -318,9 +318,9 @@ def test_each_submission_gets_credentials_of_its_own_kept_for_the_user_alone(tmp
     """skein gave every application the user's own ``~/.skein`` key unless the spec named one:
     `submit` now gives each its own, keeps them 0600 (folders 0700) under skein's folder for
     `status`, connects to the application with them, and removes them once it has ended."""
-    from iterreduce.security import from_skein
-    from iterreduce.yarn import YarnError
-    from iterreduce.yarn import client as yarn_client
+    from iterreduce.transport.security import from_skein
+    from iterreduce.launch.yarn import YarnError
+    from iterreduce.launch.yarn import client as yarn_client
 
     monkeypatch.setenv("SKEIN_CONFIG", str(tmp_path / "skein"))
     monkeypatch.setattr(yarn_client, "check_fits", lambda client, spec: None)
@@ -372,7 +372,7 @@ def test_each_submission_gets_credentials_of_its_own_kept_for_the_user_alone(tmp
 
 
 def test_a_worker_knows_the_share_of_its_data_on_its_host_from_the_job_file():
-    from iterreduce.yarn.container import placement
+    from iterreduce.launch.yarn.container import placement
 
     job = {"slots": [{"host": "a", "bytes": 10, "bytes_on": {"a": 10, "b": 4}}, {"host": "", "bytes": 0,
                                                                                   "bytes_on": {}}]}
@@ -396,14 +396,14 @@ def test_a_worker_knows_the_share_of_its_data_on_its_host_from_the_job_file():
     ('{"local": 0.5, "pad": "' + "x" * 5000 + '"}', {}),  # oversized: not read at all
 ])
 def test_the_master_logs_a_workers_local_share_only_when_it_is_a_plain_fraction(resources, expected):
-    from iterreduce.master import _local_share
+    from iterreduce.master.master import _local_share
 
     assert _local_share(resources) == expected
 
 
 def test_status_lists_each_running_workers_node_and_local_share():
-    from iterreduce.yarn import KV_SLOT
-    from iterreduce.yarn.client import Status, _placements
+    from iterreduce.launch.yarn import KV_SLOT
+    from iterreduce.launch.yarn.client import Status, _placements
 
     slots = {f"{KV_SLOT}1": b'{"host": "n2", "local": 0.5}', f"{KV_SLOT}0": b'{"host": "n1", "local": 1.0}',
              f"{KV_SLOT}2": b'{"host": "n3", "local": null}', f"{KV_SLOT}x": b"{}", f"{KV_SLOT}3": b"garbage"}
@@ -416,7 +416,7 @@ def test_status_lists_each_running_workers_node_and_local_share():
 
 
 def test_a_container_takes_the_free_slot_whose_data_is_on_its_node_else_its_own():
-    from iterreduce.yarn.container import slot_order
+    from iterreduce.launch.yarn.container import slot_order
 
     job = {"master": {"workers": 3}, "slots": [{"host": "a", "bytes": 10, "bytes_on": {"a": 10, "b": 10}},
                                                {"host": "b", "bytes": 10, "bytes_on": {"b": 10, "c": 10}},
@@ -432,8 +432,8 @@ def test_status_says_what_the_job_waits_for_and_submit_wait_kills_one_yarn_never
     worker containers: how many, in which queue. `dbn submit --wait` kills an application YARN has
     not started within [yarn] start_timeout, saying so."""
     from iterreduce.exceptions import YarnError
-    from iterreduce.yarn import client as yarn_client
-    from iterreduce.yarn.client import Status
+    from iterreduce.launch.yarn import client as yarn_client
+    from iterreduce.launch.yarn.client import Status
 
     accepted = Status("application_1_0001", "ACCEPTED", "UNDEFINED", 0.0, "Queue's AM resource limit exceeded", "",
                       queue="small")
@@ -458,7 +458,7 @@ def test_status_says_what_the_job_waits_for_and_submit_wait_kills_one_yarn_never
 
 
 def test_yarns_refusal_of_a_submission_is_one_line_naming_the_reason():
-    from iterreduce.yarn.client import java_reason
+    from iterreduce.launch.yarn.client import java_reason
 
     said = ("Failed to submit application, exception:\nFailed to submit application_1_0001 to YARN : "
             "org.apache.hadoop.security.AccessControlException: Queue root.small already has 0 applications, "

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import skein
 
-from iterreduce.yarn import KV_PROGRESS
-from iterreduce.yarn import client as yarn_client
+from iterreduce.launch.yarn import KV_PROGRESS
+from iterreduce.launch.yarn import client as yarn_client
 
 N_FEATURES = 16
 TERMINAL = ("FINISHED", "FAILED", "KILLED")

@@ -15,9 +15,10 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
-from iterreduce import memory as machine_memory, npzfile
+from iterreduce.process import memory as machine_memory
+from iterreduce.storage import npzfile
 from iterreduce.exceptions import ShardError
-from iterreduce.filesystems import check_output_file, open_output_file
+from iterreduce.storage.filesystems import check_output_file, open_output_file
 from shardio.readers import describe_shard, list_shards, read_shard, same_classes, shard_classes
 from shardio.shards import as_float32, write_shards
 
@@ -140,7 +141,7 @@ NPZ_KINDS = npzfile.PLAIN_KINDS + "US"
 
 def _read_npz(path: Path, label: str | None) -> tuple[np.ndarray, np.ndarray | None]:
     """Arrays ``X`` and the labels (``label``, else ``y``, None if absent) of the .npz at ``path``,
-    read within :mod:`iterreduce.npzfile`'s limits for data files: a header that claims more than
+    read within :mod:`iterreduce.storage.npzfile`'s limits for data files: a header that claims more than
     its member holds, a member whose stream holds more or less than the zip declares, or members
     that claim more than the machine's available memory, are an error naming the file, the
     member and the size. However far it compresses, a data file is the user's own (one-hot,

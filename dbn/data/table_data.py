@@ -23,13 +23,13 @@ import numpy as np
 import pyarrow as pa
 
 from shardio import iceberg
-from iterreduce.filesystems import check_output_file, join, open_output_file
+from iterreduce.storage.filesystems import check_output_file, join, open_output_file
 from shardio.labels import LabelMap
 from dbn.model.scaler import FeatureStats, Scaler
 from shardio.shards import shard_set
-from iterreduce.yarn.locality import piece_blocks
+from iterreduce.launch.yarn.locality import piece_blocks
 from shardio.tables import (TableShard, TableSource, assign, column_widths, label_classes, open_dataset, pin,
-                               read_columns, read_piece, resolve, table_pieces)
+                            read_columns, read_piece, resolve, table_pieces)
 
 from .sharding import FEATURES_COLUMNS, PREDICTION_COLUMNS, RowsWriter, output_columns, output_format
 from .validation import DataError
@@ -142,7 +142,7 @@ def table_shards(data, workers: int, directory: str, locate=None) -> list[str]:
     """Split the table among ``workers`` (balanced by rows; fewer shares when it has fewer
     pieces) and save each share in ``directory``; returns their URIs in worker order. The
     shares hold raw rows: the workers gather the statistics that scale them (:data:`dbn.data.scaling.STATS`).
-    ``locate``: where files' blocks are (:func:`iterreduce.yarn.locality.file_blocks`), so that
+    ``locate``: where files' blocks are (:func:`iterreduce.launch.yarn.locality.file_blocks`), so that
     each share's pieces are stored on one host where the blocks allow (:func:`shardio.tables.assign`).
     ``directory`` is empty or holds shards written here (:func:`shardio.shards.shard_set`)."""
     whole = open_table(data)

@@ -82,7 +82,7 @@ class TrainingData(ABC):
     def shards(self, folder: str, n: int, locate=None) -> list[str]:
         """The URIs of the shards ``n`` workers read, written into ``folder`` where the data is
         not shards already (only shards written there are ever replaced). ``locate``: where files'
-        blocks are (:func:`iterreduce.yarn.locality.file_blocks`), for data cut by where it is stored."""
+        blocks are (:func:`iterreduce.launch.yarn.locality.file_blocks`), for data cut by where it is stored."""
 
     def cut_message(self, n: int, folder: str) -> str:
         """What :meth:`shards` does for ``n`` workers into ``folder``, for the log."""

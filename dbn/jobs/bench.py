@@ -36,7 +36,8 @@ import time
 
 import numpy as np
 
-from iterreduce import THREAD_VARS, stopping
+from iterreduce import THREAD_VARS
+from iterreduce.process import stopping
 
 from ..model import flops
 from ..exceptions import BackendError
@@ -132,7 +133,7 @@ class _Trainer:
 def _child(conn, spec):
     """A per-core process: build the trainer (warmed up), then run the budgets it is sent, until
     its parent says stop or is gone. A terminal's Ctrl-C reaches it with its parent: it ends
-    quietly on SIGINT and SIGTERM (:mod:`iterreduce.stopping`)."""
+    quietly on SIGINT and SIGTERM (:mod:`iterreduce.process.stopping`)."""
     stopping.run(lambda: _serve(conn, spec))
 
 

@@ -39,7 +39,7 @@ def _weights(features: int, hidden_layers) -> int:
 
 
 #: copies of the model's arrays a worker holds at most: parameters, momentum, gradients or steps, the copy
-#: received; with ``exchange`` (the workers reduce, iterreduce.exchange) four more: its update's parts on
+#: received; with ``exchange`` (the workers reduce, iterreduce.transport.exchange) four more: its update's parts on
 #: their way to the reducers, the rows it reduces, and, running ahead (Program.runs_ahead), the next
 #: step's parameters and update while this step's are still held
 MODEL_COPIES = {False: 4, True: 8}

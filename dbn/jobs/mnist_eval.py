@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from iterreduce import ownership
+from iterreduce.storage import ownership
 from iterreduce.exceptions import ForeignFileError
-from iterreduce.filesystems import join
+from iterreduce.storage.filesystems import join
 from shardio.shards import write_shards
 
 from ..data.mnist import load_mnist

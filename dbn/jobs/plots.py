@@ -21,8 +21,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import FormatStrFormatter, MaxNLocator
 
-from iterreduce import durable
-from iterreduce.runlog import LOG_NAME, read_progress
+from iterreduce.storage import durable
+from iterreduce.storage.runlog import LOG_NAME, read_progress
 
 from ..model.estimator import DBN
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from iterreduce.program import (MASTER_STATE, Program, Step, Update, WorkerProgram, block_momentum_average, master_side,
                                 weighted_average)
-from iterreduce.rowfile import RowFile, local_directory
+from iterreduce.storage.rowfile import RowFile, local_directory
 from dbn.model.scaler import FeatureStats
 from shardio.readers import read_labels, read_shard, same_classes, shard_classes, shard_info, spill_shard
 

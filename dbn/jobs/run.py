@@ -18,7 +18,7 @@ written.
 An output folder is one job's (:func:`claim_output`): a run refuses a folder that holds a
 run of another job unless asked to overwrite it, and a new run never destroys the earlier
 run's files before it has its own: they are kept in ``OUT/previous/N/``. Only files a run
-wrote (its run record proves it, :mod:`iterreduce.ownership`) are ever moved or deleted, and
+wrote (its run record proves it, :mod:`iterreduce.storage.ownership`) are ever moved or deleted, and
 a run holds the folder's lock from start to end: a second run into it is refused at once.
 """
 
@@ -39,13 +39,13 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from iterreduce import ownership, runlog
-from iterreduce.memory import available_memory
+from iterreduce.storage import ownership, runlog
+from iterreduce.process.memory import available_memory
 from iterreduce.exceptions import MasterKilled
-from iterreduce.local import StopSignal, gpu_count, local_processes, run_local
-from iterreduce.ownership import PREVIOUS, RUN_FILES, prune_previous, set_aside
+from iterreduce.launch.local import StopSignal, gpu_count, local_processes, run_local
+from iterreduce.storage.ownership import PREVIOUS, RUN_FILES, prune_previous, set_aside
 from shardio.readers import list_shards, shard_info
-from iterreduce.filesystems import filesystem, join
+from iterreduce.storage.filesystems import filesystem, join
 from shardio.shards import set_shard_note, shard_note
 
 from .. import __version__
@@ -119,7 +119,7 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
 
     ``extra`` adds keys to the result (e.g. the MNIST evaluation's validation size).
     ``overwrite`` lets the run replace another job's run in the output folder (see
-    :func:`claim_output`). The run holds the folder's lock (:func:`iterreduce.ownership.hold`)
+    :func:`claim_output`). The run holds the folder's lock (:func:`iterreduce.storage.ownership.hold`)
     throughout: a second run into it is refused at once, naming the folder and the holder.
     """
     check_environment()
@@ -280,7 +280,7 @@ def claim_output(out: Path, spec: JobSpec, *, resume: bool = False, overwrite: b
     - A folder that holds a run of another job (see :func:`why_another_job`) is refused with a
       :class:`UsageError`, unless ``overwrite``.
     - A folder holding, under a name the run writes (:data:`RUN_NAMES`), a file no run of the
-      project wrote (its run record does not prove it, :mod:`iterreduce.ownership`) is
+      project wrote (its run record does not prove it, :mod:`iterreduce.storage.ownership`) is
       refused (:class:`~iterreduce.exceptions.ForeignFileError`, naming the file), even with
       ``overwrite``: the project never moves, overwrites or deletes what is not its own.
     - ``resume`` of the same job continues its run: nothing changes.
@@ -492,7 +492,7 @@ class MiniCluster:
     """The master and worker processes on this machine for ``[cluster] workers`` shards (one
     per data-parallel worker; ``[data] train`` is cut into OUT/shards unless ``[cluster] shards``
     names shards already written), run in ``[cluster] processes`` processes (0: chosen by
-    :func:`iterreduce.local.local_processes` for this machine's cores)."""
+    :func:`iterreduce.launch.local.local_processes` for this machine's cores)."""
 
     where, writes_log, trains_here = "local mini-cluster", False, True
 
@@ -608,7 +608,7 @@ class Yarn:
         return f"YARN, {spec.cluster.workers} worker containers"
 
     def train(self, spec: JobSpec, out: Path, on_record: OnRecord) -> dict:
-        from iterreduce.yarn import client as yarn
+        from iterreduce.launch.yarn import client as yarn
 
         from .yarn import submit
 

@@ -29,13 +29,13 @@ from pathlib import Path
 import numpy as np
 import pyarrow.fs as pafs
 
-from iterreduce import durable
+from iterreduce.storage import durable
 from iterreduce.exceptions import ForeignFileError, OutputExists
-from iterreduce.filesystems import filesystem, join, open_output_file
+from iterreduce.storage.filesystems import filesystem, join, open_output_file
 from iterreduce.master import MasterConfig, new_run_id
 from iterreduce.program import Program, Step, Update, WorkerProgram
 from shardio.tables import TableShard, assign, table_pieces
-from iterreduce.yarn import locality
+from iterreduce.launch.yarn import locality
 
 from ..data.sharding import RowsWriter
 from ..data.table_data import check_kept, score_piece, scored_table
@@ -65,7 +65,8 @@ def part_name(share: int, chunk: int) -> str:
 
 
 #: What a staging folder holds, all of it written by the run: part files, a killed writer's
-#: unfinished one (:func:`iterreduce.durable.hidden_name`'s ``.NAME.<8 hex>.tmp``), the job's folder, the marker.
+#: unfinished one (:func:`iterreduce.storage.durable.hidden_name`'s ``.NAME.<8 hex>.tmp``), the job's
+#: folder, the marker.
 PART = re.compile(r"part-\d{5,}-\d{5,}\.parquet")
 UNFINISHED_PART = re.compile(r"\.part-\d{5,}-\d{5,}\.parquet\.[0-9a-f]{8}\.tmp")
 
@@ -277,7 +278,7 @@ def plan(model, model_path: str, data, out: str, *, workers: int, table=None, fi
          name="scoring") -> ScoringPlan:
     """Cut the table ``model`` scores (:func:`~dbn.data.table_data.scored_table`) into one share a
     worker, saved in a new staging folder beside ``out``, and the master's configuration for
-    scoring it. ``locate``: where files' blocks are (:func:`iterreduce.yarn.locality.file_blocks`),
+    scoring it. ``locate``: where files' blocks are (:func:`iterreduce.launch.yarn.locality.file_blocks`),
     so each share's pieces are stored on one host where the replicas allow; ``cluster``: the job's
     ``[cluster]`` section (heartbeats); ``part_rows``: the rows a part file holds at least, where
     the shares allow (the steps are fewer: :data:`PART_ROWS`)."""
@@ -317,8 +318,8 @@ def plan(model, model_path: str, data, out: str, *, workers: int, table=None, fi
 def run_local(model_path: str, data, out: str, *, workers: int, device: str = "cpu", table=None, filter=None,
               keep=(), features=False, overwrite=False, part_rows: int = PART_ROWS, on_record=None) -> dict:
     """Score on the local mini-cluster of ``workers`` processes; returns ``scoring.json``'s record."""
-    from iterreduce.local import run_local as run_job
-    from iterreduce.yarn.container import upload_outputs
+    from iterreduce.launch.local import run_local as run_job
+    from iterreduce.launch.yarn.container import upload_outputs
 
     from .run import load_classifier
     from ..model.estimator import DBN
@@ -357,8 +358,8 @@ def submit(cfg, model_path: str, out: str, *, table=None, filter=None, keep=(), 
     staging folder beside ``out`` (an ``hdfs://`` URI), the model shipped to every container,
     ``[cluster] workers`` containers each asked for on the node holding its share. Returns the
     application id, its tracking URL and the skein client to follow it with."""
-    from iterreduce.yarn import client as yarn
-    from iterreduce.yarn.spec import build_spec
+    from iterreduce.launch.yarn import client as yarn
+    from iterreduce.launch.yarn.spec import build_spec
 
     from ..model.estimator import DBN
     from .run import load_classifier

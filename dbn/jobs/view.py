@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from iterreduce import runlog
+from iterreduce.storage import runlog
 from iterreduce.webui import ViewServer
 
 from ..model import state

@@ -4,7 +4,7 @@ The job config is the same as for ``dbn train``; YARN needs two more things of
 it: ``[output] dir`` must be a URI every container can reach (``hdfs://...``),
 and the data must be Parquet shards there (``[cluster] shards``), or ``[data]
 train`` is sharded and uploaded to ``OUTPUT/shards`` first. The application runs
-the runtime's generic containers (:mod:`iterreduce.yarn.container`) with the
+the runtime's generic containers (:mod:`iterreduce.launch.yarn.container`) with the
 DBN program.
 
 An HDFS output folder is guarded as a local one is (:func:`claim_remote_output`): one job
@@ -29,14 +29,14 @@ from urllib.parse import urlparse
 import pyarrow.fs as pafs
 from skein.model import parse_memory
 
-from iterreduce import ownership
+from iterreduce.storage import ownership
 from iterreduce.exceptions import ForeignFileError, YarnError
-from iterreduce.filesystems import filesystem, join, open_output_file
+from iterreduce.storage.filesystems import filesystem, join, open_output_file
 from shardio.readers import list_shards, shard_info
 from shardio.tables import TableShard
-from iterreduce.yarn import locality
-from iterreduce.yarn.envpack import pack_environment
-from iterreduce.yarn.spec import YarnOptions, build_spec
+from iterreduce.launch.yarn import locality
+from iterreduce.launch.yarn.envpack import pack_environment
+from iterreduce.launch.yarn.spec import YarnOptions, build_spec
 
 from ..data.validation import counted
 from ..exceptions import ConfigError, UsageError
@@ -181,7 +181,8 @@ def ship_environment(opts: YarnOptions, *, dry_run: bool = False, log=print) -> 
 
 def share_blocks(uris: list[str], locate=locality.file_blocks) -> dict[str, locality.Blocks]:
     """``{share: Blocks}`` for a table's shares: where the bytes of its pieces are, a piece counted
-    as its rows' part of its file (``{}`` off HDFS). ``locate``: :func:`~iterreduce.yarn.locality.file_blocks`."""
+    as its rows' part of its file (``{}`` off HDFS).
+    ``locate``: :func:`~iterreduce.launch.yarn.locality.file_blocks`."""
     shares = {uri: TableShard.open(uri) for uri in uris}
     pieces = [(uri, piece) for uri, share in shares.items() for piece in share.pieces]
     if not pieces:
@@ -216,7 +217,7 @@ def submit(cfg: JobSpec, *, log=print, overwrite: bool = False):
 
     The output folder is claimed first (:func:`claim_remote_output`; ``overwrite`` replaces
     another job's run there): its lock then names the application."""
-    from iterreduce.yarn import client as yarn
+    from iterreduce.launch.yarn import client as yarn
 
     yarn.check_kerberos(cfg.yarn.principal, cfg.yarn.keytab)  # before any staging work
     _shared_uri("[output] dir (or --out)", cfg.output.dir)
@@ -248,7 +249,7 @@ ACTIVE_STATES = ("NEW", "NEW_SAVING", "SUBMITTED", "ACCEPTED", "RUNNING")
 
 def holder_running(client, held: dict) -> str | None:
     """What still writes into an output folder whose lock names ``held`` (see
-    :func:`iterreduce.ownership.acquire_remote`), or None when it is gone: an application the
+    :func:`iterreduce.storage.ownership.acquire_remote`), or None when it is gone: an application the
     ResourceManager reports finished, failed or killed (or no longer knows), a submission on
     this host whose process has ended. A submission on another host that named no application
     yet counts as running: its lock then has to be deleted by hand if it is gone."""
@@ -273,7 +274,7 @@ def holder_running(client, held: dict) -> str | None:
 
 def claim_remote_output(cfg: JobSpec, *, running, overwrite: bool = False, log=print) -> ownership.RemoteLock:
     """Take the HDFS output folder ``[output] dir`` for this submission, as a local run takes
-    its folder: its lock (:func:`iterreduce.ownership.acquire_remote`, asking ``running``
+    its folder: its lock (:func:`iterreduce.storage.ownership.acquire_remote`, asking ``running``
     whether a holder still writes); a file under :data:`REMOTE_RUN_NAMES` that no submission
     claimed is refused (:class:`~iterreduce.exceptions.ForeignFileError`, naming it); a run of
     another job (a model or checkpoints, and a ``config.json`` that differs or is missing) is

@@ -2,7 +2,7 @@
 
 Training loops take their rows through :func:`minibatches`, so the same loop trains
 on a device array or on a streamed copy (an object with ``shape``, ``take(index)``
-and ``chunks(rows)`` returning host arrays, such as :class:`iterreduce.rowfile.RowFile`):
+and ``chunks(rows)`` returning host arrays, such as :class:`iterreduce.storage.rowfile.RowFile`):
 the rows of minibatch ``i`` are the same, and so are their bits. Streamed rows are
 read ahead in a background thread while the device computes.
 """
@@ -13,7 +13,7 @@ from typing import Iterator
 
 import numpy as np
 
-from iterreduce.rowfile import prefetch
+from iterreduce.storage.rowfile import prefetch
 
 #: Rows per block when a whole data set is passed through a layer (transform, means):
 #: one value for in-memory and streamed data keeps their products, and results, identical.

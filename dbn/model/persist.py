@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from iterreduce import durable, npzfile
+from iterreduce.storage import durable, npzfile
 
 from . import state
 from ..exceptions import ModelFileError
@@ -32,7 +32,7 @@ _HEADER = "__header__"
 def atomic_write(path, write) -> None:
     """Call ``write(file_object)`` on a temporary file, then rename it to ``path``, durably: the
     file's bytes and its folder fsynced, never a moment without a file at ``path`` if one was
-    there (:func:`iterreduce.durable.write_local`, the project's one way of doing it)."""
+    there (:func:`iterreduce.storage.durable.write_local`, the project's one way of doing it)."""
     durable.write_local(path, write)
 
 
@@ -76,7 +76,7 @@ def load_arrays(path) -> tuple[dict, dict[str, np.ndarray]]:
         raise ModelFileError(f"{path}: not a readable model file (truncated or corrupt, or not an .npz): "
                              f"{type(exc).__name__}: {exc}") from exc
     if _HEADER not in arrays:
-        if "__checkpoint__" in arrays:  # iterreduce.checkpoint's header: a run's checkpoint
+        if "__checkpoint__" in arrays:  # iterreduce.master.checkpoint's header: a run's checkpoint
             raise ModelFileError(f"{path}: a training checkpoint, not a model: the model is model.npz in the run's "
                                  f"output directory (a checkpoint continues a run: the same command with --resume)")
         raise ModelFileError(f"{path}: not a {FORMAT} file (no header)")
@@ -98,7 +98,7 @@ def load_arrays(path) -> tuple[dict, dict[str, np.ndarray]]:
 
 def _read_npz(path: Path) -> dict[str, np.ndarray]:
     """The arrays of the ``.npz`` at ``path``, through the runtime's bounded reader
-    (:func:`iterreduce.npzfile.read_npz`): only plain numeric arrays, and nothing allocated
+    (:func:`iterreduce.storage.npzfile.read_npz`): only plain numeric arrays, and nothing allocated
     beyond what the file's own bytes hold (or a deflated member may inflate to, within its limits)."""
     with open(path, "rb") as f:
         try:

@@ -55,7 +55,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from ..runlog import Follower
+from ..storage.runlog import Follower
 from . import png, snapshot
 
 log = logging.getLogger("iterreduce.webui")

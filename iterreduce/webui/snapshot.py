@@ -26,9 +26,9 @@ import math
 import time
 from collections.abc import Iterable
 
-from ..runlog import is_progress, progress
+from ..storage.runlog import is_progress, progress
 
-#: Keys of the runtime's step records (iterreduce.runlog.step_record): not metrics to plot.
+#: Keys of the runtime's step records (iterreduce.storage.runlog.step_record): not metrics to plot.
 RUNTIME_KEYS = frozenset({"step", "of", "phase", "shards", "shards_total", "seconds", "compute_seconds",
                           "sync_seconds", "reduce_seconds", "reducers", "time", "samples", "event", "part"})
 

@@ -1,0 +1,2 @@
+"""Starting a job's master and workers: as processes of this machine (:mod:`.local`, the local
+mini-cluster) or in YARN containers (:mod:`.yarn`)."""

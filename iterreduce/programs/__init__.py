@@ -1,1 +1,0 @@
-"""Small programs that ship with the runtime (examples and test workloads)."""
