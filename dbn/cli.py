@@ -31,7 +31,7 @@ from pathlib import Path
 from iterreduce.exceptions import IterReduceError
 
 from . import __version__
-from .exceptions import DBNError, UsageError
+from .errors import DBNError, UsageError
 from .jobs.progress import ProgressPrinter, summary_line, to_json
 from .jobs.spec import load_recipe, load_spec, parse_override
 from .model.backend import DEVICES

@@ -36,7 +36,7 @@ MNIST_DIR = REPO.parent / "shared" / "data" / "mnist"
 
 SOFTMAX = "softmax_program:SoftmaxRegression"
 SLOW_SOFTMAX = "conftest_runtime:SlowSoftmax"
-DBN_PROGRAM = "dbn.jobs.program:DBNProgram"
+DBN_PROGRAM = "dbn.jobs.dbn_program:DBNProgram"
 SLOW_DBN = "conftest_runtime:SlowDBNProgram"
 DELAY_ENV = "ITERREDUCE_TEST_STEP_DELAY"
 
@@ -64,7 +64,7 @@ def __getattr__(name):
     """The slow DBN classes, built on first use so a softmax process never imports ``dbn``."""
     if name not in ("SlowDBNProgram", "SlowDBNWorker"):
         raise AttributeError(name)
-    from dbn.jobs.program import DBNProgram, DBNWorker
+    from dbn.jobs.dbn_program import DBNProgram, DBNWorker
 
     class SlowDBNProgram(DBNProgram):
         worker_class = "conftest_runtime:SlowDBNWorker"

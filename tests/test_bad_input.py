@@ -320,7 +320,7 @@ BAD_VALUES = {  # a value out of each rule's range, and one of the wrong type
 
 @pytest.mark.parametrize("name", sorted(_PARAM_RANGES))
 def test_every_numeric_hyperparameter_out_of_range_is_named(name, tmp_path):
-    from dbn.exceptions import ConfigError
+    from dbn.errors import ConfigError
     from dbn.jobs.spec import load_spec
 
     X, y = toy_data()

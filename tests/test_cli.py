@@ -410,7 +410,7 @@ def test_one_process_trains_on_the_shards_the_job_names(tmp_path, capsys):
 
 
 def test_bench_names_a_per_core_process_that_died():
-    from dbn.exceptions import BackendError
+    from dbn.errors import BackendError
     from dbn.jobs.bench import contender, measure
 
     broken = contender("rbm", n_visible=4, n_hidden=3, batch=0)  # the children divide by the batch size

@@ -188,7 +188,7 @@ def test_streaming_workers_train_the_same_model_as_in_memory_ones(tmp_path, caps
                                                                                 "validation set")])
 def test_settings_workers_cannot_honour_are_refused_not_ignored(tmp_path, capsys, setting, says):
     """Held-out rows, and early stopping without a validation shard: workers used to drop them silently."""
-    from dbn.exceptions import ConfigError
+    from dbn.errors import ConfigError
     from dbn.jobs.spec import load_spec
 
     make_dataset(tmp_path / "train.npz")

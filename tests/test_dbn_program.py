@@ -7,8 +7,8 @@ import pytest
 
 from conftest_runtime import DBN_PROGRAM, InProcessJob, events, load_npz, records, run_job, simulate, subprocess_env
 from dbn import DBN
-from dbn.exceptions import DataError
-from dbn.jobs.program import DBNProgram
+from dbn.errors import DataError
+from dbn.jobs.dbn_program import DBNProgram
 from iterreduce.launch.local import LocalJobError
 from shardio.readers import list_shards, shard_info
 from shardio.shards import write_shards

@@ -16,7 +16,7 @@ import pytest
 
 from dbn import DBN
 from dbn.cli import main
-from dbn.exceptions import TrainingDiverged
+from dbn.errors import TrainingDiverged
 from dbn.model.divergence import check_arrays, check_epoch
 from dbn.model.estimator import GAUSSIAN_LEARNING_RATE, LEARNING_RATE
 from iterreduce.exceptions import JobFailed

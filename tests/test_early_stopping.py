@@ -16,7 +16,7 @@ import pytest
 
 from dbn import DBN, DataError
 from dbn.cli import main
-from dbn.jobs.program import BEST_ERROR, SINCE_BEST, STOP, DBNProgram
+from dbn.jobs.dbn_program import BEST_ERROR, SINCE_BEST, STOP, DBNProgram
 from iterreduce.program import MASTER_STATE, Step
 from shardio.readers import list_shards
 from shardio.shards import write_shards

@@ -12,7 +12,7 @@ import pytest
 
 from conftest_runtime import (DBN_PROGRAM, SLOW_SOFTMAX, SOFTMAX, InProcessJob, assert_same_bits, blobs, events,
                               kill_worker, load_npz, records, run_job, simulate, subprocess_env)
-from dbn.jobs.program import DBNProgram
+from dbn.jobs.dbn_program import DBNProgram
 from iterreduce.transport import exchange
 from iterreduce.master import Master, MasterConfig
 from iterreduce.program import Update, block_momentum_average, weighted_average
@@ -163,7 +163,7 @@ def test_block_momentum_on_rows_is_the_whole_one(parts, rate, nesterov):
 @pytest.mark.parametrize("visible", ["bernoulli", "gaussian"])
 @pytest.mark.parametrize("parts", [1, 3, 64])
 def test_the_dbn_reduce_on_rows_is_the_whole_one(visible, parts):
-    from dbn.jobs.program import DBNProgram
+    from dbn.jobs.dbn_program import DBNProgram
     from iterreduce.program import Step
 
     program = DBNProgram(dict(hidden_layers=[30, 20], visible=visible, pretrain_block_momentum=0.5,

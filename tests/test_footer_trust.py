@@ -31,7 +31,7 @@ import pytest
 
 from dbn.cli import main
 from dbn.data.sharding import load_shards, load_source
-from dbn.exceptions import DataError
+from dbn.errors import DataError
 from iterreduce.exceptions import ShardError
 from shardio.readers import describe_shard, read_labels, read_shard, shard_info, spill_shard
 from shardio.shards import write_shards

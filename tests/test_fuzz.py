@@ -57,7 +57,7 @@ from hypothesis import HealthCheck, assume, currently_in_test_context, event, ex
 from hypothesis import strategies as st
 
 from dbn import DBN
-from dbn.exceptions import DBNError
+from dbn.errors import DBNError
 from dbn.model import persist
 from iterreduce.transport import wire
 from iterreduce.exceptions import ShardError, WireError

@@ -16,7 +16,7 @@ import pytest
 
 import dbn
 from dbn import RBM
-from dbn.exceptions import BackendError
+from dbn.errors import BackendError
 from dbn.model import graphs
 from dbn.model.backend import Backend
 from dbn.model.network import Network

@@ -512,7 +512,7 @@ def test_a_submission_guards_its_hdfs_output_folder_like_a_local_one(hdfs, base,
     """dbn submit's claim of [output] dir (before anything is staged): a file no submission
     claimed is refused untouched; another job's run is refused unless --overwrite, then kept in
     previous/N (nothing deleted); a folder whose job still runs is refused."""
-    from dbn.exceptions import UsageError
+    from dbn.errors import UsageError
     from dbn.jobs.spec import load_spec
     from dbn.jobs.yarn import claim_remote_output
     from iterreduce.exceptions import ForeignFileError, OutputBusy

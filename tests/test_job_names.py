@@ -7,7 +7,7 @@ import pytest
 import tomli_w
 
 from dbn.cli import main
-from dbn.exceptions import ConfigError
+from dbn.errors import ConfigError
 from dbn.jobs.spec import JobSection, load_spec, name_problem
 
 UNSAFE = ["../outside", "a/b", "..", "../../etc/cron.d/x", "/abs", "a\\b", "C:x", ".hidden", "x..y", "", " x",

@@ -171,7 +171,7 @@ def test_a_worker_that_comes_back_within_the_grace_is_left_alone():
 
 
 def test_the_budget_comes_from_the_application_masters_environment(monkeypatch):
-    from iterreduce.launch.yarn.spec import MAX_FAILURES_VAR
+    from iterreduce.launch.yarn.appspec import MAX_FAILURES_VAR
 
     for value, budget in (("5", 5), ("0", 0), ("many", 3)):
         monkeypatch.setenv(MAX_FAILURES_VAR, value)

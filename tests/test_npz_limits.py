@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from dbn import DBN
-from dbn.exceptions import ModelFileError
+from dbn.errors import ModelFileError
 from dbn.model import persist
 from iterreduce.master import checkpoint
 from iterreduce.storage import npzfile

@@ -97,7 +97,7 @@ def test_a_failed_attempt_holds_no_run(job, capsys, monkeypatch):
     """A folder with a log but no model, result or checkpoint (a run that failed) is no one's.
     (The failed run is a real one now: config.json and log.jsonl written by hand are no run's
     files, and are refused untouched: tests/test_ownership.py.)"""
-    from dbn.exceptions import DataError
+    from dbn.errors import DataError
 
     config, out = job
     out.mkdir()  # not made by the run: a failed run leaves what it wrote

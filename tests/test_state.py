@@ -7,7 +7,7 @@ import pytest
 
 from conftest_runtime import DBN_PROGRAM, InProcessJob, load_npz, simulate
 from dbn import DBN, RBM
-from dbn.jobs.program import DBNProgram, dbn_params
+from dbn.jobs.dbn_program import DBNProgram, dbn_params
 from dbn.model import persist, state
 from iterreduce.master import checkpoint
 from shardio.readers import shard_info

@@ -11,15 +11,15 @@ import numpy as np
 import pytest
 
 from conftest_runtime import InProcessJob, simulate
-from dbn.exceptions import ConfigError
-from dbn.jobs import memory
+from dbn.errors import ConfigError
+from dbn.jobs import memory_plan
 from shardio import shards as shards_module
 from iterreduce.exceptions import ShardError
 from iterreduce.storage.rowfile import RowFile, prefetch
 from shardio.shards import as_float32, write_shards
 from shardio.readers import read_shard, spill_shard
 
-DBN_PROGRAM = "dbn.jobs.program:DBNProgram"
+DBN_PROGRAM = "dbn.jobs.dbn_program:DBNProgram"
 
 
 @pytest.fixture
@@ -188,7 +188,7 @@ def test_streaming_workers_train_the_one_process_model(tmp_path, small_blocks):
 def test_a_streamed_worker_keeps_only_the_data_and_the_newest_layer_on_disk(tmp_path, small_blocks, monkeypatch):
     from iterreduce.program import shard_seed
     from shardio.readers import shard_info
-    from dbn.jobs.program import DBNProgram, DBNWorker
+    from dbn.jobs.dbn_program import DBNProgram, DBNWorker
 
     monkeypatch.setenv("ITERREDUCE_LOCAL_DIR", str(tmp_path / "local"))
     (tmp_path / "local").mkdir()

@@ -18,7 +18,7 @@ from dbn import DBN
 from dbn.cli import main
 from dbn.data.sharding import load_shards, shard_dataset
 from dbn.data.validation import label_indices
-from dbn.exceptions import DataError
+from dbn.errors import DataError
 from iterreduce.exceptions import ShardError
 from shardio.shards import CLASSES_KEY, write_shards
 from shardio.readers import describe_shard, list_shards, shard_classes

@@ -15,7 +15,7 @@ import skein
 
 from iterreduce.exceptions import JobFailed
 from iterreduce.launch.yarn import tokens
-from iterreduce.launch.yarn.spec import YarnOptions, build_spec
+from iterreduce.launch.yarn.appspec import YarnOptions, build_spec
 
 
 def site(folder, settings: dict[str, str]) -> None:

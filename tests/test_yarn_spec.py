@@ -13,7 +13,7 @@ from iterreduce.master import MasterConfig
 from iterreduce.launch.yarn.container import attempt_number
 from iterreduce.launch.yarn.envpack import EnvPackError, environment_kind, pack_environment
 from iterreduce.launch.yarn.locality import Blocks, parse_fsck, place, slot_blocks
-from iterreduce.launch.yarn.spec import YarnOptions, build_spec
+from iterreduce.launch.yarn.appspec import YarnOptions, build_spec
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "yarn.toml"
 
@@ -57,7 +57,7 @@ def test_dry_run_prints_a_spec_skein_accepts_with_workers_resources_gpus_and_env
     assert '"$PWD/environment/bin/python" -m iterreduce.launch.yarn.container master job.json' in spec.master.script
     assert "iterreduce.launch.yarn.container worker job.json" in worker.script
     job_file = Path(spec.master.files["job.json"].source.replace("file://", ""))
-    assert job_file.is_file() and '"dbn.jobs.program:DBNProgram"' in job_file.read_text()
+    assert job_file.is_file() and '"dbn.jobs.dbn_program:DBNProgram"' in job_file.read_text()
 
 
 def test_a_validation_shard_on_another_name_service_gets_its_delegation_token(capsys):
@@ -217,7 +217,7 @@ def test_a_spare_container_takes_the_free_slot_with_the_most_of_its_data_on_its_
 
 
 def test_a_worker_container_names_its_slot():
-    from iterreduce.launch.yarn.spec import slot_of, worker_service
+    from iterreduce.launch.yarn.appspec import slot_of, worker_service
 
     assert [slot_of(c) for c in ("worker-0_0", "worker-12_3", worker_service(7) + "_1")] == [0, 12, 7]
     assert [slot_of(c) for c in ("worker_0", "master_0", "worker-x_0", "", "worker-_1")] == [None] * 5
@@ -309,7 +309,7 @@ def test_the_yarn_specs_folder_is_what_the_dry_run_makes():
     for name, text in module.generate().items():
         assert (folder / name).read_text() == text, f"{name} is stale: run python yarn_specs/regenerate.py"
     job = json.loads((folder / "mnist-job.json").read_text())
-    assert MasterConfig.from_dict({**job["master"], "token": ""}).program == "dbn.jobs.program:DBNProgram"
+    assert MasterConfig.from_dict({**job["master"], "token": ""}).program == "dbn.jobs.dbn_program:DBNProgram"
     spec = skein.ApplicationSpec.from_file(str(folder / "mnist.yaml"))
     assert "--add-opens=java.base/java.util" in spec.master.env["JDK_JAVA_OPTIONS"]
 

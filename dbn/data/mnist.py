@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Iterable, NamedTuple
 
 import numpy as np
-from ..exceptions import MnistError
+from ..errors import MnistError
 
 __all__ = [
     "DEFAULT_MIRRORS",

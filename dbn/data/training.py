@@ -28,7 +28,7 @@ from shardio.labels import LabelMap
 from shardio.readers import describe_shard, list_shards, shard_info
 from dbn.model.scaler import Scaler
 
-from ..exceptions import UsageError
+from ..errors import UsageError
 from .scaling import fit_scaler, scale_kind
 from .sharding import csv_columns, load_dataset, load_shards, load_source, no_labels, predict_file, shard_dataset
 from .table_data import (open_table, open_test_table, pinned, predict_table, raw_table_rows, read_table,

@@ -6,7 +6,7 @@ import numpy as np
 
 from iterreduce.exceptions import IterReduceError
 
-from ..exceptions import DataError
+from ..errors import DataError
 
 #: A class with fewer examples than this share of the median class is reported as rare.
 RARE_CLASS_SHARE = 0.05

@@ -40,7 +40,7 @@ from iterreduce import THREAD_VARS
 from iterreduce.process import stopping
 
 from ..model import flops
-from ..exceptions import BackendError
+from ..errors import BackendError
 from ..model.backend import Backend
 from ..model.network import Network
 from ..model.rbm import RBM

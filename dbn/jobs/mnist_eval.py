@@ -24,7 +24,7 @@ from iterreduce.storage.filesystems import join
 from shardio.shards import write_shards
 
 from ..data.mnist import load_mnist
-from ..exceptions import UsageError
+from ..errors import UsageError
 from ..model.persist import atomic_write
 from .run import MODEL_FILE, RESULT_FILE, MiniCluster, Yarn, check_folder, why_another_job, run
 from .spec import PAPER, QUICK, JobSpec, load_spec

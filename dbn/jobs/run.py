@@ -53,12 +53,12 @@ from ..data.sharding import load_dataset, load_validation
 from ..data.table_data import attach_inputs
 from ..data.training import ScoredRows, scored_rows, training_data
 from ..data.validation import class_warnings, counted, minibatch_warnings
-from ..exceptions import ConfigError, DataError, ModelFileError, UsageError
+from ..errors import ConfigError, DataError, ModelFileError, UsageError
 from ..model import flops
 from ..model.backend import Backend, check_environment, resolve_device
 from ..model.estimator import DBN
 from ..model.persist import atomic_write
-from .memory import check_one_process, plan as plan_memory
+from .memory_plan import check_one_process, plan as plan_memory
 from .spec import JobSpec
 
 MODEL_FILE, RESULT_FILE, CONFIG_FILE = "model.npz", "result.json", "config.json"

@@ -359,7 +359,7 @@ def submit(cfg, model_path: str, out: str, *, table=None, filter=None, keep=(), 
     ``[cluster] workers`` containers each asked for on the node holding its share. Returns the
     application id, its tracking URL and the skein client to follow it with."""
     from iterreduce.launch.yarn import client as yarn
-    from iterreduce.launch.yarn.spec import build_spec
+    from iterreduce.launch.yarn.appspec import build_spec
 
     from ..model.estimator import DBN
     from .run import load_classifier

@@ -54,15 +54,15 @@ from shardio.tables import FORMATS
 from ..data.scaling import SCALINGS
 from ..data.training import training_data
 from ..data.validation import counted
-from ..exceptions import ConfigError
+from ..errors import ConfigError
 from .hints import accepts, convert, describe_value, parse_literal, quoted
-from .memory import STREAM_CHOICES
+from .memory_plan import STREAM_CHOICES
 from ..model.backend import DEVICES
 from ..model.estimator import DBN
 from ..model.rbm import VISIBLE_UNITS
 
-#: The IterativeReduce program that trains a DBN (see dbn/jobs/program.py).
-PROGRAM = "dbn.jobs.program:DBNProgram"
+#: The IterativeReduce program that trains a DBN (see dbn/jobs/dbn_program.py).
+PROGRAM = "dbn.jobs.dbn_program:DBNProgram"
 
 __all__ = [
     "ConfigError", "DataSection", "ModelSection", "OutputSection", "JobSection", "ClusterSection", "YarnSection", "JobSpec",
@@ -336,7 +336,7 @@ class JobSpec:
         """The runtime's part of this job: the master's configuration for ``shards`` (a list of
         shard URIs, or a directory URI whose shards number ``n_shards`` when known) writing to
         ``output``, its workers streaming their data from local disk or not
-        (:func:`dbn.jobs.memory.plan` decides), on YARN or on the local mini-cluster. The
+        (:func:`dbn.jobs.memory_plan.plan` decides), on YARN or on the local mini-cluster. The
         token is the launcher's to set (it never goes into a file)."""
         self.check_distributed()
         c = self.cluster

@@ -36,11 +36,11 @@ from shardio.readers import list_shards, shard_info
 from shardio.tables import TableShard
 from iterreduce.launch.yarn import locality
 from iterreduce.launch.yarn.envpack import pack_environment
-from iterreduce.launch.yarn.spec import YarnOptions, build_spec
+from iterreduce.launch.yarn.appspec import YarnOptions, build_spec
 
 from ..data.validation import counted
-from ..exceptions import ConfigError, UsageError
-from .memory import plan as plan_memory
+from ..errors import ConfigError, UsageError
+from .memory_plan import plan as plan_memory
 from .spec import JobSpec
 
 #: Where submissions keep their job files and packed environments.

@@ -11,7 +11,7 @@ import numpy as np
 
 from . import kernels
 from .graphs import graphs_enabled
-from ..exceptions import BackendError
+from ..errors import BackendError
 
 DEVICES = ("cpu", "gpu", "auto")
 DTYPES = ("float32", "float64")

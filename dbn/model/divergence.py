@@ -4,7 +4,7 @@ Contrastive divergence and backprop diverge when the learning rate is too high f
 the reconstruction error or the loss becomes NaN, and every later epoch trains on NaN. One
 process checks each epoch's figure (:func:`check_epoch`); a distributed job checks the
 parameters each superstep trained (:func:`check_arrays`, on the master), since a worker sees
-only its own shards. Both raise :class:`~dbn.exceptions.TrainingDiverged` with one message.
+only its own shards. Both raise :class:`~dbn.errors.TrainingDiverged` with one message.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from ..exceptions import TrainingDiverged
+from ..errors import TrainingDiverged
 
 #: Hinton's practical guide (section 13.2): Gaussian visible units need a learning rate one
 #: or two orders of magnitude below a Bernoulli layer's.

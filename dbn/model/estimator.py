@@ -16,7 +16,7 @@ from .divergence import check_epoch
 from .network import Network
 from .rbm import RBM
 from ..data.validation import DataError, check_labels, label_indices, minibatch_warnings
-from ..exceptions import ModelFileError
+from ..errors import ModelFileError
 
 
 #: The range of each numeric hyperparameter (``validate_params``); None is allowed where the

@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import warnings
 
-from ..exceptions import BackendError
+from ..errors import BackendError
 
 #: The environment variable that turns graphs off when set to "0".
 ENV_SWITCH = "DBN_CUDA_GRAPHS"

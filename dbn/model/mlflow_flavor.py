@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import __version__
-from ..exceptions import ModelFileError
+from ..errors import ModelFileError
 
 MODEL_FILE = "model.npz"
 

@@ -22,7 +22,7 @@ import json
 import numpy as np
 
 from .. import __version__
-from ..exceptions import ModelFileError
+from ..errors import ModelFileError
 
 #: The opset the graph is written for (ONNX Runtime 1.16 and later run it).
 OPSET = 17

@@ -15,7 +15,7 @@ import numpy as np
 from iterreduce.storage import durable, npzfile
 
 from . import state
-from ..exceptions import ModelFileError
+from ..errors import ModelFileError
 
 FORMAT = "dbn-yarn-model"
 VERSION = 2  # what save_arrays writes unless told; 2: the array names of dbn.model.state (1: network.weights.{i}, ...)

@@ -23,7 +23,7 @@ from iterreduce.exceptions import ShardError
 from dbn.model.scaler import Scaler
 
 from ..data.validation import check_label_shape
-from ..exceptions import DataError
+from ..errors import DataError
 
 SCALER_KINDS = ("min_max", "standard")
 #: The model-file arrays of a scaler's fields (float64, one value per feature).

@@ -50,7 +50,7 @@ from . import KV_ADDRESS, KV_PROGRESS, KV_SLOT, KV_TOKEN, KV_UI, KV_WORKERS, loc
 from .drain import Drainer
 from .keeper import Keeper
 from .relax import SPARE_SERVICE, Relaxer
-from .spec import slot_of
+from .appspec import slot_of
 from .tokens import KV_TOKENS, TokenRefresher, remove_staged_keytab
 from .tokens import follow as follow_tokens
 

@@ -21,7 +21,7 @@ import subprocess
 
 from ...storage import hadoopconf
 from .keeper import held_slots
-from .spec import DECOMMISSION_CHECK_VAR, WORKER_SERVICE
+from .appspec import DECOMMISSION_CHECK_VAR, WORKER_SERVICE
 from .watcher import Watcher
 
 log = logging.getLogger("iterreduce.yarn")

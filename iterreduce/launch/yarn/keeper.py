@@ -3,7 +3,7 @@
 skein's application master counts a container that YARN preempted (or lost with its node) as
 FAILED, like a crash, and fails the whole application once a service has failed more than its
 ``max_restarts``: in a busy queue, a healthy job would die after a few preemptions. So each worker
-service asks skein for unlimited restarts (:func:`iterreduce.launch.yarn.spec.build_spec`) and the
+service asks skein for unlimited restarts (:func:`iterreduce.launch.yarn.appspec.build_spec`) and the
 :class:`Keeper`, in the application master, owns the budget: every container that ends is named
 by its cause (:func:`cause_of`, from the diagnostics YARN gives it), logged, and counted against the
 job only when the job itself failed (a non-zero exit, memory over its limit); the job fails once a
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from ...exceptions import JobFailed
 from . import KV_SLOT, KV_WORKERS, KV_WORKERS_ASKED
 from .relax import SPARE_SERVICE
-from .spec import MAX_FAILURES_VAR, WORKER_SERVICE, YarnOptions
+from .appspec import MAX_FAILURES_VAR, WORKER_SERVICE, YarnOptions
 from .watcher import Watcher
 
 log = logging.getLogger("iterreduce.yarn")

@@ -4,7 +4,7 @@ YARN's own locality delay gives a node up after a number of missed scheduling op
 that the CapacityScheduler caps at the cluster's node count: on a small cluster a few
 heartbeats. So a worker slot whose data's
 node is known asks for that node strictly (``relax_locality=False``, see
-:func:`iterreduce.launch.yarn.spec.build_spec`), and the application master watches (:class:`Relaxer`):
+:func:`iterreduce.launch.yarn.appspec.build_spec`), and the application master watches (:class:`Relaxer`):
 a worker container still unplaced after ``wait`` seconds (its node full, lost or gone) is
 withdrawn and replaced by a container of the spare service, which any node may run and which
 takes the free slot with the most of its data on its node

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 
-from ..exceptions import ConfigError
+from ..errors import ConfigError
 from ..model.minibatch import CHUNK_ROWS, PREFETCH_DEPTH
 
 #: A worker process before any data: Python, NumPy, pyarrow, gRPC, compiled kernels (measured: 300 MiB).

@@ -30,7 +30,7 @@ from shardio.readers import read_labels, read_shard, same_classes, shard_classes
 from ..data.scaling import STATS, gathered_scaler, merge_stats_arrays, stats_arrays
 from ..data.table_data import attach_inputs
 from ..data.validation import UNIT_INTERVAL_HINT, check_features, check_labels, class_warnings, minibatch_warnings
-from ..exceptions import DataError
+from ..errors import DataError
 from ..model.divergence import check_arrays
 from ..model import state
 from . import view
@@ -68,7 +68,7 @@ class DBNProgram(Program):
     plus the runtime's ``master.*`` arrays; before fine-tuning, ``net.{n}.weights`` holds the
     softmax layer's initial weights, drawn here so that every worker starts from the same ones."""
 
-    worker_class = "dbn.jobs.program:DBNWorker"
+    worker_class = "dbn.jobs.dbn_program:DBNWorker"
     reader = "shardio.readers:ShardFiles"
 
     def __init__(self, config):
@@ -294,7 +294,7 @@ class DBNWorker(WorkerProgram):
 
     With ``config["stream"]`` a shard is copied to local disk (:func:`shardio.readers.spill_shard`)
     and every layer's input stays there, read a few minibatches ahead: a worker's memory then
-    no longer grows with its data (see :mod:`dbn.jobs.memory`). The rows, and so the model,
+    no longer grows with its data (see :mod:`dbn.jobs.memory_plan`). The rows, and so the model,
     are the same bits either way."""
 
     def __init__(self, config, device="cpu"):
