@@ -229,8 +229,8 @@ def _run(tmp_path, uris, name, *, workers=3, program=SOFTMAX, program_config=Non
     job = InProcessJob(tmp_path / name, uris, workers=workers, program=program,
                        program_config=program_config or {"n_classes": 3, "epochs": 4, "batch_size": 20}, **config)
     encoded = []
-    original = job.master._encoded
-    job.master._encoded = lambda n, a, v, shared=False: encoded.append((n, v)) or original(n, a, v, shared)
+    original = job.master.broadcast.encoded
+    job.master.broadcast.encoded = lambda n, a, v, shared=False: encoded.append((n, v)) or original(n, a, v, shared)
     peer_host = "127.0.0.1" if job.config.reduce == "workers" else None
     try:
         for i in range(workers):
@@ -249,7 +249,7 @@ def test_a_job_reduced_on_the_workers_is_the_sequential_run(tmp_path, uris, layo
     expected = simulate(SOFTMAX, job.config.program_config, uris)
     assert_same_bits(load_npz(job.output / "parameters.npz"), expected)
     assert not events(job.output, "exchange_failed")
-    assert job.master.round == 4  # one round a step: no step was run again
+    assert job.master.rounds.round == 4  # one round a step: no step was run again
     # The master sent the parameters once, at the start: after that the reducers shared them.
     assert sorted(encoded) == [("bias", 0)] * 3 + [("weights", 0)] * 3
     assert [(r["samples"], r["reducers"]) for r in records(job.output)] == [(500, 3)] * 4
@@ -287,17 +287,17 @@ def test_the_layout_goes_to_each_worker_once(tmp_path, uris, tasks):
     # does not hold that layout: K of them in K tasks a sync would be K^2 names (a thousand workers:
     # 36 MB a sync, twice the model).
     job, _ = _run(tmp_path, uris, "workers", reduce="workers")
-    assert job.master.round == 4 and not events(job.output, "exchange_failed")
+    assert job.master.rounds.round == 4 and not events(job.output, "exchange_failed")
     assert len(tasks) == 4 * 3 and {version for _, version, _ in tasks} == {1}
     listed = [worker for worker, _, n in tasks if n]
-    assert sorted(listed) == sorted(job.master.workers) and all(n in (0, 3) for _, _, n in tasks)
+    assert sorted(listed) == sorted(job.master.members.workers) and all(n in (0, 3) for _, _, n in tasks)
 
 
 def test_a_reducer_is_not_sent_again_the_rows_it_reduced(tmp_path, uris, tasks, layout):
     # Its rows of what the reduce reads come with its first order; after a round that succeeded
     # they are its own rows of that result, which it keeps: the master sends them no more.
     job, _ = _run(tmp_path, uris, "workers", reduce="workers")
-    assert job.master.round == 4 and not events(job.output, "exchange_failed")
+    assert job.master.rounds.round == 4 and not events(job.output, "exchange_failed")
     rows = sorted(tasks.rows)
     first, later = [r for r in rows if r[0] == 1], [r for r in rows if r[0] > 1]
     assert len(first) == 3 and all(kept == () and sent == ["rows:bias", "rows:weights"] for _, kept, sent in first)
@@ -321,7 +321,7 @@ def test_a_star_round_after_exchanges_names_no_reducers(tmp_path, uris, tasks):
 def test_float16_on_the_wire_gives_the_same_bits_either_way(tmp_path, uris, layout):
     star, _ = _run(tmp_path, uris, "master", float16_wire=True)
     peers, _ = _run(tmp_path, uris, "workers", float16_wire=True, reduce="workers")
-    assert peers.master.round == 4 and not events(peers.output, "exchange_failed")
+    assert peers.master.rounds.round == 4 and not events(peers.output, "exchange_failed")
     assert_same_bits(load_npz(peers.output / "parameters.npz"), load_npz(star.output / "parameters.npz"))
 
 
@@ -344,7 +344,7 @@ def test_a_dbn_reduced_on_the_workers_is_the_sequential_run(tmp_path, mnist_smal
                   pretrain_block_momentum=0.3)
     job, _ = _run(tmp_path, uris, "workers", program=DBN_PROGRAM, program_config=config, reduce="workers")
     steps = len(records(job.output))
-    assert steps > 10 and job.master.round == steps and not events(job.output, "exchange_failed")
+    assert steps > 10 and job.master.rounds.round == steps and not events(job.output, "exchange_failed")
     expected = simulate(DBN_PROGRAM, config, uris)
     final = job.master.parameters
     assert any(k.startswith("master.block_delta.") for k in final)  # block momentum ran on the reducers
@@ -354,7 +354,7 @@ def test_a_dbn_reduced_on_the_workers_is_the_sequential_run(tmp_path, mnist_smal
 def test_a_non_elementwise_reduce_stays_on_the_master(tmp_path, uris):
     program = f"{__name__}:NormalizedSoftmax"
     job, _ = _run(tmp_path, uris, "workers", program=program, reduce="workers")
-    assert job.master.round == 4 and not job.master.gathered  # star rounds only
+    assert job.master.rounds.round == 4 and not job.master.rounds.gathered  # star rounds only
     assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(program, job.config.program_config, uris))
 
 
@@ -377,7 +377,7 @@ def test_an_unreachable_peer_makes_the_master_reduce_again_and_then_for_good(tmp
     assert all("worker-1#" in e["reason"] and "127.0.0.1:1" in e["reason"] for e in failed)
     # Two failures in a row: the master reduces from then on, instead of trying every step.
     assert [(e["step"], e["failed"]) for e in events(job.output, "exchange_off")] == [(1, 2)]
-    assert job.master.round == 2 + 2 + 1 + 1  # steps 0 and 1: the failed exchange, then the star
+    assert job.master.rounds.round == 2 + 2 + 1 + 1  # steps 0 and 1: the failed exchange, then the star
     # Nobody was lost, so every shard is in every step: the sequential run's bits.
     assert [(r["shards"], r["reducers"]) for r in records(job.output)] == [(5, 0)] * 4  # the master reduced
     assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(SOFTMAX, job.config.program_config, uris))
@@ -464,15 +464,15 @@ def test_a_shard_changing_hands_fails_a_grid_round_only(tmp_path, uris):
     try:
         master = job.master
         with master.lock:
-            master.reducers, master._columns, master._shard_reducer = ["a#1", "b#2", "c#3"], 2, {0: 0, 1: 1}
-            master.results = {1: None}
-            master._moved(1)  # already reported: its rows are on their way
-            assert master.exchange_error is None
-            master._moved(0)
-            assert master.exchange_error == "shard 0 changed hands during the exchange"
-            master.exchange_error, master._columns = None, 0
-            master._moved(0)  # sent straight, the new owner's rows reach every reducer
-            assert master.exchange_error is None
+            master.rounds.reducers, master.rounds.columns, master.rounds.shard_reducer = ["a#1", "b#2", "c#3"], 2, {0: 0, 1: 1}
+            master.rounds.results = {1: None}
+            master.rounds.moved(1)  # already reported: its rows are on their way
+            assert master.rounds.exchange_error is None
+            master.rounds.moved(0)
+            assert master.rounds.exchange_error == "shard 0 changed hands during the exchange"
+            master.rounds.exchange_error, master.rounds.columns = None, 0
+            master.rounds.moved(0)  # sent straight, the new owner's rows reach every reducer
+            assert master.rounds.exchange_error is None
     finally:
         job.close()
 
@@ -568,7 +568,7 @@ def _run_ahead_job(tmp_path, uris, program: str, worker_class):
     job, _ = _run(tmp_path, uris, "ahead", program=f"{__name__}:{program}", worker_class=worker_class,
                   reduce="workers")
     job.runs = list(CountingSoftmaxWorker.runs)
-    assert job.master.round == 4 and not events(job.output, "exchange_failed")
+    assert job.master.rounds.round == 4 and not events(job.output, "exchange_failed")
     assert_same_bits(load_npz(job.output / "parameters.npz"), simulate(job.config.program, job.config.program_config, uris))
     return job
 
@@ -626,7 +626,7 @@ def test_a_parameter_the_master_changes_between_steps_reaches_every_worker(tmp_p
     expected = simulate(program, {"n_classes": 3, "epochs": 4, "batch_size": 20}, uris)
     for reduce in ("master", "workers"):
         job, _ = _run(tmp_path, uris, reduce, program=program, reduce=reduce)
-        assert job.master.round == 4 and not events(job.output, "exchange_failed")
+        assert job.master.rounds.round == 4 and not events(job.output, "exchange_failed")
         assert_same_bits(load_npz(job.output / "parameters.npz"), expected)
 
 
@@ -649,7 +649,7 @@ def test_a_dbn_whose_workers_run_ahead_is_the_sequential_run(tmp_path, mnist_sma
     job, _ = _run(tmp_path, uris, "workers", program=program, program_config=config, reduce="workers",
                   worker_class=AheadCountingWorker)
     steps = records(job.output)
-    assert job.master.round == len(steps) and not events(job.output, "exchange_failed")
+    assert job.master.rounds.round == len(steps) and not events(job.output, "exchange_failed")
     # Within a layer's pre-training and within fine-tuning (the same arrays), the next part ran
     # ahead; never across a phase or a layer, nor into the top-layer-only epochs' end.
     phases = [(r["phase"], r.get("layer"), r.get("top_only")) for r in steps]

@@ -305,8 +305,8 @@ def test_wrong_or_missing_token_is_refused_and_the_job_still_completes(jobs, tmp
         try_everything(md)
     job.wait()
     with job.master.lock:
-        assert "intruder" not in job.master.names
-        assert [w.name for w in job.master.workers.values()] == ["worker-0"]
+        assert "intruder" not in job.master.members.names
+        assert [w.name for w in job.master.members.workers.values()] == ["worker-0"]
     assert [e["worker"] for e in events(tmp_path / "out", "worker_registered")] == ["worker-0#1"]
     assert [r["step"] for r in records(tmp_path / "out")] == list(range(8))
     assert (tmp_path / "out" / "parameters.npz").exists()
@@ -321,7 +321,7 @@ def test_malformed_updates_are_rejected_and_the_job_still_completes(jobs, tmp_pa
     job.add_worker("worker-1")
     job.start()
     job.wait_for(lambda: job.master.current >= 1, what="step 1")
-    worker_id = sorted(job.master.workers)[0]
+    worker_id = sorted(job.master.members.workers)[0]
     header = pb.UpdateChunk(header=pb.UpdateHeader(worker_id=worker_id, step=job.master.current,
                                                    results=[pb.ShardResult(index=0, samples=100)]))
     good = list(wire.encode({"0/weights": np.zeros((6, 3), np.float32), "0/bias": np.zeros(3, np.float32)}))
@@ -411,8 +411,8 @@ def test_stray_updates_are_not_accepted(jobs, tmp_path):
         push(stub, token, fake, 0, [(0, 100)], {"0/weights": params["weights"]})
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "lacks ['bias']" in info.value.details()
     with job.master.lock:
-        assert 0 not in job.master.results  # none of it counted
-        assert job.master.in_flight.get(0) == fake  # shard 0 is still the fake's to compute
+        assert 0 not in job.master.rounds.results  # none of it counted
+        assert job.master.rounds.in_flight.get(0) == fake  # shard 0 is still the fake's to compute
 
     # The fake goes silent: it is dropped after the heartbeat timeout, step 0 completes without
     # shard 0, which moves to the real worker; the job completes.
@@ -531,15 +531,15 @@ def test_a_stalled_master_does_not_drop_its_workers(tmp_path):
                                  token="t", output=str(tmp_path / "out"), heartbeat_timeout=2.0))
     ids = [master.Register(pb.RegisterRequest(worker_name=f"w{i}", pid=i), None).worker_id for i in range(2)]
     for worker_id in ids:
-        master.workers[worker_id].last_seen = time.monotonic() - 60
+        master.members.workers[worker_id].last_seen = time.monotonic() - 60
     with master.lock:  # as the monitor thread calls it
         master._check_heartbeats(since_last_check=60.0)  # the monitor itself slept for a minute
-    assert all(master.workers[w].alive for w in ids)
-    master.workers[ids[0]].last_seen = time.monotonic() - 60
+    assert all(master.members.workers[w].alive for w in ids)
+    master.members.workers[ids[0]].last_seen = time.monotonic() - 60
     with master.lock:
         master._check_heartbeats(since_last_check=0.5)  # the master ran; w0 really went silent
-    assert not master.workers[ids[0]].alive and master.workers[ids[1]].alive
-    assert master.owner[0] == master.owner[1] == ids[1]  # its shard moved to the live worker
+    assert not master.members.workers[ids[0]].alive and master.members.workers[ids[1]].alive
+    assert master.members.owner[0] == master.members.owner[1] == ids[1]  # its shard moved to the live worker
 
 
 def test_block_momentum_average_accelerates_a_steady_direction():
@@ -752,7 +752,7 @@ def test_a_worker_syncs_on_one_stream_which_ends_when_the_master_drops_it(jobs, 
     job.start()
     job.wait_for(lambda: job.master.current >= 3, what="step 3")
     with job.master.lock:
-        (victim,) = [w for w in job.master.workers.values() if w.name == "a" and w.alive]
+        (victim,) = [w for w in job.master.members.workers.values() if w.name == "a" and w.alive]
         job.master._drop(victim, "dropped by the test")
     job.wait(timeout=60)
     assert [r["step"] for r in records(tmp_path / "out")] == list(range(12))

@@ -136,5 +136,5 @@ def test_min_workers_starts_the_job_with_some_and_fails_it_without_them(tmp_path
     master.Register(pb.RegisterRequest(worker_name="worker-2", pid=2), None)
     master._wait_for_workers()  # two of three: it starts, the third joins as it comes
     names = {w.worker_id: w.name for w in master.members.live()}
-    assert {s: names[w] for s, w in master.owner.items()} == {0: "worker-0", 1: "worker-0", 2: "worker-2"}
+    assert {s: names[w] for s, w in master.members.owner.items()} == {0: "worker-0", 1: "worker-0", 2: "worker-2"}
     master._log.close()

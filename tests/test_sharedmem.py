@@ -208,7 +208,7 @@ def test_a_job_through_shared_memory_is_the_job_through_grpc(tmp_path, uris, mon
     try:
         job = InProcessJob(tmp_path / "shared", uris, workers=2, program_config=config, float16_wire=float16)
         job.run_to_end("worker-0", "worker-1")
-        assert all(w.shared for w in job.master.workers.values())
+        assert all(w.shared for w in job.master.members.workers.values())
         assert all(e["shared_memory"] for e in events(job.output, "worker_registered"))
         # The workers read the parameters, the master the updates: every step, both ways.
         assert len(reads) >= 2 * 3 * 2
@@ -247,7 +247,7 @@ def test_a_full_folder_sends_the_bytes_instead(tmp_path, uris, monkeypatch, fail
     try:
         job = InProcessJob(tmp_path / "out", uris, workers=2, program_config=config)
         job.run_to_end("worker-0", "worker-1")
-        assert calls and all(w.shared for w in job.master.workers.values())
+        assert calls and all(w.shared for w in job.master.members.workers.values())
         if failing == "every":
             assert os.listdir(path) == []
     finally:

@@ -46,18 +46,18 @@ def job(tmp_path):
 def test_the_broadcast_is_encoded_once_per_value(job):
     master = job.master
     w = np.arange(12, dtype=np.float32).reshape(3, 4)
-    first = master._encoded("w", w, 1)
-    assert master._encoded("w", w, 1) is first  # the next worker gets the same bytes
+    first = master.broadcast.encoded("w", w, 1)
+    assert master.broadcast.encoded("w", w, 1) is first  # the next worker gets the same bytes
     chunks = [c for raw in first for c in pb.TaskChunk.FromString(raw).tensors]
     assert np.array_equal(wire.decode(chunks)["w"], w)
     # A new value is encoded again, at a new version or at the same one (a resume, before_step).
-    again = master._encoded("w", w.copy(), 1)
+    again = master.broadcast.encoded("w", w.copy(), 1)
     assert again is not first and again == first
     changed = w + 1
-    newer = master._encoded("w", changed, 2)
+    newer = master.broadcast.encoded("w", changed, 2)
     assert np.array_equal(wire.decode(c for raw in newer for c in pb.TaskChunk.FromString(raw).tensors)["w"], changed)
-    assert master._encoded("w", changed, 2) is newer
-    assert len(master._wire_cache) == 1  # older values are not kept
+    assert master.broadcast.encoded("w", changed, 2) is newer
+    assert len(master.broadcast.cache) == 1  # older values are not kept
 
 
 def test_float16_broadcast_is_narrowed_once(tmp_path):
@@ -66,7 +66,7 @@ def test_float16_broadcast_is_narrowed_once(tmp_path):
     job = InProcessJob(tmp_path / "out", uris, workers=1, float16_wire=True)
     try:
         w = np.linspace(-1, 1, 10, dtype=np.float32)
-        chunks = [c for raw in job.master._encoded("w", w, 0) for c in pb.TaskChunk.FromString(raw).tensors]
+        chunks = [c for raw in job.master.broadcast.encoded("w", w, 0) for c in pb.TaskChunk.FromString(raw).tensors]
         assert chunks[0].narrowed and chunks[0].dtype == "float16"
         assert np.array_equal(wire.decode(chunks)["w"], w.astype(np.float16).astype(np.float32))
     finally:
@@ -85,8 +85,8 @@ def test_a_job_through_the_new_sync_path_is_the_sequential_run(job):
     for name in expected:
         assert final[name].tobytes() == expected[name].tobytes(), name
     # The cache holds the last broadcast value of each parameter, no more.
-    assert {name for name, _ in job.master._wire_cache} <= set(job.master.parameters)
-    for (name, _), (version, array, _) in job.master._wire_cache.items():
+    assert {name for name, _ in job.master.broadcast.cache} <= set(job.master.parameters)
+    for (name, _), (version, array, _) in job.master.broadcast.cache.items():
         assert version <= job.master.versions[name]
 
 

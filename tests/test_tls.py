@@ -15,7 +15,8 @@ import pytest
 import skein
 
 from conftest_runtime import SOFTMAX, blobs, load_npz, records, simulate
-from iterreduce.master.master import JobFailed, Master, MasterConfig
+from iterreduce.exceptions import JobFailed
+from iterreduce.master import Master, MasterConfig
 from iterreduce.proto import iterreduce_pb2 as pb
 from iterreduce.proto import iterreduce_pb2_grpc as pb_grpc
 from iterreduce.transport.security import (TlsCredentials, certificate_name, channel_credentials, channel_options,
@@ -101,7 +102,7 @@ def test_only_the_applications_certificate_and_token_get_through(creds, tmp_path
         master._log.close()
 
     assert results == {"master": None, "worker": 0}
-    assert master.names == ["worker-0"]  # none of the refused callers registered
+    assert master.members.names == ["worker-0"]  # none of the refused callers registered
     assert [r["step"] for r in records(tmp_path / "out")] == [0, 1, 2]
     result, expected = load_npz(tmp_path / "out" / "parameters.npz"), simulate(SOFTMAX, config, uris)
     for k in expected:

@@ -48,7 +48,7 @@ from typing import Any
 
 import tomli_w
 
-from iterreduce.master.master import LOST_SHARDS_CHOICES, REDUCE_CHOICES, MasterConfig
+from iterreduce.master.config import LOST_SHARDS_CHOICES, REDUCE_CHOICES, MasterConfig
 from shardio.tables import FORMATS
 
 from ..data.scaling import SCALINGS

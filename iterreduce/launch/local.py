@@ -29,7 +29,8 @@ from typing import Callable
 from .. import THREAD_VARS
 from ..exceptions import STOPPED_ON_BAD_DATA, LocalJobError, MasterKilled
 from ..master import checkpoint
-from ..master.master import EXIT_DATA_ERROR, MasterConfig, new_run_id
+from ..master.config import MasterConfig, new_run_id
+from ..master.master import EXIT_DATA_ERROR
 from ..process import jobfolders
 from ..process.lifeline import LAUNCHER_PID
 from ..program import reader_of

@@ -2,8 +2,10 @@
 (:mod:`.master`), serves the workers over gRPC (:mod:`.service`), and keeps track of them
 (:mod:`.membership`), of the current step (:mod:`.rounds`), of the tasks it sends
 (:mod:`.broadcast`) and the updates it reads (:mod:`.pushes`), and of checkpoints
-(:mod:`.checkpoint`, :mod:`.resume`). ``python -m iterreduce.master JOB.json`` serves one job."""
+(:mod:`.checkpoint`, :mod:`.resume`), and serves the job's live page (:mod:`.view`); its
+configuration is :mod:`.config`'s. ``python -m iterreduce.master JOB.json`` serves one job."""
 
-from .master import EXIT_DATA_ERROR, JOB_ERRORS, Master, MasterConfig, main, new_run_id
+from .config import MasterConfig, new_run_id
+from .master import EXIT_DATA_ERROR, JOB_ERRORS, Master, main
 
 __all__ = ["EXIT_DATA_ERROR", "JOB_ERRORS", "Master", "MasterConfig", "main", "new_run_id"]

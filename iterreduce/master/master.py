@@ -24,15 +24,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import json
 import logging
 import os
 import threading
 import time
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -53,11 +50,13 @@ from ..transport.sharedmem import SharedFolder
 from ..webui import ViewServer
 from . import checkpoint
 from .broadcast import Broadcast
+from .config import MasterConfig
 from .membership import HEARTBEATS_PER_S, Membership, WorkerInfo, heartbeat_timing
 from .pushes import Refused, read_push
 from .resume import checkpoint_to_resume, job_fingerprint, load_checkpoint
 from .rounds import Rounds
 from .service import master_server
+from .view import start_view
 
 log = logging.getLogger("iterreduce.master")
 
@@ -67,21 +66,8 @@ EXIT_DATA_ERROR = 2
 #: Errors that fail the job with their message (bad input or a program's refusal), not as a crash.
 JOB_ERRORS = (IterReduceError, ValueError, TypeError, KeyError)
 
-#: where a step's updates are reduced: by the master, or by the workers among themselves
-REDUCE_CHOICES = ("master", "workers")
-#: What a step does with the unfinished shards of a worker lost in it: "skip" goes on without them
-#: (they sit the step out); "redo" has the live workers do them within the step, so that the model is
-#: bit-identical to an undisturbed run whatever comes and goes (a shard's update depends on the
-#: step's parameters, the shard and a seed of (job, step, shard) alone). A program whose steps need
-#: every shard (Program.every_shard_every_step) always redoes them.
-LOST_SHARDS_CHOICES = ("skip", "redo")
 #: the longest a worker's request for a task waits for work before the answer is WAIT (ask again)
 LONG_POLL_S = 5.0
-
-
-def new_run_id() -> str:
-    """A fresh run id (see :attr:`MasterConfig.run_id`): 32 random hex digits."""
-    return uuid.uuid4().hex
 
 
 #: The most of a worker's resources description the master reads (it is logged).
@@ -99,83 +85,6 @@ def _local_share(resources_json: str) -> dict:
         return {}
     ok = isinstance(local, (int, float)) and not isinstance(local, bool) and 0 <= local <= 1
     return {"local": float(local)} if ok else {}
-
-
-@dataclass
-class MasterConfig:
-    """Everything the master needs; JSON-friendly (the launcher writes it to a file)."""
-
-    program: str
-    program_config: dict
-    shards: list[str]
-    workers: int
-    token: str = field(repr=False)  # never in a log, a traceback or an error message
-    output: str
-    seed: int = 0
-    host: str = "127.0.0.1"   # the address to bind ("0.0.0.0" in a YARN container)
-    port: int = 0
-    advertise_host: str | None = None  # the host workers dial, when it differs from ``host``
-    checkpoint_dir: str | None = None
-    checkpoint_every: int = 1
-    checkpoint_keep: int = 2
-    resume: bool = False      # the user's: continue from the newest checkpoint of this job, whichever run wrote it
-    #: This run's identity (a submission's, or a new local run's): written in every checkpoint it
-    #: takes, so that a restart of the same run (``resume_own``) can tell its own from another's.
-    run_id: str = ""
-    #: A restart of this same run (a new attempt of its YARN application master): continue from
-    #: the newest checkpoint of this job whose header carries ``run_id``; none: start at step 0.
-    #: Another submission's checkpoints of the same job, in the same folder, are never resumed.
-    resume_own: bool = False
-    heartbeat_interval: float = 1.0
-    heartbeat_timeout: float = 10.0
-    start_timeout: float = 300.0
-    #: Start once this many workers registered, the others joining as they come (0: wait for all
-    #: of ``workers``, and start with any at ``start_timeout``); fewer by ``start_timeout``: the job fails.
-    min_workers: int = 0
-    float16_wire: bool = False
-    reduce: str = "master"  # where the updates are reduced: "master", or "workers" (see iterreduce.transport.exchange)
-    lost_shards: str = "skip"  # a lost worker's unfinished shards: see LOST_SHARDS_CHOICES
-    name: str = ""          # the job's name, shown on its page
-    ui: bool = True         # serve the job's live page (iterreduce.webui) while it runs
-    ui_host: str = "127.0.0.1"  # the page's bind address: this machine only (on YARN too: skein's AM proxies it)
-    ui_port: int = 0
-
-    def __post_init__(self):
-        if self.reduce not in REDUCE_CHOICES:
-            raise ValueError(f"reduce = {self.reduce!r}: expected one of {', '.join(map(repr, REDUCE_CHOICES))}")
-        if not 0 <= self.min_workers <= self.workers:
-            raise ValueError(f"min_workers = {self.min_workers}: expected 0 to workers ({self.workers})")
-        if self.lost_shards not in LOST_SHARDS_CHOICES:
-            raise ValueError(f"lost_shards = {self.lost_shards!r}: expected one of "
-                             f"{', '.join(map(repr, LOST_SHARDS_CHOICES))}")
-
-    def to_dict(self) -> dict:
-        """The fields as a JSON-friendly dict (what :meth:`from_dict` reads back)."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict, source: str = "job file") -> MasterConfig:
-        """A config from a dict such as a JSON job file; raises ``ValueError`` naming
-        ``source`` and any unknown or missing key (a typo must not be silently ignored)."""
-        if not isinstance(d, dict):
-            raise ValueError(f"{source}: expected a JSON object of MasterConfig fields, got {type(d).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"{source}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}")
-        required = {f.name for f in dataclasses.fields(cls)
-                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
-        missing = sorted(required - set(d))
-        if missing:
-            raise ValueError(f"{source}: missing key{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")
-        return cls(**d)
-
-
-def _part_attribute(part: str, name: str) -> property:
-    """Attribute ``name`` of the master's ``part``, read and set as the master's own (tests and
-    tools inspect the job's state on the master)."""
-    return property(lambda self: getattr(getattr(self, part), name),
-                    lambda self, value: setattr(getattr(self, part), name, value))
 
 
 class Master(pb_grpc.MasterServicer):
@@ -236,22 +145,6 @@ class Master(pb_grpc.MasterServicer):
         self.view: ViewServer | None = None      # the live page, while serving
         # The live page's path secret (None: none); set where a proxy alone is told it (on YARN).
         self.view_secret: str | None = None
-
-    # The parts' state under the names it had on the master, where tests and tools read and set it.
-    workers = _part_attribute("members", "workers")
-    names = _part_attribute("members", "names")
-    owner = _part_attribute("members", "owner")
-    round = _part_attribute("rounds", "round")
-    results = _part_attribute("rounds", "results")
-    in_flight = _part_attribute("rounds", "in_flight")
-    reducers = _part_attribute("rounds", "reducers")
-    exchange_error = _part_attribute("rounds", "exchange_error")
-    gathered = _part_attribute("rounds", "gathered")
-    _columns = _part_attribute("rounds", "columns")
-    _shard_reducer = _part_attribute("rounds", "shard_reducer")
-    _moved = _part_attribute("rounds", "moved")
-    _encoded = _part_attribute("broadcast", "encoded")
-    _wire_cache = _part_attribute("broadcast", "cache")
 
     # --------------------------------------------------------------- RPCs
 
@@ -651,27 +544,6 @@ class Master(pb_grpc.MasterServicer):
 
     # --------------------------------------------------------------- the page
 
-    def view_workers(self) -> list[dict]:
-        """The live workers table: each worker name's newest process."""
-        now = time.monotonic()
-        with self.lock:
-            return self.members.table(finished=self.done, now=now)
-
-    def view_images(self) -> dict:
-        """The program's images of the current parameters (a copy of the dict: steps replace values)."""
-        return self.program.images(dict(self.parameters))
-
-    def start_view(self) -> str:
-        """Serve the live page (``config.ui_host``/``ui_port``, under ``view_secret`` when set);
-        logs a ``ui`` event with its URL and returns it (without the secret: the log may be read
-        by others; ``self.view.url`` has it)."""
-        job = job_summary(self.config, self.config.name or self.out.name, len(self.shards), self.steps)
-        self.view = ViewServer(runlog.log_path(self.out), job=job, spec=self.program.view(),
-                               workers=self.view_workers, images=self.view_images, secret=self.view_secret)
-        self.view.start(self.config.ui_host, self.config.ui_port, advertise_host=self.config.advertise_host)
-        self._event("ui", url=self.view.origin)
-        return self.view.origin
-
     # --------------------------------------------------------------- serve
 
     def serve(self, tls: TlsCredentials | None = None) -> tuple[grpc.Server, str]:
@@ -689,7 +561,8 @@ class Master(pb_grpc.MasterServicer):
         threading.Thread(target=self._monitor, daemon=True).start()
         if self.config.ui and self.view is None:
             try:
-                log.info("live view on %s", self.start_view())
+                self.view = start_view(self)
+                log.info("live view on %s", self.view.origin)
             except OSError as exc:  # e.g. the port is taken: the job runs on without its page
                 log.warning("no live view: %s", exc)
         return server, f"{self.config.advertise_host or self.config.host}:{port}"
@@ -715,19 +588,6 @@ class Master(pb_grpc.MasterServicer):
                 self.view.stop()
             self.broadcast.close()
 
-
-
-def job_summary(config: MasterConfig, name: str, shards: int, steps: list) -> dict:
-    """What the live page says of job ``name``: workers asked for, program and its config, the
-    schedule as runs of one phase (for the time left)."""
-    runs: list[list] = []
-    for step in steps:
-        if runs and runs[-1][0] == step.phase:
-            runs[-1][1] += 1
-        else:
-            runs.append([step.phase, 1])
-    return {"name": name, "workers": config.workers, "program": config.program, "seed": config.seed,
-            "shards": shards, "steps": len(steps), "schedule": runs, "config": config.program_config}
 
 
 def log_failure(output: str, exc: BaseException) -> None:

@@ -40,8 +40,9 @@ from pathlib import Path
 
 import skein
 
-from ...exceptions import STOPPED_ON_BAD_DATA, DataError
-from ...master.master import JOB_ERRORS, JobFailed, Master, MasterConfig
+from ...exceptions import STOPPED_ON_BAD_DATA, DataError, JobFailed
+from ...master.config import MasterConfig
+from ...master.master import JOB_ERRORS, Master
 from ...program import reader_of
 from ...storage.filesystems import filesystem, join, open_output_file
 from ...transport.security import TlsCredentials, from_skein, new_token
