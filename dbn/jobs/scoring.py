@@ -363,10 +363,10 @@ def submit(cfg, model_path: str, out: str, *, table=None, filter=None, keep=(), 
 
     from ..model.estimator import DBN
     from .run import load_classifier
-    from .yarn import _name_services, _shared_uri, place_workers, ship_environment, write_job_file, yarn_options
+    from .yarn import name_services, shared_uri, place_workers, ship_environment, write_job_file, yarn_options
 
     yarn.check_kerberos(cfg.yarn.principal, cfg.yarn.keytab)  # before any staging work
-    out = _shared_uri("--out", out)
+    out = shared_uri("--out", out)
     model = DBN.load(model_path, device="cpu") if features else load_classifier(model_path, device="cpu")
     opts = yarn_options(cfg)
     job = plan(model, SHIPPED_MODEL, cfg.data, out, workers=opts.workers, table=table, filter=filter, keep=keep,
@@ -375,7 +375,7 @@ def submit(cfg, model_path: str, out: str, *, table=None, filter=None, keep=(), 
     opts.workers = job.master.workers  # one a share (fewer where the table has fewer pieces)
     slots = place_workers(opts, job.blocks, log)
     opts.files = {SHIPPED_MODEL: str(Path(model_path).resolve())}
-    opts.file_systems = list(dict.fromkeys([*opts.file_systems, *_name_services([out, job.program_config["table"]])]))
+    opts.file_systems = list(dict.fromkeys([*opts.file_systems, *name_services([out, job.program_config["table"]])]))
     master = job.master.to_dict()
     del master["token"]  # each application master attempt makes its own
     job_file = write_job_file(f"{cfg.job.name}-scoring", {"master": master, "slots": slots})

@@ -70,14 +70,16 @@ def yarn_options(cfg: JobSpec) -> YarnOptions:
         file_systems=list(y.file_systems), principal=y.principal, keytab=y.keytab)
 
 
-def _shared_uri(what: str, uri: str | None) -> str:
+def shared_uri(what: str, uri: str | None) -> str:
+    """``uri`` without a trailing slash, when every container can reach it (not a local path);
+    else :class:`ConfigError` naming ``what`` (the setting or option)."""
     if not uri or urlparse(uri).scheme in ("", "file"):
         raise ConfigError(f"{what} must be a URI every container can reach, such as "
                           f"hdfs://namenode:8020/user/me/runs/mnist; got {uri!r}")
     return uri.rstrip("/")
 
 
-def _name_services(uris: list[str]) -> list[str]:
+def name_services(uris: list[str]) -> list[str]:
     """The HDFS name services among ``uris`` (skein gets delegation tokens for them)."""
     found = []
     for uri in uris:
@@ -96,15 +98,15 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
     """
     cfg.check_distributed()  # before anything is staged
     opts = yarn_options(cfg)
-    output = _shared_uri("[output] dir (or --out)", cfg.output.dir)
-    shards = cfg.cluster.shards and _shared_uri("[cluster] shards", cfg.cluster.shards)
-    validation = cfg.cluster.validation and _shared_uri("[cluster] validation", cfg.cluster.validation)
+    output = shared_uri("[output] dir (or --out)", cfg.output.dir)
+    shards = cfg.cluster.shards and shared_uri("[cluster] shards", cfg.cluster.shards)
+    validation = cfg.cluster.validation and shared_uri("[cluster] validation", cfg.cluster.validation)
     uris: list[str] = []
     blocks: dict[str, locality.Blocks] = {}
     data = cfg.training_data()
     table = data.in_place  # the workers read the table itself: it must be on a file system they reach
     if table:
-        _shared_uri("[data] train (a table the workers read in place)", data.location)
+        shared_uri("[data] train (a table the workers read in place)", data.location)
     if not shards:  # cut into the job's own folder (a table: only its shares, naming its pieces)
         shards = join(output, "shards")
         if not dry_run:
@@ -122,7 +124,7 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
     slots = locality.slot_blocks(uris, opts.workers, blocks) if blocks else []
     placed = place_workers(opts, slots, log)
     opts.file_systems = list(dict.fromkeys([*opts.file_systems,
-                                            *_name_services([output, shards, *([validation] if validation else []),
+                                            *name_services([output, shards, *([validation] if validation else []),
                                                              *([data.location] if table else [])])]))
 
     stream = cfg.cluster.stream == "always"
@@ -220,7 +222,7 @@ def submit(cfg: JobSpec, *, log=print, overwrite: bool = False):
     from iterreduce.launch.yarn import client as yarn
 
     yarn.check_kerberos(cfg.yarn.principal, cfg.yarn.keytab)  # before any staging work
-    _shared_uri("[output] dir (or --out)", cfg.output.dir)
+    shared_uri("[output] dir (or --out)", cfg.output.dir)
     client = yarn.connect(cfg.yarn.principal, cfg.yarn.keytab)
     lock = claim_remote_output(cfg, running=lambda held: holder_running(client, held), overwrite=overwrite, log=log)
     try:
