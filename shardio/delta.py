@@ -36,8 +36,8 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from iterreduce.storage import hadoopconf
 from iterreduce.exceptions import ShardError, TableError
+from iterreduce.storage import hadoopconf
 from iterreduce.storage.filesystems import filesystem
 
 from .columns import STORED_NAME, plain_schema

@@ -24,8 +24,8 @@ from pathlib import Path
 
 from collections.abc import Callable
 
-from iterreduce.process import stopping
 from iterreduce.exceptions import ShardError
+from iterreduce.process import stopping
 from iterreduce.process.lifeline import follow_parent
 
 _LENGTH = struct.Struct("<Q")

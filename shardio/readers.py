@@ -19,10 +19,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from iterreduce.process import stopping
 from iterreduce.exceptions import ShardError
-from iterreduce.storage.filesystems import CLIENT_ENVIRONMENT, client_environment, filesystem, join
+from iterreduce.process import stopping
 from iterreduce.program import Reader
+from iterreduce.storage.filesystems import CLIENT_ENVIRONMENT, client_environment, filesystem, join
 from iterreduce.storage.rowfile import RowFile
 
 from . import footers

@@ -18,8 +18,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from iterreduce.storage import ownership
 from iterreduce.exceptions import HdfsAccessError, IterReduceError, ShardError
+from iterreduce.storage import ownership
 from iterreduce.storage.filesystems import filesystem, join
 
 from .labels import LabelMap

@@ -18,9 +18,9 @@ import textwrap
 import grpc
 import pytest
 
+from iterreduce.master import Master, MasterConfig
 from iterreduce.transport import exchange, security
 from iterreduce.transport.security import TokenError
-from iterreduce.master import Master, MasterConfig
 from iterreduce.transport.security import new_token
 
 BODY_BYTES = 96 << 20

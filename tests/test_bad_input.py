@@ -8,8 +8,8 @@ import zipfile
 import numpy as np
 import pytest
 
-import dbn
 from dbn import DBN, RBM, Backend, BackendError, DataError, ModelFileError
+import dbn
 from dbn.model.estimator import _PARAM_RANGES
 
 N_FEATURES = 8

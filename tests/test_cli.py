@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import dbn
 from dbn import DBN
+import dbn
 from dbn.cli import main
-from dbn.jobs.spec import QUICK
 from dbn.data.mnist import MNIST_FILES
+from dbn.jobs.spec import QUICK
 
 REPO = Path(__file__).resolve().parents[1]
 REAL_MNIST = Path(__file__).resolve().parents[2] / "shared" / "data" / "mnist"

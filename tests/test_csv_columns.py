@@ -19,8 +19,8 @@ import pytest
 from dbn import DBN
 from dbn.cli import main
 from iterreduce.exceptions import ShardError
-from shardio.shards import COLUMNS_KEY, write_shards
 from shardio.readers import describe_shard
+from shardio.shards import COLUMNS_KEY, write_shards
 
 COLUMNS = ["price", "rooms", "area", "age"]
 

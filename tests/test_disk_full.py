@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 from dbn.model import persist
-from iterreduce.master import checkpoint
 from iterreduce.exceptions import CheckpointError
+from iterreduce.master import checkpoint
 
 
 class FullDisk:

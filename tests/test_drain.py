@@ -13,10 +13,10 @@ import threading
 import pytest
 
 from conftest_runtime import SOFTMAX, assert_same_bits, events, load_npz, records, simulate
-from iterreduce.master.membership import Membership
 from iterreduce.launch.yarn import drain
-from iterreduce.launch.yarn.drain import Drainer, decommissioning_hosts, parse_node_list
 from iterreduce.launch.yarn.appspec import DECOMMISSION_CHECK_VAR, YarnOptions, build_spec
+from iterreduce.launch.yarn.drain import Drainer, decommissioning_hosts, parse_node_list
+from iterreduce.master.membership import Membership
 from test_keeper import App
 from test_scale import CONFIG, changing_job, wait_for
 

@@ -13,14 +13,14 @@ import pytest
 from conftest_runtime import (DBN_PROGRAM, SLOW_SOFTMAX, SOFTMAX, InProcessJob, assert_same_bits, blobs, events,
                               kill_worker, load_npz, records, run_job, simulate, subprocess_env)
 from dbn.jobs.dbn_program import DBNProgram
-from iterreduce.transport import exchange
 from iterreduce.master import Master, MasterConfig
 from iterreduce.program import Update, block_momentum_average, weighted_average
+from iterreduce.transport import exchange
 from softmax_program import SoftmaxRegression, SoftmaxWorker
 from iterreduce.proto import iterreduce_pb2 as pb
+from iterreduce.worker import Worker
 from shardio.readers import list_shards
 from shardio.shards import write_shards
-from iterreduce.worker import Worker
 
 PARTS = [1, 2, 3, 7, 64]
 

@@ -59,11 +59,11 @@ from hypothesis import strategies as st
 from dbn import DBN
 from dbn.errors import DBNError
 from dbn.model import persist
-from iterreduce.transport import wire
 from iterreduce.exceptions import ShardError, WireError
-from shardio.readers import shard_info
 from iterreduce.proto import iterreduce_pb2 as pb
+from iterreduce.transport import wire
 from shardio.readers import read_shard, ShardData
+from shardio.readers import shard_info
 
 # ------------------------------------------------------------------ settings
 

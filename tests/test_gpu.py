@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import dbn
 from dbn import DBN, RBM
+import dbn
 
 DEVICE = "gpu"
 

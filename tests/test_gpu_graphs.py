@@ -14,8 +14,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-import dbn
 from dbn import RBM
+import dbn
 from dbn.errors import BackendError
 from dbn.model import graphs
 from dbn.model.backend import Backend

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from iterreduce.storage import hadoopconf
 from iterreduce.exceptions import HadoopConfigError
+from iterreduce.storage import hadoopconf
 from iterreduce.storage.filesystems import filesystem
 
 

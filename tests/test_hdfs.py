@@ -15,12 +15,12 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 
+from iterreduce.exceptions import ShardError
 from iterreduce.master import checkpoint
 from iterreduce.master.checkpoint import CheckpointError
-from iterreduce.storage.ownership import MANIFEST_NAME
-from iterreduce.exceptions import ShardError
-from shardio.readers import list_shards, read_shard
 from iterreduce.storage.filesystems import open_output_file
+from iterreduce.storage.ownership import MANIFEST_NAME
+from shardio.readers import list_shards, read_shard
 from shardio.shards import write_shards
 
 pytestmark = pytest.mark.hdfs

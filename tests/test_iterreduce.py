@@ -14,9 +14,9 @@ import pytest
 from conftest_runtime import (DELAY_ENV, SLOW_SOFTMAX, SOFTMAX, InProcessJob, blobs, events, load_npz, records,
                               simulate)
 from iterreduce.master import checkpoint
-from iterreduce.transport import wire
 from iterreduce.program import Program, Step, Update, shard_seed, step_from_json, step_to_json, weighted_average
 from iterreduce.proto import iterreduce_pb2 as pb
+from iterreduce.transport import wire
 from iterreduce.transport.security import TOKEN_KEY, metadata, new_token
 from shardio.shards import write_shards
 

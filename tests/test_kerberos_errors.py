@@ -12,8 +12,8 @@ import subprocess
 import pytest
 
 from dbn.cli import main
-from iterreduce.storage import kerberos
 from iterreduce.exceptions import HadoopConfigError
+from iterreduce.storage import kerberos
 
 
 def counted(value: str | bytes) -> bytes:

@@ -18,9 +18,9 @@ import pytest
 from conftest_runtime import (DELAY_ENV, SLOW_DBN, SLOW_SOFTMAX, SOFTMAX, blobs, events, kill_master, kill_worker,
                               cmdline, load_npz, master_info, records, run_job, simulate, subprocess_env,
                               worker_pids)
+from iterreduce.exceptions import LocalJobError, MasterKilled
 from iterreduce.master import checkpoint
 from iterreduce.transport import sharedmem
-from iterreduce.exceptions import LocalJobError, MasterKilled
 from shardio.shards import write_shards
 
 

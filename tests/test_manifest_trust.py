@@ -33,8 +33,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from conftest_runtime import REPO, TESTS_DIR
-from iterreduce.storage import durable, ownership
 from iterreduce.exceptions import ForeignFileError, IterReduceError, OutputBusy
+from iterreduce.storage import durable, ownership
 from shardio.readers import list_shards, read_shard
 from shardio.shards import write_shards
 

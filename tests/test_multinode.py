@@ -20,9 +20,9 @@ import pytest
 from yarnjobs import KEEP_CLUSTERS, N_FEATURES, job_file, shared_driver, started
 from dbn import DBN
 from dbn.cli import main
-from shardio.shards import write_shards
 from iterreduce.launch.yarn import client as yarn_client
 from iterreduce.launch.yarn.relax import SPARE_SERVICE
+from shardio.shards import write_shards
 
 pytestmark = [pytest.mark.multinode, pytest.mark.yarn, pytest.mark.hdfs,
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]

@@ -23,9 +23,9 @@ import pytest
 from dbn import DBN
 from dbn.errors import ModelFileError
 from dbn.model import persist
+from iterreduce.exceptions import CheckpointError
 from iterreduce.master import checkpoint
 from iterreduce.storage import npzfile
-from iterreduce.exceptions import CheckpointError
 
 GIB = 1 << 30
 PEAK_LIMIT_BYTES = 400 << 20

@@ -20,10 +20,10 @@ import pytest
 
 from conftest_runtime import REPO, SOFTMAX, TESTS_DIR, blobs, cmdline, master_info, records, worker_pids
 from iterreduce.process import jobfolders, lifeline
-from iterreduce.transport import sharedmem
 from iterreduce.storage.rowfile import LOCAL_DIR_VAR
-from shardio.shards import write_shards
+from iterreduce.transport import sharedmem
 from iterreduce.transport.sharedmem import SharedFolder
+from shardio.shards import write_shards
 
 LAUNCHER = """
 import sys

@@ -18,9 +18,9 @@ import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
 
+from dbn.cli import main
 import dbn.data.sharding as sharding
 import dbn.data.table_data as table_data
-from dbn.cli import main
 from dbn.model.estimator import DBN
 from iterreduce.exceptions import ForeignFileError, OutputExists
 from iterreduce.storage.filesystems import open_output_file

@@ -28,8 +28,8 @@ import pytest
 from conftest_runtime import DELAY_ENV, REPO, SLOW_DBN, TESTS_DIR
 from dbn import DBN
 from dbn.cli import main
-from iterreduce.storage import ownership
 from iterreduce.exceptions import ForeignFileError, OutputBusy
+from iterreduce.storage import ownership
 from iterreduce.storage.ownership import prune_previous, set_aside
 from shardio.readers import list_shards, read_shard
 from shardio.shards import write_shards

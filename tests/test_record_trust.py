@@ -23,11 +23,11 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from iterreduce.master import master
-from iterreduce.storage import ownership, runlog
 from iterreduce.exceptions import ForeignFileError, IterReduceError
 from iterreduce.launch.local import LocalCluster
 from iterreduce.master import MasterConfig
+from iterreduce.master import master
+from iterreduce.storage import ownership, runlog
 from iterreduce.storage.ownership import RECORD_NAME, prune_previous, remove_owned, set_aside
 
 RUN = {"log.jsonl": b'{"event": "done"}\n', "logs/master.log": b"master says hi\n",

@@ -21,8 +21,8 @@ from conftest_runtime import DELAY_ENV, SLOW_SOFTMAX, SOFTMAX, assert_same_bits,
 from iterreduce.master import Master, MasterConfig
 from iterreduce.master.membership import Membership
 from iterreduce.transport.security import new_token
-from shardio.shards import write_shards
 from iterreduce.worker import Worker
+from shardio.shards import write_shards
 
 CONFIG = {"n_classes": 3, "epochs": 14, "batch_size": 0, "local_steps": 1, "learning_rate": 0.5}
 

@@ -25,8 +25,8 @@ import pytest
 from dbn import DBN
 from dbn.cli import main
 from iterreduce.exceptions import ShardError
-from shardio.tables import TableSource, open_dataset, read_piece, resolve, table_pieces
 from shardio.labels import LabelMap
+from shardio.tables import TableSource, open_dataset, read_piece, resolve, table_pieces
 
 from test_delta import job as model_job
 

@@ -13,12 +13,12 @@ import pytest
 
 from conftest_runtime import (SLOW_SOFTMAX, SOFTMAX, InProcessJob, blobs, events, kill_master, kill_worker, load_npz,
                               run_job, simulate, subprocess_env)
-from iterreduce.transport import sharedmem, wire
-from iterreduce.master.broadcast import SHARED_VALUES_KEPT, Broadcast
 from iterreduce.exceptions import MasterKilled, WireError
+from iterreduce.master.broadcast import SHARED_VALUES_KEPT, Broadcast
 from iterreduce.proto import iterreduce_pb2 as pb
-from shardio.shards import write_shards
+from iterreduce.transport import sharedmem, wire
 from iterreduce.transport.sharedmem import SharedFolder
+from shardio.shards import write_shards
 
 pytestmark = pytest.mark.skipif(not sharedmem.available(), reason="no /dev/shm on this host")
 

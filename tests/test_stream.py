@@ -13,11 +13,11 @@ import pytest
 from conftest_runtime import InProcessJob, simulate
 from dbn.errors import ConfigError
 from dbn.jobs import memory_plan
-from shardio import shards as shards_module
 from iterreduce.exceptions import ShardError
 from iterreduce.storage.rowfile import RowFile, prefetch
-from shardio.shards import as_float32, write_shards
+from shardio import shards as shards_module
 from shardio.readers import read_shard, spill_shard
+from shardio.shards import as_float32, write_shards
 
 DBN_PROGRAM = "dbn.jobs.dbn_program:DBNProgram"
 

@@ -20,9 +20,9 @@ from dbn.data.sharding import load_shards, shard_dataset
 from dbn.data.validation import label_indices
 from dbn.errors import DataError
 from iterreduce.exceptions import ShardError
-from shardio.shards import CLASSES_KEY, write_shards
-from shardio.readers import describe_shard, list_shards, shard_classes
 from shardio.labels import LabelMap
+from shardio.readers import describe_shard, list_shards, shard_classes
+from shardio.shards import CLASSES_KEY, write_shards
 
 NAMES = np.array(["red", "rose", "white"])  # sorted: class i is NAMES[i]
 FEATURES = 8

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from conftest_runtime import InProcessJob, blobs, load_npz, simulate
-from iterreduce.transport import wire
 from iterreduce.program import REDUCE_BLOCK, Update, block_momentum_average, weighted_average
 from iterreduce.proto import iterreduce_pb2 as pb
+from iterreduce.transport import wire
 from shardio.shards import write_shards
 
 

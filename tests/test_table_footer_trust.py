@@ -29,8 +29,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from dbn.cli import main
-from shardio import iceberg
 from iterreduce.exceptions import ShardError
+from shardio import iceberg
 from shardio.labels import LabelMap
 from shardio.tables import TableShard, TableSource, label_classes, open_dataset, read_piece, resolve, table_pieces
 from test_bad_data import assert_refused, plant_earlier_model

@@ -17,9 +17,9 @@ from conftest import MNIST_DIR
 from dbn import DBN
 from dbn.cli import main
 from dbn.data.table_data import read_table
+from dbn.model.scaler import FeatureStats
 from shardio.readers import list_shards, read_shard
 from shardio.shards import write_shards
-from dbn.model.scaler import FeatureStats
 from shardio.tables import TableShard
 
 # Spark ML's VectorUDT as Spark stores it in Parquet.

@@ -12,12 +12,12 @@ import pyarrow.orc as orc
 import pyarrow.parquet as pq
 import pytest
 
-from iterreduce.exceptions import ShardError
 from dbn.model.scaler import FeatureStats, Scaler
-from shardio.labels import LabelMap
-from shardio.filters import filter_columns, parse_filter
-from shardio.tables import Piece, TableSource, assign, label_classes, open_dataset, pieces, read_piece, resolve
+from iterreduce.exceptions import ShardError
 from iterreduce.exceptions import TableError
+from shardio.filters import filter_columns, parse_filter
+from shardio.labels import LabelMap
+from shardio.tables import Piece, TableSource, assign, label_classes, open_dataset, pieces, read_piece, resolve
 
 # Spark ML's VectorUDT as Spark stores it in Parquet.
 VECTOR = pa.struct([pa.field("type", pa.int8(), nullable=False), pa.field("size", pa.int32()),

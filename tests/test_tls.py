@@ -16,14 +16,14 @@ import skein
 
 from conftest_runtime import SOFTMAX, blobs, load_npz, records, simulate
 from iterreduce.exceptions import JobFailed
+from iterreduce.launch.yarn.container import app_credentials
 from iterreduce.master import Master, MasterConfig
 from iterreduce.proto import iterreduce_pb2 as pb
 from iterreduce.proto import iterreduce_pb2_grpc as pb_grpc
 from iterreduce.transport.security import (TlsCredentials, certificate_name, channel_credentials, channel_options,
                                            from_skein, metadata, new_token)
-from shardio.shards import write_shards
 from iterreduce.worker import Worker
-from iterreduce.launch.yarn.container import app_credentials
+from shardio.shards import write_shards
 
 
 @pytest.fixture(scope="module")

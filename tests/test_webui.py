@@ -22,9 +22,9 @@ import pytest
 from browser import console_errors, needs_browser, start_browser, wait_for
 from conftest_runtime import SLOW_DBN, SOFTMAX, InProcessJob, blobs, kill_worker, read_log, run_job, subprocess_env
 from iterreduce.storage import runlog
-from shardio.shards import write_shards
 from iterreduce.webui import ViewServer, png, snapshot
 from iterreduce.webui.server import to_json_bytes
+from shardio.shards import write_shards
 
 # ------------------------------------------------------------------ helpers
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from iterreduce.transport import wire
 from iterreduce.proto import iterreduce_pb2 as pb
+from iterreduce.transport import wire
 from iterreduce.transport.wire import CHUNK_BYTES, Decoder, WireError, decode, encode
 
 

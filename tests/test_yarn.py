@@ -29,11 +29,11 @@ from browser import console_errors, needs_browser, start_browser, wait_for
 from yarnjobs import N_FEATURES, TERMINAL, job_file, shared_driver, upload
 from dbn import DBN
 from dbn.cli import main
-from iterreduce.master import checkpoint
-from iterreduce.storage.ownership import MANIFEST_NAME
 from iterreduce.launch.yarn import KV_ADDRESS
 from iterreduce.launch.yarn import client as yarn_client
 from iterreduce.launch.yarn.relax import SPARE_SERVICE
+from iterreduce.master import checkpoint
+from iterreduce.storage.ownership import MANIFEST_NAME
 
 pytestmark = [pytest.mark.yarn, pytest.mark.hdfs, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 

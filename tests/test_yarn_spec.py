@@ -9,11 +9,11 @@ import pytest
 import skein
 
 from dbn.cli import main
-from iterreduce.master import MasterConfig
+from iterreduce.launch.yarn.appspec import YarnOptions, build_spec
 from iterreduce.launch.yarn.container import attempt_number
 from iterreduce.launch.yarn.envpack import EnvPackError, environment_kind, pack_environment
 from iterreduce.launch.yarn.locality import Blocks, parse_fsck, place, slot_blocks
-from iterreduce.launch.yarn.appspec import YarnOptions, build_spec
+from iterreduce.master import MasterConfig
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "yarn.toml"
 

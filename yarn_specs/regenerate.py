@@ -27,6 +27,7 @@ def generate() -> dict[str, str]:
     """``{file name: text}`` of the spec and its job file."""
     from dbn.jobs.spec import load_spec
     from dbn.jobs.yarn import prepare
+    from iterreduce.launch.yarn.appspec import spec_yaml
 
     spec = load_spec(HERE.parent / "examples" / "yarn.toml", {"yarn.env": ENV})
     submission = prepare(spec, dry_run=True, log=lambda message: None)
@@ -35,7 +36,7 @@ def generate() -> dict[str, str]:
     app = submission.spec
     for target in (app.master, *app.services.values()):
         target.files["job.json"].source = str(HERE / "mnist-job.json")  # written back relative, below
-    yaml = app.to_yaml().replace(f"file://{HERE}/", "")
+    yaml = spec_yaml(app).replace(f"file://{HERE}/", "")
     return {"mnist.yaml": HEADER.format(env=ENV) + yaml, "mnist-job.json": json.dumps(submission.job, indent=2) + "\n"}
 
 

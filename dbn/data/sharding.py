@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 
+from iterreduce.exceptions import ShardError
 from iterreduce.process import memory as machine_memory
 from iterreduce.storage import npzfile
-from iterreduce.exceptions import ShardError
 from iterreduce.storage.filesystems import check_output_file, open_output_file
 from shardio.readers import describe_shard, list_shards, read_shard, same_classes, shard_classes
 from shardio.shards import as_float32, write_shards

@@ -22,12 +22,12 @@ import dataclasses
 import numpy as np
 import pyarrow as pa
 
-from shardio import iceberg
-from iterreduce.storage.filesystems import check_output_file, join, open_output_file
-from shardio.labels import LabelMap
 from dbn.model.scaler import FeatureStats, Scaler
-from shardio.shards import shard_set
 from iterreduce.launch.yarn.locality import piece_blocks
+from iterreduce.storage.filesystems import check_output_file, join, open_output_file
+from shardio import iceberg
+from shardio.labels import LabelMap
+from shardio.shards import shard_set
 from shardio.tables import (TableShard, TableSource, assign, column_widths, label_classes, open_dataset, pin,
                             read_columns, read_piece, resolve, table_pieces)
 

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dbn.model.scaler import Scaler
 from shardio.labels import LabelMap
 from shardio.readers import describe_shard, list_shards, shard_info
-from dbn.model.scaler import Scaler
 
 from ..errors import UsageError
 from .scaling import fit_scaler, scale_kind

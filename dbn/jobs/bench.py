@@ -39,8 +39,8 @@ import numpy as np
 from iterreduce import THREAD_VARS
 from iterreduce.process import stopping
 
-from ..model import flops
 from ..errors import BackendError
+from ..model import flops
 from ..model.backend import Backend
 from ..model.network import Network
 from ..model.rbm import RBM

@@ -21,23 +21,23 @@ import tempfile
 
 import numpy as np
 
+from dbn.model.scaler import FeatureStats
 from iterreduce.program import (MASTER_STATE, Program, Step, Update, WorkerProgram, block_momentum_average, master_side,
                                 weighted_average)
 from iterreduce.storage.rowfile import RowFile, local_directory
-from dbn.model.scaler import FeatureStats
 from shardio.readers import read_labels, read_shard, same_classes, shard_classes, shard_info, spill_shard
 
 from ..data.scaling import STATS, gathered_scaler, merge_stats_arrays, stats_arrays
 from ..data.table_data import attach_inputs
 from ..data.validation import UNIT_INTERVAL_HINT, check_features, check_labels, class_warnings, minibatch_warnings
 from ..errors import DataError
-from ..model.divergence import check_arrays
 from ..model import state
-from . import view
+from ..model.divergence import check_arrays
 from ..model.estimator import DBN, layer_seed
 from ..model.minibatch import CHUNK_ROWS, chunks, column_mean
 from ..model.network import Network
 from ..model.rbm import RBM
+from . import view
 
 
 def dbn_params(config) -> dict:

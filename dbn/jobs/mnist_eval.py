@@ -18,8 +18,8 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from iterreduce.storage import ownership
 from iterreduce.exceptions import ForeignFileError
+from iterreduce.storage import ownership
 from iterreduce.storage.filesystems import join
 from shardio.shards import write_shards
 

@@ -39,13 +39,13 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from iterreduce.storage import ownership, runlog
-from iterreduce.process.memory import available_memory
 from iterreduce.exceptions import MasterKilled
 from iterreduce.launch.local import StopSignal, gpu_count, local_processes, run_local
+from iterreduce.process.memory import available_memory
+from iterreduce.storage import ownership, runlog
+from iterreduce.storage.filesystems import filesystem, join
 from iterreduce.storage.ownership import PREVIOUS, RUN_FILES, prune_previous, set_aside
 from shardio.readers import list_shards, shard_info
-from iterreduce.storage.filesystems import filesystem, join
 from shardio.shards import set_shard_note, shard_note
 
 from .. import __version__

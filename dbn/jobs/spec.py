@@ -55,11 +55,11 @@ from ..data.scaling import SCALINGS
 from ..data.training import training_data
 from ..data.validation import counted
 from ..errors import ConfigError
-from .hints import accepts, convert, describe_value, parse_literal, quoted
-from .memory_plan import STREAM_CHOICES
 from ..model.backend import DEVICES
 from ..model.estimator import DBN
 from ..model.rbm import VISIBLE_UNITS
+from .hints import accepts, convert, describe_value, parse_literal, quoted
+from .memory_plan import STREAM_CHOICES
 
 #: The IterativeReduce program that trains a DBN (see dbn/jobs/dbn_program.py).
 PROGRAM = "dbn.jobs.dbn_program:DBNProgram"

@@ -29,14 +29,14 @@ from urllib.parse import urlparse
 import pyarrow.fs as pafs
 from skein.model import parse_memory
 
-from iterreduce.storage import ownership
 from iterreduce.exceptions import ForeignFileError, YarnError
+from iterreduce.launch.yarn import locality
+from iterreduce.launch.yarn.appspec import YarnOptions, build_spec
+from iterreduce.launch.yarn.envpack import pack_environment
+from iterreduce.storage import ownership
 from iterreduce.storage.filesystems import filesystem, join, open_output_file
 from shardio.readers import list_shards, shard_info
 from shardio.tables import TableShard
-from iterreduce.launch.yarn import locality
-from iterreduce.launch.yarn.envpack import pack_environment
-from iterreduce.launch.yarn.appspec import YarnOptions, build_spec
 
 from ..data.validation import counted
 from ..errors import ConfigError, UsageError

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import BackendError
 from . import kernels
 from .graphs import graphs_enabled
-from ..errors import BackendError
 
 DEVICES = ("cpu", "gpu", "auto")
 DTYPES = ("float32", "float64")

@@ -9,14 +9,14 @@ from typing import Callable
 
 import numpy as np
 
-from . import persist, preprocess, state
-from .base import Estimator
-from .inputs import RawInputs
-from .divergence import check_epoch
-from .network import Network
-from .rbm import RBM
 from ..data.validation import DataError, check_labels, label_indices, minibatch_warnings
 from ..errors import ModelFileError
+from . import persist, preprocess, state
+from .base import Estimator
+from .divergence import check_epoch
+from .inputs import RawInputs
+from .network import Network
+from .rbm import RBM
 
 
 #: The range of each numeric hyperparameter (``validate_params``); None is allowed where the

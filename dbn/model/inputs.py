@@ -9,8 +9,8 @@ import numpy as np
 
 from iterreduce.exceptions import ShardError
 
-from . import preprocess
 from ..data.validation import DataError, check_features, check_labels, is_string_labels
+from . import preprocess
 
 
 class RawInputs:

@@ -14,8 +14,8 @@ import numpy as np
 
 from iterreduce.storage import durable, npzfile
 
-from . import state
 from ..errors import ModelFileError
+from . import state
 
 FORMAT = "dbn-yarn-model"
 VERSION = 2  # what save_arrays writes unless told; 2: the array names of dbn.model.state (1: network.weights.{i}, ...)

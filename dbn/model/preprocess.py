@@ -19,8 +19,8 @@ import collections
 
 import numpy as np
 
-from iterreduce.exceptions import ShardError
 from dbn.model.scaler import Scaler
+from iterreduce.exceptions import ShardError
 
 from ..data.validation import check_label_shape
 from ..errors import DataError

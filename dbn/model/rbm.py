@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..data.validation import check_features
 from .base import Estimator
 from .graphs import StepGraphs
 from .minibatch import chunks, minibatches
 from .state import RBM_KEYS, is_increment, logit
-from ..data.validation import check_features
 
 VISIBLE_UNITS = ("bernoulli", "gaussian")
 

@@ -17,6 +17,7 @@ import shlex
 from dataclasses import dataclass, field
 
 import skein
+import yaml
 
 from ... import LOG_LEVEL_VAR, THREAD_VARS, log_level
 from ...exceptions import AppSpecError
@@ -168,3 +169,9 @@ def build_spec(name: str, job_file: str, opts: YarnOptions, device: str = "cpu")
     except (ValueError, TypeError) as exc:
         raise AppSpecError(f"invalid YARN application spec: {exc}") from exc
     return spec
+
+
+def spec_yaml(spec: skein.ApplicationSpec) -> str:
+    """``spec`` as skein reads it, in YAML, each line whole: a container's command stays one line to
+    read and copy (skein's own ``to_yaml`` folds lines past 80 characters)."""
+    return yaml.safe_dump(spec.to_dict(skip_nulls=True), default_flow_style=False, width=float("inf"))

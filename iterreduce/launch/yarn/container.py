@@ -48,10 +48,10 @@ from ...storage.filesystems import filesystem, join, open_output_file
 from ...transport.security import TlsCredentials, from_skein, new_token
 from ...worker.worker import Worker
 from . import KV_ADDRESS, KV_PROGRESS, KV_SLOT, KV_TOKEN, KV_UI, KV_WORKERS, locality
+from .appspec import slot_of
 from .drain import Drainer
 from .keeper import Keeper
 from .relax import SPARE_SERVICE, Relaxer
-from .appspec import slot_of
 from .tokens import KV_TOKENS, TokenRefresher, remove_staged_keytab
 from .tokens import follow as follow_tokens
 

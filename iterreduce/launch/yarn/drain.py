@@ -20,8 +20,8 @@ import os
 import subprocess
 
 from ...storage import hadoopconf
-from .keeper import held_slots
 from .appspec import DECOMMISSION_CHECK_VAR, WORKER_SERVICE
+from .keeper import held_slots
 from .watcher import Watcher
 
 log = logging.getLogger("iterreduce.yarn")

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 from ...exceptions import JobFailed
 from . import KV_SLOT, KV_WORKERS, KV_WORKERS_ASKED
-from .relax import SPARE_SERVICE
 from .appspec import MAX_FAILURES_VAR, WORKER_SERVICE, YarnOptions
+from .relax import SPARE_SERVICE
 from .watcher import Watcher
 
 log = logging.getLogger("iterreduce.yarn")
