@@ -10,7 +10,11 @@ disk or HDFS (:mod:`.storage`). It knows nothing about DBNs.
 """
 
 import os
+from pathlib import Path
 
+#: The folder that holds this package (a checkout, or site-packages): the processes a launcher starts
+#: put it first on their PYTHONPATH, to import the runtime from where the launcher does.
+PACKAGES_ROOT = str(Path(__file__).resolve().parent.parent)
 #: Environment variables that set a process's BLAS and OpenMP threads (read when the library loads).
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 #: Environment variable with the log level of a master or worker process (default INFO; DEBUG

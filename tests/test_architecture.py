@@ -40,3 +40,19 @@ def test_the_master_and_the_worker_load_no_data_format():
                             cwd=REPO).stdout.split()
     assert "iterreduce.master.master" in loaded and "iterreduce.worker.worker" in loaded
     assert [m for m in loaded if m.split(".")[0] in ("shardio", "dbn", "deltalake", "pyiceberg")] == []
+
+
+def test_the_processes_a_launcher_starts_import_the_packages_from_where_it_does(tmp_path, monkeypatch):
+    """A launcher puts the folder holding the packages first on its children's PYTHONPATH (a checkout
+    run without an install works): that folder moves with the modules, so it is checked, not assumed."""
+    from iterreduce.launch.local import LocalCluster
+    from iterreduce.master import MasterConfig
+    from shardio import footers
+
+    config = MasterConfig(program="p:P", program_config={}, shards=["a"], workers=1, token="t", output=str(tmp_path))
+    first = LocalCluster(config)._env(0)["PYTHONPATH"].split(":")[0]
+    started = {}
+    monkeypatch.setattr(footers.subprocess, "Popen", lambda args, **kwargs: started.update(kwargs))
+    footers._start("shardio.readers")
+    for root in (first, started["env"]["PYTHONPATH"].split(":")[0]):
+        assert Path(root) == REPO and all((Path(root) / p / "__init__.py").is_file() for p in NEVER.keys() | {"dbn"})

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from .. import THREAD_VARS
+from .. import PACKAGES_ROOT, THREAD_VARS
 from ..exceptions import STOPPED_ON_BAD_DATA, LocalJobError, MasterKilled
 from ..master import checkpoint
 from ..master.config import MasterConfig, new_run_id
@@ -111,8 +111,7 @@ class LocalCluster:
         env = dict(os.environ, ITERREDUCE_TOKEN=self.config.token, PYTHONUNBUFFERED="1")
         env[LAUNCHER_PID] = str(os.getpid())  # children exit when this process is gone (lifeline.py)
         # Children import the runtime (and the program) from where this process does.
-        root = str(Path(__file__).resolve().parents[1])
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGES_ROOT, os.environ.get("PYTHONPATH")) if p)
         # The job's folders: the master's too, which removes them if this process dies first.
         env.pop(sharedmem.SHARED_DIR_VAR, None)  # never a folder of another run's
         if self.shared_dir:
