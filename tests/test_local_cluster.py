@@ -423,10 +423,10 @@ def test_a_worker_whose_program_takes_seconds_to_import_is_not_taken_for_lost(tm
     """A worker learns its program when it registers, then imports it (CuPy's import may take seconds):
     it beats from its registration on, so the master does not drop it as silent meanwhile."""
     subprocess_env(monkeypatch)
-    monkeypatch.setenv("SLOW_IMPORT_S", "3")  # three heartbeat timeouts
+    monkeypatch.setenv("SLOW_IMPORT_S", "6")  # three heartbeat timeouts
     X, y = blobs(300)
     uris = write_shards(X, y, str(tmp_path / "shards"), 3)
     out = run_job(program="slow_import_program:SlowImportSoftmax", program_config={"n_classes": 3, "epochs": 2},
-                  shards=uris, workers=3, output=str(tmp_path / "out"), heartbeat_timeout=1.0, timeout=120)
+                  shards=uris, workers=3, output=str(tmp_path / "out"), heartbeat_timeout=2.0, timeout=120)
     assert events(out, "worker_lost") == []
     assert [r["shards"] for r in records(out)] == [3, 3]
