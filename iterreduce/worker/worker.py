@@ -61,7 +61,7 @@ class Worker:
         self.shards: dict[int, object] = {}  # what the program's load_shard gave
         self.status: dict = {"state": "starting"}
         self.worker_id = ""  # the master's name for this incarnation, once registered
-        self.heartbeat_interval = 1.0  # until the master says its own
+        self._beating: threading.Thread | None = None  # the heartbeats, from the first registration on
         self._stop = threading.Event()
         self.token, self.tls = token, tls
         self.peer_address = ""
@@ -90,6 +90,9 @@ class Worker:
         if self.collective is not None:
             self.collective.close()
         self.heartbeat_interval = reply.heartbeat_interval_s
+        if self._beating is None:  # before the program loads: its imports may take seconds
+            self._beating = threading.Thread(target=self._heartbeat, daemon=True)
+            self._beating.start()
         self.float16 = reply.float16_wire
         self.collective = Collective(self.worker_id, exchange.Peers(self.worker_id, self.token, self.tls), self.inbox,
                                      self.float16)
@@ -105,7 +108,7 @@ class Worker:
         finished fetch or push also counts at the master: with a sync a second, heartbeats would
         double its calls)."""
         while not self._stop.wait(self.heartbeat_interval):
-            if not self.worker_id or time.monotonic() - self.link.heard < self.heartbeat_interval:
+            if time.monotonic() - self.link.heard < self.heartbeat_interval:
                 continue
             try:
                 reply = self.link.heartbeat(self.worker_id, self.status)
@@ -118,8 +121,6 @@ class Worker:
 
     def run(self) -> int:
         """Work until the master says the job is done; returns the exit code."""
-        # Beating from the registration on: loading the program after it (its imports) may take seconds.
-        threading.Thread(target=self._heartbeat, daemon=True).start()
         self.register()
         try:
             task = None  # the next task, when the last push brought it (see _push), or its future (_exchange)
