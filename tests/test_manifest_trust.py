@@ -396,7 +396,7 @@ def test_a_name_that_is_not_plain_is_ignored_with_a_warning(tmp_path, victim, ca
                                           "part-00002.parquet": "12", "part-00003.parquet": True}
     (out / MANIFEST).write_text(json.dumps({"files": files, "notes": {"source": "s"}}))
     outside = snapshot(victim)
-    with caplog.at_level(logging.WARNING, logger="iterreduce.ownership"):
+    with caplog.at_level(logging.WARNING, logger="iterreduce.storage.ownership"):
         manifest = ownership.read_manifest(pafs.LocalFileSystem(), str(out))
     assert manifest["files"] == {"part-00000.parquet": None} and manifest["notes"] == {"source": "s"}
     said = "\n".join(r.getMessage() for r in caplog.records)
@@ -565,7 +565,7 @@ def test_a_copy_of_a_running_folder_takes_its_own_lock(tmp_path):
     original.mkdir()
     copy.mkdir()
     code = (f"import sys, time; sys.path.insert(0, {str(REPO)!r})\n"
-            f"from iterreduce import ownership\n"
+            f"from iterreduce.storage import ownership\n"
             f"with ownership.hold({str(original)!r}):\n    print('held', flush=True); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
     try:

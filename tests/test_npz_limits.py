@@ -115,7 +115,7 @@ def test_a_checkpoint_that_inflates_to_a_gib_is_refused_in_little_memory(tmp_pat
     good = tmp_path / "ckpt-000000003.npz"
     header = members_of(good)["__checkpoint__"]
     path = bomb(tmp_path / "ckpt-000000004.npz", {"__checkpoint__": header}, "w")
-    code = ("import sys\nfrom iterreduce import checkpoint\nfrom iterreduce.exceptions import CheckpointError\n"
+    code = ("import sys\nfrom iterreduce.master import checkpoint\nfrom iterreduce.exceptions import CheckpointError\n"
             "try:\n    checkpoint.load(sys.argv[2])\nexcept CheckpointError as exc:\n"
             "    sys.stderr.write(str(exc) + '\\n')\n"
             "    assert checkpoint.latest(sys.argv[1], 'f').endswith('ckpt-000000003.npz')  # the bomb passed over\n"

@@ -257,7 +257,7 @@ def test_the_lock_refuses_another_thread_and_names_the_holder(tmp_path):
 
 def test_the_lock_goes_with_a_killed_process(tmp_path):
     out = tmp_path / "out"
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from iterreduce import ownership\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from iterreduce.storage import ownership\n"
                                f"with ownership.hold({str(out)!r}):\n    print('held', flush=True); time.sleep(60)"],
                               cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
@@ -357,7 +357,7 @@ def test_every_command_that_writes_a_run_is_refused_by_a_held_folder(job, capsys
     once by dbn train, dbn train --local N and dbn mnist, naming the folder and the holder;
     nothing in it changes."""
     config, out = job
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from iterreduce import ownership\n"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from iterreduce.storage import ownership\n"
                                f"with ownership.hold({str(out)!r}):\n    print('held', flush=True); time.sleep(60)"],
                               cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:

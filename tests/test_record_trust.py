@@ -118,7 +118,7 @@ def test_a_record_naming_a_path_outside_its_folder_steers_no_delete(tmp_path, vi
     else:
         edit_record(first, **{field: [*json.loads((first / RECORD_NAME).read_text())[field], name]})
     before = state(victim)
-    with caplog.at_level(logging.WARNING, logger="iterreduce.ownership"):
+    with caplog.at_level(logging.WARNING, logger="iterreduce.storage.ownership"):
         prune_previous(out, keep=3)
     assert state(victim) == before
     assert not (first / "log.jsonl").exists() and not (first / "logs").exists()  # the run's own files went
@@ -133,7 +133,7 @@ def test_a_file_entry_without_a_size_and_time_is_ignored_and_said_so(tmp_path, c
     first = out / "previous" / "1"
     plant(first, {"mine.txt": b"the user's, added later"})
     edit_record(first, files={"mine.txt": entry})
-    with caplog.at_level(logging.WARNING, logger="iterreduce.ownership"):
+    with caplog.at_level(logging.WARNING, logger="iterreduce.storage.ownership"):
         prune_previous(out, keep=3)
     assert (first / "mine.txt").read_bytes() == b"the user's, added later"
     assert any("'mine.txt'" in r.getMessage() and str(first / RECORD_NAME) in r.getMessage() for r in caplog.records)
@@ -149,7 +149,7 @@ def test_an_unreadable_record_proves_nothing_and_is_said_so(tmp_path, caplog, ra
     first = out / "previous" / "1"
     (first / RECORD_NAME).write_bytes(raw)
     before = state(first)
-    with caplog.at_level(logging.WARNING, logger="iterreduce.ownership"):
+    with caplog.at_level(logging.WARNING, logger="iterreduce.storage.ownership"):
         prune_previous(out, keep=3)
     assert {k: v for k, v in state(first).items() if RECORD_NAME not in k} == \
         {k: v for k, v in before.items() if RECORD_NAME not in k}
@@ -500,7 +500,7 @@ def test_a_copy_of_a_held_folder_made_while_held_does_not_let_a_second_run_in(tm
     held, copy = tmp_path / "held", tmp_path / "copy"
     held.mkdir()
     code = (f"import sys, time; sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n"
-            f"from iterreduce import ownership\n"
+            f"from iterreduce.storage import ownership\n"
             f"with ownership.hold({str(held)!r}):\n    print('held', flush=True); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
     try:

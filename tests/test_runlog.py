@@ -61,7 +61,7 @@ def test_concurrent_writers_never_mix_lines(tmp_path):
     and this one append long records to one log at once; every line stays whole."""
     path = runlog.log_path(tmp_path)
     script = (f"import sys; sys.path.insert(0, {str(REPO)!r})\n"
-              "from iterreduce import runlog\n"
+              "from iterreduce.storage import runlog\n"
               "with runlog.RunLog(sys.argv[1]) as log:\n"
               "    for i in range(50):\n"
               "        log.event('tick', i=i, pad='x' * 20000)\n")
