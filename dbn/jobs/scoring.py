@@ -31,9 +31,7 @@ import pyarrow.fs as pafs
 
 from iterreduce.exceptions import ForeignFileError, OutputExists
 from iterreduce.launch.local import run_local as run_job
-from iterreduce.launch.yarn import client as yarn, locality
-from iterreduce.launch.yarn.appspec import build_spec
-from iterreduce.launch.yarn.container import upload_outputs
+from iterreduce.launch.yarn import locality
 from iterreduce.master import MasterConfig, new_run_id
 from iterreduce.program import Program, Step, Update, WorkerProgram
 from iterreduce.storage import durable
@@ -45,7 +43,6 @@ from ..data.table_data import check_kept, score_piece, scored_table
 from ..data.validation import DataError
 from ..model.estimator import DBN
 from .run import load_classifier
-from .yarn import name_services, place_workers, shared_uri, ship_environment, write_job_file, yarn_options
 
 #: The most steps a scoring job has (its progress moves a step at a time); fewer where the
 #: shares have fewer pieces, or fewer rows than PART_ROWS a step.
@@ -321,6 +318,8 @@ def plan(model, model_path: str, data, out: str, *, workers: int, table=None, fi
 def run_local(model_path: str, data, out: str, *, workers: int, device: str = "cpu", table=None, filter=None,
               keep=(), features=False, overwrite=False, part_rows: int = PART_ROWS, on_record=None) -> dict:
     """Score on the local mini-cluster of ``workers`` processes; returns ``scoring.json``'s record."""
+    from iterreduce.launch.yarn.container import upload_outputs  # skein's: not for a worker's import of this module
+
     model = DBN.load(model_path, device="cpu") if features else load_classifier(model_path, device="cpu")
     job = plan(model, str(Path(model_path).resolve()), data, out, workers=workers, table=table, filter=filter,
                keep=keep, features=features, overwrite=overwrite, part_rows=part_rows)
@@ -355,6 +354,12 @@ def submit(cfg, model_path: str, out: str, *, table=None, filter=None, keep=(), 
     staging folder beside ``out`` (an ``hdfs://`` URI), the model shipped to every container,
     ``[cluster] workers`` containers each asked for on the node holding its share. Returns the
     application id, its tracking URL and the skein client to follow it with."""
+    # skein's, through these: imported here, not by every scoring worker that imports this module
+    from iterreduce.launch.yarn import client as yarn
+    from iterreduce.launch.yarn.appspec import build_spec
+
+    from .yarn import name_services, place_workers, shared_uri, ship_environment, write_job_file, yarn_options
+
     yarn.check_kerberos(cfg.yarn.principal, cfg.yarn.keytab)  # before any staging work
     out = shared_uri("--out", out)
     model = DBN.load(model_path, device="cpu") if features else load_classifier(model_path, device="cpu")
