@@ -246,7 +246,7 @@ def _parquet_actions(fs, path: str) -> list[dict]:
 
 
 def dataset(uri: str, version: int, allow_outside: bool = False) -> ds.FileSystemDataset:
-    """The table at ``uri`` at ``version`` (a number: see :func:`pin`) as a ``pyarrow.dataset`` of its
+    """The table at ``uri`` at ``version`` (a number: see :func:`version_number`) as a ``pyarrow.dataset`` of its
     live files, the partition values from the log, the schema the table's own at that version.
     A file the log names outside the table's folder is refused (:func:`_file_path`) unless
     ``allow_outside`` and named by an absolute URI (a shallow clone's) or reached through a link."""
@@ -332,7 +332,7 @@ def _partition_expression(action: dict, names: list[str], schema: pa.Schema, uri
     return expression
 
 
-def pin(uri: str, version=None, allow_outside: bool = False) -> int:
+def version_number(uri: str, version=None, allow_outside: bool = False) -> int:
     """The version number the table at ``uri`` has at ``version`` (a number, a time, or None for
     the newest): what a job reads throughout, however the table changes meanwhile. ``allow_outside``: its
     deletion vectors may lie outside the table's folder (:func:`_check_vector_paths`)."""

@@ -173,7 +173,7 @@ def _check_renames(uri: str, table) -> None:
                          f"snapshot to train on as a new table, or as plain Parquet")
 
 
-def pin(uri: str, version=None, allow_outside: bool = False) -> int:
+def version_number(uri: str, version=None, allow_outside: bool = False) -> int:
     """The id of the snapshot the table at ``uri`` has at ``version`` (an id, a time, or None for
     the current one): what a job reads throughout, however the table changes meanwhile."""
     return load(uri, version, allow_outside)[1].snapshot_id

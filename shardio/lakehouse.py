@@ -156,14 +156,14 @@ def parse_version(value) -> int | datetime.datetime | None:
 def once_a_version(load):
     """``load(uri, version, *more)`` with the table at a version number read once: a version (a
     Delta version, an Iceberg snapshot) never changes, so a job's steps, each opening the table at
-    its pinned version, share one read of its log. The newest (None) or a time is read each time."""
+    its fixed version, share one read of its log. The newest (None) or a time is read each time."""
     @functools.lru_cache(maxsize=4)
-    def pinned(uri: str, version: int, *more):
+    def at_number(uri: str, version: int, *more):
         return load(uri, version, *more)
 
     @functools.wraps(load)
     def loaded(uri: str, version=None, *more):
         if isinstance(version, int) and not isinstance(version, bool):
-            return pinned(uri, version, *more)
+            return at_number(uri, version, *more)
         return load(uri, version, *more)
     return loaded

@@ -52,7 +52,7 @@ from .shards import STREAM_ROWS
 FILE_FORMATS = {"parquet": "parquet", "orc": "orc", "delta": "parquet", "iceberg": "parquet"}
 FORMATS = tuple(FILE_FORMATS)
 #: The formats whose tables have versions (``version``: a Delta version or an Iceberg snapshot id,
-#: or a time), and the module that reads each: ``pin(uri, version)`` and ``dataset(uri, version)``.
+#: or a time), and the module that reads each: ``version_number(uri, version)`` and ``dataset(uri, version)``.
 VERSIONED_FORMATS = {"delta": delta, "iceberg": iceberg}
 #: Names of Spark's and Hadoop's side files and folders (_SUCCESS, _committed_*, _started_*,
 #: _temporary/, .part-*.crc): never data, and _temporary/ holds unfinished writes.
@@ -79,7 +79,7 @@ class TableSource:
     ML vector). ``label``: the class column (integers or strings), None for unlabelled data.
     ``filter``: the rows to keep, e.g. ``"year >= 2020 and country == 'NL'"`` (:func:`parse_filter`).
     ``format``: one of :data:`FORMATS`. ``version``: a Delta Lake table's version or an Iceberg
-    table's snapshot id, or an ISO 8601 time (the newest when None; :func:`pin` fixes it
+    table's snapshot id, or an ISO 8601 time (the newest when None; :func:`with_version_fixed` fixes it
     before a job reads). ``allow_outside_files``: read the data files a Delta Lake log or an Iceberg
     manifest names by absolute URI outside the table's folder (refused otherwise, naming the entry).
     """
@@ -160,14 +160,15 @@ class TableSource:
 # ------------------------------------------------------------------ opening and checking
 
 
-def pin(source: TableSource) -> TableSource:
+def with_version_fixed(source: TableSource) -> TableSource:
     """``source`` with its version fixed to the number it names now (the newest when none), so
     that every step of a job reads the same files however the table changes meanwhile; a
     table without versions as it is."""
     if source.format not in VERSIONED_FORMATS or isinstance(source.version, int):
         return source
     reader = VERSIONED_FORMATS[source.format]
-    return dataclasses.replace(source, version=reader.pin(source.uri, source.version, source.allow_outside_files))
+    number = reader.version_number(source.uri, source.version, source.allow_outside_files)
+    return dataclasses.replace(source, version=number)
 
 
 def open_dataset(source: TableSource) -> ds.FileSystemDataset:
@@ -177,7 +178,8 @@ def open_dataset(source: TableSource) -> ds.FileSystemDataset:
     lakehouse table's folder read as plain files is refused
     (:func:`shardio.lakehouse.check_not_lakehouse`)."""
     if source.format in VERSIONED_FORMATS:
-        return VERSIONED_FORMATS[source.format].dataset(source.uri, pin(source).version, source.allow_outside_files)
+        version = with_version_fixed(source).version
+        return VERSIONED_FORMATS[source.format].dataset(source.uri, version, source.allow_outside_files)
     fs, path = filesystem(source.uri)
     check_not_lakehouse(fs, path, source.uri)  # its folder holds files that are no longer the table
     try:
@@ -392,7 +394,9 @@ def deleted_rows(source: TableSource) -> dict[str, np.ndarray]:
     """The rows of each data file (by path) that ``source``'s table no longer holds although the
     file does (an Iceberg table's positional delete files); none for other tables."""
     reader = VERSIONED_FORMATS.get(source.format)
-    return {} if reader is None else reader.deleted_rows(source.uri, pin(source).version, source.allow_outside_files)
+    if reader is None:
+        return {}
+    return reader.deleted_rows(source.uri, with_version_fixed(source).version, source.allow_outside_files)
 
 
 def pieces(dataset: ds.FileSystemDataset, filter: str | None = None,

@@ -25,7 +25,7 @@ from dbn import DBN  # noqa: E402
 from dbn.cli import main  # noqa: E402
 from iterreduce.exceptions import TableError  # noqa: E402
 from shardio.readers import list_shards  # noqa: E402
-from shardio.tables import TableShard, TableSource, open_dataset, pieces, pin  # noqa: E402
+from shardio.tables import TableShard, TableSource, open_dataset, pieces, with_version_fixed  # noqa: E402
 
 FEATURES = 6
 
@@ -146,14 +146,15 @@ def test_a_time_names_the_version_current_then(tmp_path, table, quoted):
     when = (commit_time(table, 1) + datetime.timedelta(microseconds=500)).isoformat()  # before version 2's commit
     assert commit_time(table, 2) > datetime.datetime.fromisoformat(when)
     source = TableSource(str(table), "f4", format="delta", version=when)
-    assert pin(source).version == 1
+    assert with_version_fixed(source).version == 1
     # In the job file a TOML time may be written bare (TOML's own type) or as a string.
     result, _ = train(tmp_path, table, f'version = "{when}"' if quoted else f"version = {when}")
     assert result["n_train"] == held(table, 1).num_rows == 600
 
 
 def test_the_partition_values_come_from_the_log_and_a_filter_on_them_prunes_files(tmp_path, table):
-    source = pin(TableSource(str(table), ["vec", "f4", "day"], label="label", format="delta", filter="day == 2"))
+    source = with_version_fixed(TableSource(str(table), ["vec", "f4", "day"], label="label", format="delta",
+                                            filter="day == 2"))
     dataset = open_dataset(source)
     kept = pieces(dataset, source.filter)
     assert kept and all(dict((n, v) for n, _, v in p.partition)["day"] == 2 for p in kept)
@@ -299,7 +300,7 @@ def test_a_resumed_run_keeps_the_version_its_shares_were_cut_from(tmp_path, tabl
     root = copy_of(table, tmp_path)
     path = job(tmp_path, root, workers=2)
     before = held(root).num_rows
-    assert training_data(load_spec(path)).pinned().data.version == 3  # what the whole run reads
+    assert training_data(load_spec(path)).spec_for_run().data.version == 3  # what the whole run reads
     args = ["train", str(path), "--quiet", "--no-ui", "--local", "2"]
     assert main(args) == 0
     deltalake.DeltaTable(str(root)).delete("label = 'x'")

@@ -25,7 +25,7 @@ from pyiceberg.catalog.sql import SqlCatalog  # noqa: E402
 from dbn import DBN  # noqa: E402
 from dbn.cli import main  # noqa: E402
 from shardio.readers import list_shards  # noqa: E402
-from shardio.tables import TableShard, TableSource, pin  # noqa: E402
+from shardio.tables import TableShard, TableSource, with_version_fixed  # noqa: E402
 from test_delta import animals, job as delta_job, train as delta_train  # noqa: E402
 
 
@@ -95,18 +95,19 @@ def test_an_older_snapshot_by_id_and_by_time(tmp_path, table):
     assert list(model.classes_) == ["a", "b", "c"]
     second = table.snapshots()[1]
     when = datetime.datetime.fromtimestamp(second.timestamp_ms / 1000, datetime.timezone.utc).isoformat()
-    assert pin(TableSource(str(folder(table)), "f4", format="iceberg", version=when)).version == second.snapshot_id
+    at_time = with_version_fixed(TableSource(str(folder(table)), "f4", format="iceberg", version=when))
+    assert at_time.version == second.snapshot_id
 
 
 def test_the_table_is_named_by_its_folder_or_a_metadata_file(tmp_path, table):
     """The folder's newest metadata file is the table now; an older metadata file is the table then."""
     metadata = sorted((folder(table) / "metadata").glob("*.metadata.json"))
     assert str(metadata[-1]) == table.metadata_location.removeprefix("file://")
-    now = pin(TableSource(str(folder(table)), "f4", format="iceberg"))
-    assert now.version == pin(TableSource(str(metadata[-1]), "f4", format="iceberg")).version
+    now = with_version_fixed(TableSource(str(folder(table)), "f4", format="iceberg"))
+    assert now.version == with_version_fixed(TableSource(str(metadata[-1]), "f4", format="iceberg")).version
     first = table.snapshots()[0].snapshot_id
     (then,) = [m for m in metadata if json.loads(m.read_text()).get("current-snapshot-id") == first]
-    assert pin(TableSource(f"file://{then}", "f4", format="iceberg")).version == first
+    assert with_version_fixed(TableSource(f"file://{then}", "f4", format="iceberg")).version == first
 
 
 def refused(tmp_path, capsys, uri, data: str = "") -> str:

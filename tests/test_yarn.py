@@ -513,14 +513,14 @@ def test_a_delta_table_on_hdfs_trains_its_current_version_on_yarn(yarn, env_arch
 
     from dbn.jobs.run import Yarn, run
     from dbn.jobs.spec import load_spec
-    from shardio.tables import TableSource, open_dataset, pieces, pin
+    from shardio.tables import TableSource, open_dataset, pieces, with_version_fixed
 
     local = write_versions(tmp_path / "delta")
     fs = yarn.hadoop.fs()
     upload(fs, local, "/warehouse/delta-animals")
     table = yarn.hadoop.uri("/warehouse/delta-animals")
     now = deltalake.DeltaTable(str(local)).to_pyarrow_table()
-    first = pin(TableSource(table, ["vec", "f4", "f5"], label="label", format="delta", version=0))
+    first = with_version_fixed(TableSource(table, ["vec", "f4", "f5"], label="label", format="delta", version=0))
     assert sum(p.rows for p in pieces(open_dataset(first))) == 600
 
     output = yarn.hadoop.uri("/user/test/delta-job")

@@ -28,8 +28,8 @@ from iterreduce.storage.filesystems import check_output_file, join, open_output_
 from shardio import iceberg
 from shardio.labels import LabelMap
 from shardio.shards import shard_set
-from shardio.tables import (TableShard, TableSource, assign, column_widths, label_classes, open_dataset, pin,
-                            read_columns, read_piece, resolve, table_pieces)
+from shardio.tables import (TableShard, TableSource, assign, column_widths, label_classes, open_dataset, read_columns,
+                            read_piece, resolve, table_pieces, with_version_fixed)
 
 from .sharding import FEATURES_COLUMNS, PREDICTION_COLUMNS, RowsWriter, output_columns, output_format
 from .validation import DataError
@@ -61,11 +61,11 @@ def table_location(data, name: str) -> str:
     return iceberg.catalog_table(data.catalog, name)
 
 
-def pinned(data):
+def data_with_version_fixed(data):
     """``data`` (a job's ``[data]``) with the training table's version fixed as a number (a Delta
     table's newest, or the one at the time named), so that every step of the job reads the same
     files; as it is for a table without versions."""
-    source = pin(source_of(data))
+    source = with_version_fixed(source_of(data))
     if data.catalog is not None:  # the metadata file the catalog names now: fixed, whatever the catalog says later
         return dataclasses.replace(data, train=source.uri, test=source.uri if data.test == data.train else data.test,
                                    version=source.version)
@@ -100,7 +100,7 @@ def _opened(data, test: bool = False, columns: tuple[str, ...] | None = None):
     source = source_of(data, test=test)
     if columns is not None:
         source = dataclasses.replace(source, features=tuple(columns))
-    source = pin(source)
+    source = with_version_fixed(source)
     dataset = open_dataset(source)
     source = resolve(source, dataset)
     found = table_pieces(source, dataset)

@@ -31,8 +31,8 @@ from shardio.readers import describe_shard, list_shards, shard_info
 from ..errors import UsageError
 from .scaling import fit_scaler, scale_kind
 from .sharding import csv_columns, load_dataset, load_shards, load_source, no_labels, predict_file, shard_dataset
-from .table_data import (open_table, open_test_table, pinned, predict_table, raw_table_rows, read_table,
-                         table_layout, table_scaler, table_shards)
+from .table_data import (data_with_version_fixed, open_table, open_test_table, predict_table, raw_table_rows,
+                         read_table, table_layout, table_scaler, table_shards)
 from .validation import DataError, check_features, counted, label_indices
 
 
@@ -97,8 +97,8 @@ class TrainingData(ABC):
         """Why the data makes only ``n`` shards, for fewer workers than asked."""
         return f"{self.uri} makes {n}"
 
-    def pinned(self, earlier: dict | None = None):
-        """The job with what it reads fixed for the whole run (a table's version: :meth:`Table.pinned`);
+    def spec_for_run(self, earlier: dict | None = None):
+        """The job with what it reads fixed for the whole run (a table's version: :meth:`Table.spec_for_run`);
         ``earlier``: the :meth:`source_note` of the shards a resumed run was cut from."""
         return self.spec
 
@@ -154,11 +154,12 @@ class Table(TrainingData):
 
     @functools.cached_property
     def data(self):
-        """``[data]`` with the table's version fixed when first asked (:func:`pinned`), so that the
+        """``[data]`` with the table's version fixed when first asked
+        (:func:`~dbn.data.table_data.data_with_version_fixed`), so that the
         columns, the shares and the rows all come from one version of a Delta or Iceberg table."""
-        return pinned(self.spec.data)
+        return data_with_version_fixed(self.spec.data)
 
-    def pinned(self, earlier: dict | None = None):
+    def spec_for_run(self, earlier: dict | None = None):
         """The job with the table's version fixed for the whole run, so that its shares, the rows
         read and the test table (when it is the training table) are all of one version: on a
         resumed run the version its shares were cut from (``earlier``, when of this table),

@@ -175,7 +175,7 @@ def _run(spec: JobSpec, launcher: Launcher, out: Path, made: Path | None, *, on_
         # What the job reads, fixed for the run (a table's version): config.json keeps the job as asked.
         earlier = shard_note(str(out / "shards"), SHARDS_SOURCE) if launcher.resume and (out / "shards").is_dir() \
             else None
-        spec = training_data(spec).pinned(earlier)
+        spec = training_data(spec).spec_for_run(earlier)
         figures = launcher.train(spec, out, on_record or (lambda record: None))
     except Exception:
         if made is not None and _nothing_but_config(out):
