@@ -12,7 +12,7 @@ import pytest
 
 from conftest_runtime import InProcessJob, simulate
 from dbn.errors import ConfigError
-from dbn.jobs import memory_plan
+from dbn.jobs import memory_plan as memory
 from iterreduce.exceptions import ShardError
 from iterreduce.storage.rowfile import RowFile, prefetch
 from shardio import shards as shards_module
