@@ -19,7 +19,7 @@ import pytest
 
 from conftest_runtime import REPO
 
-FOLDERS = ("iterreduce", "dbn", "tests", "benchmarks", "yarn_specs", "notebooks")
+FOLDERS = ("iterreduce", "shardio", "dbn", "tests", "benchmarks", "yarn_specs", "notebooks")
 FORKS = {("os", "fork"), ("os", "forkpty")}
 
 
