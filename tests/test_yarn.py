@@ -102,6 +102,7 @@ def test_submit_from_a_packed_virtualenv_trains_with_data_and_model_on_hdfs(yarn
     output = yarn.hadoop.uri("/user/test/packed")
     env = {**os.environ, "HOME": str(tmp_path / "home")}  # dbn's caches (job files, archive) go here
     env.pop("ITERREDUCE_SKEIN_DRIVER")  # a driver of its own, as for a user
+    env.pop("PYTHONPATH", None)  # the suite's (this checkout): the venv's dbn imports what it installed
     done = subprocess.run([str(venv / "bin" / "dbn"), "submit", job_file(tmp_path, output), "--wait"],
                           capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr[-5000:]
