@@ -398,3 +398,16 @@ def test_a_folder_made_for_a_refused_run_goes_but_never_a_file_put_there_meanwhi
     assert train(config, out) == 2
     assert (out / "notes.txt").read_bytes() == b"mine"
     assert "bad test data" in capsys.readouterr().err
+
+
+def test_a_folder_where_the_lock_goes_is_refused_and_left_as_it_is(tmp_path):
+    """A run's lock and a shard writer's lock: a folder under the lock's name is named, with what to
+    choose instead, and left in place."""
+    for kind, take, other in (("run", lambda f: ownership.hold(f), "output folder (--out)"),
+                              ("shards", lambda f: ownership._hold_local_shards(f, str(f)), "folder")):
+        folder = tmp_path / kind
+        (folder / ownership.LOCK_NAME).mkdir(parents=True)
+        with pytest.raises(ForeignFileError, match=f"a folder, not this tool's lock file.*choose another {other},"):
+            with take(folder):
+                pass
+        assert (folder / ownership.LOCK_NAME).is_dir()

@@ -137,11 +137,7 @@ def _take_lock(folder: Path) -> int:
     a copy of a running folder can be run; a run of this very folder still refuses."""
     lock = folder / LOCK_NAME
     for _ in range(10):
-        try:
-            fd, _made = _open_lock(lock)
-        except IsADirectoryError:
-            raise ForeignFileError(f"{lock}: a folder, not this tool's lock file; it is left as it is: choose another "
-                                   f"output folder (--out), or move it away") from None
+        fd, _made = _open_lock(lock, "output folder (--out)")
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise ForeignFileError(f"{lock}: not a plain file, so not this tool's lock file; it is left as it "
@@ -729,8 +725,9 @@ def _same_file(fd: int, path: Path) -> bool:
     return (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino)
 
 
-def _open_lock(lock: Path) -> tuple[int, bool]:
-    """The lock file ``lock`` opened (never through a link), and whether this call made it."""
+def _open_lock(lock: Path, other: str = "folder") -> tuple[int, bool]:
+    """The lock file ``lock`` opened (never through a link), and whether this call made it; a folder
+    under its name is :class:`ForeignFileError`, whose fix names ``other`` (what to choose instead)."""
     flags = os.O_RDWR | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0)
     while True:
         try:
@@ -741,6 +738,9 @@ def _open_lock(lock: Path) -> tuple[int, bool]:
             return os.open(lock, flags), False
         except FileNotFoundError:
             continue  # let go and removed in the meantime: make it
+        except IsADirectoryError:
+            raise ForeignFileError(f"{lock}: a folder, not this tool's lock file; it is left as it is: choose another "
+                                   f"{other}, or move it away") from None
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise ForeignFileError(f"{lock}: a link, not this tool's lock file; it is left as it is: choose "
@@ -767,11 +767,7 @@ def _hold_local_shards(folder: Path, uri: str):
     check_not_link(folder)  # made meanwhile
     lock = folder / LOCK_NAME
     while True:
-        try:
-            fd, made = _open_lock(lock)
-        except IsADirectoryError:
-            raise ForeignFileError(f"{lock}: a folder, not this tool's lock file; it is left as it is: choose another "
-                                   f"folder, or move it away") from None
+        fd, made = _open_lock(lock, "folder")
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1:  # its holder's line would go where else it is linked
