@@ -13,7 +13,8 @@ import pytest
 from conftest_runtime import (DBN_PROGRAM, SLOW_SOFTMAX, SOFTMAX, InProcessJob, assert_same_bits, blobs, events,
                               kill_worker, load_npz, records, run_job, simulate, subprocess_env)
 from dbn.jobs.dbn_program import DBNProgram
-from iterreduce.master import Master, MasterConfig
+from iterreduce.master import MasterConfig
+from iterreduce.master.service import MasterService
 from iterreduce.program import Update, block_momentum_average, weighted_average
 from iterreduce.transport import exchange
 from softmax_program import SoftmaxRegression, SoftmaxWorker
@@ -264,7 +265,7 @@ def tasks(monkeypatch):
         rows: list
 
     sent, rows = Sent(), []
-    make_task = Master._task  # where FetchTask and Sync get their tasks
+    make_task = MasterService._task  # where FetchTask and Sync get their tasks
 
     def recording(self, request, context, limit=None):
         messages = make_task(self, request, context, limit)
@@ -277,7 +278,7 @@ def tasks(monkeypatch):
                              sorted({c.name for c in task.tensors if c.name.startswith(exchange.ROWS_PREFIX)})))
         return messages
 
-    monkeypatch.setattr(Master, "_task", recording)
+    monkeypatch.setattr(MasterService, "_task", recording)
     sent.rows = rows  # (round, rows_kept, rows sent) of each reducer's task
     return sent
 
@@ -599,9 +600,9 @@ class LateAheadWorker(AheadCountingWorker):
 def test_a_worker_runs_ahead_while_the_master_answers_wait(tmp_path, uris, monkeypatch):
     # The master takes longer to end a step (0.2 s) than a request for a task waits (1 ms): the
     # answer is WAIT, which is no task, so the worker computes ahead all the same.
-    import iterreduce.master.master
+    import iterreduce.master.service
 
-    monkeypatch.setattr(iterreduce.master.master, "LONG_POLL_S", 0.001)
+    monkeypatch.setattr(iterreduce.master.service, "LONG_POLL_S", 0.001)
     job = _run_ahead_job(tmp_path, uris, "SlowEndSoftmax", LateAheadWorker)
     for worker in job.worker_objects:
         assert all(seconds > 0 for _, seconds in worker.kept_ahead[1:])

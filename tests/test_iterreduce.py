@@ -529,7 +529,7 @@ def test_a_stalled_master_does_not_drop_its_workers(tmp_path):
     uris = write_shards(X, y, str(tmp_path / "shards"), 2)
     master = Master(MasterConfig(program=SOFTMAX, program_config={"n_classes": 3}, shards=uris, workers=2,
                                  token="t", output=str(tmp_path / "out"), heartbeat_timeout=2.0))
-    ids = [master.Register(pb.RegisterRequest(worker_name=f"w{i}", pid=i), None).worker_id for i in range(2)]
+    ids = [master.service.Register(pb.RegisterRequest(worker_name=f"w{i}", pid=i), None).worker_id for i in range(2)]
     for worker_id in ids:
         master.members.workers[worker_id].last_seen = time.monotonic() - 60
     with master.lock:  # as the monitor thread calls it
@@ -672,10 +672,10 @@ def test_small_tasks_and_pushes_are_one_message_each_and_one_call_a_step(jobs, t
     # A message, and more so a call, costs both sides a trip through gRPC's queues whatever its
     # size: a task or an update of small arrays travels in one message, header and chunks together,
     # and a worker's push brings back its next task in the same call (Sync).
-    from iterreduce.master import Master
+    from iterreduce.master.service import MasterService
 
     pushed, synced, fetched = [], [], []
-    push_update, sync, fetch_task = Master.PushUpdate, Master.Sync, Master.FetchTask
+    push_update, sync, fetch_task = MasterService.PushUpdate, MasterService.Sync, MasterService.FetchTask
 
     def counting_push(self, request_iterator, context):
         call = []
@@ -697,9 +697,9 @@ def test_small_tasks_and_pushes_are_one_message_each_and_one_call_a_step(jobs, t
         fetched.append(request.worker_id)
         yield from fetch_task(self, request, context)
 
-    monkeypatch.setattr(Master, "PushUpdate", counting_push)
-    monkeypatch.setattr(Master, "Sync", counting_sync)
-    monkeypatch.setattr(Master, "FetchTask", counting_fetch)
+    monkeypatch.setattr(MasterService, "PushUpdate", counting_push)
+    monkeypatch.setattr(MasterService, "Sync", counting_sync)
+    monkeypatch.setattr(MasterService, "FetchTask", counting_fetch)
     job = make_job(jobs, tmp_path, n_shards=2, rows=200, workers=2, program_config={"n_classes": 3, "epochs": 3})
     stub = job.stub()
     fake = stub.Register(pb.RegisterRequest(worker_name="fake"), metadata=metadata(job.token), timeout=5).worker_id
@@ -724,10 +724,10 @@ def test_a_worker_syncs_on_one_stream_which_ends_when_the_master_drops_it(jobs, 
     # A call costs the master about twice a message on an open stream: a worker keeps one stream
     # (Steps) for all its syncs. Dropped, its next sync ends that stream (NOT_FOUND), and the
     # process registers again as a new worker.
-    from iterreduce.master import Master
+    from iterreduce.master.service import MasterService
 
     streams = []  # [worker id, requests carried, ended] of each stream
-    steps = Master.Steps
+    steps = MasterService.Steps
 
     def counting(self, request_iterator, context):
         stream = [None, 0, False]
@@ -743,7 +743,7 @@ def test_a_worker_syncs_on_one_stream_which_ends_when_the_master_drops_it(jobs, 
         finally:
             stream[2] = True
 
-    monkeypatch.setattr(Master, "Steps", counting)
+    monkeypatch.setattr(MasterService, "Steps", counting)
     monkeypatch.setenv(DELAY_ENV, "0.02")  # steps long enough for the drop to land mid-job
     job = make_job(jobs, tmp_path, n_shards=2, rows=200, workers=2, program=SLOW_SOFTMAX,
                    program_config={"n_classes": 3, "epochs": 12})
@@ -753,7 +753,7 @@ def test_a_worker_syncs_on_one_stream_which_ends_when_the_master_drops_it(jobs, 
     job.wait_for(lambda: job.master.current >= 3, what="step 3")
     with job.master.lock:
         (victim,) = [w for w in job.master.members.workers.values() if w.name == "a" and w.alive]
-        job.master._drop(victim, "dropped by the test")
+        job.master.drop(victim, "dropped by the test")
     job.wait(timeout=60)
     assert [r["step"] for r in records(tmp_path / "out")] == list(range(12))
     by_worker = {worker: (n, ended) for worker, n, ended in streams if worker}
@@ -790,7 +790,7 @@ def test_a_master_of_many_workers_hands_out_the_stretched_interval(jobs, tmp_pat
 def test_a_task_for_sync_is_one_message_however_packing_groups(jobs, tmp_path, monkeypatch):
     # Sync's reply holds one TaskChunk: the tensors are within its limit, but the header comes on
     # top, so a task near the limit would pack into two messages. It must come whole in one.
-    from iterreduce.master.master import wire as master_wire
+    from iterreduce.master.service import wire as master_wire
 
     job = make_job(jobs, tmp_path, n_shards=2, rows=200, workers=1, program_config={"n_classes": 3, "epochs": 2})
     stub = job.stub()
@@ -802,8 +802,8 @@ def test_a_task_for_sync_is_one_message_however_packing_groups(jobs, tmp_path, m
                                    "abort": lambda self, code, why: pytest.fail(why)})()
     with job.master.lock:
         nbytes = sum(a.nbytes for a in job.master.parameters.values())
-    assert job.master._task(pb.TaskRequest(worker_id=worker), context, limit=nbytes - 1) is None  # past it...
-    messages = job.master._task(pb.TaskRequest(worker_id=worker), context, limit=nbytes)  # ...nothing given out
+    assert job.master.service._task(pb.TaskRequest(worker_id=worker), context, limit=nbytes - 1) is None  # past it...
+    messages = job.master.service._task(pb.TaskRequest(worker_id=worker), context, limit=nbytes)  # ...nothing given out
     assert len(messages) == 1
     task = pb.TaskChunk.FromString(messages[0])
     assert task.header.step == 0 and sorted(wire.decode(task.tensors)) == ["bias", "weights"]
@@ -815,11 +815,11 @@ def test_a_worker_beats_only_when_the_master_has_not_heard_from_it(jobs, tmp_pat
     # sends (almost) no heartbeat (it would send about 20 in the 2 s); computing for 0.9 s a step,
     # two or more a step (about four: at 0.6 s, exactly two fit, and a late wake-up on a busy
     # machine lost one now and then).
-    from iterreduce.master import Master
+    from iterreduce.master.service import MasterService
 
     heard = []
-    heartbeat = Master.Heartbeat
-    monkeypatch.setattr(Master, "Heartbeat", lambda self, request, context: heard.append(request.worker_id)
+    heartbeat = MasterService.Heartbeat
+    monkeypatch.setattr(MasterService, "Heartbeat", lambda self, request, context: heard.append(request.worker_id)
                         or heartbeat(self, request, context))
     delay(seconds)
     job = make_job(jobs, tmp_path, n_shards=2, workers=2, program=SLOW_SOFTMAX, heartbeat_interval=0.2,

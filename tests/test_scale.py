@@ -130,10 +130,10 @@ def test_min_workers_starts_the_job_with_some_and_fails_it_without_them(tmp_path
     from iterreduce.proto import iterreduce_pb2 as pb
 
     master = Master(MasterConfig(**common, output=str(tmp_path / "two"), min_workers=2, start_timeout=0.5))
-    master.Register(pb.RegisterRequest(worker_name="worker-0", pid=1), None)
+    master.service.Register(pb.RegisterRequest(worker_name="worker-0", pid=1), None)
     with pytest.raises(JobFailed, match=r"1 of the 2 workers needed \(of 3\) registered within 0.5 s"):
         master._wait_for_workers()
-    master.Register(pb.RegisterRequest(worker_name="worker-2", pid=2), None)
+    master.service.Register(pb.RegisterRequest(worker_name="worker-2", pid=2), None)
     master._wait_for_workers()  # two of three: it starts, the third joins as it comes
     names = {w.worker_id: w.name for w in master.members.live()}
     assert {s: names[w] for s, w in master.members.owner.items()} == {0: "worker-0", 1: "worker-0", 2: "worker-2"}

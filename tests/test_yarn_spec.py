@@ -396,7 +396,7 @@ def test_a_worker_knows_the_share_of_its_data_on_its_host_from_the_job_file():
     ('{"local": 0.5, "pad": "' + "x" * 5000 + '"}', {}),  # oversized: not read at all
 ])
 def test_the_master_logs_a_workers_local_share_only_when_it_is_a_plain_fraction(resources, expected):
-    from iterreduce.master.master import _local_share
+    from iterreduce.master.service import _local_share
 
     assert _local_share(resources) == expected
 

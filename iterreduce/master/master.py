@@ -41,10 +41,8 @@ from ..process import jobfolders
 from ..process.lifeline import follow_launcher
 from ..process.memory import keep_freed_memory
 from ..program import MASTER_STATE, Program, load_class, master_side, reader_of, step_to_json
-from ..proto import iterreduce_pb2 as pb
-from ..proto import iterreduce_pb2_grpc as pb_grpc
 from ..storage import durable, runlog
-from ..transport import exchange, wire
+from ..transport import exchange
 from ..transport.security import TlsCredentials, check_token, server_credentials
 from ..transport.sharedmem import SharedFolder
 from ..webui import ViewServer
@@ -52,10 +50,9 @@ from . import checkpoint
 from .broadcast import Broadcast
 from .config import MasterConfig
 from .membership import HEARTBEATS_PER_S, Membership, WorkerInfo, heartbeat_timing
-from .pushes import Refused, read_push
 from .resume import checkpoint_to_resume, job_fingerprint, load_checkpoint
 from .rounds import Rounds
-from .service import master_server
+from .service import MasterService, master_server
 from .view import start_view
 
 log = logging.getLogger("iterreduce.master")
@@ -66,29 +63,9 @@ EXIT_DATA_ERROR = 2
 #: Errors that fail the job with their message (bad input or a program's refusal), not as a crash.
 JOB_ERRORS = (IterReduceError, ValueError, TypeError, KeyError)
 
-#: the longest a worker's request for a task waits for work before the answer is WAIT (ask again)
-LONG_POLL_S = 5.0
-
-
-#: The most of a worker's resources description the master reads (it is logged).
-MAX_RESOURCES_JSON = 4096
-
-
-def _local_share(resources_json: str) -> dict:
-    """``{"local": f}`` where a worker says which share (0 to 1) of its data's bytes are stored on its
-    own host (a launcher that knows the blocks' places, such as YARN's, tells it), else ``{}``."""
-    if not resources_json or len(resources_json) > MAX_RESOURCES_JSON:
-        return {}
-    try:
-        local = json.loads(resources_json).get("local")
-    except (ValueError, AttributeError):
-        return {}
-    ok = isinstance(local, (int, float)) and not isinstance(local, bool) and 0 <= local <= 1
-    return {"local": float(local)} if ok else {}
-
-
-class Master(pb_grpc.MasterServicer):
-    """Holds the job's state; :meth:`run` drives the schedule, the RPCs serve workers.
+class Master:
+    """Holds the job's state; :meth:`run` drives the schedule, ``service``
+    (:class:`~iterreduce.master.service.MasterService`) answers the workers' RPCs.
 
     Its parts: ``members`` (:class:`~iterreduce.master.membership.Membership`: the workers and the
     shards each holds), ``rounds`` (:class:`~iterreduce.master.rounds.Rounds`: the attempt at the
@@ -108,14 +85,14 @@ class Master(pb_grpc.MasterServicer):
         self.fingerprint = job_fingerprint(config.program, config.program_config, config.seed, self.shards, self.steps)
         mutex = threading.RLock()
         # One lock, two conditions: ``lock`` wakes the step's driver (and the start, waiting for
-        # workers); ``_work`` wakes the FetchTask long-polls, and only when there may be new work
+        # workers); ``work`` wakes the FetchTask long-polls, and only when there may be new work
         # for them (a step starts, shards move, the job ends). A push wakes the driver alone: with
         # one condition, each of N pushes woke all N waiting fetches, N^2 wake-ups a step.
         self.lock = threading.Condition(mutex)
-        self._work = threading.Condition(mutex)
+        self.work = threading.Condition(mutex)
         redo = config.lost_shards == "redo" or self.program.every_shard_every_step
         self.rounds = Rounds(wake=self.lock, event=self._event, skip_lost=not redo)
-        self.members = Membership(len(self.shards), config.workers, work=self._work, on_moved=self.rounds.moved)
+        self.members = Membership(len(self.shards), config.workers, work=self.work, on_moved=self.rounds.moved)
         self.current = -1
         self.done = False
         self.parameters: dict[str, np.ndarray] = {}
@@ -145,147 +122,16 @@ class Master(pb_grpc.MasterServicer):
         self.view: ViewServer | None = None      # the live page, while serving
         # The live page's path secret (None: none); set where a proxy alone is told it (on YARN).
         self.view_secret: str | None = None
-
-    # --------------------------------------------------------------- RPCs
-
-    def Register(self, request, context):
-        with self.lock:
-            name = request.worker_name or f"anonymous-{len(self.members.names)}"
-            for w in self.members.workers.values():
-                if w.name == name and w.alive:  # a restarted process replaces its predecessor
-                    self._drop(w, "replaced by a new process of the same name")
-            share = _local_share(request.resources_json)
-            worker = self.members.register(name, request.host, request.peer_address, self.rounds.in_flight,
-                                           local=share.get("local"))
-            worker.shared = self.shared is not None and request.shared_dir == self.shared.path
-            log.info("registered %s from %s (pid %d) with shards %s", worker.worker_id, request.host,
-                     request.pid, sorted(worker.shards))
-            self._event("worker_registered", worker=worker.worker_id, host=request.host, shards=sorted(worker.shards),
-                        shared_memory=worker.shared, **share)
-            self._notify_all()
-        return pb.RegisterReply(
-            worker_id=worker.worker_id, program=self.config.program,
-            program_config_json=json.dumps(self.config.program_config),
-            heartbeat_interval_s=self.heartbeat_interval, float16_wire=self.config.float16_wire,
-            shared=worker.shared,
-        )
-
-    def Heartbeat(self, request, context):
-        with self.lock:
-            if self.members.heard(request.worker_id, request.status_json) is None:
-                return pb.HeartbeatReply(known=False)
-            return pb.HeartbeatReply(known=True, round=self.rounds.round)
-
-    def FetchTask(self, request, context):
-        yield from self._task(request, context)
-
-    def Sync(self, request, context):
-        """A push and the next task in one call (see the proto): the task comes back only when it
-        fits one message; else ``fetch`` says to ask FetchTask, and nothing was given out."""
-        pushed = self._accept(iter([request.update]), context)
-        messages = self._task(request.next, context, limit=wire.CHUNK_BYTES)
-        if messages is None:
-            return pb.SyncReply(pushed=pushed, fetch=True)
-        (message,) = messages
-        task = message if isinstance(message, pb.TaskChunk) else pb.TaskChunk.FromString(message)
-        return pb.SyncReply(pushed=pushed, task=task)
-
-    def Steps(self, request_iterator, context):
-        """Sync on a worker's open stream: each request answered in turn (see the proto)."""
-        for request in request_iterator:
-            yield self.Sync(request, context)
-
-    def _task(self, request, context, limit: int | None = None) -> list:
-        """The task for ``request``'s worker, as the messages to send (serialized TaskChunks, or a
-        DONE or WAIT one): waits up to :data:`LONG_POLL_S` for work. With ``limit``, one message, or None when the
-        task's tensors would take more than ``limit`` bytes (nothing is given out then: the worker
-        fetches it)."""
-        deadline = time.monotonic() + LONG_POLL_S
-        with self.lock:
-            while True:
-                worker = self.members.live_worker(request.worker_id)
-                if worker is None:
-                    context.abort(grpc.StatusCode.NOT_FOUND, f"unknown worker {request.worker_id}: register again")
-                worker.last_seen = time.monotonic()
-                if self.done or self.failure:
-                    return [pb.TaskChunk(header=pb.TaskHeader(kind=pb.TaskHeader.DONE))]
-                if not worker.shards and not self.members.wanted(worker):
-                    self._retire(worker)
-                    return [pb.TaskChunk(header=pb.TaskHeader(kind=pb.TaskHeader.DONE))]
-                todo = self.rounds.todo(worker)
-                if todo:
-                    break
-                if time.monotonic() > deadline or not context.is_active():
-                    return [pb.TaskChunk(header=pb.TaskHeader(kind=pb.TaskHeader.WAIT))]
-                # Woken when there may be work (see ``_work``), else at the deadline: a thousand idle
-                # workers' fetches must not wake the master thousands of times a second.
-                self._work.wait(timeout=max(0.01, deadline - time.monotonic()))
-            step_index, step = self.current, self.steps[self.current]
-            stale = {k: self.versions[k] for k in self.parameters
-                     if not master_side(k) and request.versions.get(k, -1) < self.versions[k]}
-            fields, rows = self.rounds.task_fields(worker.worker_id, stale, self.versions, request.layout_version)
-            send = {k: self.parameters[k] for k in stale if k not in fields["gathered"]}
-            versions = {k: self.versions[k] for k in send}
-            send.update(rows)
-            if limit is not None and self.broadcast.wire_bytes(send, versions, worker.shared) > limit:
-                return None
-            self.rounds.give(todo, worker.worker_id)
-        header = pb.TaskHeader(
-            kind=pb.TaskHeader.RUN, step=step_index, phase=step.phase, info_json=step_to_json(step),
-            shards=[pb.Shard(index=s, uri=self.shards[s]["uri"]) for s in todo],
-            seed=self.config.seed, versions=versions, **fields,
-        )
-        return self.broadcast.messages(header, send, versions, one_message=limit is not None, shared=worker.shared)
-
-    def PushUpdate(self, request_iterator, context):
-        return self._accept(request_iterator, context)
-
-    def _accept(self, request_iterator, context) -> pb.PushReply:
-        """Take a push (its messages: a header, then tensor chunks), or say why not."""
-        try:
-            header, arrays, updates = read_push(request_iterator, self.shared)
-            with self.lock:
-                worker = self.members.live_worker(header.worker_id)
-                if worker is None:
-                    raise Refused(f"update from unknown or dropped worker {header.worker_id}", abort=False)
-                if header.step != self.current:
-                    raise Refused(f"{header.worker_id}: update for step {header.step}, current is {self.current}",
-                                  abort=False)
-                self.rounds.check_push(header, worker.worker_id, updates, self.steps[self.current].arrays,
-                                       self.parameters)
-                self.rounds.take_push(header, worker.worker_id, updates, arrays)
-                if header.compute_s > 0:
-                    worker.samples_per_s = sum(r.samples for r in header.results) / header.compute_s
-                worker.last_seen = time.monotonic()
-                self.lock.notify_all()  # the step's driver: no fetcher has new work after a push
-        except Refused as refused:
-            return self._reject(context, str(refused), abort=refused.abort)
-        return pb.PushReply(accepted=True)
-
-    def ReportDataError(self, request, context):
-        with self.lock:
-            if self.failure is None:
-                log.error("%s reports bad data in shard %d: %s", request.worker_id, request.shard, request.message)
-                self._event("data_error", worker=request.worker_id, step=request.step, shard=request.shard,
-                            message=request.message)
-                self.failure = DataError(request.message)
-            self._notify_all()
-        return pb.DataErrorReply()
-
-    def _notify_all(self) -> None:
-        """Wake every waiter: the driver and the fetches (call with the lock held)."""
-        self.lock.notify_all()
-        self._work.notify_all()
-
-    def _reject(self, context, reason: str, abort: bool = True):
-        log.warning("rejected update: %s", reason)
-        if abort:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, reason)
-        return pb.PushReply(accepted=False, reason=reason)
+        self.service = MasterService(self)  # the RPCs workers call, served by :meth:`serve`
 
     # ------------------------------------------------------------ liveness
 
-    def _drop(self, worker: WorkerInfo, why: str) -> None:
+    def wake_all(self) -> None:
+        """Wake every waiter: the driver and the fetches (call with the lock held)."""
+        self.lock.notify_all()
+        self.work.notify_all()
+
+    def drop(self, worker: WorkerInfo, why: str) -> None:
         """Mark ``worker`` lost: the current step goes on without its unfinished shards (or, for a
         program that needs every shard every step, has other workers do them)."""
         worker.alive = False
@@ -294,7 +140,7 @@ class Master(pb_grpc.MasterServicer):
                     self.current, sorted(lost))
         self._event("worker_lost", worker=worker.worker_id, reason=why, shards_skipped=sorted(lost))
         self.members.assign_orphans()
-        self._notify_all()
+        self.wake_all()
 
     def _monitor(self) -> None:
         period = self.heartbeat_interval / 2
@@ -305,18 +151,18 @@ class Master(pb_grpc.MasterServicer):
                 self._check_heartbeats(time.monotonic() - last)
                 last = time.monotonic()
 
-    def _retire(self, worker: WorkerInfo) -> None:
+    def retire(self, worker: WorkerInfo) -> None:
         """``worker`` is no longer wanted (or drains) and holds no shard: it is told the job is done, and leaves."""
         worker.alive, worker.retired = False, True
         reason = worker.draining or f"{self.members.size} workers are wanted"
         log.info("%s retires: %s", worker.worker_id, reason)
         self._event("worker_retired", worker=worker.worker_id, wanted=self.members.size, reason=reason)
-        self._notify_all()
+        self.wake_all()
 
     def _check_heartbeats(self, since_last_check: float) -> None:
         """Drop workers silent for longer than the timeout, unless the master itself was stalled."""
         for worker, silence in self.members.silent(since_last_check, self.heartbeat_timeout):
-            self._drop(worker, f"no heartbeat for {silence:.1f} s")
+            self.drop(worker, f"no heartbeat for {silence:.1f} s")
 
     # ------------------------------------------------------------ schedule
 
@@ -348,7 +194,7 @@ class Master(pb_grpc.MasterServicer):
             if workers != was:
                 log.info("%d workers wanted (were %d)", workers, was)
                 self._event("resized", workers=workers, was=was, step=self.current)
-            self._notify_all()
+            self.wake_all()
 
     def drain(self, name: str, why: str) -> bool:
         """Have worker ``name``'s live process leave, for ``why`` (its node is being decommissioned):
@@ -363,7 +209,7 @@ class Master(pb_grpc.MasterServicer):
             worker.draining = why
             log.info("%s drains: %s", worker.worker_id, why)
             self._event("worker_draining", worker=worker.worker_id, reason=why, step=self.current)
-            self._notify_all()
+            self.wake_all()
             return True
 
     def fail(self, error: Exception) -> None:
@@ -373,7 +219,7 @@ class Master(pb_grpc.MasterServicer):
             if self.failure is None:
                 log.error("%s", error)
                 self.failure = error
-            self._notify_all()
+            self.wake_all()
 
     def _wait_for_workers(self) -> None:
         """Until every worker registered, or ``min_workers`` did; by ``start_timeout``, at least
@@ -445,7 +291,7 @@ class Master(pb_grpc.MasterServicer):
         self.program.finalize(self.parameters, str(self.out))
         with self.lock:
             self.done = True
-            self._notify_all()
+            self.wake_all()
         self._event("done", steps=index + 1, seconds=time.perf_counter() - job_start)
 
     def _new_version(self, arrays) -> None:
@@ -540,7 +386,7 @@ class Master(pb_grpc.MasterServicer):
         following = self.steps[self.current + 1] if self.current + 1 < len(self.steps) else None
         if self.rounds.reducers and following is not None and self.program.runs_ahead(step, following):
             self.rounds.ahead = step_to_json(following)
-        self._notify_all()
+        self.wake_all()
 
     # --------------------------------------------------------------- the page
 
@@ -553,7 +399,7 @@ class Master(pb_grpc.MasterServicer):
         the token is still checked. The credentials are an argument, not a config field, so
         the key never reaches a job file.
         """
-        server = master_server(self, self.config.workers, self.config.token)
+        server = master_server(self.service, self.config.workers, self.config.token)
         bind = f"{self.config.host}:{self.config.port}"
         port = server.add_insecure_port(bind) if tls is None else server.add_secure_port(bind, server_credentials(tls))
         keep_freed_memory()
