@@ -10,10 +10,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from iterreduce.exceptions import ShardError, TableError
+from iterreduce.specification import Specification
 
 
 @dataclass(frozen=True)
-class LabelMap:
+class LabelMap(Specification):
     """The classes of a label column, sorted; class i is ``classes[i]``. Integer labels
     0..K-1 are their own classes; other values map to their place in the sorted classes."""
 
@@ -62,10 +63,6 @@ class LabelMap:
         if indices.size and (indices.dtype.kind not in "iu" or indices.min() < 0 or indices.max() >= len(self)):
             raise TableError(f"class indices must be integers in 0..{len(self) - 1}")
         return np.asarray(self.classes)[indices]
-
-    def to_dict(self) -> dict:
-        """JSON-friendly: ``{"classes": [...]}``."""
-        return {"classes": list(self.classes)}
 
     @classmethod
     def from_dict(cls, d: dict) -> LabelMap:

@@ -36,6 +36,7 @@ import pyarrow.parquet as pq
 
 from iterreduce.exceptions import ShardError, TableError
 from iterreduce.storage.filesystems import filesystem, open_output_file
+from iterreduce.specification import Specification, unsaved
 
 from . import delta, iceberg
 from .columns import (STORED_NAME, feature_block, feature_kind, leave_out_missing, non_null, plain_schema,
@@ -70,7 +71,7 @@ ABSENT = b"iterreduce.absent"
 
 
 @dataclass(frozen=True)
-class TableSource:
+class TableSource(Specification):
     """Where a table is and which columns to train on.
 
     ``features``: a column name, a glob such as ``"pixel_*"`` over the stored (non-partition)
@@ -92,6 +93,9 @@ class TableSource:
     version: int | str | None = None
     stored_names: tuple = ()  # ((column, its name in the data files), ...) where a table maps them (resolve)
     allow_outside_files: bool = False  # a Delta or Iceberg log may name files outside the table's folder
+
+    error = TableError  # what an unknown, missing or bad key raises (from_dict: a typo is never ignored)
+    source_name = "table source"
 
     def __post_init__(self):
         if not isinstance(self.uri, str) or not self.uri:
@@ -131,30 +135,10 @@ class TableSource:
 
     def to_dict(self) -> dict:
         """The fields as a JSON-friendly dict (what :meth:`from_dict` reads back)."""
-        d = dataclasses.asdict(self)
-        if isinstance(self.features, tuple):
-            d["features"] = list(self.features)
-        d["stored_names"] = [list(pair) for pair in self.stored_names]
+        d = super().to_dict()
         if not self.allow_outside_files:  # the default, written only when set: shares read the same as before it was
             del d["allow_outside_files"]
         return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> TableSource:
-        """A source from a dict such as a job file's table; raises :class:`TableError` naming an
-        unknown, missing or bad key (a typo must not be silently ignored)."""
-        if not isinstance(d, dict):
-            raise TableError(f"table source: expected a mapping of keys, got {type(d).__name__}")
-        known = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(d) - set(known))
-        if unknown:
-            raise TableError(f"table source: unknown key{'s' if len(unknown) > 1 else ''} "
-                             f"{', '.join(map(repr, unknown))} (keys: {', '.join(known)})")
-        missing = [key for key in ("uri", "features") if key not in d]
-        if missing:
-            raise TableError(f"table source: missing key{'s' if len(missing) > 1 else ''} "
-                             f"{', '.join(map(repr, missing))}")
-        return cls(**d)
 
 
 # ------------------------------------------------------------------ opening and checking
@@ -361,7 +345,7 @@ def _check_filter(text: str, schema: pa.Schema, where: str) -> None:
 
 
 @dataclass(frozen=True)
-class Piece:
+class Piece(Specification):
     """A unit of work: one row group of a Parquet file, or a whole ORC file. Plain data
     (:meth:`to_dict`) so a master can send it to a worker."""
 
@@ -371,11 +355,6 @@ class Piece:
     rows: int                  # its rows as stored (a filter on stored columns may keep fewer)
     partition: tuple = ()      # ((column, arrow type name, value or None), ...) from the folder names
     deleted: tuple = ()        # rows of the piece (by their index in the file) a table's delete files removed
-
-    def to_dict(self) -> dict:
-        """The piece as JSON-friendly data (what :meth:`from_dict` reads back)."""
-        return {"path": self.path, "row_group": self.row_group, "start": self.start, "rows": self.rows,
-                "partition": [list(p) for p in self.partition], "deleted": list(self.deleted)}
 
     @classmethod
     def from_dict(cls, d: dict) -> Piece:
@@ -698,7 +677,7 @@ def label_classes(source: TableSource, dataset: ds.FileSystemDataset | None = No
 
 
 @dataclass(frozen=True)
-class TableShard:
+class TableShard(Specification):
     """One worker's share of a table, read in place: the source, its pieces, and the label
     classes (the same for every share). Saved as a small JSON file whose URI the runtime hands
     out like a Parquet shard's: it is the :class:`shardio.readers.ShardReader` of a
@@ -709,7 +688,7 @@ class TableShard:
     n_features: int
     classes: LabelMap | None = None
     widths: tuple[int, ...] | None = None  # the features each column gives a row (None: not known)
-    uri: str = dataclasses.field(default="", compare=False)  # where it was saved, for errors (not saved)
+    uri: str = unsaved("")  # where it was saved, for errors
 
     suffix = ".table.json"  # how a share's URI ends
 
@@ -781,13 +760,6 @@ class TableShard:
                                table.column(ROW).to_numpy())
             parts.append(self.classes.encode(column, where=piece.path))
         return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-
-    def to_dict(self) -> dict:
-        """JSON-friendly (what :meth:`from_dict` reads back)."""
-        return {"source": self.source.to_dict(), "pieces": [p.to_dict() for p in self.pieces],
-                "n_features": self.n_features,
-                "classes": None if self.classes is None else self.classes.to_dict(),
-                "widths": None if self.widths is None else list(self.widths)}
 
     @classmethod
     def from_dict(cls, d: dict) -> TableShard:

@@ -133,8 +133,8 @@ def test_every_job_setting_is_described_once_and_no_description_is_stale():
     describes nothing."""
     from dbn.jobs import reference
 
-    assert reference.undescribed() == [], "describe these in dbn/jobs/reference.py's DESCRIPTIONS"
-    assert reference.stale() == [], "these keys are gone from the spec: drop them from DESCRIPTIONS"
+    assert reference.undescribed() == [], "describe these in dbn/jobs/sections.py (setting(..., help=...), MODEL_HELP)"
+    assert reference.stale() == [], "these keys are gone from DBN.__init__: drop them from MODEL_HELP"
 
 
 def test_the_settings_reference_is_generated_from_the_spec():

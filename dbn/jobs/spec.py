@@ -37,29 +37,23 @@ is relative to the current directory. Unknown keys and wrong types raise
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import inspect
-import re
 import tomllib
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import tomli_w
 
-from iterreduce.master.config import LOST_SHARDS_CHOICES, REDUCE_CHOICES, MasterConfig
-from shardio.tables import FORMATS
+from iterreduce.master.config import MasterConfig
+from iterreduce.specification import Specification, did_you_mean
 
-from ..data.scaling import SCALINGS
 from ..data.training import training_data
 from ..data.validation import counted
 from ..errors import ConfigError
-from ..model.backend import DEVICES
 from ..model.estimator import DBN
-from ..model.rbm import VISIBLE_UNITS
-from .hints import accepts, convert, describe_value, parse_literal, quoted
-from .memory_plan import STREAM_CHOICES
+from .hints import describe_value
+from .sections import (SECTIONS, ClusterSection, DataSection, JobSection, ModelSection, OutputSection, YarnSection,
+                       check_setting, name_problem)
 
 #: The IterativeReduce program that trains a DBN (see dbn/jobs/dbn_program.py).
 PROGRAM = "dbn.jobs.dbn_program:DBNProgram"
@@ -70,150 +64,13 @@ __all__ = [
 ]
 
 
-# ------------------------------------------------------------------ sections
+# ------------------------------------------------------------------ the spec
 
 
-@dataclass(frozen=True)
-class DataSection:
-    train: str = "mnist"  # "mnist", a .npz or .csv file, or (with features) a table's directory or file URI
-    test: str | None = None  # the same forms; a table with the training table's columns
-    mnist_dir: str | None = None
-    limit: int | None = None  # train on the first N rows (not for tables: use filter)
-    features: str | tuple[str, ...] | None = None  # a table's feature columns: names and globs ("pixel_*"), each a number, array or vector column
-    label: str | None = None  # a table's label column (integers or strings)
-    filter: str | None = None  # a table's rows to train on, e.g. "year >= 2020 and country == 'NL'"
-    test_filter: str | None = None  # the test table's rows, e.g. "split == 'test'" (test may be the train table)
-    format: str = "parquet"  # a table's format: "parquet", "orc", "delta" (Delta Lake) or "iceberg" (Apache Iceberg)
-    version: int | str | None = None  # a Delta version or Iceberg snapshot id to train on, or a time; the newest when unset
-    catalog: str | None = None  # an Iceberg catalog (as pyiceberg's configuration names it): train and test are table names in it
-    allow_outside_files: bool = False  # a Delta or Iceberg table's log may name data files outside its folder by absolute URI
-    scale: str = "auto"  # feature scaling: "auto", "min_max", "standard" or "none" (saved with the model)
-
-
-_JOB_KEYS = ("seed", "device")  # DBN parameters that belong to [job], not [model]
-_DBN_SIG = inspect.signature(DBN.__init__)
-try:
-    _DBN_HINTS = typing.get_type_hints(DBN.__init__)
-except Exception:  # an annotation that cannot be evaluated here: fall back to the defaults' types
-    _DBN_HINTS = {}
-
-
-def _model_fields():
-    fields = []
-    for name, p in _DBN_SIG.parameters.items():
-        if name in ("self", "callback", *_JOB_KEYS) or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            continue
-        default = tuple(p.default) if isinstance(p.default, list) else p.default
-        hint = _DBN_HINTS.get(name, type(default) if default is not None else Any)
-        fields.append((name, hint, dataclasses.field(default=default)))
-    return fields
-
-
-ModelSection = dataclasses.make_dataclass("ModelSection", _model_fields(), frozen=True)
-ModelSection.__module__ = __name__
-ModelSection.__doc__ = "DBN hyperparameters (generated from DBN.__init__: same names and defaults)."
-
-
-@dataclass(frozen=True)
-class OutputSection:
-    dir: str | None = None  # None -> "runs/<job name>"
-
-
-@dataclass(frozen=True)
-class ClusterSection:
-    workers: int = 0  # 0: train in this process; N: N data-parallel workers, one shard each (local or YARN)
-    processes: int = 0  # local mini-cluster: OS processes that run the workers; 0: as many as pay on this machine's cores
-    threads_per_process: int = 0  # local mini-cluster: BLAS threads of each worker process; 0: this machine's cores / processes
-    shards: str | None = None  # URI of a directory of Parquet shards; None: shard [data].train into OUT/shards
-    sync_every: int = 0  # minibatches between parameter averages; 0: once per epoch (the paper's setting)
-    max_restarts: int = 3  # restarts allowed per worker before it is given up
-    heartbeat_timeout: float = 10.0  # seconds of silence after which a worker is presumed lost
-    float16_wire: bool = False  # send parameters as float16 (half the bytes, not bit-exact)
-    shared_memory: bool = True  # local mini-cluster: tensors go through files in /dev/shm, not gRPC's bytes (the same bits)
-    block_momentum: float | None = None  # fine-tuning: momentum over the averaged per-sync deltas (BMUF); 0: plain averaging; unset: block_settings()
-    pretrain_block_momentum: float | None = None  # the same for RBM pre-training; unset: block_settings()
-    block_learning_rate: float = 1.0  # fine-tuning: each sync moves this many times the averaged delta (BMUF's zeta)
-    pretrain_block_learning_rate: float = 1.0  # the same for RBM pre-training
-    block_nesterov: bool | None = None  # both phases: workers start from the block momentum's look-ahead point (BMUF-NBM); unset: block_settings()
-    validation: str | None = None  # a labelled Parquet shard the master scores after each fine-tuning epoch
-    stream: str = "auto"  # workers' data: "auto" streams it from local disk when it would not fit in memory; "always"; "never"
-    reduce: str = "auto"  # who averages the updates: "master"; "workers" (each its rows); "auto": workers on YARN from 8 workers
-    lost_shards: str = "redo"  # a lost worker's unfinished shards: "redo" (the same model at any churn; about one step's compute a loss) or "skip" (the step goes on without them)
-    ui: bool = True  # the live page while the job runs (locally on 127.0.0.1; on YARN behind the tracking URL)
-
-    def block_settings(self, shards: int | None = None) -> dict:
-        """The block momentum a job trains with. Unset settings follow N, the shards averaged
-        (``shards``; unknown: the workers asked, one shard each):
-        1 - 1/N (at most 0.9) for fine-tuning and 1 - 1/N (at most 0.7) for pre-training,
-        Nesterov's variant wherever a block momentum is on. Plain averaging of N shards once
-        per epoch makes N times fewer effective updates; these values gave one process's
-        accuracy on MNIST (benchmarks/RESULTS.md, issue 14) and on scikit-learn's digits. One
-        worker (or none): plain averaging."""
-        n = max(self.workers if shards is None else shards, 1)
-        momentum = self.block_momentum if self.block_momentum is not None else min(0.9, 1 - 1 / n)
-        pretrain = self.pretrain_block_momentum if self.pretrain_block_momentum is not None else min(0.7, 1 - 1 / n)
-        nesterov = self.block_nesterov if self.block_nesterov is not None else bool(momentum or pretrain)
-        return {"block_momentum": momentum, "pretrain_block_momentum": pretrain, "block_nesterov": nesterov}
-
-
-@dataclass(frozen=True)
-class YarnSection:
-    """Resources and placement on YARN (``dbn submit``); the worker count is [cluster] workers."""
-
-    queue: str = "default"  # YARN queue
-    priority: int = 0  # the application's priority in its queue (higher first); 0: the queue's default
-    node_label: str = ""  # run only on nodes with this label
-    worker_memory: str = "4 GiB"  # per worker container (YARN kills a container that exceeds it)
-    worker_vcores: int = 2  # per worker container; also its BLAS threads
-    worker_gpus: int = 0  # yarn.io/gpu per worker container (Hadoop >= 3.1); > 0 trains with CuPy
-    master_memory: str = "2 GiB"  # the application master's container
-    max_attempts: int = 2  # application master attempts; a new attempt resumes from the newest checkpoint
-    locality_wait: float = 15.0  # seconds a worker waits for a node holding its data, then any node; 0: YARN's delay
-    decommission_check: float = 30.0  # seconds between the application master's looks for nodes being decommissioned; 0: never
-    min_workers: int = 0  # start once this many workers run, the others joining as YARN gives containers; 0: all of them
-    start_timeout: float = 300.0  # seconds to get min_workers (or one, with 0) running; then the job fails, saying why
-    env: str | None = None  # packed environment (.tar.gz, local or hdfs://); None: pack the current one
-    python: str | None = None  # a Python installed on every node, instead of shipping an environment
-    file_systems: tuple[str, ...] = ()  # extra HDFS name services the job reads or writes (delegation tokens)
-    principal: str | None = None  # Kerberos principal (with keytab); None: the ticket cache
-    keytab: str | None = None  # Kerberos keytab file
-
-
-#: what a job's name may be: it names files and folders (runs/<name>, the YARN submission's
-#: folder, the application), so one safe path component: letters, digits, _ . - + = , @ and
-#: spaces, starting with a letter, digit or _ (never "/", "\\", ":", "..", a control character)
-JOB_NAME = re.compile(r"[^\W][\w .+=,@-]{0,99}")
-
-
-def name_problem(name) -> str | None:
-    """Why ``name`` cannot be a job's name (None when it can)."""
-    if not isinstance(name, str) or not JOB_NAME.fullmatch(name) or ".." in name or name != name.strip():
-        return (f"{name!r} cannot name a job's files: use up to 100 letters, digits, spaces and _ . - + = , @ "
-                f"(starting with a letter, digit or _; no '/', '\\', ':' or '..')")
-    return None
-
-
-@dataclass(frozen=True)
-class JobSection:
-    name: str | None = None  # None -> the config file's stem, or "mnist"; a safe file name (JOB_NAME)
-    seed: int = _DBN_SIG.parameters["seed"].default
-    device: str = _DBN_SIG.parameters["device"].default
-
-    def __post_init__(self):
-        problem = None if self.name is None else name_problem(self.name)
-        if problem:  # the last guard: load_spec names the file or option at fault before this
-            raise ConfigError(f"[job] name {problem}")
-
-
-SECTIONS = {"data": DataSection, "model": ModelSection, "output": OutputSection, "job": JobSection,
-            "cluster": ClusterSection, "yarn": YarnSection}
-CHOICES = {("data", "format"): FORMATS, ("data", "scale"): SCALINGS, ("model", "visible"): VISIBLE_UNITS, ("job", "device"): DEVICES, ("cluster", "stream"): STREAM_CHOICES,
-           ("cluster", "reduce"): ("auto", *REDUCE_CHOICES), ("cluster", "lost_shards"): LOST_SHARDS_CHOICES}
 #: ``[cluster] reduce = "auto"`` has the workers reduce on YARN from this many workers: a star's
 #: master moves every worker's update, the workers a fixed share each (benchmarks/RESULTS.md).
 #: On the local mini-cluster all processes share one machine's cores, so the master reduces.
 REDUCE_ON_WORKERS_FROM = 8
-_AT_LEAST_ONE = {"cd_k", "pretrain_batch_size", "finetune_batch_size"}
 _PATH_KEYS = {("data", "train"), ("data", "test"), ("data", "mnist_dir"), ("yarn", "keytab")}
 
 #: Settings that say where or how a job runs, not what it trains: a run whose config.json
@@ -223,7 +80,7 @@ NOT_THE_JOB = ("source", "output.dir", "cluster.max_restarts", "cluster.heartbea
 
 
 @dataclass(frozen=True)
-class JobSpec:
+class JobSpec(Specification):
     """A whole training job: what to train on, the model, where it runs and where results go.
 
     Declarative like skein's ``ApplicationSpec``: build it with :func:`load_spec` (a TOML
@@ -250,11 +107,11 @@ class JobSpec:
         source = doc.pop("source", None)
         for section, table in doc.items():
             if section not in SECTIONS:
-                raise ConfigError(f"{origin}: unknown section [{section}]{_suggest(section, SECTIONS)}")
+                raise ConfigError(f"{origin}: unknown section [{section}]{did_you_mean(section, SECTIONS)}")
             if not isinstance(table, dict):
                 raise ConfigError(f"{origin}: '{section}' must be a [{section}] table, got {describe_value(table)}")
             for key, value in table.items():
-                value = _check(origin, section, key, value)
+                value = check_setting(origin, section, key, value)
                 named = key in ("train", "test") and table.get("catalog") is not None  # a table's name in a catalog
                 if (base is not None and (section, key) in _PATH_KEYS and value is not None and value != "mnist"
                         and "://" not in value and not named):  # a URI (hdfs://, s3://, file://) is absolute
@@ -265,9 +122,9 @@ class JobSpec:
             if section not in SECTIONS or not key:
                 raise ConfigError(
                     f"override {dotted!r}: keys look like section.key with section one of "
-                    f"{', '.join(SECTIONS)}{_suggest(section, SECTIONS)}"
+                    f"{', '.join(SECTIONS)}{did_you_mean(section, SECTIONS)}"
                 )
-            values[section][key] = _check("command line", section, key, value, parse_strings=True)
+            values[section][key] = check_setting("command line", section, key, value, parse_strings=True)
         job = values["job"]
         if "name" not in job:
             job["name"] = Path(source).stem if source else "mnist"
@@ -291,18 +148,6 @@ class JobSpec:
             section = "job" if str(exc).split(" ", 1)[0] in ("seed", "device") else "model"
             raise ConfigError(f"{where}: [{section}] {exc}") from None
         return spec
-
-    def to_dict(self) -> dict:
-        """Plain JSON-serialisable dict (tuples as lists): config.json, and the YARN job file's spec."""
-        def plain(x):
-            if isinstance(x, (tuple, list)):
-                return [plain(v) for v in x]
-            if isinstance(x, dict):
-                return {k: plain(v) for k, v in x.items()}
-            return x
-        out = {name: plain(dataclasses.asdict(getattr(self, name))) for name in SECTIONS}
-        out["source"] = self.source
-        return out
 
     def to_toml(self) -> str:
         """The spec as a job file that :func:`load_spec` reads back (unset values left out)."""
@@ -503,7 +348,7 @@ def load_recipe(path) -> dict[str, Any]:
     if not isinstance(table, dict) or not table:
         raise ConfigError(f"{path}: a recipe needs a [model] table of settings (found: "
                           f"{', '.join(f'[{name}]' for name in doc) or 'nothing'})")
-    return {f"model.{key}": _check(str(path), "model", key, value) for key, value in table.items()}
+    return {f"model.{key}": check_setting(str(path), "model", key, value) for key, value in table.items()}
 
 
 #: the largest job file read: a job file is a few hundred bytes of settings
@@ -538,63 +383,3 @@ def parse_override(item: str) -> tuple[str, str]:
     if not sep or not key.strip():
         raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. model.pretrain_epochs=5")
     return key.strip(), value.strip()
-
-
-# ---------------------------------------------------------------- validation
-
-
-def _suggest(word: str, choices) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _check(origin: str, section: str, key: str, value, parse_strings: bool = False):
-    """Validate one setting against its section's field type; return the stored value."""
-    cls = SECTIONS[section]
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    where = f"{origin}: [{section}]"
-    if key not in fields:
-        owner = [s for s, c in SECTIONS.items() if s != section and key in {f.name for f in dataclasses.fields(c)}]
-        hint = f" (it belongs in [{owner[0]}])" if owner else _suggest(key, fields)
-        raise ConfigError(f"{where} unknown key {key!r}{hint}")
-    hint = typing.get_type_hints(cls)[key]
-    if parse_strings and isinstance(value, str) and value.lower() in ("none", "null") and accepts(hint, type(None)):
-        value = None  # --set data.test=none unsets an optional key, string settings included
-    elif parse_strings and isinstance(value, str) and not accepts(hint, str):
-        value = parse_literal(value, accepts(hint, type(None)))
-        if hint is tuple and isinstance(value, int):  # --layers 500: one hidden layer
-            value = [value]
-    elif parse_strings and isinstance(value, str) and value[:1] in ("'", '"'):
-        value = quoted(value)
-    try:
-        value = convert(value, hint)
-    except TypeError as exc:
-        raise ConfigError(f"{where} {key}: expected {exc}, got {describe_value(value)}") from None
-    if (section, key) == ("job", "name") and value is not None and name_problem(value):
-        raise ConfigError(f"{where} name: {name_problem(value)}")
-    choices = CHOICES.get((section, key))
-    if choices is not None and value not in choices:
-        raise ConfigError(f"{where} {key}: must be one of {', '.join(map(repr, choices))}, got {value!r}")
-    if key in ("workers", "processes", "threads_per_process", "sync_every", "max_restarts", "worker_gpus") and value < 0:
-        raise ConfigError(f"{where} {key}: must be >= 0, got {value!r}")
-    if key in ("worker_vcores", "max_attempts") and value < 1:
-        raise ConfigError(f"{where} {key}: must be >= 1, got {value!r}")
-    if key in ("block_momentum", "pretrain_block_momentum") and value is not None and not 0 <= value < 1:
-        raise ConfigError(f"{where} {key}: must be in [0, 1), got {value!r}")
-    if key in ("block_learning_rate", "pretrain_block_learning_rate") and not value > 0:
-        raise ConfigError(f"{where} {key}: must be > 0 (1: the plain average's step), got {value!r}")
-    if key == "decommission_check" and value < 0:
-        raise ConfigError(f"{where} {key}: must be >= 0 seconds (0: never look), got {value!r}")
-    if key == "locality_wait" and value < 0:
-        raise ConfigError(f"{where} {key}: must be >= 0 seconds (0: YARN's own locality delay), got {value!r}")
-    if key == "heartbeat_timeout" and value <= 0:
-        raise ConfigError(f"{where} {key}: must be a positive number of seconds, got {value!r}")
-    if key == "limit" and value is not None and value < 1:
-        raise ConfigError(f"{where} {key}: must be a positive number of rows, got {value!r}")
-    if section == "model" and type(value) is int:  # counts and sizes (DBN checks rates itself)
-        low = 1 if key in _AT_LEAST_ONE else 0
-        if value < low:
-            raise ConfigError(f"{where} {key}: must be >= {low}, got {value!r}")
-    return value
-
-

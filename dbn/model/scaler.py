@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from iterreduce.exceptions import TableError
+from iterreduce.specification import Specification
 
 #: The names of :meth:`FeatureStats.arrays`.
 FIELDS = ("count", "min", "max", "sum", "sum_sq")
@@ -105,7 +106,7 @@ class FeatureStats:
 
 
 @dataclass(eq=False)
-class Scaler:
+class Scaler(Specification):
     """``x -> (x - offset) * scale`` per feature, in float32: saved with a model
     (:meth:`to_dict`) so new data is scaled as the training data was."""
 
@@ -125,10 +126,6 @@ class Scaler:
         if self.kind == "min_max":
             np.clip(scaled, 0.0, 1.0, out=scaled)
         return scaled.astype(np.float32)
-
-    def to_dict(self) -> dict:
-        """JSON-friendly: kind, offset, scale."""
-        return {"kind": self.kind, "offset": self.offset.tolist(), "scale": self.scale.tolist()}
 
     @classmethod
     def from_dict(cls, d: dict) -> Scaler:

@@ -3,9 +3,10 @@ launcher writes it to the job file."""
 
 from __future__ import annotations
 
-import dataclasses
 import uuid
 from dataclasses import dataclass, field
+
+from ..specification import Specification
 
 #: where a step's updates are reduced: by the master, or by the workers among themselves
 REDUCE_CHOICES = ("master", "workers")
@@ -22,8 +23,11 @@ def new_run_id() -> str:
 
 
 @dataclass
-class MasterConfig:
-    """Everything the master needs; JSON-friendly (the launcher writes it to a file)."""
+class MasterConfig(Specification):
+    """Everything the master needs; JSON-friendly (the launcher writes it to a file, read back with
+    :meth:`~iterreduce.specification.Specification.from_dict`)."""
+
+    source_name = "job file"  # where the settings come from, in errors (a class attribute, not a field)
 
     program: str
     program_config: dict
@@ -68,24 +72,3 @@ class MasterConfig:
         if self.lost_shards not in LOST_SHARDS_CHOICES:
             raise ValueError(f"lost_shards = {self.lost_shards!r}: expected one of "
                              f"{', '.join(map(repr, LOST_SHARDS_CHOICES))}")
-
-    def to_dict(self) -> dict:
-        """The fields as a JSON-friendly dict (what :meth:`from_dict` reads back)."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict, source: str = "job file") -> MasterConfig:
-        """A config from a dict such as a JSON job file; raises ``ValueError`` naming
-        ``source`` and any unknown or missing key (a typo must not be silently ignored)."""
-        if not isinstance(d, dict):
-            raise ValueError(f"{source}: expected a JSON object of MasterConfig fields, got {type(d).__name__}")
-        known = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"{source}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}")
-        required = {f.name for f in dataclasses.fields(cls)
-                    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING}
-        missing = sorted(required - set(d))
-        if missing:
-            raise ValueError(f"{source}: missing key{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")
-        return cls(**d)
