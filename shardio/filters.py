@@ -5,7 +5,9 @@ parsed with Python's own parser into a pyarrow dataset expression, bounded in le
 from __future__ import annotations
 
 import ast
+import functools
 import operator
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -28,6 +30,35 @@ _FILTER_HELP = ("a filter compares columns with literals (year >= 2020, country 
                 "a column name that is not a Python name goes in backticks (`m 3` > 0)")
 
 
+@dataclass(frozen=True, eq=False)
+class RowFilter:
+    """A filter parsed (:func:`row_filter`): its text, as a job file and a table's share hold it, the
+    ``pyarrow.dataset`` expression and the columns it reads, in order of first use."""
+
+    text: str
+    expression: ds.Expression
+    columns: tuple[str, ...]
+
+
+#: parsed filters kept (a job has one or two; a few texts bound the memory)
+_KEPT_FILTERS = 32
+
+
+def row_filter(text: str) -> RowFilter:
+    """The filter ``text`` parsed (:func:`parse_filter` says what it may hold): once a process for each
+    text, however many places of a job read it (checking the source, its columns, the pieces to
+    read, each piece's rows)."""
+    if not isinstance(text, str):  # what FilterParser refuses, naming it, before any cache sees it
+        FilterParser(text)
+    return _parsed(text)
+
+
+@functools.lru_cache(maxsize=_KEPT_FILTERS)
+def _parsed(text: str) -> RowFilter:
+    expression, columns = FilterParser(text).parse()
+    return RowFilter(text, expression, tuple(columns))
+
+
 def parse_filter(text: str) -> ds.Expression:
     """The ``pyarrow.dataset`` expression of a filter such as ``"year >= 2020 and country ==
     'NL'"``. Only comparisons (``== != < <= > >=``, chained too), ``in`` / ``not in`` a literal
@@ -36,12 +67,12 @@ def parse_filter(text: str) -> ds.Expression:
     are allowed; anything else raises :class:`TableError` naming the part. A column name that
     is not a Python name goes in backticks, as in pandas' ``query``: ```m 3` is not None``.
     The text is parsed, never evaluated."""
-    return FilterParser(text).parse()[0]
+    return row_filter(text).expression
 
 
 def filter_columns(text: str) -> list[str]:
     """The column names a filter reads, in order of first use."""
-    return FilterParser(text).parse()[1]
+    return list(row_filter(text).columns)
 
 
 class FilterParser:

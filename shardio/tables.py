@@ -42,7 +42,7 @@ from . import delta, iceberg
 from .columns import (STORED_NAME, feature_block, feature_kind, leave_out_missing, non_null, plain_schema,
                       some_columns, type_width, without_list_views)
 from .counted import checked_group_rows, checked_row_groups, counted_batches, miscounted_rows
-from .filters import FilterParser, filter_columns, parse_filter
+from .filters import RowFilter, row_filter
 from .labels import LabelMap, is_label_type, label_values
 from .lakehouse import check_not_lakehouse, parse_version
 from .shards import STREAM_ROWS
@@ -78,7 +78,7 @@ class TableSource(Specification):
     columns other than the label, in schema order, or a list of both (``["m_*", "age"]``).
     A column gives one feature (int, float or bool) or several (a list of numbers, or a Spark
     ML vector). ``label``: the class column (integers or strings), None for unlabelled data.
-    ``filter``: the rows to keep, e.g. ``"year >= 2020 and country == 'NL'"`` (:func:`parse_filter`).
+    ``filter``: the rows to keep, e.g. ``"year >= 2020 and country == 'NL'"`` (:func:`shardio.filters.parse_filter`).
     ``format``: one of :data:`FORMATS`. ``version``: a Delta Lake table's version or an Iceberg
     table's snapshot id, or an ISO 8601 time (the newest when None; :func:`with_version_fixed` fixes it
     before a job reads). ``allow_outside_files``: read the data files a Delta Lake log or an Iceberg
@@ -123,7 +123,7 @@ class TableSource(Specification):
         if self.filter is not None:
             if not isinstance(self.filter, str):
                 raise TableError(f"table source: 'filter' must be a string expression, got {self.filter!r}")
-            parse_filter(self.filter)
+            self.rows_kept  # parsed now: a filter that cannot be read is refused with the source
         object.__setattr__(self, "stored_names", tuple(tuple(pair) for pair in self.stored_names))
         if self.version is not None:
             if self.format not in VERSIONED_FORMATS:
@@ -132,6 +132,16 @@ class TableSource(Specification):
             parse_version(self.version)
         if not isinstance(self.allow_outside_files, bool):
             raise TableError(f"table source: 'allow_outside_files' must be true or false, got {self.allow_outside_files!r}")
+
+    @property
+    def rows_kept(self) -> RowFilter | None:
+        """The filter parsed (:func:`shardio.filters.row_filter`: once a process), None without one."""
+        return None if self.filter is None else row_filter(self.filter)
+
+    @property
+    def filter_columns(self) -> tuple[str, ...]:
+        """The columns the filter reads (none without one)."""
+        return () if self.filter is None else self.rows_kept.columns
 
     def to_dict(self) -> dict:
         """The fields as a JSON-friendly dict (what :meth:`from_dict` reads back)."""
@@ -248,7 +258,7 @@ def resolve(source: TableSource, dataset: ds.FileSystemDataset) -> TableSource:
     if source.label is not None:
         _check_label(dataset.schema, source.label, source.uri, found_in)
     if source.filter is not None:
-        _check_filter(source.filter, dataset.schema, source.uri)
+        _check_filter(source.rows_kept, dataset.schema, source.uri)
     stored_names = tuple((field.name, field.metadata[STORED_NAME].decode()) for field in dataset.schema
                          if field.metadata and STORED_NAME in field.metadata)
     return dataclasses.replace(source, features=tuple(names), stored_names=stored_names)
@@ -329,16 +339,15 @@ def _check_label(schema: pa.Schema, name: str, where: str, found_in=lambda name:
                          f"labels must be integers, strings or booleans (one value per class)")
 
 
-def _check_filter(text: str, schema: pa.Schema, where: str) -> None:
+def _check_filter(rows: RowFilter, schema: pa.Schema, where: str) -> None:
     """Refuse a filter on a column ``schema`` lacks or comparing values of other types."""
-    expression, columns = FilterParser(text).parse()
-    for name in columns:
-        _column_type(schema, name, f"{where}: filter {text!r}")
+    for name in rows.columns:
+        _column_type(schema, name, f"{where}: filter {rows.text!r}")
     try:  # pyarrow checks the types when it evaluates: on no rows, that is all it does
-        schema.empty_table().filter(expression)
+        schema.empty_table().filter(rows.expression)
     except EXPRESSION_ERRORS as exc:
-        types = ", ".join(f"{name} is {schema.field(name).type}" for name in columns)
-        raise ShardError(f"{where}: filter {text!r} compares values of different types ({types}): {exc}") from None
+        types = ", ".join(f"{name} is {schema.field(name).type}" for name in rows.columns)
+        raise ShardError(f"{where}: filter {rows.text!r} compares values of different types ({types}): {exc}") from None
 
 
 # ------------------------------------------------------------------ pieces
@@ -384,7 +393,7 @@ def pieces(dataset: ds.FileSystemDataset, filter: str | None = None,
     partition folders ``filter`` rules out, and pieces with no rows. Reads only the footers.
     ``deleted``: rows removed from each file (:func:`deleted_rows`), given to the pieces they fall in."""
     deleted = deleted or {}
-    expression = parse_filter(filter) if filter else None
+    expression = row_filter(filter).expression if filter else None
     partition_fields = [dataset.schema.field(name) for name in _partition_names(dataset)]
     try:
         fragments = sorted(dataset.get_fragments(filter=expression), key=lambda f: f.path)
@@ -568,7 +577,7 @@ def _named_columns(source: TableSource) -> list[str]:
     features = source.features if isinstance(source.features, tuple) else (source.features,)
     names = [name for name in features if not any(char in name for char in GLOB_CHARS)]
     names += [source.label] if source.label is not None else []
-    return list(dict.fromkeys(names + (filter_columns(source.filter) if source.filter else [])))
+    return list(dict.fromkeys(names + list(source.filter_columns)))
 
 
 def _absent(schema: pa.Schema, name: str) -> bool:
@@ -588,7 +597,7 @@ def _read_rows(source: TableSource, piece: Piece, fragment: ds.FileFragment, sch
                columns: list[str]) -> pa.Table:
     """``columns`` of the piece's rows that pass the filter, with :data:`ROW`, each row's index
     in its file (numbered before filtering, so errors name the row as stored)."""
-    wanted = list(dict.fromkeys(columns + (filter_columns(source.filter) if source.filter else [])))
+    wanted = list(dict.fromkeys(columns + list(source.filter_columns)))
     for name in wanted:
         _column_type(schema, name, piece.path)
     stored = dict(source.stored_names)
@@ -610,7 +619,7 @@ def _read_rows(source: TableSource, piece: Piece, fragment: ds.FileFragment, sch
         table = table.filter(pc.invert(pc.is_in(table.column(ROW), pa.array(piece.deleted, pa.int64()))))
     if source.filter:
         try:
-            table = table.filter(parse_filter(source.filter))
+            table = table.filter(source.rows_kept.expression)
         except EXPRESSION_ERRORS as exc:
             raise ShardError(f"{piece.path}: filter {source.filter!r} cannot be applied: {exc}") from None
     absent = [name for name in columns if _absent(schema, name)]  # a filter's column may be: null, it keeps no row

@@ -1259,16 +1259,16 @@ FILTER_SCHEMA = pa.schema([("a", pa.int64()), ("b", pa.float64()), ("c", pa.stri
 @example(text="a == 1 and " * 900 + "a == 1")  # a long flat chain: nested log n deep, not n
 @example(text="a == 18446744073709551615")    # a uint64 literal pyarrow refuses
 def test_filter_parser_gives_an_expression_or_a_table_error(text):
-    """``parse_filter``, ``filter_columns`` and the check against a table's types (where pyarrow
-    evaluates the expression): any text gives a result or the runtime's own error naming the filter."""
-    from shardio import tables
+    """``row_filter`` (the parse) and the check against a table's types (where pyarrow evaluates
+    the expression): any text gives a result or the runtime's own error naming the filter."""
+    from shardio import filters, tables
     from iterreduce.exceptions import IterReduceError
 
     try:
         with within("parse_filter"):
-            expression = tables.parse_filter(text)
-            columns = tables.filter_columns(text)
-            tables._check_filter(text, FILTER_SCHEMA, "table")
+            rows = filters.row_filter(text)
+            expression, columns = rows.expression, rows.columns
+            tables._check_filter(rows, FILTER_SCHEMA, "table")
     except IterReduceError as exc:  # TableError for the text; ShardError for columns or types the table lacks
         assert isinstance(exc, (tables.TableError, ShardError)), type(exc)
         assert "filter" in str(exc), str(exc)

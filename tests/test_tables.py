@@ -496,6 +496,22 @@ def test_filters_keep_only_their_rows(spark_table, text):
                                             if FILTERS[text](year, country, pa.table({"x": [1]})) is None}
 
 
+def test_a_filter_is_parsed_once_however_many_places_read_it(spark_table, monkeypatch):
+    """The source, its check against the table's schema, the pieces it keeps and each piece's rows
+    all take the one parse of the filter's text (shardio.filters.row_filter)."""
+    from shardio import filters
+
+    parsed = []
+    parse = filters.FilterParser.parse
+    monkeypatch.setattr(filters.FilterParser, "parse", lambda self: parsed.append(self.text) or parse(self))
+    text = "year >= 2019 and f0 > -1000.5 and country != 'XX'"  # a text no other test parses
+    given = TableSource(spark_table[0], ["f0"], label="fruit", filter=text)
+    source = resolve(given, open_dataset(given))
+    classes = label_classes(source)
+    X, _ = read_all(source, workers=2, classes=classes)
+    assert len(X) > 0 and parsed == [text]
+
+
 def test_a_null_partition_is_a_null_column(tmp_path):
     # Spark writes a null partition value as __HIVE_DEFAULT_PARTITION__.
     for country, x in (("NL", [1.0, 2.0]), ("__HIVE_DEFAULT_PARTITION__", [3.0])):
