@@ -51,7 +51,7 @@ from shardio.shards import set_shard_note, shard_note
 from .. import __version__
 from ..data.sharding import load_dataset, load_validation
 from ..data.table_data import attach_inputs
-from ..data.training import ScoredRows, scored_rows, training_data
+from ..data.training import ScoredRows, scored_rows
 from ..data.validation import class_warnings, counted, minibatch_warnings
 from ..errors import ConfigError, DataError, ModelFileError, UsageError
 from ..model import flops
@@ -175,7 +175,7 @@ def _run(spec: JobSpec, launcher: Launcher, out: Path, made: Path | None, *, on_
         # What the job reads, fixed for the run (a table's version): config.json keeps the job as asked.
         earlier = shard_note(str(out / "shards"), SHARDS_SOURCE) if launcher.resume and (out / "shards").is_dir() \
             else None
-        spec = training_data(spec).spec_for_run(earlier)
+        spec = spec.training_data.spec_for_run(earlier)
         figures = launcher.train(spec, out, on_record or (lambda record: None))
     except Exception:
         if made is not None and _nothing_but_config(out):
@@ -221,7 +221,7 @@ def check_test_data(spec: JobSpec) -> None:
     data = spec.data
     if data.test is None or not spec.fine_tunes:
         return
-    train = training_data(spec)
+    train = spec.training_data
     # The test data read as the model will read it: the training data's columns, by name, where they have names.
     columns = train.columns()
     width = scored_rows(data).test_width(columns)
@@ -414,7 +414,7 @@ class InProcess:
         return f"{'-'.join(map(str, spec.model.hidden_layers))} in this process on {spec.job.device}"
 
     def train(self, spec: JobSpec, out: Path, on_record: OnRecord) -> dict:
-        data = training_data(spec)
+        data = spec.training_data
         rows = data.read()
         X, y, classes, scaler, source = rows.X, rows.y, rows.classes, rows.scaler, data.uri
         n_classes = spec.model.n_classes or (len(classes) if classes is not None else None)
@@ -557,7 +557,7 @@ def local_shards(spec: JobSpec, out: Path, n_shards: int) -> str:
     Shards written here are reused by a later run (e.g. ``--resume``) of the same data: their
     manifest's note :data:`SHARDS_SOURCE` says what they were cut from.
     """
-    data = training_data(spec)
+    data = spec.training_data
     source = data.source_note(n_shards)
     if source is None:  # shards already
         return data.uri

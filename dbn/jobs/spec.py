@@ -37,6 +37,7 @@ is relative to the current directory. Unknown keys and wrong types raise
 from __future__ import annotations
 
 import dataclasses
+import functools
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +48,7 @@ import tomli_w
 from iterreduce.master.config import MasterConfig
 from iterreduce.specification import Specification, did_you_mean
 
-from ..data.training import training_data
+from ..data.training import TrainingData, training_data
 from ..data.validation import counted
 from ..errors import ConfigError
 from ..model.estimator import DBN
@@ -223,7 +224,7 @@ class JobSpec(Specification):
         workers = self.cluster.workers
         if shards >= workers:
             return None
-        return f"{counted(shards, 'shard')} for the {workers} workers asked ({self.training_data().why_fewer(shards)})"
+        return f"{counted(shards, 'shard')} for the {workers} workers asked ({self.training_data.why_fewer(shards)})"
 
     def check_distributed(self) -> None:
         """Refuse the ``[model]`` settings workers cannot honour, rather than ignore them: held-out
@@ -235,7 +236,7 @@ class JobSpec(Specification):
             raise ConfigError(f"{where}: [model] validation_fraction = {m.validation_fraction} holds out rows in "
                               f"one process only: on workers name a labelled validation shard in [cluster] "
                               f"validation (e.g. cut by `dbn shard`), or train in one process (no --local)")
-        if self.training_data().in_place and self.data.label is None \
+        if self.training_data.in_place and self.data.label is None \
                 and self.fine_tunes:  # known before the table's shares are written
             raise ConfigError(f"{where}: the table {self.data.train} has no label column named ([data] label), "
                               f"but fine-tuning needs labels ([model] finetune_epochs = 0 pre-trains only)")
@@ -272,10 +273,12 @@ class JobSpec(Specification):
         """How the features are scaled before training (the workers gather the statistics in a
         distributed job), and the scaler saved with the model: ``[data] scale`` for this job's
         data (:meth:`dbn.data.training.TrainingData.scaling`), None for none."""
-        return self.training_data().scaling()
+        return self.training_data.scaling()
 
-    def training_data(self):
-        """The job's :class:`~dbn.data.training.TrainingData`: shards, a table read in place or a data file."""
+    @functools.cached_property
+    def training_data(self) -> TrainingData:
+        """The job's :class:`~dbn.data.training.TrainingData` (shards, a table read in place or a data
+        file), decided once for this spec: every path of the job asks the same one."""
         return training_data(self)
 
 

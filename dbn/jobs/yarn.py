@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -103,7 +101,7 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
     validation = cfg.cluster.validation and shared_uri("[cluster] validation", cfg.cluster.validation)
     uris: list[str] = []
     blocks: dict[str, locality.Blocks] = {}
-    data = cfg.training_data()
+    data = cfg.training_data
     table = data.in_place  # the workers read the table itself: it must be on a file system they reach
     if table:
         shared_uri("[data] train (a table the workers read in place)", data.location)
@@ -264,13 +262,8 @@ def holder_running(client, held: dict) -> str | None:
         return f"application {app_id} is {state}" if state in ACTIVE_STATES else None
     if not held:
         return "a lock file that is not readable (delete it if no job writes there)"
-    if held.get("host") == socket.gethostname() and isinstance(held.get("pid"), int):
-        try:
-            os.kill(held["pid"], 0)
-        except ProcessLookupError:
-            return None
-        except PermissionError:
-            pass
+    if ownership.ended_here(held):
+        return None
     return f"{ownership.describe_holder(held)}, which has not named its application yet (delete the lock if it is gone)"
 
 
