@@ -1,7 +1,7 @@
 """Reading a shard, whatever holds its rows: the one place that chooses the reader from the URI.
 
 A shard URI names a Parquet shard (``.parquet``: :class:`shardio.shards.ParquetShard`) or a
-worker's share of a table read in place (``.table.json``: :class:`shardio.tables.TableShard`).
+worker's share of a table read in place (``.table.json``: :class:`shardio.table_shard.TableShard`).
 Both are :class:`ShardReader`\\ s; the functions here (what programs call) work on either, and a
 new kind of shard is one more class in :data:`READERS`. :class:`ShardFiles` is what the runtime
 is given of them (a program's :attr:`~iterreduce.program.Program.reader`).
@@ -28,7 +28,7 @@ from iterreduce.storage.rowfile import RowFile
 from . import footers
 from .labels import LabelMap
 from .shards import ParquetShard, as_float32
-from .tables import TableShard
+from .table_shard import TableShard
 
 
 class ShardReader(Protocol):

@@ -6,11 +6,14 @@ The steps, one function each:
 
 - :func:`open_dataset` finds the data files, skipping Spark's and Hadoop's side files;
 - :func:`resolve` checks a :class:`TableSource` against the schema before any data is read;
-- :func:`pieces` cuts the table into work units (a Parquet row group, or an ORC file), plain
-  data a master can send, and :func:`assign` balances them among workers by rows;
-- :func:`read_piece` reads one as float32 features (rows x features) and int64 classes;
-- :func:`label_classes` builds the :class:`~shardio.labels.LabelMap` from the label column;
-- :class:`TableShard`, a worker's share of the pieces, is the reader of a ``.table.json`` URI.
+- :func:`shardio.pieces.pieces` cuts the table into work units (a Parquet row group, or an ORC
+  file), plain data a master can send, and :func:`shardio.pieces.assign` balances them among
+  workers by rows;
+- :func:`shardio.reading.read_piece` reads one as float32 features (rows x features) and int64
+  classes; :func:`shardio.reading.label_classes` builds the :class:`~shardio.labels.LabelMap` from
+  the label column;
+- :class:`shardio.table_shard.TableShard`, a worker's share of the pieces, is the reader of a
+  ``.table.json`` URI.
 
 Errors found in the data (a missing or non-numeric column, a null, a ragged array) are
 :class:`~iterreduce.exceptions.ShardError` naming the file, column and row; errors in the
@@ -23,29 +26,20 @@ import collections
 import dataclasses
 import difflib
 import fnmatch
-import functools
-import json
-import operator
 from dataclasses import dataclass
 
-import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
-import pyarrow.parquet as pq
 
 from iterreduce.exceptions import ShardError, TableError
-from iterreduce.storage.filesystems import filesystem, open_output_file
-from iterreduce.specification import Specification, unsaved
+from iterreduce.specification import Specification
+from iterreduce.storage.filesystems import filesystem
 
 from . import delta, iceberg
-from .columns import (STORED_NAME, feature_block, feature_kind, leave_out_missing, non_null, plain_schema,
-                      some_columns, type_width, without_list_views)
-from .counted import checked_group_rows, checked_row_groups, counted_batches, miscounted_rows
+from .columns import STORED_NAME, feature_kind, plain_schema, some_columns
 from .filters import RowFilter, row_filter
-from .labels import LabelMap, is_label_type, label_values
+from .labels import is_label_type
 from .lakehouse import check_not_lakehouse, parse_version
-from .shards import STREAM_ROWS
 
 #: A table's format, and the format of its data files: a Delta Lake table's are Parquet files
 #: that its log lists (:mod:`shardio.delta`), an Apache Iceberg table's those its metadata
@@ -65,6 +59,12 @@ ROW = "__row_in_file"  # the column read_piece adds: each row's index in its fil
 #: Field metadata of a piece's schema: a column the table has and the piece's file lacks (written
 #: before the column was added), null in the file's rows (:func:`_open_piece`).
 ABSENT = b"iterreduce.absent"
+
+
+def is_absent(schema: pa.Schema, name: str) -> bool:
+    """Whether column ``name`` of a piece's schema is one its file lacks (:data:`ABSENT`)."""
+    metadata = schema.field(name).metadata
+    return bool(metadata) and ABSENT in metadata
 
 
 # ------------------------------------------------------------------ the source
@@ -204,7 +204,7 @@ def _with_merged_schema(dataset: ds.FileSystemDataset) -> ds.FileSystemDataset:
         merged = dataset.schema
     else:
         stored = _merged_fields(schemas)
-        partitions = set(_partition_names(dataset)) - set(stored.names)
+        partitions = set(partition_names(dataset)) - set(stored.names)
         merged = pa.schema(list(stored) + [field for field in dataset.schema if field.name in partitions])
     merged = plain_schema(merged)
     if merged == dataset.schema:
@@ -246,7 +246,7 @@ def resolve(source: TableSource, dataset: ds.FileSystemDataset) -> TableSource:
     expanded in schema order), after checking, before any data is read, that every feature is
     numeric, the label integer or string, and the filter's columns there and comparable.
     Workers given the resolved source read the same columns from every piece."""
-    partitions = set(_partition_names(dataset))
+    partitions = set(partition_names(dataset))
     stored = [name for name in dataset.schema.names if name not in partitions]
 
     def found_in(name: str) -> str:
@@ -254,9 +254,9 @@ def resolve(source: TableSource, dataset: ds.FileSystemDataset) -> TableSource:
             return "a partition column, from the folder names"
         return f"in {_file_with_column(dataset, name)}"
 
-    names = _feature_columns(source, dataset.schema, stored, source.uri, found_in)
+    names = feature_columns(source, dataset.schema, stored, source.uri, found_in)
     if source.label is not None:
-        _check_label(dataset.schema, source.label, source.uri, found_in)
+        check_label(dataset.schema, source.label, source.uri, found_in)
     if source.filter is not None:
         _check_filter(source.rows_kept, dataset.schema, source.uri)
     stored_names = tuple((field.name, field.metadata[STORED_NAME].decode()) for field in dataset.schema
@@ -264,7 +264,7 @@ def resolve(source: TableSource, dataset: ds.FileSystemDataset) -> TableSource:
     return dataclasses.replace(source, features=tuple(names), stored_names=stored_names)
 
 
-def _partition_names(dataset: ds.FileSystemDataset) -> list[str]:
+def partition_names(dataset: ds.FileSystemDataset) -> list[str]:
     """The columns that come from ``key=value`` folder names. (Read from the files' partition
     expressions: a discovered hive partitioning of a table without such folders reports
     every column in its schema.)"""
@@ -284,7 +284,7 @@ def _file_with_column(dataset: ds.FileSystemDataset, name: str) -> str:
     return dataset.files[0]
 
 
-def _feature_columns(source: TableSource, schema: pa.Schema, stored: list[str], where: str,
+def feature_columns(source: TableSource, schema: pa.Schema, stored: list[str], where: str,
                      found_in=lambda name: "") -> list[str]:
     """The feature columns of ``source`` in ``schema``, each checked to be numeric. Each entry of
     ``source.features`` (one string, or each of a list) names a column or, where no column has
@@ -303,15 +303,15 @@ def _feature_columns(source: TableSource, schema: pa.Schema, stored: list[str], 
         names.update(dict.fromkeys(name for name in matched if name not in names))
     names = list(names)
     for name in names:
-        _check_feature_type(schema, name, where, found_in)
+        check_feature_type(schema, name, where, found_in)
     return names
 
 
-def _check_feature_type(schema: pa.Schema, name: str, where: str, found_in=lambda name: "") -> None:
+def check_feature_type(schema: pa.Schema, name: str, where: str, found_in=lambda name: "") -> None:
     """Refuse column ``name`` of ``schema`` unless it holds features, naming its type (and where it
     is found); a column of strings is named as one of categories."""
-    type_ = _column_type(schema, name, where)
-    if feature_kind(type_) is not None or _absent(schema, name):  # an absent column: its rows are refused if used
+    type_ = column_type(schema, name, where)
+    if feature_kind(type_) is not None or is_absent(schema, name):  # an absent column: its rows are refused if used
         return
     found = found_in(name)
     categories = pa.types.is_string(type_) or pa.types.is_large_string(type_) or pa.types.is_dictionary(type_)
@@ -321,7 +321,7 @@ def _check_feature_type(schema: pa.Schema, name: str, where: str, found_in=lambd
                      f"features must be numbers (int, float, bool), lists of numbers, or Spark ML vectors{hint}")
 
 
-def _column_type(schema: pa.Schema, name: str, where: str) -> pa.DataType:
+def column_type(schema: pa.Schema, name: str, where: str) -> pa.DataType:
     # get_field_index is a lookup (schema.names a new list: thousands of columns made this quadratic);
     # -1 also means a name twice, which schema.field refuses below.
     if schema.get_field_index(name) < 0 and name not in schema.names:
@@ -331,9 +331,9 @@ def _column_type(schema: pa.Schema, name: str, where: str) -> pa.DataType:
     return schema.field(name).type
 
 
-def _check_label(schema: pa.Schema, name: str, where: str, found_in=lambda name: "") -> None:
-    type_ = _column_type(schema, name, where)
-    if not is_label_type(type_) and not _absent(schema, name):
+def check_label(schema: pa.Schema, name: str, where: str, found_in=lambda name: "") -> None:
+    type_ = column_type(schema, name, where)
+    if not is_label_type(type_) and not is_absent(schema, name):
         found = found_in(name)
         raise ShardError(f"{where}: label column {name!r} is {type_}{f' ({found})' if found else ''}: "
                          f"labels must be integers, strings or booleans (one value per class)")
@@ -342,438 +342,9 @@ def _check_label(schema: pa.Schema, name: str, where: str, found_in=lambda name:
 def _check_filter(rows: RowFilter, schema: pa.Schema, where: str) -> None:
     """Refuse a filter on a column ``schema`` lacks or comparing values of other types."""
     for name in rows.columns:
-        _column_type(schema, name, f"{where}: filter {rows.text!r}")
+        column_type(schema, name, f"{where}: filter {rows.text!r}")
     try:  # pyarrow checks the types when it evaluates: on no rows, that is all it does
         schema.empty_table().filter(rows.expression)
     except EXPRESSION_ERRORS as exc:
         types = ", ".join(f"{name} is {schema.field(name).type}" for name in rows.columns)
         raise ShardError(f"{where}: filter {rows.text!r} compares values of different types ({types}): {exc}") from None
-
-
-# ------------------------------------------------------------------ pieces
-
-
-@dataclass(frozen=True)
-class Piece(Specification):
-    """A unit of work: one row group of a Parquet file, or a whole ORC file. Plain data
-    (:meth:`to_dict`) so a master can send it to a worker."""
-
-    path: str                  # the file, as the table's file system names it
-    row_group: int | None      # the Parquet row group; None: the whole file
-    start: int                 # the piece's first row within its file (errors name rows in the file)
-    rows: int                  # its rows as stored (a filter on stored columns may keep fewer)
-    partition: tuple = ()      # ((column, arrow type name, value or None), ...) from the folder names
-    deleted: tuple = ()        # rows of the piece (by their index in the file) a table's delete files removed
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Piece:
-        """The piece :meth:`to_dict` wrote."""
-        return cls(d["path"], d["row_group"], d["start"], d["rows"], tuple(tuple(p) for p in d["partition"]),
-                   tuple(d.get("deleted", ())))
-
-
-def table_pieces(source: TableSource, dataset: ds.FileSystemDataset) -> list[Piece]:
-    """The pieces of ``source``'s table (``dataset``, :func:`open_dataset`'s) that its filter may
-    keep, each with the rows the table's delete files removed from it."""
-    return pieces(dataset, source.filter, deleted_rows(source))
-
-
-def deleted_rows(source: TableSource) -> dict[str, np.ndarray]:
-    """The rows of each data file (by path) that ``source``'s table no longer holds although the
-    file does (an Iceberg table's positional delete files); none for other tables."""
-    reader = VERSIONED_FORMATS.get(source.format)
-    if reader is None:
-        return {}
-    return reader.deleted_rows(source.uri, with_version_fixed(source).version, source.allow_outside_files)
-
-
-def pieces(dataset: ds.FileSystemDataset, filter: str | None = None,
-           deleted: dict[str, np.ndarray] | None = None) -> list[Piece]:
-    """The pieces of ``dataset``, sorted by path then row group, leaving out files whose
-    partition folders ``filter`` rules out, and pieces with no rows. Reads only the footers.
-    ``deleted``: rows removed from each file (:func:`deleted_rows`), given to the pieces they fall in."""
-    deleted = deleted or {}
-    expression = row_filter(filter).expression if filter else None
-    partition_fields = [dataset.schema.field(name) for name in _partition_names(dataset)]
-    try:
-        fragments = sorted(dataset.get_fragments(filter=expression), key=lambda f: f.path)
-    except EXPRESSION_ERRORS as exc:
-        raise ShardError(f"filter {filter!r} cannot be applied to this table: {exc}") from None
-    found = []
-    for fragment in fragments:
-        keys = ds.get_partition_keys(fragment.partition_expression)
-        partition = tuple((f.name, str(f.type), keys.get(f.name)) for f in partition_fields)
-        gone = np.sort(np.asarray(deleted.get(fragment.path, ()), np.int64))
-        start = 0
-        for group, rows in enumerate(_row_groups(fragment)):
-            mine = gone[np.searchsorted(gone, start):np.searchsorted(gone, start + rows)]
-            if rows > len(mine):
-                found.append(Piece(fragment.path, group if isinstance(fragment, ds.ParquetFileFragment) else None,
-                                   start, rows, partition, tuple(int(i) for i in mine)))
-            start += rows
-    return found
-
-
-def _row_groups(fragment: ds.FileFragment) -> list[int]:
-    """The rows of each row group of a Parquet file; of the whole file for other formats."""
-    try:
-        if isinstance(fragment, ds.ParquetFileFragment):
-            return checked_row_groups(fragment.metadata, fragment.path)
-        return [fragment.count_rows()]
-    except (OSError, pa.ArrowException) as exc:
-        raise ShardError(f"{fragment.path}: not a readable data file ({type(exc).__name__}: {exc})") from exc
-
-
-def assign(pieces: list[Piece], workers: int, homes: list[dict[str, int]] | None = None) -> list[list[Piece]]:
-    """``pieces`` split among ``workers``, balanced by rows: the largest piece first goes to the
-    worker with the fewest rows so far (the lower number on a tie), so no worker has more than
-    the mean plus one piece. Deterministic; each worker's pieces keep their order in ``pieces``
-    (a file's row groups read in turn). A worker may get none when pieces are few.
-
-    ``homes``: where each piece's bytes are stored (``{host: bytes}``, one per piece), so that
-    each worker's pieces share a host, on which it can then run. Each worker is given a host
-    first (:func:`worker_hosts`); a piece then goes to a worker below the mean whose host holds
-    the most of it, the fewest rows first, and only where none does, to the worker with the
-    fewest rows: the same bound on a worker's rows."""
-    if not isinstance(workers, int) or workers < 1:
-        raise TableError(f"cannot assign pieces to {workers!r} workers: need 1 or more")
-    hosts = worker_hosts(homes, workers) if homes else [None] * workers
-    mean = sum(p.rows for p in pieces) / workers
-    rows = [0] * workers
-    chosen: list[list[int]] = [[] for _ in range(workers)]
-    for i in sorted(range(len(pieces)), key=lambda i: -pieces[i].rows):  # stable: ties keep their order
-        on = homes[i] if homes else {}
-        local = [w for w in range(workers) if on.get(hosts[w], 0) > 0 and rows[w] < mean]
-        w = min(local or range(workers), key=lambda w: (-on.get(hosts[w], 0), rows[w], w))
-        chosen[w].append(i)
-        rows[w] += pieces[i].rows
-    return [[pieces[i] for i in sorted(mine)] for mine in chosen]
-
-
-def worker_hosts(homes: list[dict[str, int]], workers: int) -> list[str | None]:
-    """A host for each of ``workers``, spread by the bytes the hosts hold (``homes``: each piece's
-    ``{host: bytes}``): each next worker goes to the host with the most bytes per worker so far
-    (by name on a tie); None for all where no host is known."""
-    held: dict[str, int] = {}
-    for on in homes:
-        for host, n in on.items():
-            held[host] = held.get(host, 0) + n
-    if not held:
-        return [None] * workers
-    count: dict[str, int] = {}
-    hosts = []
-    for _ in range(workers):
-        host = min(held, key=lambda h: (-held[h] / (1 + count.get(h, 0)), h))
-        count[host] = count.get(host, 0) + 1
-        hosts.append(host)
-    return hosts
-
-
-# ------------------------------------------------------------------ reading
-
-
-def read_piece(source: TableSource, piece: Piece, *, classes: LabelMap | None = None,
-               n_features: int | None = None) -> tuple[np.ndarray, np.ndarray | None]:
-    """One piece's rows that pass the filter: float32 features (rows x features, the columns in
-    the source's order, each giving one value or its list's or vector's width) and int64
-    classes from ``classes`` (None when the source has no label). Refuses nulls, NaN and
-    infinite values, lists of different lengths and a width other than ``n_features``, naming
-    the file, the column and the row within the file. Pass a :func:`resolve`\\ d source, so a
-    glob names the same columns in every piece."""
-    if source.label is not None and classes is None:
-        raise TableError(f"{source.uri}: reading the label {source.label!r} needs its classes "
-                         f"(the LabelMap from label_classes)")
-    fragment, schema = _open_piece(source, piece)
-    stored = [name for name in schema.names if name not in {p[0] for p in piece.partition}]
-    names = _feature_columns(source, schema, stored, piece.path)
-    if source.label is not None:
-        _check_label(schema, source.label, piece.path)
-    table = _read_rows(source, piece, fragment, schema, names + ([source.label] if source.label else []))
-    rows = table.column(ROW).to_numpy()
-    if table.num_rows:
-        features = np.hstack([feature_block(table.column(name).combine_chunks(), name, piece.path, rows)
-                              for name in names])
-    else:  # every row filtered out: only the column types tell the width
-        features = np.zeros((0, n_features if n_features is not None else type_width(schema, names)), np.float32)
-    if n_features is not None and features.shape[1] != n_features:
-        raise ShardError(f"{piece.path}: {features.shape[1]} features per row from row {rows[0]} on, "
-                         f"expected {n_features} (columns: {', '.join(names)})")
-    labels = None
-    if source.label is not None:
-        labels = classes.encode(non_null(table.column(source.label).combine_chunks(), source.label,
-                                          piece.path, rows), where=piece.path)
-    return features, labels
-
-
-def column_widths(source: TableSource, piece: Piece) -> tuple[int, ...] | None:
-    """The features each of ``source``'s feature columns gives a row of ``piece``, in order (a
-    number 1, a list or vector its rows' width), read from its rows that pass the filter, checked
-    as :func:`read_piece` checks them; None where no row passes."""
-    fragment, schema = _open_piece(source, piece)
-    stored = [name for name in schema.names if name not in {p[0] for p in piece.partition}]
-    names = _feature_columns(source, schema, stored, piece.path)
-    table = _read_rows(source, piece, fragment, schema, names)
-    if not table.num_rows:
-        return None
-    rows = table.column(ROW).to_numpy()
-    return tuple(feature_block(table.column(name).combine_chunks(), name, piece.path, rows).shape[1] for name in names)
-
-
-def named_features(table: pa.Table, names, where: str = "X") -> np.ndarray:
-    """Float32 features (rows x features) of the columns ``names`` of an in-memory ``table``, by
-    name, in that order (a model's ``input_columns_``, whatever the table's order of columns),
-    each checked as :func:`read_piece` checks a file's: a number, a list of numbers or a Spark
-    ML vector a row, no null, NaN or infinity, lists of one width. Errors name ``where``, the
-    column and the row."""
-    blocks = named_blocks(table, names, where)
-    return np.hstack(blocks) if table.num_rows else np.zeros((0, type_width(table.schema, list(names))), np.float32)
-
-
-def named_blocks(table: pa.Table, names, where: str = "X") -> list[np.ndarray]:
-    """:func:`named_features` a column at a time: each column's float32 features (rows x its width;
-    none for a table without rows)."""
-    names = list(names)
-    for name in names:
-        _check_feature_type(table.schema, name, where)
-    if not table.num_rows:
-        return []
-    rows = np.arange(table.num_rows)
-    return [feature_block(table.column(name).combine_chunks(), name, where, rows, in_file=False) for name in names]
-
-
-def read_columns(source: TableSource, piece: Piece, names: list[str]) -> pa.Table:
-    """Columns ``names`` (any type: ids, keys, the label as stored) of the piece's rows that
-    pass the filter, row for row as :func:`read_piece` gives them."""
-    fragment, schema = _open_piece(source, piece)
-    return _read_rows(source, piece, fragment, schema, list(names)).select(list(names))
-
-
-def _open_piece(source: TableSource, piece: Piece) -> tuple[ds.FileFragment, pa.Schema]:
-    """The piece as a fragment and its schema: the file's own columns, then the partition ones."""
-    fs, _ = filesystem(source.uri)
-    conditions = [pc.field(name).is_null() if value is None
-                  else pc.field(name) == pa.scalar(value, pa.type_for_alias(t)) for name, t, value in piece.partition]
-    known = functools.reduce(operator.and_, conditions) if conditions else None
-    try:
-        if FILE_FORMATS[source.format] == "parquet":
-            fragment = ds.ParquetFileFormat().make_fragment(piece.path, filesystem=fs, partition_expression=known,
-                                                            row_groups=[piece.row_group])
-        else:
-            fragment = ds.OrcFileFormat().make_fragment(piece.path, filesystem=fs, partition_expression=known)
-        physical = plain_schema(fragment.physical_schema)
-    except (OSError, pa.ArrowException) as exc:
-        raise ShardError(f"{piece.path}: not a readable {FILE_FORMATS[source.format]} file ({type(exc).__name__}: {exc})") from exc
-    if source.stored_names:  # the files' own names, as the table names the columns
-        table_name = {stored: name for name, stored in source.stored_names}
-        physical = pa.schema([field.with_name(table_name.get(field.name, field.name)) for field in physical])
-    extra = [pa.field(name, pa.type_for_alias(t)) for name, t, _ in piece.partition if name not in physical.names]
-    known = set(physical.names) | {field.name for field in extra}
-    absent = [pa.field(name, pa.null(), metadata={ABSENT: b"1"}) for name in _named_columns(source) if name not in known]
-    return fragment, pa.schema(list(physical) + extra + absent)
-
-
-def _named_columns(source: TableSource) -> list[str]:
-    """The columns ``source`` reads by name: its features (a resolved source's), label and filter's."""
-    features = source.features if isinstance(source.features, tuple) else (source.features,)
-    names = [name for name in features if not any(char in name for char in GLOB_CHARS)]
-    names += [source.label] if source.label is not None else []
-    return list(dict.fromkeys(names + list(source.filter_columns)))
-
-
-def _absent(schema: pa.Schema, name: str) -> bool:
-    """Whether column ``name`` of a piece's schema is one its file lacks (:func:`_open_piece`)."""
-    metadata = schema.field(name).metadata
-    return bool(metadata) and ABSENT in metadata
-
-
-def _absent_error(path: str, name: str, rows: int) -> ShardError:
-    """The error for ``rows`` rows of the file at ``path``, which lacks column ``name``, read as features or labels."""
-    return ShardError(f"{path}: no column {name!r} in this file, though the table's other files have it (a column "
-                      f"added since this file was written: null in its {rows} row{'s' if rows > 1 else ''} used "
-                      f"here){leave_out_missing(name)}")
-
-
-def _read_rows(source: TableSource, piece: Piece, fragment: ds.FileFragment, schema: pa.Schema,
-               columns: list[str]) -> pa.Table:
-    """``columns`` of the piece's rows that pass the filter, with :data:`ROW`, each row's index
-    in its file (numbered before filtering, so errors name the row as stored)."""
-    wanted = list(dict.fromkeys(columns + list(source.filter_columns)))
-    for name in wanted:
-        _column_type(schema, name, piece.path)
-    stored = dict(source.stored_names)
-    in_file = set(fragment.physical_schema.names)  # a partition column is not: it keeps the table's name
-    as_stored = {name: stored[name] for name in schema.names if stored.get(name) in in_file}
-    try:
-        if isinstance(fragment, ds.ParquetFileFragment):
-            table = _row_group_table(piece, fragment, schema, wanted, as_stored)
-        else:
-            table = fragment.to_table(schema=pa.schema([f.with_name(as_stored.get(f.name, f.name)) for f in schema]),
-                                      columns=[as_stored.get(name, name) for name in wanted])
-        table = without_list_views(table.rename_columns(wanted))
-    except (OSError, pa.ArrowException) as exc:
-        raise ShardError(f"{piece.path}: cannot read {', '.join(wanted)} ({type(exc).__name__}: {exc})") from exc
-    if table.num_rows != piece.rows:  # an ORC footer's count, which its stripes may not hold
-        raise miscounted_rows(piece.path, piece.rows, table.num_rows, piece.row_group)
-    table = table.append_column(ROW, pa.array(np.arange(piece.start, piece.start + table.num_rows)))
-    if piece.deleted:  # rows the table's delete files removed
-        table = table.filter(pc.invert(pc.is_in(table.column(ROW), pa.array(piece.deleted, pa.int64()))))
-    if source.filter:
-        try:
-            table = table.filter(source.rows_kept.expression)
-        except EXPRESSION_ERRORS as exc:
-            raise ShardError(f"{piece.path}: filter {source.filter!r} cannot be applied: {exc}") from None
-    absent = [name for name in columns if _absent(schema, name)]  # a filter's column may be: null, it keeps no row
-    if absent and table.num_rows:
-        raise _absent_error(piece.path, absent[0], table.num_rows)
-    return table.select(columns + [ROW])
-
-
-def _row_group_table(piece: Piece, fragment: ds.ParquetFileFragment, schema: pa.Schema, wanted: list[str],
-                     as_stored: dict[str, str]) -> pa.Table:
-    """Columns ``wanted`` of the piece's row group, of the types of the piece's ``schema`` (a
-    partition column from its folder, a column the file lacks null), the file's own read a batch
-    at a time and counted against its footer (:func:`counted_batches`): pyarrow's dataset reader
-    allocates for the rows a row group claims, however few the file holds."""
-    in_file = set(fragment.physical_schema.names)
-    stored = {name: as_stored.get(name, name) for name in wanted}
-    read = list(dict.fromkeys(stored[name] for name in wanted if stored[name] in in_file))
-    parquet = pq.ParquetFile(piece.path, filesystem=fragment.filesystem, metadata=fragment.metadata, pre_buffer=False)
-    with parquet:
-        claimed = checked_group_rows(parquet.metadata, piece.path, piece.row_group)
-        batches = parquet.iter_batches(batch_size=STREAM_ROWS, row_groups=[piece.row_group], columns=read)
-        rows = pa.Table.from_batches(list(counted_batches(batches, claimed, piece.path, piece.row_group)),
-                                     schema=pa.schema([parquet.schema_arrow.field(name) for name in read]))
-    folder = {name: value for name, _, value in piece.partition}
-    columns = []
-    for name in wanted:
-        type_ = schema.field(name).type
-        if stored[name] in in_file:
-            columns.append(rows.column(stored[name]).cast(type_))
-        else:  # a partition column, or one the file lacks (null)
-            columns.append(pa.array([folder.get(name)] * rows.num_rows, type_))
-    return pa.table(columns, names=wanted) if wanted else rows
-
-
-# ------------------------------------------------------------------ labels
-
-
-def label_classes(source: TableSource, dataset: ds.FileSystemDataset | None = None) -> LabelMap:
-    """The :class:`LabelMap` of ``source``'s label column over the rows its filter keeps, read
-    in one pass over that column alone; a null label raises, naming the file and the row."""
-    if source.label is None:
-        raise TableError(f"{source.uri}: the table source names no 'label' column")
-    dataset = open_dataset(source) if dataset is None else dataset
-    _check_label(dataset.schema, source.label, source.uri)
-    classes: set = set()
-    for piece in table_pieces(source, dataset):
-        fragment, schema = _open_piece(source, piece)
-        _check_label(schema, source.label, piece.path)
-        table = _read_rows(source, piece, fragment, schema, [source.label])
-        column = non_null(table.column(source.label).combine_chunks(), source.label, piece.path,
-                           table.column(ROW).to_numpy())
-        classes.update(pc.unique(label_values(column)).to_pylist())
-    if not classes:  # not a null among them (that raised): no rows
-        raise ShardError(f"{source.uri}: no row passes the filter {source.filter!r}" if source.filter
-                         else f"{source.uri}: the table has no rows")
-    try:
-        return LabelMap(tuple(sorted(classes)))
-    except TypeError:  # integers in some files, strings in others
-        raise ShardError(f"{source.uri}: label column {source.label!r} holds integers in some files and "
-                         f"strings in others") from None
-
-
-# ------------------------------------------------------------------ a worker's share of a table
-
-
-@dataclass(frozen=True)
-class TableShard(Specification):
-    """One worker's share of a table, read in place: the source, its pieces, and the label
-    classes (the same for every share). Saved as a small JSON file whose URI the runtime hands
-    out like a Parquet shard's: it is the :class:`shardio.readers.ShardReader` of a
-    ``.table.json`` URI."""
-
-    source: TableSource           # resolved (:func:`resolve`): a glob names the same columns everywhere
-    pieces: tuple[Piece, ...]
-    n_features: int
-    classes: LabelMap | None = None
-    widths: tuple[int, ...] | None = None  # the features each column gives a row (None: not known)
-    uri: str = unsaved("")  # where it was saved, for errors
-
-    suffix = ".table.json"  # how a share's URI ends
-
-    @classmethod
-    def open(cls, uri: str) -> TableShard:
-        """The share saved at ``uri``; a file that is not one raises :class:`ShardError`."""
-        fs, path = filesystem(uri)
-        try:
-            with fs.open_input_stream(path) as f:
-                return dataclasses.replace(cls.from_dict(json.loads(f.read())), uri=uri)
-        except (OSError, pa.ArrowException) as exc:
-            raise ShardError(f"{uri}: cannot read the table shard: {exc}") from exc
-        except (ValueError, KeyError, TypeError) as exc:  # not JSON, or not a table shard's fields
-            raise ShardError(f"{uri}: not a table shard ({type(exc).__name__}: {exc})") from exc
-
-    def save(self, uri: str) -> None:
-        """Write the share to ``uri`` (a name ending in :attr:`suffix`), on any file system."""
-        with open_output_file(uri) as f:
-            f.write(json.dumps(self.to_dict()).encode())
-
-    @property
-    def rows(self) -> int:
-        """The rows of the pieces as stored (a filter on stored columns may keep fewer)."""
-        return sum(p.rows for p in self.pieces)
-
-    def describe(self) -> dict:
-        """The reader's description (:meth:`shardio.readers.ShardReader.describe`): raw rows
-        have no footer range to check; the label ``classes`` and feature ``columns`` are the
-        share's, which the model keeps."""
-        if self.rows == 0:
-            raise ShardError(f"{self.uri}: shard is empty")
-        return {"uri": self.uri, "rows": self.rows, "features": self.n_features, "labels": self.source.label is not None,
-                "ranges": {"features": None, "label": None if self.classes is None else (0, len(self.classes) - 1)},
-                "classes": None if self.classes is None else self.classes.to_dict(),
-                "columns": list(self.source.features), "widths": None if self.widths is None else list(self.widths)}
-
-    def read(self, n_features: int | None, need_labels: bool) -> tuple[np.ndarray, np.ndarray | None]:
-        """Every row that passes the filter: float32 features and int64 classes (or None)."""
-        blocks = list(self.blocks(n_features, need_labels))
-        features = np.concatenate([values for values, _ in blocks])
-        labels = None if blocks[0][1] is None else np.concatenate([block_labels for _, block_labels in blocks])
-        return features, labels
-
-    def blocks(self, n_features: int | None = None, need_labels: bool = False):
-        """``(float32 features, int64 classes or None)`` for each piece with rows, in turn."""
-        if need_labels and self.source.label is None:
-            raise ShardError(f"{self.uri}: the table source names no label column, but this job needs labels")
-        if n_features is not None and n_features != self.n_features:
-            raise ShardError(f"{self.uri}: {self.n_features} features per row, expected {n_features}")
-        found = 0
-        for piece in self.pieces:
-            X, y = read_piece(self.source, piece, classes=self.classes, n_features=self.n_features)
-            if len(X):
-                yield X, y
-                found += len(X)
-        if found == 0:
-            raise ShardError(f"{self.uri}: shard is empty (no row of its pieces passes the filter)")
-
-    def labels(self) -> np.ndarray:
-        """The classes of every row, reading the label column alone."""
-        if self.source.label is None:
-            raise ShardError(f"{self.source.uri}: the table source names no 'label' column: a classifier needs labels")
-        parts = []
-        for piece in self.pieces:
-            fragment, schema = _open_piece(self.source, piece)
-            _check_label(schema, self.source.label, piece.path)
-            table = _read_rows(self.source, piece, fragment, schema, [self.source.label])
-            column = non_null(table.column(self.source.label).combine_chunks(), self.source.label, piece.path,
-                               table.column(ROW).to_numpy())
-            parts.append(self.classes.encode(column, where=piece.path))
-        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
-
-    @classmethod
-    def from_dict(cls, d: dict) -> TableShard:
-        """The share :meth:`to_dict` wrote."""
-        widths = d.get("widths")  # shares written before widths were kept have none
-        return cls(TableSource.from_dict(d["source"]), tuple(Piece.from_dict(p) for p in d["pieces"]),
-                   int(d["n_features"]), None if d["classes"] is None else LabelMap.from_dict(d["classes"]),
-                   None if widths is None else tuple(int(w) for w in widths))

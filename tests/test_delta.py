@@ -25,7 +25,9 @@ from dbn import DBN  # noqa: E402
 from dbn.cli import main  # noqa: E402
 from iterreduce.exceptions import TableError  # noqa: E402
 from shardio.readers import list_shards  # noqa: E402
-from shardio.tables import TableShard, TableSource, open_dataset, pieces, with_version_fixed  # noqa: E402
+from shardio.pieces import pieces  # noqa: E402
+from shardio.table_shard import TableShard  # noqa: E402
+from shardio.tables import TableSource, open_dataset, with_version_fixed  # noqa: E402
 
 FEATURES = 6
 

@@ -25,7 +25,8 @@ from pyiceberg.catalog.sql import SqlCatalog  # noqa: E402
 from dbn import DBN  # noqa: E402
 from dbn.cli import main  # noqa: E402
 from shardio.readers import list_shards  # noqa: E402
-from shardio.tables import TableShard, TableSource, with_version_fixed  # noqa: E402
+from shardio.table_shard import TableShard  # noqa: E402
+from shardio.tables import TableSource, with_version_fixed  # noqa: E402
 from test_delta import animals, job as delta_job, train as delta_train  # noqa: E402
 
 

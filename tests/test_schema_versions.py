@@ -26,7 +26,9 @@ from dbn import DBN
 from dbn.cli import main
 from iterreduce.exceptions import ShardError
 from shardio.labels import LabelMap
-from shardio.tables import TableSource, open_dataset, read_piece, resolve, table_pieces
+from shardio.pieces import table_pieces
+from shardio.reading import read_piece
+from shardio.tables import TableSource, open_dataset, resolve
 
 from test_delta import job as model_job
 

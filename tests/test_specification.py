@@ -12,7 +12,9 @@ from dbn.model.scaler import Scaler
 from iterreduce.master.config import MasterConfig
 from iterreduce.specification import Specification
 from shardio.labels import LabelMap
-from shardio.tables import Piece, TableShard, TableSource
+from shardio.pieces import Piece
+from shardio.table_shard import TableShard
+from shardio.tables import TableSource
 
 SOURCE = TableSource("/data/t", ("f_*", "age"), label="y", filter="age > 3", stored_names=(("age", "Age"),))
 PIECE = Piece("/data/t/part-0.parquet", 1, 100, 50, (("day", "int32", 3),), (4, 7))

@@ -32,7 +32,10 @@ from dbn.cli import main
 from iterreduce.exceptions import ShardError
 from shardio import iceberg
 from shardio.labels import LabelMap
-from shardio.tables import TableShard, TableSource, label_classes, open_dataset, read_piece, resolve, table_pieces
+from shardio.pieces import table_pieces
+from shardio.reading import label_classes, read_piece
+from shardio.table_shard import TableShard
+from shardio.tables import TableSource, open_dataset, resolve
 from test_bad_data import assert_refused, plant_earlier_model
 from test_footer_trust import _encoded_i64, _list_header, _struct_fields, address_space_cap, footer_says
 

@@ -20,7 +20,7 @@ from dbn.data.table_data import read_table
 from dbn.model.scaler import FeatureStats
 from shardio.readers import list_shards, read_shard
 from shardio.shards import write_shards
-from shardio.tables import TableShard
+from shardio.table_shard import TableShard
 
 # Spark ML's VectorUDT as Spark stores it in Parquet.
 VECTOR = pa.struct([pa.field("type", pa.int8(), nullable=False), pa.field("size", pa.int32()),

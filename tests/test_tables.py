@@ -17,7 +17,9 @@ from iterreduce.exceptions import ShardError
 from iterreduce.exceptions import TableError
 from shardio.filters import filter_columns, parse_filter
 from shardio.labels import LabelMap
-from shardio.tables import Piece, TableSource, assign, label_classes, open_dataset, pieces, read_piece, resolve
+from shardio.pieces import Piece, assign, pieces
+from shardio.reading import label_classes, read_piece
+from shardio.tables import TableSource, open_dataset, resolve
 
 # Spark ML's VectorUDT as Spark stores it in Parquet.
 VECTOR = pa.struct([pa.field("type", pa.int8(), nullable=False), pa.field("size", pa.int32()),
@@ -348,7 +350,7 @@ def test_assign_is_longest_first_to_the_least_loaded():
 
 
 def test_assign_with_homes_keeps_each_workers_pieces_on_one_host_where_the_replicas_allow():
-    from shardio.tables import worker_hosts
+    from shardio.pieces import worker_hosts
 
     # Six files of one block, two replicas each, over three nodes (as HDFS spreads them).
     homes = [{"a": 10, "b": 10}, {"b": 10, "c": 10}, {"a": 10, "c": 10}, {"a": 10, "b": 10}, {"b": 10, "c": 10},

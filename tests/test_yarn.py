@@ -516,7 +516,8 @@ def test_a_delta_table_on_hdfs_trains_its_current_version_on_yarn(yarn, env_arch
 
     from dbn.jobs.run import Yarn, run
     from dbn.jobs.spec import load_spec
-    from shardio.tables import TableSource, open_dataset, pieces, with_version_fixed
+    from shardio.pieces import pieces
+    from shardio.tables import TableSource, open_dataset, with_version_fixed
 
     local = write_versions(tmp_path / "delta")
     fs = yarn.hadoop.fs()

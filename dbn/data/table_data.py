@@ -6,7 +6,7 @@ turns that into what training needs, with no copy of the data:
 
 - :func:`table_shards`: the table's pieces (Parquet row groups, ORC files) split among the
   workers, balanced by rows, each share saved as a small ``.table.json`` file that the
-  runtime hands out like a Parquet shard (:class:`shardio.tables.TableShard`);
+  runtime hands out like a Parquet shard (:class:`shardio.table_shard.TableShard`);
 - :func:`table_scaler`: the feature scaler from one pass over the rows (a distributed job
   gathers the same statistics on its workers: :data:`dbn.data.scaling.STATS`);
 - :func:`read_table`: the whole table (or a test table with the same columns) in memory;
@@ -28,8 +28,10 @@ from iterreduce.storage.filesystems import check_output_file, join, open_output_
 from shardio import iceberg
 from shardio.labels import LabelMap
 from shardio.shards import shard_set
-from shardio.tables import (TableShard, TableSource, assign, column_widths, label_classes, open_dataset, read_columns,
-                            read_piece, resolve, table_pieces, with_version_fixed)
+from shardio.pieces import assign, table_pieces
+from shardio.reading import column_widths, label_classes, read_columns, read_piece
+from shardio.table_shard import TableShard
+from shardio.tables import TableSource, open_dataset, resolve, with_version_fixed
 
 from .sharding import FEATURES_COLUMNS, PREDICTION_COLUMNS, RowsWriter, output_columns, output_format
 from .validation import DataError
@@ -143,7 +145,7 @@ def table_shards(data, workers: int, directory: str, locate=None) -> list[str]:
     pieces) and save each share in ``directory``; returns their URIs in worker order. The
     shares hold raw rows: the workers gather the statistics that scale them (:data:`dbn.data.scaling.STATS`).
     ``locate``: where files' blocks are (:func:`iterreduce.launch.yarn.locality.file_blocks`), so that
-    each share's pieces are stored on one host where the blocks allow (:func:`shardio.tables.assign`).
+    each share's pieces are stored on one host where the blocks allow (:func:`shardio.pieces.assign`).
     ``directory`` is empty or holds shards written here (:func:`shardio.shards.shard_set`)."""
     whole = open_table(data)
     pieces = list(whole.pieces)

@@ -36,7 +36,8 @@ from iterreduce.master import MasterConfig, new_run_id
 from iterreduce.program import Program, Step, Update, WorkerProgram
 from iterreduce.storage import durable
 from iterreduce.storage.filesystems import filesystem, join, open_output_file
-from shardio.tables import TableShard, assign, table_pieces
+from shardio.pieces import assign, table_pieces
+from shardio.table_shard import TableShard
 
 from ..data.sharding import RowsWriter
 from ..data.table_data import check_kept, score_piece, scored_table
