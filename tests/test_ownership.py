@@ -31,7 +31,7 @@ from dbn import DBN
 from dbn.cli import main
 from iterreduce.exceptions import ForeignFileError, OutputBusy
 from iterreduce.storage import ownership
-from iterreduce.storage.ownership import prune_previous, set_aside
+from iterreduce.storage.ownership import locks, prune_previous, set_aside
 from shardio.readers import list_shards, read_shard
 from shardio.shards import write_shards
 from test_cli import make_dataset
@@ -405,7 +405,7 @@ def test_a_folder_where_the_lock_goes_is_refused_and_left_as_it_is(tmp_path):
     """A run's lock and a shard writer's lock: a folder under the lock's name is named, with what to
     choose instead, and left in place."""
     for kind, take, other in (("run", lambda f: ownership.hold(f), "output folder (--out)"),
-                              ("shards", lambda f: ownership._hold_local_shards(f, str(f)), "folder")):
+                              ("shards", lambda f: locks._hold_local_shards(f, str(f)), "folder")):
         folder = tmp_path / kind
         (folder / ownership.LOCK_NAME).mkdir(parents=True)
         refused = f"a folder, not this tool.s lock file.*choose another {re.escape(other)},"

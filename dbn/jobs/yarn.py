@@ -34,7 +34,7 @@ from iterreduce.launch.yarn.envpack import pack_environment
 from iterreduce.storage import ownership
 from iterreduce.storage.filesystems import filesystem, join, open_output_file
 from shardio.readers import list_shards, shard_info
-from shardio.tables import TableShard
+from shardio.table_shard import TableShard
 
 from ..data.validation import counted
 from ..errors import ConfigError, UsageError
