@@ -8,7 +8,6 @@ import json
 import logging
 import time
 from concurrent import futures
-from typing import TYPE_CHECKING
 
 import grpc
 
@@ -20,9 +19,6 @@ from ..transport import wire
 from ..transport.security import TokenInterceptor
 from .broadcast import task_chunk_bytes
 from .pushes import Refused, read_push
-
-if TYPE_CHECKING:
-    from .master import Master
 
 log = logging.getLogger("iterreduce.master")
 
@@ -51,8 +47,8 @@ class MasterService(pb_grpc.MasterServicer):
     """The RPCs of :class:`~iterreduce.master.master.Master`'s job: what a worker asks, answered from
     the master's state (``master``), which each call reads and changes with the master's lock held."""
 
-    def __init__(self, master: Master):
-        self.master = master
+    def __init__(self, master):
+        self.master = master  # the Master (which makes its service: this module imports none of it)
 
     def Register(self, request, context):
         master = self.master
