@@ -130,7 +130,7 @@ def _load(uri: str, version=None, allow_outside: bool = False):
     ``allow_outside``."""
     StaticTable = _pyiceberg()
     location = metadata_file(uri)
-    from .iceberg_io import confined
+    from .iceberg_io import confined  # pyiceberg's FileIO: the optional extra, only here
 
     try:
         root = table_root(filesystem(location)[1])

@@ -144,7 +144,7 @@ def label_indices(y, *, n_samples: int, n_classes: int | None = None, classes=No
     sorted distinct values, as a table's labels are. A null or a value that is not a class
     raises :class:`DataError` naming it and its row.
     """
-    from shardio.labels import LabelMap
+    from shardio.labels import LabelMap  # pyarrow: only when labels are strings to map
 
     host = np.asarray(_to_host(y))
     if classes is not None and not isinstance(classes, LabelMap):

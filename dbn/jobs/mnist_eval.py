@@ -130,7 +130,7 @@ def _evaluate(spec: JobSpec, *, validation: int, yarn_report_dir: str | None, on
         if done is not None:
             log(f"{spec.output.dir}: finished before (test error {100 * done['test_error']:.2f} %): kept")
             return done
-    from .plots import PLOT_FILES, plot_run
+    from .plots import PLOT_FILES, plot_run  # matplotlib: only once a run is to be drawn
 
     out = Path(launcher.output_dir(spec)).resolve()
     ownership.check_owned(out, PLOT_FILES)  # before training: the plots replace only plots of a run

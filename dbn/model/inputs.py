@@ -98,7 +98,7 @@ class RawInputs:
             return X
         import pyarrow as pa
 
-        from shardio.reading import named_blocks, named_features
+        from shardio.reading import named_blocks, named_features  # a table's reader: only for Arrow rows
 
         if isinstance(X, pa.RecordBatch):
             X = pa.Table.from_batches([X])

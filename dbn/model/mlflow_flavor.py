@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import __version__
 from ..errors import ModelFileError
+from .estimator import DBN
 
 MODEL_FILE = "model.npz"
 
@@ -31,7 +32,6 @@ class DBNPyfunc:
 
 def _load_pyfunc(path: str) -> DBNPyfunc:
     """MLflow's entry point: the model in the folder's ``model.npz`` (``path`` is that file)."""
-    from .estimator import DBN
 
     return DBNPyfunc(DBN.load(path, device="cpu"))
 
@@ -45,7 +45,6 @@ def export_mlflow(model_file: str, out: str) -> dict:
     except ImportError:
         raise ModelFileError("exporting to MLflow needs mlflow (or mlflow-skinny) and pandas: "
                              "pip install 'dbn-yarn[mlflow]'") from None
-    from .estimator import DBN
 
     model = DBN.load(model_file, device="cpu")
     if model.network_ is None:

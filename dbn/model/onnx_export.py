@@ -171,7 +171,7 @@ def _naming(columns, message: str, most: int = 8) -> str:
 def export_onnx(model, uri: str, *, overwrite: bool = False) -> dict:
     """Write ``model`` (:func:`to_onnx`) to ``uri`` (a path or an ``hdfs://``, ``s3://`` URI), whole
     or not at all; a file already there is refused unless ``overwrite``. Returns what it holds."""
-    from iterreduce.storage.filesystems import open_output_file
+    from iterreduce.storage.filesystems import open_output_file  # pyarrow's file systems: only to write
 
     exported = to_onnx(model)
     with open_output_file(uri, overwrite=overwrite) as stream:

@@ -38,6 +38,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from ..exceptions import ForeignFileError
+
 #: Suffixes of the hidden files a replacement makes beside its target (``.NAME.<8 hex><suffix>``).
 PARTIAL_SUFFIX, BACKUP_SUFFIX = ".tmp", ".old"
 #: The one pattern of every hidden name :func:`hidden_name` makes: ``.NAME.<8 lower-case hex><suffix>``.
@@ -279,7 +281,6 @@ def _open_own_append(folder: int, path: Path) -> int:
 
 
 def _not_followed(path, what: str = "a link"):
-    from ..exceptions import ForeignFileError  # here: the exceptions module need not load for the rest
 
     return ForeignFileError(f"{path}: {what}, not a file this tool wrote; nothing is written through it, and it is "
                             f"left as it is: move it away, or choose another output folder (--out)")
