@@ -7,7 +7,7 @@ import json
 import pytest
 
 from dbn.cli import main
-from dbn.jobs import run as run_module
+from dbn.jobs import figures as figures_module
 from dbn.model import flops
 
 from test_cli import N_CLASSES, N_FEATURES, make_dataset
@@ -51,8 +51,8 @@ def test_sgemm_rate_is_positive_and_finite():
 @pytest.mark.parametrize("measured", [True, False])
 def test_result_json_reports_flops_and_the_ratio_to_the_limit(tmp_path, monkeypatch, measured):
     if measured:  # this tiny job is under the threshold at which a run measures the sgemm rate
-        monkeypatch.setattr(run_module, "LIMIT_MIN_FLOPS", 0)
-        monkeypatch.setattr(run_module, "SGEMM_MEASUREMENTS", 2)
+        monkeypatch.setattr(figures_module, "LIMIT_MIN_FLOPS", 0)
+        monkeypatch.setattr(figures_module, "SGEMM_MEASUREMENTS", 2)
     make_dataset(tmp_path / "train.npz", n=240)
     out = tmp_path / "o"
     assert main(["train", "--set", f"data.train={tmp_path / 'train.npz'}", "--set", "data.test=none",

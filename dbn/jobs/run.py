@@ -27,12 +27,8 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
-import platform
 import shutil
 import signal
-import statistics
-import subprocess
 import time
 from pathlib import Path
 from typing import Callable, Protocol
@@ -54,12 +50,13 @@ from ..data.table_data import attach_inputs
 from ..data.training import ScoredRows, scored_rows
 from ..data.validation import class_warnings, counted, minibatch_warnings
 from ..errors import ConfigError, DataError, ModelFileError, UsageError
-from ..model import flops
-from ..model.backend import Backend, check_environment, resolve_device
+from ..model.backend import check_environment, resolve_device
 from ..model.estimator import DBN
 from ..model.persist import atomic_write
 from .memory_plan import check_one_process, plan as plan_memory
+from .figures import commit, device_name, flop_figures, phase_timings
 from .spec import JobSpec
+from .tracking import Tracker, tracker_for
 
 MODEL_FILE, RESULT_FILE, CONFIG_FILE = "model.npz", "result.json", "config.json"
 #: Every name a run writes in its output folder: none may be a file the project cannot prove its own.
@@ -123,6 +120,7 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
     throughout: a second run into it is refused at once, naming the folder and the holder.
     """
     check_environment()
+    tracker = tracker_for(spec)  # before anything is written: a setting it refuses is the job's
     out = Path(launcher.output_dir(spec)).resolve()
     made = _first_missing(out)
     check_folder(out)
@@ -137,9 +135,15 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
                 _unmake_parents(out, made)
             raise
         try:
-            return _run(spec, launcher, out, made, on_record=on_record, extra=extra, overwrite=overwrite)
+            result = _run(spec, launcher, out, made, on_record=on_record, extra=extra, overwrite=overwrite,
+                          tracker=tracker)
+        except BaseException as exc:
+            tracker.finish(None, out, error=exc)
+            raise
         finally:
             ownership.settle(out, RUN_NAMES)
+        tracker.finish(result, out)
+        return result
 
 
 def _first_missing(path: Path) -> Path | None:
@@ -163,20 +167,27 @@ def _unmake_parents(out: Path, made: Path) -> None:
 
 
 def _run(spec: JobSpec, launcher: Launcher, out: Path, made: Path | None, *, on_record: OnRecord | None,
-         extra: dict | None, overwrite: bool) -> dict:
+         extra: dict | None, overwrite: bool, tracker: Tracker) -> dict:
     """:func:`run` in the output folder ``out`` (``made``: the topmost folder this run made for it,
-    None when it was there), its lock held."""
+    None when it was there), its lock held, recorded by ``tracker`` as it goes."""
     claim_output(out, spec, resume=launcher.resume, overwrite=overwrite)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / CONFIG_FILE, spec.to_dict())
-    commit = _commit()  # the code that trains: the checkout may move on during a long run
+    tracker.start(spec, out)
+    told = on_record or (lambda record: None)
+
+    def on_record(record: dict) -> None:  # the tracker sees each record, then the caller
+        tracker.record(record)
+        told(record)
+
+    code = commit()  # the code that trains: the checkout may move on during a long run
     start = time.perf_counter()
     try:
         # What the job reads, fixed for the run (a table's version): config.json keeps the job as asked.
         earlier = shard_note(str(out / "shards"), SHARDS_SOURCE) if launcher.resume and (out / "shards").is_dir() \
             else None
         spec = spec.training_data.spec_for_run(earlier)
-        figures = launcher.train(spec, out, on_record or (lambda record: None))
+        figures = launcher.train(spec, out, on_record)
     except Exception:
         if made is not None and _nothing_but_config(out):
             shutil.rmtree(out)  # bad input, found before anything was written: leave no trace
@@ -200,7 +211,7 @@ def _run(spec: JobSpec, launcher: Launcher, out: Path, made: Path | None, *, on_
         "block_momentum": spec.cluster.block_settings(figures.get("shards"))["block_momentum"],
         "model": str(out / MODEL_FILE),
         **flop_result,
-        "params": spec.dbn_params(), "version": __version__, "commit": commit, "date": time.strftime("%Y-%m-%d"),
+        "params": spec.dbn_params(), "version": __version__, "commit": code, "date": time.strftime("%Y-%m-%d"),
         **(extra or {}),
     }
     write_json(out / RESULT_FILE, result)
@@ -231,34 +242,6 @@ def check_test_data(spec: JobSpec) -> None:
     if width != trained:
         raise DataError(f"{data.test}: {width} features a row, but the training data {train.uri} has {trained}: "
                         f"the model could not test it ([data] test)")
-
-
-#: Runs of fewer flops (about 2 minutes on 2 cores) report no ratio to the limit: measuring
-#: the sgemm rate (about 5 s) would cost more than it tells.
-LIMIT_MIN_FLOPS = 1e13
-#: sgemm measurements after training, of which the median is the rate: on a shared VM one
-#: measurement (the best of 3 products) ranged from 71 to 146 GFLOP/s within a minute.
-SGEMM_MEASUREMENTS = 7
-
-
-def flop_figures(out: Path, model: DBN, spec: JobSpec, train_seconds: float, *, measure: bool = True) -> dict:
-    """How close training came to this machine's FLOP limit: ``flops`` (the products of the
-    steps in the run's log), ``sgemm_gflops`` (this machine's rate on the job's device, the
-    GPU's for ``device = "gpu"``, else the CPU's with all BLAS threads: the median of :data:`SGEMM_MEASUREMENTS` right after training), ``flop_limit_seconds`` (the flops at that rate) and
-    ``ratio_to_limit``: the training's wall time (``train_seconds``: data preparation,
-    start-up, every step, the model written) over the limit. Without ``measure``, or
-    under :data:`LIMIT_MIN_FLOPS`, only the flops. A resumed run's log also counts the
-    steps of the run before, so its ratio reads low."""
-    sizes = [model.n_features_in_, *model.hidden_layers, model.learned("n_classes_") or 1]
-    total = flops.job_flops(runlog.read_progress(out / runlog.LOG_NAME), sizes, cd_k=spec.model.cd_k,
-                            persistent=spec.model.persistent, top_layer_epochs=spec.model.top_layer_epochs)
-    sgemm = None
-    if measure and total >= LIMIT_MIN_FLOPS:
-        backend = Backend(resolve_device(spec.job.device), seed=0)  # the limit of what trained
-        sgemm = statistics.median(flops.sgemm_gflops(backend) for _ in range(SGEMM_MEASUREMENTS))
-    limit = total / (sgemm * 1e9) if sgemm else None
-    return {"flops": total, "sgemm_gflops": sgemm, "flop_limit_seconds": limit, "train_wall_seconds": train_seconds,
-            "ratio_to_limit": train_seconds / limit if limit else None}
 
 
 def _nothing_but_config(out: Path) -> bool:
@@ -364,37 +347,6 @@ def write_json(path: Path, obj) -> None:
     """``obj`` as indented JSON at ``path``, atomically (NumPy scalars as numbers)."""
     text = json.dumps(obj, indent=2, default=lambda o: o.item() if hasattr(o, "item") else str(o)) + "\n"
     atomic_write(path, lambda f: f.write(text.encode()))
-
-
-def device_name(device: str) -> str:
-    """The hardware a device setting resolves to, e.g. "cpu: x86_64, 2 cores"."""
-    if resolve_device(device) == "gpu":
-        import cupy
-
-        name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"]
-        return f"gpu: {name.decode() if isinstance(name, bytes) else name}"
-    return f"cpu: {platform.processor() or platform.machine()}, {os.cpu_count()} cores"
-
-
-def _commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, timeout=5).stdout.strip() or None
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-
-
-def phase_timings(records: list[dict]) -> dict:
-    """Pre-training (transform + pretrain) and fine-tuning seconds and the share of
-    pre-training spent in synchronisation, from a master's step records."""
-    by_phase = runlog.seconds_by_phase(records)
-
-    def total(phases, key):
-        return sum(by_phase.get(p, {}).get(key, 0.0) for p in phases)
-
-    pre, pre_sync = total(("pretrain", "transform"), "seconds"), total(("pretrain", "transform"), "sync_seconds")
-    return {"pretrain_seconds": pre, "finetune_seconds": total(("finetune",), "seconds"),
-            "sync_fraction": pre_sync / pre if pre else None, "sync_seconds_pretrain": pre_sync}
 
 
 # ---------------------------------------------------------------- launchers

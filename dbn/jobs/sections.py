@@ -186,6 +186,14 @@ ModelSection.__doc__ = "DBN hyperparameters (generated from DBN.__init__: same n
 class OutputSection(Section):
     dir: str | None = setting(None, help=(
         "Where everything is written. none: `runs/<job name>`."))
+    mlflow: str | None = setting(None, help=(
+        "An MLflow tracking server (`http://host:5000`) the run is recorded in: its settings as parameters, "
+        "every step's figures as metrics, its files and the model as artifacts ([serving.md](serving.md)). A "
+        "server that is down or slow never slows or fails the training. none: `$MLFLOW_TRACKING_URI`, else no "
+        "tracking."))
+    model_name: str | None = setting(None, help=(
+        "Register the run's model in MLflow's model registry under this name (a new version each run), "
+        "loadable as `models:/<name>/<version>`. none: not registered."))
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,7 @@ _PATH_KEYS = {("data", "train"), ("data", "test"), ("data", "mnist_dir"), ("yarn
 
 #: Settings that say where or how a job runs, not what it trains: a run whose config.json
 #: differs from the job only in these is still a run of the same job.
-NOT_THE_JOB = ("source", "output.dir", "cluster.max_restarts", "cluster.heartbeat_timeout", "cluster.lost_shards", "cluster.shared_memory",
+NOT_THE_JOB = ("source", "output.dir", "output.mlflow", "output.model_name", "cluster.max_restarts", "cluster.heartbeat_timeout", "cluster.lost_shards", "cluster.shared_memory",
                "yarn")
 
 

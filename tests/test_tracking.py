@@ -1,0 +1,128 @@
+"""Runs tracked in MLflow (issue 55, parts 3 and 4), against a real tracking server (tests/mlflowserver.py):
+a --local 2 run's settings, every step's figures and its model, registered and loadable by name; a
+server that dies mid-run or is not there changes nothing of the training."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+mlflow = pytest.importorskip("mlflow")
+pd = pytest.importorskip("pandas")
+
+from mlflowserver import MlflowServer  # noqa: E402
+
+from dbn import DBN  # noqa: E402
+from dbn.errors import ConfigError  # noqa: E402
+from dbn.jobs.run import MiniCluster, run  # noqa: E402
+from dbn.jobs.spec import load_spec  # noqa: E402
+from dbn.jobs.tracking import MlflowTracker, metrics_of, params_of, tracker_for  # noqa: E402
+
+PRETRAIN_EPOCHS, FINETUNE_EPOCHS = 3, 4
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    server = MlflowServer(tmp_path_factory.mktemp("mlflow")).start()
+    yield server
+    server.stop()
+
+
+def job(tmp_path, name: str, tracking: str = "") -> object:
+    """A small --local 2 job on generated data (two layers, labels), tracked where ``tracking`` says."""
+    rng = np.random.default_rng(4)
+    X = rng.random((400, 12), dtype=np.float32)
+    y = (X[:, :3].sum(axis=1) > 1.5).astype(np.int64) + (X[:, 3] > 0.5)
+    np.savez(tmp_path / "data.npz", X=X, y=y)
+    path = tmp_path / f"{name}.toml"
+    path.write_text(f'[data]\ntrain = "data.npz"\n[model]\nhidden_layers = [8, 6]\npretrain_epochs = {PRETRAIN_EPOCHS}\n'
+                    f'finetune_epochs = {FINETUNE_EPOCHS}\npretrain_batch_size = 20\nfinetune_batch_size = 20\n'
+                    f'[output]\ndir = "{tmp_path / name}"\n{tracking}\n[job]\nname = "{name}"\n'
+                    f'[cluster]\nworkers = 2\nui = false\n')
+    return load_spec(path)
+
+
+def model_arrays(path) -> dict:
+    with np.load(path, allow_pickle=False) as arrays:
+        return {name: arrays[name] for name in arrays.files}
+
+
+def test_a_local_run_is_recorded_with_every_epochs_figures_and_its_model_registered(server, tmp_path):
+    spec = job(tmp_path, "tracked", f'mlflow = "{server.uri}"\nmodel_name = "tracked-digits"')
+    result = run(spec, MiniCluster())
+
+    client = mlflow.tracking.MlflowClient(server.uri)
+    (found,) = client.search_runs([client.get_experiment_by_name("tracked").experiment_id])
+    run_id = found.info.run_id
+    assert found.info.status == "FINISHED"
+    assert found.data.params["model.hidden_layers"] == "[8, 6]" and found.data.params["cluster.workers"] == "2"
+    for layer in (0, 1):  # every epoch of each RBM, and of fine-tuning
+        history = client.get_metric_history(run_id, f"pretrain.layer{layer}.reconstruction_error")
+        assert sorted(m.step for m in history) == list(range(PRETRAIN_EPOCHS)), history
+    assert len(client.get_metric_history(run_id, "finetune.train_error")) == FINETUNE_EPOCHS
+    assert 0 <= found.data.metrics["finetune.sync_share"] <= 1
+    assert {a.path for a in client.list_artifacts(run_id)} >= {"config.json", "log.jsonl", "result.json", "model"}
+
+    mlflow.set_tracking_uri(server.uri)
+    served = mlflow.pyfunc.load_model("models:/tracked-digits/1")
+    X = np.random.default_rng(9).random((50, 12), dtype=np.float32)
+    model = DBN.load(result["model"], device="cpu")
+    assert list(served.predict(X)) == list(model.predict(X))
+
+
+def test_a_tracking_server_killed_mid_run_leaves_the_run_and_its_model_as_without_tracking(tmp_path):
+    dying = MlflowServer(tmp_path / "dying").start()
+    plain = run(job(tmp_path, "plain"), MiniCluster())
+    spec = job(tmp_path, "killed", f'mlflow = "{dying.uri}"')
+    seen = []
+
+    def kill_at_the_first_step(record):
+        if "step" in record and not seen:
+            seen.append(record)
+            dying.stop()
+
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        tracked = run(spec, MiniCluster(), on_record=kill_at_the_first_step)
+    assert seen, "no step record came"
+    expected, got = model_arrays(plain["model"]), model_arrays(tracked["model"])
+    assert sorted(expected) == sorted(got)
+    for name in expected:
+        np.testing.assert_array_equal(got[name], expected[name], err_msg=name)
+    told = [str(w.message) for w in said if "MLflow tracking" in str(w.message)]
+    assert len(told) == 1 and dying.uri in told[0], told  # said once, however many calls failed
+
+
+def test_no_server_at_all_is_said_once_and_the_run_ends_as_usual(tmp_path):
+    from mlflowserver import free_port
+
+    spec = job(tmp_path, "nowhere", f'mlflow = "http://127.0.0.1:{free_port()}"')
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        result = run(spec, MiniCluster())
+    assert (tmp_path / "nowhere" / "model.npz").is_file() and result["n_test"] is None
+    assert len([w for w in said if "MLflow tracking" in str(w.message)]) == 1
+
+
+def test_a_model_name_without_a_tracking_server_is_refused_before_the_run(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    spec = job(tmp_path, "unnamed", 'model_name = "x"')
+    with pytest.raises(ConfigError, match=r"\[output\] model_name = 'x' registers the model in MLflow"):
+        tracker_for(spec)
+    assert not (tmp_path / "unnamed").exists()
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:1")
+    assert isinstance(tracker_for(spec), MlflowTracker)
+
+
+def test_a_step_records_figures_are_keyed_by_phase_and_layer_and_stepped_by_epoch():
+    record = {"step": 7, "of": 20, "phase": "pretrain", "layer": 1, "epoch": 2, "reconstruction_error": 3.5,
+              "seconds": 2.0, "sync_seconds": 0.5, "shards": 2, "time": 1.0}
+    assert sorted(metrics_of(record)) == [("pretrain.layer1.reconstruction_error", 3.5, 2),
+                                          ("pretrain.layer1.seconds", 2.0, 2),
+                                          ("pretrain.layer1.sync_seconds", 0.5, 2),
+                                          ("pretrain.layer1.sync_share", 0.25, 2)]
+    assert metrics_of({"event": "checkpoint", "step": 3}) == []
+    assert params_of({"model": {"hidden_layers": [8, 6], "n_classes": None}, "source": "job.toml"}) == {
+        "model.hidden_layers": "[8, 6]", "source": "job.toml"}
