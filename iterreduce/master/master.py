@@ -53,7 +53,7 @@ from .membership import HEARTBEATS_PER_S, Membership, WorkerInfo, heartbeat_timi
 from .resume import checkpoint_to_resume, job_fingerprint, load_checkpoint
 from .rounds import Rounds
 from .service import MasterService, master_server
-from .view import start_view
+from .livepage import start_view
 
 log = logging.getLogger("iterreduce.master")
 
