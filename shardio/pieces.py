@@ -15,7 +15,8 @@ from iterreduce.specification import Specification
 
 from .counted import checked_row_groups
 from .filters import row_filter
-from .tables import EXPRESSION_ERRORS, VERSIONED_FORMATS, TableSource, partition_names, with_version_fixed
+from .folder_tables import partition_names
+from .tables import EXPRESSION_ERRORS, TABLE_READERS, TableSource, with_version_fixed
 
 
 # ------------------------------------------------------------------ pieces
@@ -49,9 +50,7 @@ def table_pieces(source: TableSource, dataset: ds.FileSystemDataset) -> list[Pie
 def deleted_rows(source: TableSource) -> dict[str, np.ndarray]:
     """The rows of each data file (by path) that ``source``'s table no longer holds although the
     file does (an Iceberg table's positional delete files); none for other tables."""
-    reader = VERSIONED_FORMATS.get(source.format)
-    if reader is None:
-        return {}
+    reader = TABLE_READERS[source.format]
     return reader.deleted_rows(source.uri, with_version_fixed(source).version, source.allow_outside_files)
 
 

@@ -33,25 +33,25 @@ import pyarrow.dataset as ds
 
 from iterreduce.exceptions import ShardError, TableError
 from iterreduce.specification import Specification
-from iterreduce.storage.filesystems import filesystem
 
 from . import delta, iceberg
-from .columns import STORED_NAME, feature_kind, plain_schema, some_columns
+from .columns import STORED_NAME, feature_kind, some_columns
 from .filters import RowFilter, row_filter
+from .folder_tables import FolderTable, partition_names
 from .labels import is_label_type
-from .lakehouse import check_not_lakehouse, parse_version
+from .lakehouse import parse_version
 
 #: A table's format, and the format of its data files: a Delta Lake table's are Parquet files
 #: that its log lists (:mod:`shardio.delta`), an Apache Iceberg table's those its metadata
 #: lists (:mod:`shardio.iceberg`).
 FILE_FORMATS = {"parquet": "parquet", "orc": "orc", "delta": "parquet", "iceberg": "parquet"}
 FORMATS = tuple(FILE_FORMATS)
-#: The formats whose tables have versions (``version``: a Delta version or an Iceberg snapshot id,
-#: or a time), and the module that reads each: ``version_number(uri, version)`` and ``dataset(uri, version)``.
-VERSIONED_FORMATS = {"delta": delta, "iceberg": iceberg}
-#: Names of Spark's and Hadoop's side files and folders (_SUCCESS, _committed_*, _started_*,
-#: _temporary/, .part-*.crc): never data, and _temporary/ holds unfinished writes.
-SIDE_FILE_PREFIXES = ("_", ".")
+#: The reader of each format's tables, each with ``version_number(uri, version, allow_outside)``,
+#: ``dataset(uri, version, allow_outside)`` and ``deleted_rows(uri, version, allow_outside)``: a new
+#: format is a new reader here.
+TABLE_READERS = {"parquet": FolderTable("parquet"), "orc": FolderTable("orc"), "delta": delta, "iceberg": iceberg}
+#: The formats whose tables have versions (``version``: a Delta version or an Iceberg snapshot id, or a time).
+VERSIONED_FORMATS = ("delta", "iceberg")
 GLOB_CHARS = "*?["
 #: What pyarrow raises when an expression does not fit the table's types.
 EXPRESSION_ERRORS = (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid)
@@ -160,85 +160,16 @@ def with_version_fixed(source: TableSource) -> TableSource:
     table without versions as it is."""
     if source.format not in VERSIONED_FORMATS or isinstance(source.version, int):
         return source
-    reader = VERSIONED_FORMATS[source.format]
-    number = reader.version_number(source.uri, source.version, source.allow_outside_files)
+    number = TABLE_READERS[source.format].version_number(source.uri, source.version, source.allow_outside_files)
     return dataclasses.replace(source, version=number)
 
 
 def open_dataset(source: TableSource) -> ds.FileSystemDataset:
-    """The table at ``source.uri`` as a ``pyarrow.dataset``: its data files (Spark's and
-    Hadoop's side files skipped) and hive partition folders (``key=value``) as columns; a
-    Delta Lake or Iceberg table's live files at its version (:data:`VERSIONED_FORMATS`). A
-    lakehouse table's folder read as plain files is refused
-    (:func:`shardio.lakehouse.check_not_lakehouse`)."""
-    if source.format in VERSIONED_FORMATS:
-        version = with_version_fixed(source).version
-        return VERSIONED_FORMATS[source.format].dataset(source.uri, version, source.allow_outside_files)
-    fs, path = filesystem(source.uri)
-    check_not_lakehouse(fs, path, source.uri)  # its folder holds files that are no longer the table
-    try:
-        # exclude_invalid_files would open every file while listing (slow on HDFS): side files are
-        # skipped by name instead, and a file that is not Parquet/ORC fails when read, named.
-        options = dict(filesystem=fs, format=source.format, partitioning="hive",
-                       ignore_prefixes=list(SIDE_FILE_PREFIXES), exclude_invalid_files=False)
-        dataset = _with_merged_schema(ds.dataset(path, **options))
-    except FileNotFoundError:
-        raise ShardError(f"{source.uri}: no such file or directory") from None
-    except (OSError, pa.ArrowException) as exc:
-        raise ShardError(f"{source.uri}: cannot open as a {source.format} table ({type(exc).__name__}: {exc})") from exc
-    if not dataset.files:
-        raise ShardError(f"{source.uri}: no data files (side files, whose names start with "
-                         f"{' or '.join(map(repr, SIDE_FILE_PREFIXES))}, are skipped)")
-    return dataset
-
-
-def _with_merged_schema(dataset: ds.FileSystemDataset) -> ds.FileSystemDataset:
-    """``dataset`` (discovered: the first file's schema) with the merged schema of all its files, as
-    Spark's ``mergeSchema`` reads a table whose files differ: a column that older files lack is
-    null in their rows (:data:`ABSENT`), a type that later files widen (int32 to int64, float to
-    double) the wider; string views as the strings they hold. The footers are read once: the
-    fragments keep them, and :func:`pieces` cuts the row groups from them."""
-    fragments = sorted(dataset.get_fragments(), key=lambda fragment: fragment.path)
-    schemas = [_physical_schema(fragment) for fragment in fragments]
-    if not schemas or all(schema.equals(schemas[0]) for schema in schemas[1:]):
-        merged = dataset.schema
-    else:
-        stored = _merged_fields(schemas)
-        partitions = set(partition_names(dataset)) - set(stored.names)
-        merged = pa.schema(list(stored) + [field for field in dataset.schema if field.name in partitions])
-    merged = plain_schema(merged)
-    if merged == dataset.schema:
-        return dataset
-    return ds.FileSystemDataset(fragments, merged, dataset.format, filesystem=dataset.filesystem)
-
-
-def _physical_schema(fragment: ds.FileFragment) -> pa.Schema:
-    """The schema of one data file, from its footer; an unreadable file is named."""
-    try:
-        return fragment.physical_schema
-    except (OSError, pa.ArrowException) as exc:
-        raise ShardError(f"{fragment.path}: not a readable data file ({type(exc).__name__}: {exc})") from exc
-
-
-def _merged_fields(schemas: list[pa.Schema]) -> pa.Schema:
-    """The columns of ``schemas`` in order of first appearance, each of the type its files' types
-    widen to. Where a column's types do not merge (numbers in one file, strings in another), the
-    first file's: each file's own type is checked where that file is read, naming it."""
-    try:
-        return pa.unify_schemas(schemas, promote_options="permissive")
-    except (pa.ArrowTypeError, pa.ArrowInvalid):
-        pass
-    fields: dict[str, pa.Field] = {}
-    for schema in schemas:
-        for field in schema:
-            have = fields.setdefault(field.name, field)
-            if have.type != field.type:
-                try:
-                    fields[field.name] = pa.unify_schemas([pa.schema([have]), pa.schema([field])],
-                                                          promote_options="permissive").field(0)
-                except (pa.ArrowTypeError, pa.ArrowInvalid):
-                    pass
-    return pa.schema(list(fields.values()))
+    """The table of ``source`` as a ``pyarrow.dataset`` of its data files at its version, read by
+    its format's reader (:data:`TABLE_READERS`): a folder's files (:mod:`shardio.folder_tables`), or
+    a Delta Lake or Iceberg table's live files at its version."""
+    reader = TABLE_READERS[source.format]
+    return reader.dataset(source.uri, with_version_fixed(source).version, source.allow_outside_files)
 
 
 def resolve(source: TableSource, dataset: ds.FileSystemDataset) -> TableSource:
@@ -262,16 +193,6 @@ def resolve(source: TableSource, dataset: ds.FileSystemDataset) -> TableSource:
     stored_names = tuple((field.name, field.metadata[STORED_NAME].decode()) for field in dataset.schema
                          if field.metadata and STORED_NAME in field.metadata)
     return dataclasses.replace(source, features=tuple(names), stored_names=stored_names)
-
-
-def partition_names(dataset: ds.FileSystemDataset) -> list[str]:
-    """The columns that come from ``key=value`` folder names. (Read from the files' partition
-    expressions: a discovered hive partitioning of a table without such folders reports
-    every column in its schema.)"""
-    keys: dict[str, None] = {}
-    for fragment in dataset.get_fragments():
-        keys.update(dict.fromkeys(ds.get_partition_keys(fragment.partition_expression)))
-    return [name for name in dataset.schema.names if name in keys]
 
 
 def _file_with_column(dataset: ds.FileSystemDataset, name: str) -> str:

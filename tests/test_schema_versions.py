@@ -242,14 +242,14 @@ class CountingHandler(pafs.FileSystemHandler):
 
 def test_the_footers_merged_are_those_the_pieces_are_cut_from(tmp_path, monkeypatch):
     """Merging the schemas reads each footer once, and cutting the pieces reads none again."""
-    import shardio.tables as tables
+    import shardio.folder_tables as folder_tables
 
     for day in range(1, 6):
         write(rows(day, 60, extra=["f10"] if day > 3 else ()), tmp_path / "t" / f"day={day}" / "part-0.parquet",
               "parquet")
     handler = CountingHandler()
     counting = pafs.PyFileSystem(handler)
-    monkeypatch.setattr(tables, "filesystem", lambda uri: (counting, str(tmp_path / "t")))
+    monkeypatch.setattr(folder_tables, "filesystem", lambda uri: (counting, str(tmp_path / "t")))
     source = TableSource(str(tmp_path / "t"), ["f1", "f10"], label="label")
     dataset = open_dataset(source)
     found = table_pieces(resolve(source, dataset), dataset)
