@@ -54,9 +54,10 @@ def test_a_local_run_is_recorded_with_every_epochs_figures_and_its_model_registe
     result = run(spec, MiniCluster())
 
     client = mlflow.tracking.MlflowClient(server.uri)
+    assert result["mlflow_run"].startswith(f"{server.uri}/#/experiments/")  # dbn train's last line says it
     (found,) = client.search_runs([client.get_experiment_by_name("tracked").experiment_id])
     run_id = found.info.run_id
-    assert found.info.status == "FINISHED"
+    assert found.info.status == "FINISHED" and result["mlflow_run"].endswith(f"/runs/{run_id}")
     assert found.data.params["model.hidden_layers"] == "[8, 6]" and found.data.params["cluster.workers"] == "2"
     for layer in (0, 1):  # every epoch of each RBM, and of fine-tuning
         history = client.get_metric_history(run_id, f"pretrain.layer{layer}.reconstruction_error")

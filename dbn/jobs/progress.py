@@ -145,4 +145,5 @@ def summary_line(result: dict) -> str:
     pretrained = result.get("epochs", {}).get("pretrain") != 0  # else the share is of preparing the data alone
     sync = "" if result.get("sync_fraction") is None or not pretrained else \
         f", {100 * result['sync_fraction']:.1f} % of pre-training in sync"
-    return f"{head}  ({result['wall_seconds']:.0f} s{sync})  model: {result['model']}"
+    tracked = f"\ntracked in MLflow: {result['mlflow_run']}" if result.get("mlflow_run") else ""
+    return f"{head}  ({result['wall_seconds']:.0f} s{sync})  model: {result['model']}{tracked}"

@@ -143,7 +143,8 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
         finally:
             ownership.settle(out, RUN_NAMES)
         tracker.finish(result, out)
-        return result
+        # where the run is shown (known once the tracking server answered): said, not kept in result.json
+        return {**result, "mlflow_run": tracker.link} if tracker.link else result
 
 
 def _first_missing(path: Path) -> Path | None:
