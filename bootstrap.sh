@@ -41,3 +41,10 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.installed-*
   touch "$stamp"
 fi
+
+# The MLflow tests' tracking server (tests/mlflowserver.py): full mlflow in an environment of its own in the
+# per-user cache, made once here rather than inside the suite's time.
+if [[ ",$extras," == *",test,"* ]]; then
+  .venv/bin/python tests/mlflowserver.py >/dev/null \
+    || echo "bootstrap: could not make the MLflow server's environment: tests/test_tracking.py will try again" >&2
+fi

@@ -102,3 +102,7 @@ class MlflowServer:
         if self.process is not None and self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
+
+
+if __name__ == "__main__":  # bootstrap.sh test makes the server's environment before the suite runs
+    print(server_executable())
