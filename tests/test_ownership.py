@@ -413,3 +413,26 @@ def test_a_folder_where_the_lock_goes_is_refused_and_left_as_it_is(tmp_path):
             with take(folder):
                 pass
         assert (folder / ownership.LOCK_NAME).is_dir()
+
+
+def test_a_move_never_goes_through_a_link_on_its_way(tmp_path):
+    """LocalFolder.move reaches both names one at a time, as a delete does: a folder on the way that
+    is a link to somewhere else is refused, and what the link points at stays as it is."""
+    from iterreduce.storage.ownership import LocalFolder
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "f").write_text("theirs")
+    out = tmp_path / "out"
+    (out / "previous").mkdir(parents=True)
+    (out / "via").symlink_to(outside)
+    (out / "mine").write_text("ours")
+    folder = LocalFolder(out)
+    with pytest.raises(OSError):
+        folder.move("via/f", "previous/f")  # out of the linked folder
+    with pytest.raises(OSError):
+        folder.move("mine", "via/mine")  # into it
+    assert sorted(p.name for p in outside.iterdir()) == ["f"] and (outside / "f").read_text() == "theirs"
+    assert (out / "mine").read_text() == "ours"
+    folder.move("mine", "previous/mine")
+    assert (out / "previous" / "mine").read_text() == "ours"

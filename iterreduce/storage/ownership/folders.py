@@ -216,7 +216,9 @@ class LocalFolder(Folder):
             os.mkdir(name, dir_fd=fd)
 
     def move(self, rel: str, to: str) -> None:
-        os.rename(self.path(rel), self.path(to))
+        # both ends reached one name at a time, as a delete is: a link on the way is refused (ELOOP)
+        with self._parent(rel) as (source, name), self._parent(to) as (target, new_name):
+            os.rename(name, new_name, src_dir_fd=source, dst_dir_fd=target)
 
     def link_or_copy(self, rel: str, to: str) -> None:
         try:
