@@ -198,19 +198,10 @@ class JobSpec(Specification):
         """Why an earlier run's ``config.json`` (``earlier``, as :meth:`to_dict` wrote it) is of
         another job than this one, e.g. "its config.json differs: model.pretrain_epochs 5 there,
         10 here"; None when it is this job. Settings in :data:`NOT_THE_JOB` do not count."""
-        def flat(d, prefix=""):
-            items = {}
-            for key, value in (d.items() if isinstance(d, dict) else ()):
-                if isinstance(value, dict):
-                    items.update(flat(value, f"{prefix}{key}."))
-                else:
-                    items[f"{prefix}{key}"] = value
-            return items
-
         def counts(key: str) -> bool:
             return not any(key == name or key.startswith(f"{name}.") for name in NOT_THE_JOB)
 
-        a, b = flat(earlier), flat(self.to_dict())
+        a, b = dotted(earlier), dotted(self.to_dict())
         differ = [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if counts(k) and a.get(k) != b.get(k)]
         if not differ:
             return None
@@ -280,6 +271,18 @@ class JobSpec(Specification):
         """The job's :class:`~dbn.data.training.TrainingData` (shards, a table read in place or a data
         file), decided once for this spec: every path of the job asks the same one."""
         return training_data(self)
+
+
+def dotted(settings, prefix: str = "") -> dict:
+    """Sections of settings (``JobSpec.to_dict()``'s, or a ``config.json``'s) as one dict of
+    ``section.key`` names; what is not a dict has none."""
+    items = {}
+    for key, value in (settings.items() if isinstance(settings, dict) else ()):
+        if isinstance(value, dict):
+            items.update(dotted(value, f"{prefix}{key}."))
+        else:
+            items[f"{prefix}{key}"] = value
+    return items
 
 
 #: The paper's run (784-500-500-2000-10 on MNIST), used when no config file is given;

@@ -23,6 +23,7 @@ import warnings
 from pathlib import Path
 
 from ..errors import ConfigError, ModelFileError
+from .spec import dotted
 
 #: what the queue holds between the run and the thread that sends (a few hundred a job, usually)
 QUEUE_ITEMS = 10_000
@@ -90,16 +91,9 @@ def metrics_of(record: dict) -> list[tuple[str, float, int]]:
     return found
 
 
-def params_of(settings: dict, prefix: str = "") -> dict[str, str]:
+def params_of(settings: dict) -> dict[str, str]:
     """A job's settings (``JobSpec.to_dict()``) as flat ``section.key`` parameters, unset ones left out."""
-    flat = {}
-    for key, value in settings.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(params_of(value, f"{name}."))
-        elif value is not None:
-            flat[name] = str(value)[:PARAM_CHARS]
-    return flat
+    return {name: str(value)[:PARAM_CHARS] for name, value in dotted(settings).items() if value is not None}
 
 
 class MlflowTracker(Tracker):
