@@ -71,7 +71,7 @@ def partition_names(dataset: ds.FileSystemDataset) -> list[str]:
 def _with_merged_schema(dataset: ds.FileSystemDataset) -> ds.FileSystemDataset:
     """``dataset`` (discovered: the first file's schema) with the merged schema of all its files, as
     Spark's ``mergeSchema`` reads a table whose files differ: a column that older files lack is
-    null in their rows (:data:`shardio.tables.ABSENT`), a type that later files widen (int32 to int64, float to
+    null in their rows (:data:`shardio.schema_checks.ABSENT`), a type that later files widen (int32 to int64, float to
     double) the wider; string views as the strings they hold. The footers are read once: the
     fragments keep them, and :func:`shardio.pieces.pieces` cuts the row groups from them."""
     fragments = sorted(dataset.get_fragments(), key=lambda fragment: fragment.path)

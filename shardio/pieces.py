@@ -16,7 +16,8 @@ from iterreduce.specification import Specification
 from .counted import checked_row_groups
 from .filters import row_filter
 from .folder_tables import partition_names
-from .tables import EXPRESSION_ERRORS, TABLE_READERS, TableSource, with_version_fixed
+from .schema_checks import EXPRESSION_ERRORS
+from .tables import TABLE_READERS, TableSource, with_version_fixed
 
 
 # ------------------------------------------------------------------ pieces

@@ -21,8 +21,9 @@ from .counted import checked_group_rows, counted_batches, miscounted_rows
 from .labels import LabelMap, label_values
 from .pieces import Piece, table_pieces
 from .shards import STREAM_ROWS
-from .tables import (ABSENT, EXPRESSION_ERRORS, FILE_FORMATS, GLOB_CHARS, ROW, TableSource, check_feature_type,
-                     check_label, column_type, feature_columns, is_absent, open_dataset)
+from .schema_checks import (ABSENT, EXPRESSION_ERRORS, GLOB_CHARS, check_feature_type, check_label, column_type,
+                            feature_columns, is_absent)
+from .tables import FILE_FORMATS, ROW, TableSource, open_dataset
 
 
 # ------------------------------------------------------------------ reading

@@ -4,8 +4,9 @@ hive-partitioned (``year=2024/country=NL/part-...``) or not, or one file, at any
 
 The steps, one function each:
 
-- :func:`open_dataset` finds the data files, skipping Spark's and Hadoop's side files;
-- :func:`resolve` checks a :class:`TableSource` against the schema before any data is read;
+- :func:`open_source` opens a :class:`TableSource`'s table at one version: :func:`open_dataset`
+  finds the data files (skipping Spark's and Hadoop's side files) and :func:`resolve` checks
+  the source against the schema before any data is read;
 - :func:`shardio.pieces.pieces` cuts the table into work units (a Parquet row group, or an ORC
   file), plain data a master can send, and :func:`shardio.pieces.assign` balances them among
   workers by rows;
@@ -24,8 +25,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import difflib
-import fnmatch
 from dataclasses import dataclass
 
 import pyarrow as pa
@@ -35,11 +34,11 @@ from iterreduce.exceptions import ShardError, TableError
 from iterreduce.specification import Specification
 
 from . import delta, iceberg
-from .columns import STORED_NAME, feature_kind, some_columns
+from .columns import STORED_NAME
 from .filters import RowFilter, row_filter
 from .folder_tables import FolderTable, partition_names
-from .labels import is_label_type
 from .lakehouse import parse_version
+from .schema_checks import check_filter, check_label, feature_columns
 
 #: A table's format, and the format of its data files: a Delta Lake table's are Parquet files
 #: that its log lists (:mod:`shardio.delta`), an Apache Iceberg table's those its metadata
@@ -52,19 +51,7 @@ FORMATS = tuple(FILE_FORMATS)
 TABLE_READERS = {"parquet": FolderTable("parquet"), "orc": FolderTable("orc"), "delta": delta, "iceberg": iceberg}
 #: The formats whose tables have versions (``version``: a Delta version or an Iceberg snapshot id, or a time).
 VERSIONED_FORMATS = ("delta", "iceberg")
-GLOB_CHARS = "*?["
-#: What pyarrow raises when an expression does not fit the table's types.
-EXPRESSION_ERRORS = (pa.ArrowNotImplementedError, pa.ArrowTypeError, pa.ArrowInvalid)
 ROW = "__row_in_file"  # the column read_piece adds: each row's index in its file, for errors
-#: Field metadata of a piece's schema: a column the table has and the piece's file lacks (written
-#: before the column was added), null in the file's rows (:func:`_open_piece`).
-ABSENT = b"iterreduce.absent"
-
-
-def is_absent(schema: pa.Schema, name: str) -> bool:
-    """Whether column ``name`` of a piece's schema is one its file lacks (:data:`ABSENT`)."""
-    metadata = schema.field(name).metadata
-    return bool(metadata) and ABSENT in metadata
 
 
 # ------------------------------------------------------------------ the source
@@ -172,6 +159,15 @@ def open_dataset(source: TableSource) -> ds.FileSystemDataset:
     return reader.dataset(source.uri, with_version_fixed(source).version, source.allow_outside_files)
 
 
+def open_source(source: TableSource) -> tuple[TableSource, ds.FileSystemDataset]:
+    """The table of ``source`` opened once at a fixed version (:func:`with_version_fixed`), and
+    ``source`` resolved against it (:func:`resolve`): the one step a reader takes before it
+    lists pieces or reads rows."""
+    source = with_version_fixed(source)
+    dataset = open_dataset(source)
+    return resolve(source, dataset), dataset
+
+
 def resolve(source: TableSource, dataset: ds.FileSystemDataset) -> TableSource:
     """``source`` with its features as the list of columns they name in ``dataset`` (a glob
     expanded in schema order), after checking, before any data is read, that every feature is
@@ -189,7 +185,7 @@ def resolve(source: TableSource, dataset: ds.FileSystemDataset) -> TableSource:
     if source.label is not None:
         check_label(dataset.schema, source.label, source.uri, found_in)
     if source.filter is not None:
-        _check_filter(source.rows_kept, dataset.schema, source.uri)
+        check_filter(source.rows_kept, dataset.schema, source.uri)
     stored_names = tuple((field.name, field.metadata[STORED_NAME].decode()) for field in dataset.schema
                          if field.metadata and STORED_NAME in field.metadata)
     return dataclasses.replace(source, features=tuple(names), stored_names=stored_names)
@@ -203,69 +199,3 @@ def _file_with_column(dataset: ds.FileSystemDataset, name: str) -> str:
         if name in schema.names and schema.field(name).type == wanted:
             return fragment.path
     return dataset.files[0]
-
-
-def feature_columns(source: TableSource, schema: pa.Schema, stored: list[str], where: str,
-                     found_in=lambda name: "") -> list[str]:
-    """The feature columns of ``source`` in ``schema``, each checked to be numeric. Each entry of
-    ``source.features`` (one string, or each of a list) names a column or, where no column has
-    that name and it holds a glob character, is a glob over ``stored`` (the file's own columns)
-    in their order, leaving out the label and the columns an earlier entry gave."""
-    entries = source.features if isinstance(source.features, tuple) else (source.features,)
-    present = set(schema.names)  # sets, not lists: a wide table has thousands of columns
-    names: dict[str, None] = {}  # in order, each once
-    for entry in entries:
-        if entry in present or not any(char in entry for char in GLOB_CHARS):
-            names[entry] = None
-            continue
-        matched = [name for name in stored if fnmatch.fnmatchcase(name, entry) and name != source.label]
-        if not matched:
-            raise ShardError(f"{where}: no column matches features = {entry!r} ({some_columns(stored)})")
-        names.update(dict.fromkeys(name for name in matched if name not in names))
-    names = list(names)
-    for name in names:
-        check_feature_type(schema, name, where, found_in)
-    return names
-
-
-def check_feature_type(schema: pa.Schema, name: str, where: str, found_in=lambda name: "") -> None:
-    """Refuse column ``name`` of ``schema`` unless it holds features, naming its type (and where it
-    is found); a column of strings is named as one of categories."""
-    type_ = column_type(schema, name, where)
-    if feature_kind(type_) is not None or is_absent(schema, name):  # an absent column: its rows are refused if used
-        return
-    found = found_in(name)
-    categories = pa.types.is_string(type_) or pa.types.is_large_string(type_) or pa.types.is_dictionary(type_)
-    hint = (": a column of categories; encode it as numbers first (one 0/1 column a category, as "
-            "Spark ML's OneHotEncoder writes), or leave it out of the features" if categories else "")
-    raise ShardError(f"{where}: feature column {name!r} is {type_}{f' ({found})' if found else ''}: "
-                     f"features must be numbers (int, float, bool), lists of numbers, or Spark ML vectors{hint}")
-
-
-def column_type(schema: pa.Schema, name: str, where: str) -> pa.DataType:
-    # get_field_index is a lookup (schema.names a new list: thousands of columns made this quadratic);
-    # -1 also means a name twice, which schema.field refuses below.
-    if schema.get_field_index(name) < 0 and name not in schema.names:
-        close = difflib.get_close_matches(name, schema.names, n=3)
-        hint = (f"did you mean {' or '.join(map(repr, close))}?" if close else some_columns(schema.names))
-        raise ShardError(f"{where}: no column {name!r} ({hint})")
-    return schema.field(name).type
-
-
-def check_label(schema: pa.Schema, name: str, where: str, found_in=lambda name: "") -> None:
-    type_ = column_type(schema, name, where)
-    if not is_label_type(type_) and not is_absent(schema, name):
-        found = found_in(name)
-        raise ShardError(f"{where}: label column {name!r} is {type_}{f' ({found})' if found else ''}: "
-                         f"labels must be integers, strings or booleans (one value per class)")
-
-
-def _check_filter(rows: RowFilter, schema: pa.Schema, where: str) -> None:
-    """Refuse a filter on a column ``schema`` lacks or comparing values of other types."""
-    for name in rows.columns:
-        column_type(schema, name, f"{where}: filter {rows.text!r}")
-    try:  # pyarrow checks the types when it evaluates: on no rows, that is all it does
-        schema.empty_table().filter(rows.expression)
-    except EXPRESSION_ERRORS as exc:
-        types = ", ".join(f"{name} is {schema.field(name).type}" for name in rows.columns)
-        raise ShardError(f"{where}: filter {rows.text!r} compares values of different types ({types}): {exc}") from None

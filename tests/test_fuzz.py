@@ -1261,14 +1261,14 @@ FILTER_SCHEMA = pa.schema([("a", pa.int64()), ("b", pa.float64()), ("c", pa.stri
 def test_filter_parser_gives_an_expression_or_a_table_error(text):
     """``row_filter`` (the parse) and the check against a table's types (where pyarrow evaluates
     the expression): any text gives a result or the runtime's own error naming the filter."""
-    from shardio import filters, tables
+    from shardio import filters, schema_checks, tables
     from iterreduce.exceptions import IterReduceError
 
     try:
         with within("parse_filter"):
             rows = filters.row_filter(text)
             expression, columns = rows.expression, rows.columns
-            tables._check_filter(rows, FILTER_SCHEMA, "table")
+            schema_checks.check_filter(rows, FILTER_SCHEMA, "table")
     except IterReduceError as exc:  # TableError for the text; ShardError for columns or types the table lacks
         assert isinstance(exc, (tables.TableError, ShardError)), type(exc)
         assert "filter" in str(exc), str(exc)

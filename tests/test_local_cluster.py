@@ -378,13 +378,13 @@ def test_master_sigkill_then_resume_is_bit_identical_on_a_table(tmp_path, monkey
     resumed, the new workers scale their raw rows by the checkpointed statistics again."""
     from test_table_jobs import write_animals
 
-    from dbn.data.table_data import table_shards
+    from dbn.data.table_data import open_table, table_shards
     from dbn.jobs.spec import DataSection
 
     write_animals(tmp_path / "table")
     data = DataSection(train=str(tmp_path / "table"), features=("vec", "x0", "x1", "x2", "x3"), label="animal",
                        filter="split == 'train'")
-    shards = table_shards(data, 2, str(tmp_path / "shares"))
+    shards = table_shards(open_table(data), 2, str(tmp_path / "shares"))
     config = dict(hidden_layers=[16, 8], pretrain_epochs=2, finetune_epochs=2, top_layer_epochs=1, n_classes=3,
                   seed=0, stream=stream, scale="min_max", pretrain_batch_size=20, finetune_batch_size=20)
     # Steps: stats; transform, 2 pretrain (layer 0); transform, 2 pretrain (layer 1); 2 finetune.

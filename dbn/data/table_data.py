@@ -4,6 +4,7 @@ The job file names the table (``[data] train``, a directory or file URI), its fe
 columns, its label column, an optional row filter and the feature scaling. This module
 turns that into what training needs, with no copy of the data:
 
+- :func:`open_table`: the table opened once (:class:`OpenedTable`), what the steps below take;
 - :func:`table_shards`: the table's pieces (Parquet row groups, ORC files) split among the
   workers, balanced by rows, each share saved as a small ``.table.json`` file that the
   runtime hands out like a Parquet shard (:class:`shardio.table_shard.TableShard`);
@@ -18,6 +19,7 @@ turns that into what training needs, with no copy of the data:
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 import pyarrow as pa
@@ -31,7 +33,7 @@ from shardio.shards import shard_set
 from shardio.pieces import assign, table_pieces
 from shardio.reading import column_widths, label_classes, read_columns, read_piece
 from shardio.table_shard import TableShard
-from shardio.tables import TableSource, open_dataset, resolve, with_version_fixed
+from shardio.tables import TableSource, open_source, with_version_fixed
 
 from .sharding import FEATURES_COLUMNS, PREDICTION_COLUMNS, RowsWriter, output_columns, output_format
 from .validation import DataError
@@ -84,53 +86,60 @@ def _stats(source: TableSource, found, n_features: int) -> FeatureStats:
     return stats
 
 
-def _widths(source: TableSource, found) -> tuple[int, ...]:
-    """The features each feature column gives a row, from the first piece with rows."""
-    features_only = dataclasses.replace(source, label=None)
-    for piece in found:
-        widths = column_widths(features_only, piece)
-        if widths is not None:
-            return widths
-    raise DataError(f"{source.uri}: no row passes the filter {source.filter!r}" if source.filter
-                    else f"{source.uri}: the table has no rows")
+@dataclasses.dataclass(frozen=True)
+class OpenedTable:
+    """A table as a job reads it, opened once (:func:`open_table`): its ``source`` (version fixed,
+    columns resolved), the ``dataset`` and the ``pieces`` its filter keeps. The features each
+    column gives (``widths``) and the label classes are read when first asked, once."""
+
+    source: TableSource
+    dataset: object
+    pieces: tuple
+
+    @functools.cached_property
+    def widths(self) -> tuple[int, ...]:
+        """The features each feature column gives a row, from the first piece with rows."""
+        features_only = dataclasses.replace(self.source, label=None)
+        for piece in self.pieces:
+            widths = column_widths(features_only, piece)
+            if widths is not None:
+                return widths
+        raise DataError(f"{self.source.uri}: no row passes the filter {self.source.filter!r}" if self.source.filter
+                        else f"{self.source.uri}: the table has no rows")
+
+    @property
+    def n_features(self) -> int:
+        """The features a row gives."""
+        return sum(self.widths)
+
+    @functools.cached_property
+    def classes(self) -> LabelMap | None:
+        """The label classes (one pass over the label column), None for a table read without labels."""
+        return None if self.source.label is None else label_classes(self.source, self.dataset)
+
+    def shard(self, pieces=None) -> TableShard:
+        """The table (or its ``pieces``) as a :class:`TableShard`, the reader a worker is given."""
+        return TableShard(self.source, tuple(self.pieces if pieces is None else pieces), self.n_features,
+                          self.classes, self.widths)
 
 
-def _opened(data, test: bool = False, columns: tuple[str, ...] | None = None):
-    """``(source, dataset, pieces)`` of the training (or ``test``) table: its columns resolved
-    (``columns``, those a model reads, instead of ``[data] features`` when given), the pieces
-    its filter keeps, none of them an error naming the table."""
+def open_table(data, test: bool = False, columns: tuple[str, ...] | None = None) -> OpenedTable:
+    """The training (or ``test``) table that ``data`` (a job's ``[data]``) names, opened once: its
+    columns resolved (``columns``, those a model reads, instead of ``[data] features`` when given)
+    and the pieces its filter keeps, none of them an error naming the table. Errors in the data
+    are :class:`~iterreduce.exceptions.ShardError` naming the file, column and row."""
     source = source_of(data, test=test)
     if columns is not None:
         source = dataclasses.replace(source, features=tuple(columns))
-    source = with_version_fixed(source)
-    dataset = open_dataset(source)
-    source = resolve(source, dataset)
+    source, dataset = open_source(source)
     found = table_pieces(source, dataset)
     if not found:
         raise DataError(f"{source.uri}: no data file of the table passes the filter {source.filter!r}"
                         if source.filter else f"{source.uri}: the table has no rows")
-    return source, dataset, found
+    return OpenedTable(source, dataset, tuple(found))
 
 
-def table_layout(data) -> tuple[tuple[str, ...], int]:
-    """The columns ``[data] features`` names in the training table (a glob expanded in its order
-    of columns: what a model trained on it reads from any other table, by name), and the
-    features a row they give (from its first piece with rows)."""
-    source, _, found = _opened(data)
-    return source.features, sum(_widths(source, found))
-
-
-def open_table(data) -> TableShard:
-    """The whole training table as one :class:`TableShard`: resolved columns, the pieces the
-    filter keeps and the label classes. Raises :class:`~iterreduce.exceptions.ShardError`
-    naming the file, column and row of bad data."""
-    source, dataset, found = _opened(data)
-    classes = label_classes(source, dataset) if source.label is not None else None
-    widths = _widths(source, found)
-    return TableShard(source, tuple(found), sum(widths), classes, widths)
-
-
-def table_scaler(table: TableShard, kind: str | None) -> Scaler | None:
+def table_scaler(table: OpenedTable | TableShard, kind: str | None) -> Scaler | None:
     """The scaler of ``kind`` (None: none) from one pass over the rows of ``table`` (features alone)."""
     if kind is None:
         return None
@@ -140,25 +149,24 @@ def table_scaler(table: TableShard, kind: str | None) -> Scaler | None:
     return stats.scaler(kind)
 
 
-def table_shards(data, workers: int, directory: str, locate=None) -> list[str]:
-    """Split the table among ``workers`` (balanced by rows; fewer shares when it has fewer
+def table_shards(whole: OpenedTable, workers: int, directory: str, locate=None) -> list[str]:
+    """Split the opened table ``whole`` among ``workers`` (balanced by rows; fewer shares when it has fewer
     pieces) and save each share in ``directory``; returns their URIs in worker order. The
     shares hold raw rows: the workers gather the statistics that scale them (:data:`dbn.data.scaling.STATS`).
     ``locate``: where files' blocks are (:func:`iterreduce.launch.yarn.locality.file_blocks`), so that
     each share's pieces are stored on one host where the blocks allow (:func:`shardio.pieces.assign`).
     ``directory`` is empty or holds shards written here (:func:`shardio.shards.shard_set`)."""
-    whole = open_table(data)
     pieces = list(whole.pieces)
     homes = [b.on for b in piece_blocks(whole.source.uri, pieces, locate)] if locate else None
     shares = [share for share in assign(pieces, workers, homes) if share]
     names = [f"part-{i:05d}{TableShard.suffix}" for i in range(len(shares))]
     with shard_set(directory, names):  # replaces only shards written here (their manifest's), refuses others
         for name, share in zip(names, shares):
-            dataclasses.replace(whole, pieces=tuple(share)).save(join(directory, name))
+            whole.shard(share).save(join(directory, name))
     return [join(directory, name) for name in names]
 
 
-def read_table(table: TableShard, scaler: Scaler | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+def read_table(table: OpenedTable | TableShard, scaler: Scaler | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """All rows of ``table`` in memory: float32 features (scaled by ``scaler`` where given) and classes."""
     blocks = [read_piece(table.source, p, classes=table.classes, n_features=table.n_features) for p in table.pieces]
     X = np.concatenate([X for X, _ in blocks]) if blocks else np.zeros((0, table.n_features), np.float32)
@@ -182,11 +190,10 @@ def open_test_table(data, columns: tuple[str, ...] | None = None) -> TableShard:
     a label column, rows that pass the filter (one pass over the label column). A job calls it
     before training, so that a typo in the test table's name or filter does not wait for the
     end of training to show."""
-    source, dataset, found = _opened(data, test=True, columns=columns)
-    if source.label is None:
-        raise DataError(f"{source.uri}: [data] label names no column, but testing needs labels")
-    widths = _widths(source, found)
-    return TableShard(source, tuple(found), sum(widths), label_classes(source, dataset), widths)
+    table = open_table(data, test=True, columns=columns)
+    if table.source.label is None:
+        raise DataError(f"{table.source.uri}: [data] label names no column, but testing needs labels")
+    return table.shard()
 
 
 def attach_inputs(model, classes: LabelMap | None, scaler: Scaler | None, columns: tuple[str, ...] | None = None,
@@ -275,8 +282,7 @@ def scored_table(model, data, *, table: str | None = None, filter: str | None = 
     source = source_of(data)
     source = dataclasses.replace(source, uri=uri, label=None, filter=filter, version=source.version if name == data.train
                                  else None, features=source.features if columns is None else tuple(columns))
-    dataset = open_dataset(source)
-    source = resolve(source, dataset)
+    source, dataset = open_source(source)
     label = data.label if data.label in dataset.schema.names and not features else None
     return ScoredTable(source, dataset, uri, filter, label)
 

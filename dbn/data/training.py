@@ -31,8 +31,8 @@ from shardio.readers import describe_shard, list_shards, shard_info
 from ..errors import UsageError
 from .scaling import fit_scaler, scale_kind
 from .sharding import csv_columns, load_dataset, load_shards, load_source, no_labels, predict_file, shard_dataset
-from .table_data import (data_with_version_fixed, open_table, open_test_table, predict_table, raw_table_rows,
-                         read_table, table_layout, table_scaler, table_shards)
+from .table_data import (OpenedTable, data_with_version_fixed, open_table, open_test_table, predict_table,
+                         raw_table_rows, read_table, table_scaler, table_shards)
 from .validation import DataError, check_features, counted, label_indices
 
 
@@ -177,8 +177,14 @@ class Table(TrainingData):
         """Where the table is (with ``[data] catalog``, its metadata file): what the workers read."""
         return self.data.train
 
+    @functools.cached_property
+    def table(self) -> OpenedTable:
+        """The table opened once for the job (:func:`~dbn.data.table_data.open_table`): its
+        columns, widths, classes and pieces, what reading, sizing and sharing it all take."""
+        return open_table(self.data)
+
     def read(self) -> Rows:
-        table = open_table(self.data)
+        table = self.table
         scaler = table_scaler(table, self.scaling())
         X, y = read_table(table, scaler)
         if y is None and self.spec.fine_tunes:
@@ -186,18 +192,14 @@ class Table(TrainingData):
                             f"([model] finetune_epochs = 0 pre-trains only)")
         return Rows(X, y, table.classes, scaler, table.source.features, table.widths)
 
-    @functools.cached_property
-    def _layout(self) -> tuple[tuple[str, ...], int]:
-        return table_layout(self.data)  # (columns, width): the table opened once
-
     def columns(self):
-        return self._layout[0]
+        return self.table.source.features
 
     def width(self):
-        return self._layout[1], True
+        return self.table.n_features, True
 
     def shards(self, folder: str, n: int, locate=None) -> list[str]:
-        return table_shards(self.data, n, folder, locate)
+        return table_shards(self.table, n, folder, locate)
 
     def cut_message(self, n: int, folder: str) -> str:
         at = "" if self.data.version is None else f" at {self.data.format} version {self.data.version}"
