@@ -4,7 +4,7 @@
 # Usage: bash bootstrap.sh [EXTRAS]
 #   bash bootstrap.sh         the main job's needs: the package and matplotlib for dbn mnist's plots (extra "plots")
 #   bash bootstrap.sh test    the test suite's: the test extras, and as root Debian's chromium and MIT Kerberos
-#   other extras of pyproject.toml, comma-separated: notebook, gpu, bench, hdfs, delta, iceberg, dev
+#   other extras of pyproject.toml, comma-separated: notebook, gpu, bench, hdfs, delta, iceberg, hive, dev
 set -euo pipefail
 cd "$(dirname "$0")"
 extras="${1:-plots}"

@@ -35,7 +35,7 @@ class FolderTable:
     def dataset(self, uri: str, version=None, allow_outside: bool = False) -> ds.FileSystemDataset:
         """The folder at ``uri`` as a ``pyarrow.dataset``: its data files (Spark's and Hadoop's side
         files skipped) and hive partition folders (``key=value``) as columns, with the merged
-        schema of its files (:func:`_with_merged_schema`)."""
+        schema of its files (:func:`with_merged_schema`)."""
         fs, path = filesystem(uri)
         check_not_lakehouse(fs, path, uri)  # its folder holds files that are no longer the table
         try:
@@ -43,7 +43,7 @@ class FolderTable:
             # skipped by name instead, and a file that is not Parquet/ORC fails when read, named.
             options = dict(filesystem=fs, format=self.file_format, partitioning="hive",
                            ignore_prefixes=list(SIDE_FILE_PREFIXES), exclude_invalid_files=False)
-            dataset = _with_merged_schema(ds.dataset(path, **options))
+            dataset = with_merged_schema(ds.dataset(path, **options))
         except FileNotFoundError:
             raise ShardError(f"{uri}: no such file or directory") from None
         except (OSError, pa.ArrowException) as exc:
@@ -68,7 +68,7 @@ def partition_names(dataset: ds.FileSystemDataset) -> list[str]:
     return [name for name in dataset.schema.names if name in keys]
 
 
-def _with_merged_schema(dataset: ds.FileSystemDataset) -> ds.FileSystemDataset:
+def with_merged_schema(dataset: ds.FileSystemDataset) -> ds.FileSystemDataset:
     """``dataset`` (discovered: the first file's schema) with the merged schema of all its files, as
     Spark's ``mergeSchema`` reads a table whose files differ: a column that older files lack is
     null in their rows (:data:`shardio.schema_checks.ABSENT`), a type that later files widen (int32 to int64, float to

@@ -17,7 +17,7 @@ from .counted import checked_row_groups
 from .filters import row_filter
 from .folder_tables import partition_names
 from .schema_checks import EXPRESSION_ERRORS
-from .tables import TABLE_READERS, TableSource, with_version_fixed
+from .tables import TableSource, reader_of, with_version_fixed
 
 
 # ------------------------------------------------------------------ pieces
@@ -51,8 +51,7 @@ def table_pieces(source: TableSource, dataset: ds.FileSystemDataset) -> list[Pie
 def deleted_rows(source: TableSource) -> dict[str, np.ndarray]:
     """The rows of each data file (by path) that ``source``'s table no longer holds although the
     file does (an Iceberg table's positional delete files); none for other tables."""
-    reader = TABLE_READERS[source.format]
-    return reader.deleted_rows(source.uri, with_version_fixed(source).version, source.allow_outside_files)
+    return reader_of(source).deleted_rows(source.uri, with_version_fixed(source).version, source.allow_outside_files)
 
 
 def pieces(dataset: ds.FileSystemDataset, filter: str | None = None,

@@ -38,6 +38,7 @@ from .columns import STORED_NAME
 from .filters import RowFilter, row_filter
 from .folder_tables import FolderTable, partition_names
 from .lakehouse import parse_version
+from .metastore import RegisteredTable, split_reference
 from .schema_checks import check_filter, check_label, feature_columns
 
 #: A table's format, and the format of its data files: a Delta Lake table's are Parquet files
@@ -70,6 +71,9 @@ class TableSource(Specification):
     table's snapshot id, or an ISO 8601 time (the newest when None; :func:`with_version_fixed` fixes it
     before a job reads). ``allow_outside_files``: read the data files a Delta Lake log or an Iceberg
     manifest names by absolute URI outside the table's folder (refused otherwise, naming the entry).
+    ``metastore_table``: a Parquet or ORC table that a Hive metastore names
+    (``thrift://HOST:PORT/db.table``, :mod:`shardio.metastore`): its registered partitions are the
+    table, wherever they are, not the folders under ``uri`` (its location).
     """
 
     uri: str
@@ -80,6 +84,7 @@ class TableSource(Specification):
     version: int | str | None = None
     stored_names: tuple = ()  # ((column, its name in the data files), ...) where a table maps them (resolve)
     allow_outside_files: bool = False  # a Delta or Iceberg log may name files outside the table's folder
+    metastore_table: str | None = None  # thrift://HOST:PORT/db.table: the table is its registered partitions
 
     error = TableError  # what an unknown, missing or bad key raises (from_dict: a typo is never ignored)
     source_name = "table source"
@@ -117,6 +122,11 @@ class TableSource(Specification):
                 raise TableError(f"table source: 'version' = {self.version!r} is for a Delta Lake or Apache "
                                  f"Iceberg table (format = 'delta' or 'iceberg'), and the format is {self.format!r}")
             parse_version(self.version)
+        if self.metastore_table is not None:
+            split_reference(self.metastore_table)
+            if self.format not in ("parquet", "orc"):
+                raise TableError(f"table source: 'metastore_table' is for a Parquet or ORC table, and the format is "
+                                 f"{self.format!r}")
         if not isinstance(self.allow_outside_files, bool):
             raise TableError(f"table source: 'allow_outside_files' must be true or false, got {self.allow_outside_files!r}")
 
@@ -133,9 +143,18 @@ class TableSource(Specification):
     def to_dict(self) -> dict:
         """The fields as a JSON-friendly dict (what :meth:`from_dict` reads back)."""
         d = super().to_dict()
-        if not self.allow_outside_files:  # the default, written only when set: shares read the same as before it was
-            del d["allow_outside_files"]
+        for key in ("allow_outside_files", "metastore_table"):  # written only when set: shares read as before they were
+            if not d[key]:
+                del d[key]
         return d
+
+
+def reader_of(source: TableSource):
+    """The reader of ``source``'s table: its format's (:data:`TABLE_READERS`), or for a table the
+    metastore names, its registered partitions' (:class:`~shardio.metastore.RegisteredTable`)."""
+    if source.metastore_table is not None:
+        return RegisteredTable(source.metastore_table, source.format)
+    return TABLE_READERS[source.format]
 
 
 # ------------------------------------------------------------------ opening and checking
@@ -147,7 +166,7 @@ def with_version_fixed(source: TableSource) -> TableSource:
     table without versions as it is."""
     if source.format not in VERSIONED_FORMATS or isinstance(source.version, int):
         return source
-    number = TABLE_READERS[source.format].version_number(source.uri, source.version, source.allow_outside_files)
+    number = reader_of(source).version_number(source.uri, source.version, source.allow_outside_files)
     return dataclasses.replace(source, version=number)
 
 
@@ -155,8 +174,7 @@ def open_dataset(source: TableSource) -> ds.FileSystemDataset:
     """The table of ``source`` as a ``pyarrow.dataset`` of its data files at its version, read by
     its format's reader (:data:`TABLE_READERS`): a folder's files (:mod:`shardio.folder_tables`), or
     a Delta Lake or Iceberg table's live files at its version."""
-    reader = TABLE_READERS[source.format]
-    return reader.dataset(source.uri, with_version_fixed(source).version, source.allow_outside_files)
+    return reader_of(source).dataset(source.uri, with_version_fixed(source).version, source.allow_outside_files)
 
 
 def open_source(source: TableSource) -> tuple[TableSource, ds.FileSystemDataset]:

@@ -27,13 +27,13 @@ import pyarrow as pa
 from dbn.model.scaler import FeatureStats, Scaler
 from iterreduce.launch.yarn.locality import piece_blocks
 from iterreduce.storage.filesystems import check_output_file, join, open_output_file
-from shardio import iceberg
+from shardio import iceberg, metastore
 from shardio.labels import LabelMap
 from shardio.shards import shard_set
 from shardio.pieces import assign, table_pieces
 from shardio.reading import column_widths, label_classes, read_columns, read_piece
 from shardio.table_shard import TableShard
-from shardio.tables import TableSource, open_source, with_version_fixed
+from shardio.tables import VERSIONED_FORMATS, TableSource, open_source, with_version_fixed
 
 from .sharding import FEATURES_COLUMNS, PREDICTION_COLUMNS, RowsWriter, output_columns, output_format
 from .validation import DataError
@@ -43,36 +43,43 @@ def source_of(data, test: bool = False) -> TableSource:
     """The :class:`TableSource` that a job's ``[data]`` section names: the training table
     (``train``, ``filter``), or with ``test`` the test table (``test``, ``test_filter``)."""
     features = data.features if isinstance(data.features, str) else tuple(data.features)
-    uri, filter_ = (data.test, data.test_filter) if test else (data.train, data.filter)
-    version = data.version if uri == data.train else None  # the training table's version, wherever it is read
-    uri = table_location(data, uri)
+    name, filter_ = (data.test, data.test_filter) if test else (data.train, data.filter)
+    version = data.version if name == data.train else None  # the training table's version, wherever it is read
+    uri, fmt, registered = located(data, name)
     if str(uri).lower().endswith((".csv", ".npz")):
         raise DataError(f"{uri}: [data] features names the columns of a table (Parquet or ORC files), but this is "
                         f"a data file, read whole: every column but the label is a feature. Unset [data] features "
                         f"(and drop the columns that are not features), or write the data as Parquet")
-    return TableSource(uri, features, data.label, data.format, filter_, version,
-                       allow_outside_files=data.allow_outside_files)
+    return TableSource(uri, features, data.label, fmt, filter_, version,
+                       allow_outside_files=data.allow_outside_files, metastore_table=registered)
 
 
-def table_location(data, name: str) -> str:
-    """Where the table ``name`` (``[data] train`` or ``test``) is: with ``[data] catalog``, the metadata
-    file the catalog holds for it now (a metadata file already is one); else ``name`` itself."""
+def located(data, name: str) -> tuple[str, str, str | None]:
+    """Where the table ``name`` (``[data] train`` or ``test``) is, its format, and for a partitioned
+    Parquet or ORC table that a metastore names, its reference (:attr:`~shardio.metastore.MetastoreTable.reference`):
+    a ``db.table`` name through the Hive metastore (:mod:`shardio.metastore`); with ``[data] catalog``,
+    the metadata file the Iceberg catalog holds for it now; else ``name`` itself in ``[data] format``."""
+    parts = None if data.catalog is not None else metastore.table_name(name)
+    if parts is not None:
+        table = metastore.lookup(metastore.metastore_uri(data.metastore, name), name)
+        return table.location, table.format, table.reference if table.partition_columns else None
     if data.catalog is None or name.endswith(iceberg.METADATA_SUFFIX):
-        return name
+        return name, data.format, None
     if data.format != "iceberg":
         raise DataError(f"[data] catalog = {data.catalog!r} names an Apache Iceberg catalog, and [data] format is "
                         f"{data.format!r}: set format = \"iceberg\", or unset catalog to name files")
-    return iceberg.catalog_table(data.catalog, name)
+    return iceberg.catalog_table(data.catalog, name), data.format, None
 
 
 def data_with_version_fixed(data):
     """``data`` (a job's ``[data]``) with the training table's version fixed as a number (a Delta
     table's newest, or the one at the time named), so that every step of the job reads the same
-    files; as it is for a table without versions."""
+    files; as it is for a table without versions. A table named through a catalog or the metastore
+    is then named by where it is (an Iceberg table: its metadata file now), whatever they say later."""
     source = with_version_fixed(source_of(data))
-    if data.catalog is not None:  # the metadata file the catalog names now: fixed, whatever the catalog says later
+    if source.uri != data.train and source.format in VERSIONED_FORMATS:
         return dataclasses.replace(data, train=source.uri, test=source.uri if data.test == data.train else data.test,
-                                   version=source.version)
+                                   format=source.format, version=source.version)
     return data if source.version == data.version else dataclasses.replace(data, version=source.version)
 
 
@@ -277,11 +284,12 @@ def scored_table(model, data, *, table: str | None = None, filter: str | None = 
     name = table or data.test or data.train
     if filter is None:
         filter = data.test_filter if name == data.test else data.filter if name == data.train else None
-    uri = table_location(data, name)
+    uri, fmt, registered = located(data, name)
     columns = model.learned("input_columns_")  # the model's, by name, where it names them
     source = source_of(data)
-    source = dataclasses.replace(source, uri=uri, label=None, filter=filter, version=source.version if name == data.train
-                                 else None, features=source.features if columns is None else tuple(columns))
+    source = dataclasses.replace(source, uri=uri, format=fmt, metastore_table=registered, label=None, filter=filter,
+                                 version=source.version if name == data.train else None,
+                                 features=source.features if columns is None else tuple(columns))
     source, dataset = open_source(source)
     label = data.label if data.label in dataset.schema.names and not features else None
     return ScoredTable(source, dataset, uri, filter, label)

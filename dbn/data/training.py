@@ -32,7 +32,7 @@ from ..errors import UsageError
 from .scaling import fit_scaler, scale_kind
 from .sharding import csv_columns, load_dataset, load_shards, load_source, no_labels, predict_file, shard_dataset
 from .table_data import (OpenedTable, data_with_version_fixed, open_table, open_test_table, predict_table,
-                         raw_table_rows, read_table, table_scaler, table_shards)
+                         raw_table_rows, read_table, source_of, table_scaler, table_shards)
 from .validation import DataError, check_features, counted, label_indices
 
 
@@ -172,10 +172,11 @@ class Table(TrainingData):
         fixed = _plain(dataclasses.asdict(self.data))
         return self.spec.replace(data={key: value for key, value in fixed.items() if value != mine[key]})
 
-    @property
+    @functools.cached_property
     def location(self) -> str:
-        """Where the table is (with ``[data] catalog``, its metadata file): what the workers read."""
-        return self.data.train
+        """Where the table is (with ``[data] catalog``, its metadata file; a name in the metastore, the
+        location it gives): what the workers read."""
+        return source_of(self.data).uri
 
     @functools.cached_property
     def table(self) -> OpenedTable:

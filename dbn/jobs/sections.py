@@ -77,6 +77,12 @@ class DataSection(Section):
         "With `data.format = \"iceberg\"`: the catalog whose tables `data.train` and `data.test` name "
         "(`\"db.table\"`), as pyiceberg's configuration describes it (`~/.pyiceberg.yaml` or "
         "`PYICEBERG_CATALOG__<NAME>__URI`: a Hive metastore, a REST or an SQL catalog). none: they are URIs."))
+    metastore: str | None = setting(None, help=(
+        "The Hive metastore (`\"thrift://HOST:9083\"`) in which `data.train` and `data.test` name tables as "
+        "`\"db.table\"`: it gives their location, format (Parquet, ORC, Delta Lake, Apache Iceberg) and partitions "
+        "(exactly the registered ones, wherever they are; the `hive` extra). none: `hive.metastore.uris` of the "
+        "`hive-site.xml` in `HIVE_CONF_DIR` or `HADOOP_CONF_DIR`, used where a name has the form `db.table` and no "
+        "file of that name is here."))
     allow_outside_files: bool = setting(False, help=(
         "Whether a Delta Lake log or an Apache Iceberg manifest may name data files outside the table's folder by an "
         "absolute path or URI (a Delta shallow clone's files, files an Iceberg table adopted with `add_files`). "

@@ -47,6 +47,7 @@ import tomli_w
 
 from iterreduce.master.config import MasterConfig
 from iterreduce.specification import Specification, did_you_mean
+from shardio.metastore import table_name
 
 from ..data.training import TrainingData, training_data
 from ..data.validation import counted
@@ -113,7 +114,8 @@ class JobSpec(Specification):
                 raise ConfigError(f"{origin}: '{section}' must be a [{section}] table, got {describe_value(table)}")
             for key, value in table.items():
                 value = check_setting(origin, section, key, value)
-                named = key in ("train", "test") and table.get("catalog") is not None  # a table's name in a catalog
+                named = key in ("train", "test") and isinstance(value, str) and (  # a table's name in a catalog
+                    table.get("catalog") is not None or table_name(value, base) is not None)  # or a metastore
                 if (base is not None and (section, key) in _PATH_KEYS and value is not None and value != "mnist"
                         and "://" not in value and not named):  # a URI (hdfs://, s3://, file://) is absolute
                     value = str(base / Path(value).expanduser())

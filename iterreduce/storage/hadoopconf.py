@@ -27,6 +27,8 @@ from ..exceptions import HadoopConfigError
 
 #: The files read, in Hadoop's order (a later one's value wins).
 SITE_FILES = ("core-site.xml", "hdfs-site.xml", "yarn-site.xml")
+#: Hive's client configuration (the metastore's address: ``hive.metastore.uris``).
+HIVE_SITE_FILE = "hive-site.xml"
 #: A site file larger than this is refused (they hold a few hundred settings: tens of KB).
 MAX_SITE_BYTES = 16 * 2**20
 #: HDFS's RPC port where a URI names none (Hadoop's ``DFS_NAMENODE_RPC_PORT_DEFAULT``).
@@ -46,10 +48,23 @@ def settings() -> dict[str, str]:
     """Every property of the site files in :func:`conf_dir` (``{}`` where there are none).
     Raises :class:`~iterreduce.exceptions.HadoopConfigError` naming a file that is too large or not XML."""
     folder = conf_dir()
-    if folder is None:
-        return {}
+    return {} if folder is None else site_settings(folder, SITE_FILES)
+
+
+def hive_settings() -> dict[str, str]:
+    """The properties of ``hive-site.xml`` in ``$HIVE_CONF_DIR``, else in :func:`conf_dir`, as Hive's
+    and Spark's clients find it (``{}`` where there is none)."""
+    for folder in (os.environ.get("HIVE_CONF_DIR"), conf_dir()):
+        if folder and (Path(folder) / HIVE_SITE_FILE).is_file():
+            return site_settings(Path(folder), (HIVE_SITE_FILE,))
+    return {}
+
+
+def site_settings(folder: Path, names: tuple[str, ...]) -> dict[str, str]:
+    """The properties of the site files ``names`` in ``folder`` (a later file's value wins), read
+    again only when a file changes."""
     stamps = []
-    for name in SITE_FILES:
+    for name in names:
         try:
             st = (folder / name).stat()
             stamps.append((name, st.st_mtime_ns, st.st_size))
