@@ -63,3 +63,57 @@ def start_spark(warehouse: Path):
             .config("spark.driver.memory", "1g")
             .config("spark.sql.session.timeZone", "UTC")
             .getOrCreate())
+
+
+#: The Hive client Spark speaks to a Hive 4 metastore with (its built-in 2.3 client calls Thrift
+#: methods Hive 4 removed); Spark fetches its jars from Maven Central into Ivy's cache once.
+HIVE_CLIENT_VERSION = "4.0.1"
+
+
+def start_hive_spark(metastore_uri: str, warehouse: str, iceberg_warehouse: str):
+    """A local Spark session whose catalog is the Hive metastore at ``metastore_uri`` (tables by
+    name, ``saveAsTable`` registering them, partitions added and dropped as users do), managed
+    tables under ``warehouse``, and Iceberg tables by path in the Hadoop catalog ``ice`` under
+    ``iceberg_warehouse``. Stop it with :func:`stop_spark`: the next session starts afresh."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    import pyspark.java_gateway
+    from pyspark.sql import SparkSession
+
+    if not getattr(pyspark.java_gateway.Popen, "spawned", False):
+        pyspark.java_gateway.Popen = _spawned(pyspark.java_gateway.Popen)
+        pyspark.java_gateway.Popen.spawned = True
+    iceberg = [jar for jar in spark_jars() if "iceberg" in Path(jar).name]
+    return (SparkSession.builder.master("local[1]").appName("dbn-yarn-tests-hive")
+            .config("spark.jars", ",".join(iceberg))
+            .config("spark.sql.extensions", "org.apache.iceberg.spark.extensions.IcebergSparkSessionExtensions")
+            .config("spark.sql.catalogImplementation", "hive")
+            .config("spark.sql.hive.metastore.version", HIVE_CLIENT_VERSION)
+            .config("spark.sql.hive.metastore.jars", "maven")
+            .config("spark.hadoop.hive.metastore.uris", metastore_uri)
+            .config("spark.sql.warehouse.dir", warehouse)
+            .config("spark.sql.catalog.ice", "org.apache.iceberg.spark.SparkCatalog")
+            .config("spark.sql.catalog.ice.type", "hadoop")
+            .config("spark.sql.catalog.ice.warehouse", iceberg_warehouse)
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.sql.shuffle.partitions", "1")
+            .config("spark.default.parallelism", "1")
+            .config("spark.driver.memory", "1g")
+            .config("spark.sql.session.timeZone", "UTC")
+            .enableHiveSupport()
+            .getOrCreate())
+
+
+def stop_spark(session) -> None:
+    """Stop ``session`` and its JVM, so that a later session starts with its own settings and jars."""
+    from pyspark import SparkContext
+
+    session.stop()
+    gateway = SparkContext._gateway
+    if gateway is not None:
+        gateway.shutdown()
+        proc = getattr(gateway, "proc", None)
+        if proc is not None:
+            proc.stdin.close()  # the JVM's PythonGatewayServer exits at end-of-file
+            proc.wait(timeout=60)
+        SparkContext._gateway = SparkContext._jvm = None
