@@ -173,6 +173,23 @@ class Program(ABC):
         parameters (so also right after a resume); checked after every step. Default: never."""
         return False
 
+    def observe(self, record: dict) -> None:
+        """Each record the master writes to the job's log (step records and events), as it is
+        written: a program may pass them on (e.g. to a tracking server). Called on the master
+        alone (workers make programs too, to reduce), the first time with the job's first record;
+        it must not block: the master calls it between steps. Default: nothing."""
+
+    def links(self) -> dict[str, str]:
+        """Where the job is shown beyond its own page, once known (``{name: URL}``, e.g. a run on a
+        tracking server): the master logs them when they change, the live page and ``status`` show
+        them. Default: none."""
+        return {}
+
+    def close(self, succeeded: bool, output_dir: str) -> None:
+        """The job ended (``succeeded``, or failed or stopped); ``output_dir`` holds the master's
+        files. Called once, last, on the master's side; an error here is logged, never the job's.
+        Default: nothing."""
+
     def view(self) -> dict | None:
         """What the job's live page draws: a view spec (see :mod:`iterreduce.webui.snapshot`:
         its title, charts of the step records' metrics, image names and titles). Default

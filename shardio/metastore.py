@@ -36,6 +36,8 @@ from .folder_tables import SIDE_FILE_PREFIXES, FolderTable, with_merged_schema
 
 #: Hive's setting of the metastores' addresses (a comma-separated list; the first is asked).
 URIS_SETTING = "hive.metastore.uris"
+#: Hive's setting of a Kerberos-secured (SASL) metastore.
+SASL_SETTING = "hive.metastore.sasl.enabled"
 #: A table's name: ``database.table``, each a Hive identifier.
 NAME = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)\.([A-Za-z_][A-Za-z0-9_]*)")
 #: Suffixes that make ``a.b`` a file's name, never a table's.
@@ -77,6 +79,9 @@ def metastore_uri(setting: str | None, name: str) -> str:
     parsed = urlparse(uri)
     if parsed.scheme != "thrift" or not parsed.hostname:
         raise TableError(f"metastore {uri!r}: expected thrift://HOST:PORT")
+    if hadoopconf.hive_settings().get(SASL_SETTING, "").lower() == "true":
+        raise TableError(f"metastore {uri}: hive-site.xml sets {SASL_SETTING} (a Kerberos-secured metastore), and "
+                         f"tables by name speak plain Thrift only: name the table by its location instead")
     return uri
 
 
@@ -173,6 +178,11 @@ def _described(uri: str, name: str, table, partitions) -> MetastoreTable:
     """The :class:`MetastoreTable` of a Thrift ``Table`` and its ``Partition`` list."""
     params = table.parameters or {}
     sd = table.sd
+    if table.tableType == "VIRTUAL_VIEW":
+        raise TableError(f"{name}: a view in the metastore {uri}: name the tables it reads, or write it as a table")
+    if params.get("transactional", "").lower() == "true":  # its delta folders are not plain files of rows
+        raise TableError(f"{name}: a Hive ACID (transactional) table in the metastore {uri}, which is not read here: "
+                         f"write it as a plain (external) table, or as Iceberg or Delta Lake")
     if params.get("table_type", "").upper() == "ICEBERG":
         if not params.get("metadata_location"):
             raise TableError(f"{name}: an Apache Iceberg table in the metastore {uri} without a metadata_location")

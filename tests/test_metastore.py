@@ -265,3 +265,26 @@ def test_a_table_by_name_trains_on_its_registered_partitions_on_yarn(tmp_path, m
                      'worker_memory = "512 MiB"\nworker_vcores = 1\nmaster_memory = "1 GiB"\n')
     result = run(load_spec(str(path)), Yarn(str(tmp_path / "report"), log=lambda msg: None, poll=1.0))
     assert result["n_train"] == rows
+
+
+def test_a_kerberos_secured_metastore_is_refused_with_what_to_do(tmp_path, monkeypatch):
+    (tmp_path / "hive-site.xml").write_text(
+        "<configuration><property><name>hive.metastore.sasl.enabled</name><value>true</value></property>"
+        "<property><name>hive.metastore.uris</name><value>thrift://ms:9083</value></property></configuration>")
+    monkeypatch.setenv("HIVE_CONF_DIR", str(tmp_path))
+    with pytest.raises(TableError, match="a Kerberos-secured metastore.*name the table by its location"):
+        hms.metastore_uri(None, "sales.events")
+
+
+@pytest.mark.parametrize("kind, parameters, message", [
+    ("VIRTUAL_VIEW", {}, "a view in the metastore"),
+    ("MANAGED_TABLE", {"transactional": "true"}, "a Hive ACID"),
+    ("EXTERNAL_TABLE", {}, "stored as org.apache.hadoop.mapred.TextInputFormat")])
+def test_tables_that_are_not_read_are_refused_naming_them(kind, parameters, message):
+    from hive_metastore.ttypes import SerDeInfo, StorageDescriptor, Table
+
+    table = Table(tableName="t", dbName="s", tableType=kind, parameters=parameters,
+                  sd=StorageDescriptor(location="hdfs://nn/t", inputFormat="org.apache.hadoop.mapred.TextInputFormat",
+                                       serdeInfo=SerDeInfo(serializationLib="LazySimpleSerDe", parameters={})))
+    with pytest.raises(TableError, match=rf"s\.t: {message}"):
+        hms._described("thrift://h:1", "s.t", table, [])

@@ -49,7 +49,7 @@ def model_arrays(path) -> dict:
         return {name: arrays[name] for name in arrays.files}
 
 
-def test_a_local_run_is_recorded_with_every_epochs_figures_and_its_model_registered(server, tmp_path):
+def test_a_local_run_is_recorded_with_every_epochs_figures_and_its_model_registered(server, tmp_path, monkeypatch):
     spec = job(tmp_path, "tracked", f'mlflow = "{server.uri}"\nmodel_name = "tracked-digits"')
     result = run(spec, MiniCluster())
 
@@ -66,7 +66,7 @@ def test_a_local_run_is_recorded_with_every_epochs_figures_and_its_model_registe
     assert 0 <= found.data.metrics["finetune.sync_share"] <= 1
     assert {a.path for a in client.list_artifacts(run_id)} >= {"config.json", "log.jsonl", "result.json", "model"}
 
-    mlflow.set_tracking_uri(server.uri)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)  # not mlflow.set_tracking_uri: it sets it for good
     served = mlflow.pyfunc.load_model("models:/tracked-digits/1")
     X = np.random.default_rng(9).random((50, 12), dtype=np.float32)
     model = DBN.load(result["model"], device="cpu")
@@ -127,3 +127,88 @@ def test_a_step_records_figures_are_keyed_by_phase_and_layer_and_stepped_by_epoc
     assert metrics_of({"event": "checkpoint", "step": 3}) == []
     assert params_of({"model": {"hidden_layers": [8, 6], "n_classes": None}, "source": "job.toml"}) == {
         "model.hidden_layers": "[8, 6]", "source": "job.toml"}
+
+
+# ------------------------------------------------------------------ on YARN: the master records
+
+
+@pytest.fixture(scope="module")
+def yarn(hadoop, tmp_path_factory):
+    from yarnjobs import shared_driver
+
+    with shared_driver(hadoop, tmp_path_factory.mktemp("skein")) as yarn:
+        yield yarn
+
+
+def test_a_detached_yarn_job_is_recorded_by_its_master_and_status_shows_the_run(server, yarn, tmp_path, capsys,
+                                                                              monkeypatch):
+    """`dbn submit` without --wait: nobody follows the job, so its application master records the run
+    (settings, every epoch's figures, the model, registered); `dbn status` shows the run's link while
+    the job runs, and the job's log keeps it."""
+    import json
+    import sys
+    import time
+
+    from dbn.cli import main
+    from iterreduce.launch.yarn import client as yarn_client
+
+    rng = np.random.default_rng(4)
+    X = rng.random((400, 12), dtype=np.float32)
+    np.savez(tmp_path / "data.npz", X=X, y=(X[:, :3].sum(axis=1) > 1.5).astype(np.int64) + (X[:, 3] > 0.5))
+    output = yarn.hadoop.uri("/user/test/tracked-on-yarn")
+    path = tmp_path / "job.toml"
+    path.write_text(f"""[data]
+train = "{tmp_path / 'data.npz'}"
+[model]
+hidden_layers = [8, 6]
+pretrain_epochs = {PRETRAIN_EPOCHS}
+finetune_epochs = {FINETUNE_EPOCHS}
+pretrain_batch_size = 20
+finetune_batch_size = 20
+[output]
+dir = "{output}"
+mlflow = "{server.uri}"
+model_name = "yarn-digits"
+[cluster]
+workers = 2
+heartbeat_timeout = 6.0
+[yarn]
+python = "{sys.executable}"
+worker_memory = "512 MiB"
+worker_vcores = 1
+master_memory = "1 GiB"
+[job]
+name = "yarn-tracked"
+device = "cpu"
+""")
+    assert main(["submit", str(path), "--quiet"]) == 0
+    app_id = capsys.readouterr().out.strip().splitlines()[-1]
+    shown = set()
+    deadline = time.monotonic() + 300
+    while (st := yarn_client.status(yarn.client, app_id)).state not in yarn_client.TERMINAL_STATES:
+        assert time.monotonic() < deadline, st.describe()
+        shown |= {line.strip() for line in st.describe().splitlines() if line.strip().startswith("mlflow run:")}
+        time.sleep(0.5)
+    assert st.final_status == "SUCCEEDED", st.describe()
+
+    client = mlflow.tracking.MlflowClient(server.uri)
+    (found,) = client.search_runs([client.get_experiment_by_name("yarn-tracked").experiment_id])  # the master's alone
+    run_id = found.info.run_id
+    assert found.info.status == "FINISHED" and found.data.params["yarn.worker_memory"] == "512 MiB"
+    for layer in (0, 1):
+        history = client.get_metric_history(run_id, f"pretrain.layer{layer}.reconstruction_error")
+        assert sorted(m.step for m in history) == list(range(PRETRAIN_EPOCHS)), history
+    assert len(client.get_metric_history(run_id, "finetune.train_error")) == FINETUNE_EPOCHS
+    link = f"{server.uri}/#/experiments/{found.info.experiment_id}/runs/{run_id}"
+    assert shown == {f"mlflow run: {link}"}, shown
+    logged = [json.loads(line) for line in yarn.hadoop.run("hdfs", "dfs", "-cat", "/user/test/tracked-on-yarn/log.jsonl")
+              .stdout.splitlines()]
+    assert [r["links"] for r in logged if r.get("event") == "links"] == [{"mlflow_run": link}]
+
+    fs = yarn.hadoop.fs()
+    with fs.open_input_stream("/user/test/tracked-on-yarn/model.npz") as f:
+        (tmp_path / "model.npz").write_bytes(f.read())
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", server.uri)  # not mlflow.set_tracking_uri: it sets it for good
+    served = mlflow.pyfunc.load_model("models:/yarn-digits/1")
+    X_new = np.random.default_rng(9).random((50, 12), dtype=np.float32)
+    assert list(served.predict(X_new)) == list(DBN.load(tmp_path / "model.npz", device="cpu").predict(X_new))

@@ -562,3 +562,13 @@ def test_the_page_in_chromium_follows_a_real_local_run(tmp_path, monkeypatch):
         driver.quit()
         runner.join(240)
     assert box.get("out") == out.resolve()
+
+
+def test_the_page_links_where_the_job_is_shown_beyond_it_web_addresses_only():
+    from iterreduce.webui.snapshot import links_of
+
+    records = [{"event": "links", "links": {"mlflow_run": "http://old/#/runs/1"}},
+               {"event": "links", "links": {"mlflow_run": "https://mlflow.example.com/#/runs/2",
+                                            "evil": "javascript:alert(1)", "odd": 7}}]
+    assert links_of(records) == {"mlflow_run": "https://mlflow.example.com/#/runs/2"}
+    assert links_of([{"event": "links", "links": "not a dict"}]) == {}

@@ -18,6 +18,7 @@ import atexit
 import math
 import shutil
 import tempfile
+from pathlib import Path
 
 import numpy as np
 
@@ -38,6 +39,7 @@ from ..model.minibatch import CHUNK_ROWS, chunks, column_mean
 from ..model.network import Network
 from ..model.rbm import RBM
 from . import view
+from .tracking import LINK_NAME, master_tracker
 
 
 def dbn_params(config) -> dict:
@@ -81,6 +83,9 @@ class DBNProgram(Program):
         self._classes = None  # the LabelMap of a table or of string labels (from the shards), kept with the model
         self._columns = None  # a table's feature columns (from its shares), kept with the model
         self._widths = None  # the features each of them gives
+        # A YARN application master records the run in MLflow itself (dbn.jobs.tracking.master_settings),
+        # from the first record it observes: workers make programs too (to reduce), and record nothing.
+        self.tracker = None
 
     def _parts(self, shards, batch_size) -> int:
         sync = int(self.config.get("sync_every") or 0)
@@ -270,6 +275,19 @@ class DBNProgram(Program):
         if self.config.get("early_stopping_patience") is not None and BEST_ERROR in parameters:
             parameters = {**parameters, **{name: parameters[BEST + name] for name in self._net_names()}}
         self.to_model(parameters).save(f"{output_dir}/model.npz")
+
+    def observe(self, record):
+        if self.tracker is None:
+            self.tracker = master_tracker(self.config.get("mlflow"))
+        self.tracker.record(record)
+
+    def links(self):
+        link = self.tracker and self.tracker.link
+        return {LINK_NAME: link} if link else {}
+
+    def close(self, succeeded, output_dir):
+        if self.tracker is not None:
+            self.tracker.finish(None, Path(output_dir), error=None if succeeded else RuntimeError("the job ended early"))
 
     def view(self):
         """The live page's curves (reconstruction error, fine-tuning loss and errors) and filters."""

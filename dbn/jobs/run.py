@@ -95,6 +95,9 @@ class Launcher(Protocol):
     resume: bool
     #: True when training runs on this machine, so that its sgemm rate bounds the training time
     trains_here: bool
+    #: True when the job's master records the run in MLflow itself (it runs on when nobody waits for
+    #: it: a YARN application master); this side then learns only the run's link
+    tracks_in_master: bool
 
     def output_dir(self, spec: JobSpec) -> str:
         """The local folder that gets model.npz, log.jsonl, config.json and result.json."""
@@ -120,7 +123,7 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
     throughout: a second run into it is refused at once, naming the folder and the holder.
     """
     check_environment()
-    tracker = tracker_for(spec)  # before anything is written: a setting it refuses is the job's
+    tracker = tracker_for(spec, in_master=launcher.tracks_in_master)  # before anything is written
     out = Path(launcher.output_dir(spec)).resolve()
     made = _first_missing(out)
     check_folder(out)
@@ -358,7 +361,7 @@ class InProcess:
     shards, else on ``[data] train``; the log gets a ``start`` event and one ``epoch`` record
     per epoch of every phase."""
 
-    where, writes_log, resume, trains_here = "in-process", True, False, True
+    where, writes_log, resume, trains_here, tracks_in_master = "in-process", True, False, True, False
 
     def output_dir(self, spec: JobSpec) -> str:
         return spec.output.dir
@@ -447,7 +450,7 @@ class MiniCluster:
     names shards already written), run in ``[cluster] processes`` processes (0: chosen by
     :func:`iterreduce.launch.local.local_processes` for this machine's cores)."""
 
-    where, writes_log, trains_here = "local mini-cluster", False, True
+    where, writes_log, trains_here, tracks_in_master = "local mini-cluster", False, True, False
 
     def __init__(self, resume: bool = False):
         self.resume = resume
@@ -547,7 +550,7 @@ class Yarn:
     """The job on YARN (as ``dbn submit`` stages it), followed to its end; the model and
     the log are fetched from ``[output] dir`` (on HDFS) into ``report_dir``."""
 
-    where, writes_log, resume, trains_here = "yarn", False, False, False
+    where, writes_log, resume, trains_here, tracks_in_master = "yarn", False, False, False, True
 
     def __init__(self, report_dir: str, log: Callable[[str], None] = print, poll: float = 5.0,
                  overwrite: bool = False):
@@ -571,10 +574,15 @@ class Yarn:
                    "where": f"{self.describe(spec)}, application {app_id} (tracking URL: {url or 'none yet'})"})
         last: list[dict] = [{}]
 
-        def forward(st) -> None:  # the master's newest step record, once each
+        links: list[dict] = [{}]
+
+        def forward(st) -> None:  # the master's newest step record, once each, and its links when new
             if st.record and st.record.get("step") != last[0].get("step"):
                 last[0] = st.record
                 on_record(st.record)
+            if st.links and st.links != links[0]:
+                links[0] = st.links
+                on_record({"event": "links", "links": st.links})
 
         st = yarn.wait(client, app_id, poll=self.poll, on_status=forward)
         if st.final_status != "SUCCEEDED":

@@ -40,6 +40,8 @@ METRICS = ("reconstruction_error", "train_error", "valid_error", "loss", "second
            "compute_seconds")
 #: MLflow's limit on a parameter's value
 PARAM_CHARS = 6000
+#: the name of the run's link (Program.links, the ``links`` event, ``dbn status``)
+LINK_NAME = "mlflow_run"
 #: the last item of the queue
 _END = object()
 
@@ -59,20 +61,64 @@ class Tracker:
         """The run ended, with ``result`` (``result.json``'s) or ``error``; ``out`` holds its files."""
 
 
-def tracker_for(spec) -> Tracker:
-    """The tracker of ``spec``'s run: MLflow's where ``[output] mlflow`` or ``MLFLOW_TRACKING_URI``
-    names a server, else none."""
+class RecordedByMaster(Tracker):
+    """The tracker of a run whose master records it (on YARN: :func:`master_settings`): this side
+    only learns where the run is shown, from the master's ``links`` event."""
+
+    def record(self, record: dict) -> None:
+        if record.get("event") == "links" and isinstance(record.get("links"), dict):
+            self.link = record["links"].get(LINK_NAME) or self.link
+
+
+def tracking_uri(spec) -> str | None:
+    """The tracking server of ``spec``'s run (``[output] mlflow``, else ``MLFLOW_TRACKING_URI``), None
+    without one; refuses a model name without a server, and a server without mlflow to reach it."""
     uri = spec.output.mlflow or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
         if spec.output.model_name:
             raise ConfigError(f"{spec.source or 'the job'}: [output] model_name = {spec.output.model_name!r} "
                               f"registers the model in MLflow: name its tracking server ([output] mlflow, or "
                               f"$MLFLOW_TRACKING_URI)")
-        return Tracker()
+        return None
     if importlib.util.find_spec("mlflow") is None:  # said before the run starts, not at its end
         raise ConfigError(f"tracking runs in MLflow ({uri}) needs mlflow (or mlflow-skinny): "
                           f"pip install 'dbn-yarn[mlflow]'")
+    return uri
+
+
+def tracker_for(spec, in_master: bool = False) -> Tracker:
+    """The tracker of ``spec``'s run: MLflow's where :func:`tracking_uri` names a server, else none;
+    with ``in_master`` (a job whose master records itself: :func:`master_settings`), the link alone."""
+    uri = tracking_uri(spec)
+    if uri is None:
+        return Tracker()
+    if in_master:
+        return RecordedByMaster()
     return MlflowTracker(uri, experiment=spec.job.name or "dbn", model_name=spec.output.model_name)
+
+
+def master_settings(spec) -> dict | None:
+    """What a job's master needs to record the run itself (the program's ``mlflow`` setting: a YARN
+    application master, which runs on when nobody waits for it): None without tracking."""
+    uri = tracking_uri(spec)
+    if uri is None:
+        return None
+    return {"uri": uri, "experiment": spec.job.name or "dbn", "model_name": spec.output.model_name,
+            "name": spec.job.name or "dbn", "params": params_of(spec.to_dict())}
+
+
+def master_tracker(settings: dict | None) -> Tracker:
+    """The tracker a master builds from :func:`master_settings` (none without them, or where mlflow
+    cannot be imported: said once, as a warning; the job goes on), its run begun."""
+    if not settings:
+        return Tracker()
+    if importlib.util.find_spec("mlflow") is None:
+        warnings.warn(f"MLflow tracking ({settings['uri']}): mlflow is not installed where the master runs; the run "
+                      f"goes on untracked", stacklevel=2)
+        return Tracker()
+    tracker = MlflowTracker(settings["uri"], experiment=settings["experiment"], model_name=settings.get("model_name"))
+    tracker.begin(settings["name"], settings["params"])
+    return tracker
 
 
 def metrics_of(record: dict) -> list[tuple[str, float, int]]:
@@ -113,11 +159,15 @@ class MlflowTracker(Tracker):
     # ------------------------------------------------------------ the run's side: never waits
 
     def start(self, spec, out: Path) -> None:
+        self.begin(spec.job.name or "dbn", params_of(spec.to_dict()))
+
+    def begin(self, name: str, params: dict[str, str]) -> None:
+        """The run begins, named ``name``, with the job's settings as ``params``."""
         for key, value in CLIENT_ENV.items():
             os.environ.setdefault(key, value)
         mlflow_log = logging.getLogger("mlflow")  # its client's notes ("View run at ...") are not the run's
         mlflow_log.setLevel(max(mlflow_log.getEffectiveLevel(), logging.WARNING))
-        self._put(("start", spec.job.name or "dbn", params_of(spec.to_dict())))
+        self._put(("start", name, params))
         self._thread = threading.Thread(target=self._send_all, name="mlflow-tracking", daemon=True)
         self._thread.start()
 

@@ -40,6 +40,7 @@ from ..data.validation import counted
 from ..errors import ConfigError, UsageError
 from .memory_plan import plan as plan_memory
 from .spec import JobSpec
+from .tracking import master_settings
 
 #: Where submissions keep their job files and packed environments.
 CACHE = Path.home() / ".cache" / "dbn-yarn"
@@ -137,6 +138,9 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
     master["workers"] = opts.workers  # the containers started (fewer where the shards are fewer)
     master["min_workers"] = min(master["min_workers"], opts.workers)
     del master["token"]  # each application master attempt makes its own
+    tracked = master_settings(cfg)  # the application master records the run: it runs on when nobody waits
+    if tracked:
+        master["program_config"]["mlflow"] = tracked
     job = {"master": master, "slots": placed, "spec": cfg.to_dict()}
     job_file = write_job_file(cfg.job.name, job)
     ship_environment(opts, dry_run=dry_run, log=log)

@@ -106,6 +106,7 @@ class Master:
         self.broadcast = Broadcast(float16=config.float16_wire, shared=self.shared)
         self.failure: Exception | None = None  # bad data a worker reports, or a launcher's error: ends the job
         self._ahead_since: float | None = None   # when the workers could start the step they ran ahead to
+        self.links: dict[str, str] = {}  # where the job is shown beyond its page (Program.links), as logged
         self._log = runlog.RunLog(runlog.log_path(self.out))
         # Before any worker starts: refuse data the program cannot use, and log what it found.
         facts = self.program.check_shards(self.shards)  # its "rows" win: a program may read them (a filter)
@@ -167,7 +168,15 @@ class Master:
     # ------------------------------------------------------------ schedule
 
     def _event(self, event: str, **fields) -> None:
-        self._log.event(event, **fields)
+        self._observe(self._log.event(event, **fields))
+
+    def _observe(self, record: dict) -> None:
+        """The program sees each record written; links it has come to know are logged once each."""
+        self.program.observe(record)
+        links = self.program.links()
+        if links and links != self.links:
+            self.links = dict(links)
+            self._event("links", links=self.links)
 
     def event(self, event: str, **fields) -> None:
         """Add an event of the launcher's (e.g. a container YARN took back) to the job's log."""
@@ -369,6 +378,7 @@ class Master:
             shards=len(updates), shards_total=len(self.shards),
             seconds=elapsed, compute_seconds=compute, reduce_seconds=evaluated - reduce_start, reducers=reducers,
             compute_seconds_min=fastest))
+        self._observe(record)
         for listener in self.listeners:
             listener(record)
 
@@ -433,6 +443,10 @@ class Master:
             if self.view is not None:
                 self.view.stop()
             self.broadcast.close()
+            try:
+                self.program.close(self.done, str(self.out))
+            except Exception:  # noqa: BLE001 - the job's outcome is decided; a program's goodbye cannot change it
+                log.exception("the program's close failed")
 
 
 

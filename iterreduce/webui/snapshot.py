@@ -52,8 +52,8 @@ EVENT_TEXT = {
     "done": "done: {steps} steps in {seconds:.0f} s",
     "failed": "the job failed: {reason}",
 }
-#: Events too frequent or too large for the list (the data facts are shown with the job).
-QUIET_EVENTS = frozenset({"epoch", "start", "data", "ui"})
+#: Events too frequent or too large for the list (the data facts are shown with the job, the links in its header).
+QUIET_EVENTS = frozenset({"epoch", "start", "data", "ui", "links"})
 MAX_EVENTS = 100
 
 
@@ -212,6 +212,16 @@ def events_of(records: list[dict]) -> list[dict]:
     return listed[-MAX_EVENTS:]
 
 
+def links_of(records: list[dict]) -> dict[str, str]:
+    """Where the job is shown beyond this page (the newest ``links`` event: name to URL), web
+    addresses only: the page makes each a link."""
+    for record in reversed(records):
+        if record.get("event") == "links" and isinstance(record.get("links"), dict):
+            return {str(name): url for name, url in record["links"].items()
+                    if isinstance(url, str) and url.startswith(("http://", "https://"))}
+    return {}
+
+
 def workers_from_log(records: list[dict]) -> list[dict]:
     """The workers table of a finished job, from its events (no live figures)."""
     table: dict[str, dict] = {}
@@ -260,6 +270,7 @@ def from_log(records: list[dict], *, job: dict, spec: dict, images: Iterable[str
         "sync": sync_of(records),
         "workers": workers_from_log(records), "live": False,
         "events": events_of(records),
+        "links": links_of(records),
         "images": [{"name": name, "title": spec.get("images", {}).get(name, name)} for name in images],
     }
 

@@ -19,6 +19,7 @@ KV_ADDRESS = "iterreduce/master"      # host:port of the master's gRPC server
 KV_TOKEN = "iterreduce/token"         # the job token workers present
 KV_PROGRESS = "iterreduce/progress"   # the newest superstep record (JSON), for `status`
 KV_UI = "iterreduce/ui"               # the live page's address through YARN's proxy
+KV_LINKS = "iterreduce/links"         # where the job is shown beyond its page (JSON: {name: URL}), for `status`
 KV_SLOT = "iterreduce/worker/worker/"        # + K: held (owned) by the container working as worker-K
 KV_WORKERS = "iterreduce/workers"     # what the job wants now (JSON: {"wanted": N, "most": shards}); the keeper's
 KV_WORKERS_ASKED = "iterreduce/workers-asked"  # a number of workers `dbn scale` asks for

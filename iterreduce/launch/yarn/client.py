@@ -34,7 +34,7 @@ import skein
 from ...exceptions import STOPPED_ON_BAD_DATA, HadoopConfigError
 from ...storage import hadoopconf, kerberos
 from ...storage.filesystems import kerberos_login, keytab_login
-from . import KV_PROGRESS, KV_SLOT, KV_UI, KV_WORKERS, KV_WORKERS_ASKED, YarnError
+from . import KV_LINKS, KV_PROGRESS, KV_SLOT, KV_UI, KV_WORKERS, KV_WORKERS_ASKED, YarnError
 
 
 def _config_dir() -> str:
@@ -319,6 +319,7 @@ class Status:
     workers: list[dict] = field(default_factory=list)  # where each running worker is (container.placement)
     queue: str = ""
     containers: dict | None = None  # the keeper's count: wanted, running, pending (KV_WORKERS)
+    links: dict[str, str] = field(default_factory=dict)  # where the job is shown beyond its page (KV_LINKS)
 
     def waiting(self) -> str:
         """What the job waits for, in a line ("" when it waits for nothing): its application
@@ -356,6 +357,8 @@ class Status:
             lines.append(f"  tracking URL: {self.tracking_url}")
         if self.live_view:
             lines.append(f"  live view: {self.live_view}")
+        for name, url in self.links.items():
+            lines.append(f"  {name.replace('_', ' ')}: {url}")
         if self.diagnostics:
             lines.append(f"  diagnostics: {self.diagnostics}")
         return "\n".join(lines)
@@ -377,6 +380,7 @@ def status(client: skein.Client, app_id: str) -> Status:
             value = kv.get(KV_PROGRESS)
             result.record = json.loads(value) if value else None
             result.live_view = (kv.get(KV_UI) or b"").decode()
+            result.links = _links(kv.get(KV_LINKS))
             result.workers = _placements(kv.get_prefix(KV_SLOT))
             result.containers = json.loads(kv.get(KV_WORKERS) or b"null")
         except Exception:  # noqa: BLE001 - the report alone is still an answer
@@ -385,6 +389,18 @@ def status(client: skein.Client, app_id: str) -> Status:
 
 
 TERMINAL_STATES = ("FINISHED", "FAILED", "KILLED")
+
+
+def _links(value: bytes | None) -> dict[str, str]:
+    """The job's links as its master put them (``{name: URL}``), web addresses only; {} for anything else."""
+    try:
+        found = json.loads(value or b"{}")
+    except ValueError:
+        return {}
+    if not isinstance(found, dict):
+        return {}
+    return {str(name): url for name, url in found.items()
+            if isinstance(url, str) and url.startswith(("http://", "https://"))}
 
 
 def _placements(slots: dict[str, bytes]) -> list[dict]:

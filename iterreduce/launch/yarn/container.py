@@ -47,7 +47,7 @@ from ...program import reader_of
 from ...storage.filesystems import filesystem, join, open_output_file
 from ...transport.security import TlsCredentials, from_skein, new_token
 from ...worker.worker import Worker
-from . import KV_ADDRESS, KV_PROGRESS, KV_SLOT, KV_TOKEN, KV_UI, KV_WORKERS, locality
+from . import KV_ADDRESS, KV_LINKS, KV_PROGRESS, KV_SLOT, KV_TOKEN, KV_UI, KV_WORKERS, locality
 from .appspec import slot_of
 from .drain import Drainer
 from .keeper import Keeper
@@ -148,7 +148,7 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
         config = master_config(job, local_out, new_token(), restart=attempt > 1, run_id=app.id or "")
         master = Master(config)
         master.view_secret = new_token()  # told to skein's proxy alone (register_page), never logged
-        master.listeners.append(lambda record: _report(app, record))
+        master.listeners.append(lambda record: _report(app, record, master.links))
 
         def publish(address: str) -> None:
             app.kv[KV_TOKEN] = config.token.encode()
@@ -243,11 +243,13 @@ def _max_attempts(app) -> int:
         return 1
 
 
-def _report(app, record: dict) -> None:
-    """Progress to YARN (the RM's progress bar) and the newest record for `status`."""
+def _report(app, record: dict, links: dict[str, str]) -> None:
+    """Progress to YARN (the RM's progress bar), the newest record and the job's links for `status`."""
     try:
         app.set_progress(min(1.0, (record["step"] + 1) / record["of"]))
         app.kv[KV_PROGRESS] = json.dumps(record).encode()
+        if links:
+            app.kv[KV_LINKS] = json.dumps(links).encode()
     except Exception as exc:  # noqa: BLE001 - progress is informative; never fail the job for it
         log.warning("could not report progress: %s", exc)
 

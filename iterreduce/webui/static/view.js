@@ -52,6 +52,15 @@ function renderHeader(state) {
   if (job.workers) parts.push(job.workers + " workers");
   if (job.program) parts.push(job.program);
   $("job-line").textContent = parts.join(" · ");
+  const links = $("links");  // where the job is shown beyond this page (a tracking server's run)
+  links.replaceChildren(...Object.entries(state.links || {}).map(([name, url]) => {
+    const a = document.createElement("a");
+    a.href = url;
+    a.textContent = name.replace(/_/g, " ");
+    a.target = "_blank";
+    a.rel = "noopener";
+    return a;
+  }));
   $("job-config").textContent = JSON.stringify(job.config || {}, null, 2);
 }
 
