@@ -17,7 +17,7 @@ from .counted import checked_row_groups
 from .filters import row_filter
 from .folder_tables import partition_names
 from .schema_checks import EXPRESSION_ERRORS
-from .tables import TableSource, reader_of, with_version_fixed
+from .tables import TableSource, reader_of
 
 
 # ------------------------------------------------------------------ pieces
@@ -43,15 +43,17 @@ class Piece(Specification):
 
 
 def table_pieces(source: TableSource, dataset: ds.FileSystemDataset) -> list[Piece]:
-    """The pieces of ``source``'s table (``dataset``, :func:`open_dataset`'s) that its filter may
-    keep, each with the rows the table's delete files removed from it."""
+    """The pieces of ``source``'s table that its filter may keep, each with the rows the table's
+    delete files removed from it (``source`` and ``dataset`` as :func:`~shardio.tables.open_source`
+    gives them: one version of the table)."""
     return pieces(dataset, source.filter, deleted_rows(source))
 
 
 def deleted_rows(source: TableSource) -> dict[str, np.ndarray]:
     """The rows of each data file (by path) that ``source``'s table no longer holds although the
-    file does (an Iceberg table's positional delete files); none for other tables."""
-    return reader_of(source).deleted_rows(source.uri, with_version_fixed(source).version, source.allow_outside_files)
+    file does (an Iceberg table's positional delete files); none for other tables. ``source``:
+    as :func:`~shardio.tables.open_source` gives it, its version fixed."""
+    return reader_of(source).deleted_rows(source.uri, source.version, source.allow_outside_files)
 
 
 def pieces(dataset: ds.FileSystemDataset, filter: str | None = None,

@@ -22,6 +22,7 @@ from typing import Self
 from xml.sax.saxutils import escape
 
 from minihadoop import HadoopError, cache_dir, ensure_jars, fetch_jars, java_home
+from mlflowserver import free_port
 
 HERE = Path(__file__).resolve().parent / "hive"
 POM = HERE / "pom.xml"
@@ -55,12 +56,6 @@ def server_home() -> Path:
     return home
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class HiveMetastore:
     """A metastore server for ``hadoop`` (a started :class:`minihadoop.MiniHadoop`), its Derby
     database and logs in a fresh folder under ``base_dir``, its warehouse ``/warehouse/hive`` on
@@ -86,7 +81,7 @@ class HiveMetastore:
         self.dir = Path(tempfile.mkdtemp(prefix="metastore-", dir=self.base_dir))
         conf = self.dir / "conf"
         conf.mkdir()
-        self.port = _free_port()
+        self.port = free_port()
         settings = {
             "javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={self.dir / 'db'};create=true",
             "javax.jdo.option.ConnectionDriverName": "org.apache.derby.jdbc.EmbeddedDriver",

@@ -28,19 +28,11 @@ pytest.importorskip("hive_metastore")
 from dbn.cli import main  # noqa: E402
 from iterreduce.exceptions import ShardError, TableError  # noqa: E402
 from shardio import metastore as hms  # noqa: E402
+from test_spark_tables import LABELS, MODEL  # noqa: E402  (enough training for a test error to mean something)
 
 pytestmark = pytest.mark.spark
 
-LABELS = ("cat", "dog", "eel")
 SCALARS = ["x0", "x1", "x2", "x3"]
-#: Enough training for a test error to mean something (as in tests/test_spark_tables.py).
-MODEL = """hidden_layers = [16]
-pretrain_epochs = 2
-finetune_epochs = 8
-pretrain_batch_size = 20
-finetune_batch_size = 20
-finetune_learning_rate = 0.3
-"""
 
 
 # ------------------------------------------------------------------ without a server
