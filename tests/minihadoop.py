@@ -41,6 +41,8 @@ from pathlib import Path
 from typing import Self
 from xml.sax.saxutils import escape
 
+from leftovers import kill_leftovers, processes_of  # noqa: F401 (processes_of: the tests' too)
+
 HERE = Path(__file__).resolve().parent / "hadoop"
 POM = HERE / "pom.xml"
 LAUNCHER = HERE / "MiniHadoop.java"
@@ -313,7 +315,7 @@ class MiniHadoop:
         proc = self._node(k)
         proc.kill()
         proc.wait()
-        _kill_leftovers(self.dir / "nodes" / str(k))
+        kill_leftovers(self.dir / "nodes" / str(k))
         self._nodes[k] = None
 
     def stop_nodemanager(self, k: int) -> None:
@@ -415,7 +417,7 @@ class MiniHadoop:
             self._proc = None
         self._after_stop()
         if self.dir is not None:
-            _kill_leftovers(self.dir)
+            kill_leftovers(self.dir)
             if not self.keep:
                 shutil.rmtree(self.dir, ignore_errors=True)
                 self.dir = None
@@ -595,29 +597,6 @@ class MiniHadoop:
             errors = [line for line in text if "ERROR" in line or "Exception" in line][-10:]
             return "\n".join(errors + ["..."] + text[-lines:])
         return "(no log)"
-
-
-def processes_of(directory: Path) -> list[int]:
-    """Live processes started from ``directory``: the cluster's JVM, and its containers' processes,
-    whose command lines or environments (``PWD``, ``LOCAL_DIRS``, ...) name it."""
-    mark, found = str(directory).encode(), []
-    for proc in Path("/proc").glob("[0-9]*"):
-        with contextlib.suppress(OSError, ValueError):
-            if int(proc.name) == os.getpid() or (proc / "stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                continue
-            cmdline = (proc / "cmdline").read_bytes()
-            if b"multiprocessing.resource_tracker" in cmdline:  # ours: it inherits our environment, naming
-                continue                                         # the cluster, and must outlive it
-            if mark in cmdline or mark in (proc / "environ").read_bytes():
-                found.append(int(proc.name))
-    return found
-
-
-def _kill_leftovers(directory: Path) -> None:
-    """SIGKILL what still runs from ``directory`` (containers of a JVM that was itself killed)."""
-    for pid in processes_of(directory):
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
 
 
 def main(argv: list[str] | None = None) -> int:
