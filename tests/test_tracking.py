@@ -4,6 +4,9 @@ server that dies mid-run or is not there changes nothing of the training."""
 
 from __future__ import annotations
 
+import json
+import sys
+import time
 import warnings
 
 import numpy as np
@@ -140,22 +143,12 @@ def yarn(hadoop, tmp_path_factory):
         yield yarn
 
 
-def test_a_detached_yarn_job_is_recorded_by_its_master_and_status_shows_the_run(server, yarn, tmp_path, capsys,
-                                                                              monkeypatch):
-    """`dbn submit` without --wait: nobody follows the job, so its application master records the run
-    (settings, every epoch's figures, the model, registered); `dbn status` shows the run's link while
-    the job runs, and the job's log keeps it."""
-    import json
-    import sys
-    import time
-
-    from dbn.cli import main
-    from iterreduce.launch.yarn import client as yarn_client
-
+def yarn_job(tmp_path, yarn, server, name: str, folder: str, model_name: str):
+    """A small job for the suite's YARN (data on this machine, output on HDFS in ``folder``), tracked on ``server``."""
     rng = np.random.default_rng(4)
     X = rng.random((400, 12), dtype=np.float32)
     np.savez(tmp_path / "data.npz", X=X, y=(X[:, :3].sum(axis=1) > 1.5).astype(np.int64) + (X[:, 3] > 0.5))
-    output = yarn.hadoop.uri("/user/test/tracked-on-yarn")
+    output = yarn.hadoop.uri(f"/user/test/{folder}")
     path = tmp_path / "job.toml"
     path.write_text(f"""[data]
 train = "{tmp_path / 'data.npz'}"
@@ -168,7 +161,7 @@ finetune_batch_size = 20
 [output]
 dir = "{output}"
 mlflow = "{server.uri}"
-model_name = "yarn-digits"
+model_name = "{model_name}"
 [cluster]
 workers = 2
 heartbeat_timeout = 6.0
@@ -178,9 +171,21 @@ worker_memory = "512 MiB"
 worker_vcores = 1
 master_memory = "1 GiB"
 [job]
-name = "yarn-tracked"
+name = "{name}"
 device = "cpu"
 """)
+    return path
+
+
+def test_a_detached_yarn_job_is_recorded_by_its_master_and_status_shows_the_run(server, yarn, tmp_path, capsys,
+                                                                              monkeypatch):
+    """`dbn submit` without --wait: nobody follows the job, so its application master records the run
+    (settings, every epoch's figures, the model, registered); `dbn status` shows the run's link while
+    the job runs, and the job's log keeps it."""
+    from dbn.cli import main
+    from iterreduce.launch.yarn import client as yarn_client
+
+    path = yarn_job(tmp_path, yarn, server, "yarn-tracked", "tracked-on-yarn", "yarn-digits")
     assert main(["submit", str(path), "--quiet"]) == 0
     app_id = capsys.readouterr().out.strip().splitlines()[-1]
     shown = set()
@@ -212,3 +217,16 @@ device = "cpu"
     served = mlflow.pyfunc.load_model("models:/yarn-digits/1")
     X_new = np.random.default_rng(9).random((50, 12), dtype=np.float32)
     assert list(served.predict(X_new)) == list(DBN.load(tmp_path / "model.npz", device="cpu").predict(X_new))
+
+
+def test_dbn_train_on_yarn_returns_the_link_of_the_run_its_master_records(server, yarn, tmp_path):
+    """`dbn train --yarn` follows the job: the application master records (one run, not two), and the
+    result names the run, as its last line says it."""
+    from dbn.jobs.run import Yarn
+
+    spec = load_spec(yarn_job(tmp_path, yarn, server, "yarn-followed", "followed-on-yarn", "yarn-followed"))
+    result = run(spec, Yarn(str(tmp_path / "report"), log=lambda msg: None, poll=0.5))
+    client = mlflow.tracking.MlflowClient(server.uri)
+    (found,) = client.search_runs([client.get_experiment_by_name("yarn-followed").experiment_id])
+    assert result["mlflow_run"] == f"{server.uri}/#/experiments/{found.info.experiment_id}/runs/{found.info.run_id}"
+    assert found.info.status == "FINISHED"
