@@ -8,7 +8,7 @@ for the whole request. Every request is answered with a well-formed HTTP respons
 page gives on purpose (never 500, no traceback in the body), within a time limit, and once the
 connections are closed no thread is left behind.
 
-Profiles as in tests/test_fuzz.py: ``ci`` (the default: a fixed seed, a few seconds) and
+Profiles as in tests/fuzzing.py: ``ci`` (the default: a fixed seed, a few seconds) and
 ``long`` (``HYPOTHESIS_PROFILE=long``).
 """
 
