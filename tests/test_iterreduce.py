@@ -1,9 +1,9 @@
-"""The IterativeReduce runtime in one process: reduce helpers, seeds, checkpoints, and a Master
-served on 127.0.0.1:0 with Worker objects in threads (token checks, malformed and stray updates)."""
+"""The IterativeReduce runtime in one process: a Master served on 127.0.0.1:0 with Worker objects
+in threads (token checks, malformed and stray updates, hand-driven workers), the master's config and
+entry point, its messages, streams and heartbeats. The reduce helpers and seeds are in
+test_program_helpers.py, checkpoints in test_checkpoints.py."""
 
 from __future__ import annotations
-
-import time
 
 import grpc
 import numpy as np
@@ -14,7 +14,6 @@ import pytest
 from conftest_runtime import (DELAY_ENV, SLOW_SOFTMAX, SOFTMAX, InProcessJob, blobs, events, load_npz, records,
                               simulate)
 from iterreduce.master import checkpoint
-from iterreduce.program import Program, Step, Update, shard_seed, step_from_json, step_to_json, weighted_average
 from iterreduce.proto import iterreduce_pb2 as pb
 from iterreduce.transport import wire
 from iterreduce.transport.security import TOKEN_KEY, metadata, new_token
@@ -52,197 +51,6 @@ def push(stub, token, worker_id, step, results, arrays, **kw):
                              results=[pb.ShardResult(index=s, samples=n) for s, n in results])
     stream = [pb.UpdateChunk(header=header)] + [pb.UpdateChunk(tensors=[c]) for c in wire.encode(arrays)]
     return stub.PushUpdate(iter(stream), metadata=metadata(token), timeout=10, **kw)
-
-
-# ------------------------------------------------------------- program helpers
-
-
-def test_weighted_average_weights_by_samples_and_ignores_empty_updates():
-    a = Update(0, 100, {"w": np.full((2, 2), 1.0, np.float32), "b": np.array([0.0], np.float32)})
-    b = Update(1, 300, {"w": np.full((2, 2), 5.0, np.float32), "b": np.array([4.0], np.float32)})
-    empty = Update(2, 0, {"w": np.full((2, 2), np.nan, np.float32), "b": np.array([1e30], np.float32)})
-    out = weighted_average([empty, b, a], ["w", "b"])
-    np.testing.assert_allclose(out["w"], 4.0)  # 0.25 * 1 + 0.75 * 5
-    np.testing.assert_allclose(out["b"], 3.0)
-    assert out["w"].dtype == np.float32 and out["w"].shape == (2, 2)
-    # Only the named arrays are reduced.
-    assert set(weighted_average([a, b], ["w"])) == {"w"}
-    # The order the updates arrive in does not change a bit.
-    x = [Update(i, n, {"w": np.random.default_rng(i).standard_normal(50).astype(np.float32)})
-         for i, n in enumerate([3, 7, 11, 13])]
-    assert np.array_equal(weighted_average(x, ["w"])["w"], weighted_average(x[::-1], ["w"])["w"])
-    with pytest.raises(ValueError, match="no update with samples"):
-        weighted_average([empty], ["w"])
-
-
-def test_summarize_weights_metrics_by_samples():
-    class P(Program):
-        def initial_parameters(self, seed, shards):
-            return {}
-
-        def schedule(self, shards):
-            return iter(())
-
-    rec = P({}).summarize(Step("x"), [Update(0, 10, metrics={"loss": 1.0, "tag": "a"}),
-                                       Update(1, 30, metrics={"loss": 3.0, "err": 0.5})])
-    assert rec["samples"] == 40
-    assert rec["loss"] == pytest.approx(2.5)
-    assert rec["err"] == pytest.approx(0.5)  # averaged over the updates that report it
-    assert "tag" not in rec
-
-
-def test_shard_seed_depends_on_job_step_and_shard_only():
-    seeds = {(j, s, k): shard_seed(j, s, k) for j in range(2) for s in range(4) for k in range(4)}
-    assert len(set(seeds.values())) == len(seeds)  # all distinct
-    assert all(shard_seed(*key) == value for key, value in seeds.items())  # and reproducible
-    assert all(isinstance(v, int) and 0 <= v < 2**32 for v in seeds.values())
-
-
-def test_step_json_round_trip():
-    step = Step("pretrain", {"layer": 1, "batches": [2, 4]}, ("a", "b"))
-    assert step_from_json(step_to_json(step)) == Step("pretrain", {"layer": 1, "batches": [2, 4]}, ("a", "b"))
-
-
-# ------------------------------------------------------------------ checkpoints
-
-
-def test_checkpoint_round_trip_latest_and_pruning(tmp_path):
-    directory = str(tmp_path / "ckpt")
-    assert checkpoint.latest(directory) is None  # no directory yet
-    rng = np.random.default_rng(0)
-    saved = {}
-    for step in (1, 2, 3, 10):
-        arrays = {"w": rng.standard_normal((3, 4)).astype(np.float32), "i": np.arange(step, dtype=np.int64),
-                  "f": np.asfortranarray(rng.standard_normal((2, 3)))}
-        uri = checkpoint.save(directory, step, {"n_steps": 12, "seed": 5}, arrays, keep=2)
-        saved[step] = arrays
-        assert uri.endswith(f"ckpt-{step:09d}.npz")
-    names = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
-    assert names == ["ckpt-000000003.npz", "ckpt-000000010.npz"]  # newest two, no temp files
-    latest = checkpoint.latest(directory)
-    assert latest.endswith("ckpt-000000010.npz")  # numeric order, not the order of writing
-    header, arrays = checkpoint.load(latest)
-    assert header == {"n_steps": 12, "seed": 5, "step": 10}
-    assert sorted(arrays) == ["f", "i", "w"]
-    for k, v in saved[10].items():
-        assert arrays[k].dtype == v.dtype and np.array_equal(arrays[k], v)
-    header3, arrays3 = checkpoint.load(checkpoint.latest(directory).replace("10.npz", "03.npz"))
-    assert header3["step"] == 3 and np.array_equal(arrays3["w"], saved[3]["w"])
-    # keep=1 prunes to the newest; file:// URIs work the same
-    checkpoint.save(f"file://{tmp_path}/ckpt", 11, {}, {"w": saved[10]["w"]}, keep=1)
-    assert sorted(p.name for p in (tmp_path / "ckpt").iterdir()) == ["ckpt-000000011.npz"]
-
-
-def test_checkpoint_keeps_0d_arrays(tmp_path):
-    checkpoint.save(str(tmp_path), 1, {}, {"lr": np.array(0.5)})
-    _, arrays = checkpoint.load(checkpoint.latest(str(tmp_path)))
-    assert arrays["lr"].shape == ()
-
-
-def test_the_checkpoint_writer_writes_in_the_background_one_at_a_time(tmp_path):
-    """The master's writer: the same files as save(), written while the caller goes on, each
-    started only once the one before is complete, and reported when complete."""
-    import threading
-
-    gate, saved = threading.Event(), []
-
-    def on_saved(step, uri):
-        gate.wait(10)  # holds the first write "in flight" until the test lets it end
-        saved.append((step, uri, sorted(p.name for p in tmp_path.iterdir())))
-
-    writer = checkpoint.Writer(on_saved=on_saved)
-    arrays = {"w": np.arange(6.0).reshape(2, 3)}
-    writer.save(str(tmp_path), 1, {"seed": 1}, arrays)  # returns at once: the caller computes on
-    arrays["w"] = np.zeros(3)  # the master replaces parameters in its dict: the write keeps what it was given
-    assert saved == []
-    threading.Timer(0.2, gate.set).start()
-    writer.save(str(tmp_path), 2, {"seed": 1}, arrays)  # waits for checkpoint 1, then starts 2
-    assert [step for step, _, _ in saved] == [1]
-    assert writer.flush() == str(tmp_path / "ckpt-000000002.npz")
-    assert saved[1] == (2, str(tmp_path / "ckpt-000000002.npz"), ["ckpt-000000001.npz", "ckpt-000000002.npz"])
-    assert writer.flush() is None  # nothing in flight
-    header, first = checkpoint.load(str(tmp_path / "ckpt-000000001.npz"))
-    assert header == {"seed": 1, "step": 1} and np.array_equal(first["w"], np.arange(6.0).reshape(2, 3))
-    writer.close()
-
-
-def test_a_checkpoint_write_that_fails_is_tried_again_before_the_job_hears_of_it(tmp_path, monkeypatch):
-    """hdfs-native raises RuntimeError("All nodes failed for write") when a busy DataNode refuses a
-    pipeline; it crashed the master (a keytab job beside a running job). A write is tried again
-    after each pause of WRITE_RETRY_PAUSES_S, and only the last failure reaches the job."""
-    monkeypatch.setattr(checkpoint, "WRITE_RETRY_PAUSES_S", (0.01, 0.01))
-    real_save, calls = checkpoint.save, []
-
-    def flaky(*args, fail=2, **kw):
-        calls.append(args[1])
-        if len(calls) <= fail:
-            raise RuntimeError('DataTransferError("All nodes failed for write")')
-        return real_save(*args, **kw)
-
-    monkeypatch.setattr(checkpoint, "save", flaky)
-    writer = checkpoint.Writer()
-    writer.save(str(tmp_path), 1, {}, {"w": np.zeros(2)})
-    assert writer.flush() == str(tmp_path / "ckpt-000000001.npz") and calls == [1, 1, 1]
-    monkeypatch.setattr(checkpoint, "save", lambda *args, **kw: flaky(*args, fail=99, **kw))
-    writer.save(str(tmp_path), 2, {}, {"w": np.zeros(2)})
-    with pytest.raises(RuntimeError, match="All nodes failed for write"):
-        writer.flush()
-    assert calls == [1, 1, 1, 2, 2, 2]
-
-
-def test_a_hung_background_checkpoint_is_given_up_after_ten_times_the_slowest_write(tmp_path, monkeypatch):
-    """An HDFS client can wait forever on a DataNode lost mid-write: the writer waits a bounded
-    time (the first write long, later ones ten times the slowest, at least a floor), then raises
-    CheckpointTimeout (not a job error: the next attempt of the master resumes), and close()
-    returns though the write never ends."""
-    import threading
-
-    from iterreduce.exceptions import CheckpointTimeout, IterReduceError
-
-    monkeypatch.setattr(checkpoint, "MIN_WRITE_TIMEOUT_S", 0.3)
-    writer = checkpoint.Writer()
-    assert writer.timeout == checkpoint.FIRST_WRITE_TIMEOUT_S
-    writer.save(str(tmp_path), 1, {}, {"w": np.zeros(2)})
-    assert writer.flush() == str(tmp_path / "ckpt-000000001.npz")
-    assert writer.slowest is not None and writer.timeout == max(0.3, 10 * writer.slowest)
-    hung = threading.Event()
-    real_save = checkpoint.save
-    monkeypatch.setattr(checkpoint, "save", lambda *args, **kw: hung.wait(60) or real_save(*args, **kw))
-    writer.save(str(tmp_path), 2, {}, {"w": np.zeros(2)})
-    started = time.monotonic()
-    with pytest.raises(CheckpointTimeout, match="checkpoint 2 still not written after"):
-        writer.flush()
-    assert time.monotonic() - started < 5
-    assert not isinstance(CheckpointTimeout("x"), (IterReduceError, ValueError))  # a crash, not a job error
-    writer.save(str(tmp_path), 3, {}, {"w": np.zeros(2)})
-    started = time.monotonic()
-    writer.close()  # the hung write is left to its daemon thread
-    assert time.monotonic() - started < 5
-    hung.set()
-
-
-def test_a_failed_background_checkpoint_is_raised_by_the_next_save_and_flush(tmp_path):
-    (tmp_path / "file").write_text("")
-    writer = checkpoint.Writer()
-    writer.save(str(tmp_path / "file" / "ckpt"), 1, {}, {"w": np.zeros(2)})  # a directory under a file
-    with pytest.raises(checkpoint.CheckpointError, match="cannot write the checkpoint"):
-        writer.save(str(tmp_path / "ok"), 2, {}, {"w": np.zeros(2)})
-    writer.save(str(tmp_path / "file" / "ckpt"), 3, {}, {"w": np.zeros(2)})
-    with pytest.raises(checkpoint.CheckpointError, match="ckpt-000000003.npz: cannot write"):
-        writer.flush()
-    writer.save(str(tmp_path / "file" / "ckpt"), 4, {}, {"w": np.zeros(2)})
-    writer.close()  # a failing job reports its own error: close waits, raises nothing
-
-
-def test_checkpoint_unreadable(tmp_path):
-    bad = tmp_path / "ckpt-000000004.npz"
-    bad.write_bytes(b"not a zip")
-    assert checkpoint.latest(str(tmp_path)) == str(tmp_path) + "/ckpt-000000004.npz"
-    with pytest.raises(checkpoint.CheckpointError, match="ckpt-000000004.npz: unreadable checkpoint"):
-        checkpoint.load(str(bad))
-    np.savez(tmp_path / "ckpt-000000005.npz", w=np.zeros(2))  # an npz without the header
-    with pytest.raises(checkpoint.CheckpointError, match="unreadable"):
-        checkpoint.load(str(tmp_path / "ckpt-000000005.npz"))
 
 
 # ------------------------------------------------------------ in-process jobs
@@ -540,65 +348,6 @@ def test_a_stalled_master_does_not_drop_its_workers(tmp_path):
         master._check_heartbeats(since_last_check=0.5)  # the master ran; w0 really went silent
     assert not master.members.workers[ids[0]].alive and master.members.workers[ids[1]].alive
     assert master.members.owner[0] == master.members.owner[1] == ids[1]  # its shard moved to the live worker
-
-
-def test_block_momentum_average_accelerates_a_steady_direction():
-    from iterreduce.program import MASTER_ONLY, block_momentum_average
-
-    params = {"w": np.zeros(3, np.float32), "w_inc": np.zeros(3, np.float32)}
-    ups = [Update(0, 10, {"w": np.ones(3, np.float32), "w_inc": np.full(3, 2, np.float32)}),
-           Update(1, 30, {"w": np.ones(3, np.float32), "w_inc": np.full(3, 4, np.float32)})]
-    plain = block_momentum_average(params, ups, ["w", "w_inc"], 0.0)
-    assert set(plain) == {"w", "w_inc"}  # momentum 0 is the weighted average
-    np.testing.assert_allclose(plain["w_inc"], 3.5)
-    first = block_momentum_average(params, ups, ["w", "w_inc"], 0.9, plain=["w_inc"])
-    np.testing.assert_allclose(first["w"], 1.0)  # no previous delta yet
-    np.testing.assert_allclose(first["w_inc"], 3.5)  # optimizer state: only averaged
-    params.update(first)
-    # Workers again move +1 from the new point: the block momentum adds 0.9 of the last delta.
-    ups2 = [Update(0, 10, {"w": params["w"] + 1, "w_inc": params["w_inc"]})]
-    second = block_momentum_average(params, ups2, ["w", "w_inc"], 0.9, plain=["w_inc"])
-    np.testing.assert_allclose(second["w"], 1.0 + 1.0 + 0.9)
-    np.testing.assert_allclose(second[f"{MASTER_ONLY}block_delta.w"], 1.9)
-
-
-def test_block_learning_rate_scales_each_syncs_step_at_once():
-    from iterreduce.program import MASTER_ONLY, block_momentum_average
-
-    params = {"w": np.full(3, 2, np.float32), "w_inc": np.zeros(3, np.float32)}
-    ups = [Update(0, 10, {"w": params["w"] + 1, "w_inc": np.ones(3, np.float32)}),
-           Update(1, 10, {"w": params["w"] + 3, "w_inc": np.ones(3, np.float32)})]
-    # Without momentum: the mean moved +2, the block learning rate 5 moves +10; no state kept.
-    scaled = block_momentum_average(params, ups, ["w", "w_inc"], 0.0, plain=["w_inc"], block_learning_rate=5.0)
-    assert set(scaled) == {"w", "w_inc"}
-    np.testing.assert_allclose(scaled["w"], 2 + 10)
-    np.testing.assert_allclose(scaled["w_inc"], 1.0)  # optimizer state: only averaged, never scaled
-    # With momentum the scaled step is what the momentum remembers.
-    first = block_momentum_average(params, ups, ["w"], 0.5, block_learning_rate=2.0)
-    np.testing.assert_allclose(first["w"], 2 + 4)
-    np.testing.assert_allclose(first[f"{MASTER_ONLY}block_delta.w"], 4)
-    params.update(first)
-    second = block_momentum_average(params, [Update(0, 1, {"w": params["w"] + 1})], ["w"], 0.5, block_learning_rate=2.0)
-    np.testing.assert_allclose(second["w"], 6 + 2 + 0.5 * 4)
-
-
-def test_nesterov_block_momentum_sends_the_look_ahead_point():
-    from iterreduce.program import MASTER_ONLY, block_momentum_average
-
-    params = {"w": np.zeros(2, np.float32)}
-    first = block_momentum_average(params, [Update(0, 1, {"w": np.ones(2, np.float32)})], ["w"], 0.5, nesterov=True)
-    np.testing.assert_allclose(first[f"{MASTER_ONLY}block_delta.w"], 1.0)
-    np.testing.assert_allclose(first["w"], 1.0 + 0.5 * 1.0)  # the mean plus momentum x the new delta
-    params.update(first)
-    # The workers move +1 from the look-ahead point 1.5: the mean is 2.5.
-    second = block_momentum_average(params, [Update(0, 1, {"w": np.full(2, 2.5, np.float32)})], ["w"], 0.5,
-                                    nesterov=True)
-    delta = 0.5 * 1.0 + (2.5 - 1.5)
-    np.testing.assert_allclose(second[f"{MASTER_ONLY}block_delta.w"], delta)
-    np.testing.assert_allclose(second["w"], 2.5 + 0.5 * delta)
-    classical = block_momentum_average({"w": np.zeros(2, np.float32)}, [Update(0, 1, {"w": np.ones(2, np.float32)})],
-                                       ["w"], 0.5)
-    np.testing.assert_allclose(classical["w"], 1.0)  # classical block momentum: no look-ahead
 
 
 # ------------------------------------------------------------- master config and entry point
