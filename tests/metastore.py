@@ -86,6 +86,7 @@ class HiveMetastore:
             "javax.jdo.option.ConnectionURL": f"jdbc:derby:;databaseName={self.dir / 'db'};create=true",
             "javax.jdo.option.ConnectionDriverName": "org.apache.derby.jdbc.EmbeddedDriver",
             "metastore.thrift.port": self.port,
+            "metastore.thrift.bind.host": "127.0.0.1",  # this machine's tests alone reach it
             "metastore.thrift.uris": self.uri,
             "metastore.warehouse.dir": self.warehouse,
             "metastore.warehouse.external.dir": self.warehouse,
