@@ -236,6 +236,13 @@ class WorkerProgram(ABC):
         job then stops with its message (it is not retried in a new process).
         """
 
+    def run_shards(self, step: Step, parameters: Arrays, shards: list, seeds: list[int]) -> list[Update]:
+        """This worker's updates of ``step`` for several of its shards (``seeds``: each one's), in
+        their order. Default: :meth:`run` on each in turn. A program may run them as one
+        computation (batched on one device), as long as each shard gets the update its own
+        :meth:`run` gives: the master sees the same updates either way."""
+        return [self.run(step, parameters, shard, seed) for shard, seed in zip(shards, seeds)]
+
 
 #: Elements of each array the reduces below work on at a time: their float64 temporaries stay in
 #: the cache (on 13 MB of updates about three times faster than whole arrays), and each element

@@ -79,3 +79,73 @@ def test_what_cannot_step_together_is_refused_before_anything_is_trained():
     with pytest.raises(GroupError, match=r"\[64, 50\] rows\) make minibatches of different sizes or numbers"):
         group.train_epoch([Xs[0], Xs[1][:50]], 0)
     np.testing.assert_array_equal(group.weights, before)
+
+
+# ------------------------------------------------------------------ in a job: a worker's shards as one computation
+
+
+@pytest.fixture
+def _subprocess_env(monkeypatch):
+    from conftest_runtime import subprocess_env
+
+    subprocess_env(monkeypatch)
+
+
+@pytest.mark.parametrize("extra", [{}, {"cd_k": 2, "sync_every": 3}], ids=["plain", "cd2-parts"])
+def test_one_worker_holding_three_shards_trains_the_model_of_three_workers_holding_one_each(
+        tmp_path, mnist_small, _subprocess_env, extra):
+    """The worker runs its shards' pre-training steps as one group (DBNWorker.run_shards); each
+    shard's update is the bits its own run gives, so the master averages the same updates and the
+    model is that of three workers with a shard each, bit for bit (fine-tuning: shard by shard)."""
+    from conftest_runtime import DBN_PROGRAM, load_npz, records, run_job
+    from shardio.shards import write_shards
+
+    x_train, y_train, _, _ = mnist_small
+    shards = str(tmp_path / "shards")
+    write_shards(x_train[:600], y_train[:600], shards, 3)
+    config = dict(hidden_layers=[32, 16], pretrain_epochs=2, pretrain_batch_size=25, finetune_epochs=2,
+                  finetune_batch_size=25, top_layer_epochs=1, n_classes=10, seed=3, **extra)
+    models = {}
+    for workers in (1, 3):
+        out = run_job(program=DBN_PROGRAM, program_config=config, shards=shards, workers=workers,
+                      output=str(tmp_path / f"out{workers}"), timeout=180)
+        assert {r["shards"] for r in records(out)} == {3}
+        models[workers] = load_npz(out / "model.npz")
+    assert sorted(models[1]) == sorted(models[3])
+    for name in models[3]:
+        np.testing.assert_array_equal(models[1][name], models[3][name], err_msg=name)
+
+
+def test_a_workers_shards_pretrain_as_one_group_and_fall_back_one_by_one_where_they_cannot(tmp_path, mnist_small):
+    """DBNWorker.run_shards groups a pre-training step's shards (its group holds their RBMs), and
+    gives the updates of run() one shard at a time; shards of unequal minibatch counts run one by one."""
+    from dbn.jobs.dbn_program import DBNProgram, DBNWorker
+    from iterreduce.program import Step, shard_seed
+    from shardio.readers import list_shards, shard_info
+    from shardio.shards import write_shards
+
+    x_train, y_train, _, _ = mnist_small
+    config = dict(hidden_layers=[24], pretrain_epochs=1, pretrain_batch_size=20, finetune_epochs=0, n_classes=10,
+                  seed=1)
+    for rows, grouped in ((600, True), (610, False)):  # 610: shards of 240, 200, 170 rows: 12, 10, 8 minibatches
+        folder = tmp_path / f"shards{rows}"
+        uris = write_shards(x_train[:rows], y_train[:rows], str(folder), 3) if rows == 600 else [
+            *write_shards(x_train[:240], y_train[:240], str(folder), 1, prefix="a"),
+            *write_shards(x_train[240:440], y_train[240:440], str(folder), 1, prefix="b"),
+            *write_shards(x_train[440:610], y_train[440:610], str(folder), 1, prefix="c")]
+        program = DBNProgram(config)
+        parameters = program.initial_parameters(0, shard_info(list_shards(str(folder))))
+        step = next(s for s in program.schedule(shard_info(uris)) if s.phase == "pretrain")
+        results = {}
+        for together in (True, False):
+            worker = DBNWorker(config)
+            shards = [worker.load_shard(uri, i) for i, uri in enumerate(uris)]
+            seeds = [shard_seed(0, 1, i) for i in range(3)]
+            updates = (worker.run_shards(step, parameters, shards, seeds) if together
+                       else [worker.run(step, parameters, s, seed) for s, seed in zip(shards, seeds)])
+            assert (worker._group is not None) == (together and grouped)
+            results[together] = updates
+        for a, b in zip(results[True], results[False]):
+            assert (a.shard, a.samples, a.metrics) == (b.shard, b.samples, b.metrics)
+            for name in b.arrays:
+                np.testing.assert_array_equal(a.arrays[name], b.arrays[name], err_msg=name)

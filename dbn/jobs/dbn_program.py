@@ -38,6 +38,7 @@ from ..model.estimator import DBN, layer_seed
 from ..model.minibatch import CHUNK_ROWS, chunks, column_mean
 from ..model.network import Network
 from ..model.rbm import RBM
+from ..model.rbm_group import GroupError, RBMGroup
 from . import view
 from .tracking import LINK_NAME, master_tracker
 
@@ -326,6 +327,7 @@ class DBNWorker(WorkerProgram):
         self._labels: dict[int, object] = {}
         self._spill_dir: str | None = None
         self._scaled_shards: set[int] = set()  # shards whose rows _scale has scaled in place
+        self._group: RBMGroup | None = None  # the shards' RBMs of one layer trained as one computation
 
     def load_shard(self, uri, index):
         if not self.stream:
@@ -431,6 +433,33 @@ class DBNWorker(WorkerProgram):
         if step.phase == "finetune":
             return self._finetune(step, parameters, shard, seed)
         raise ValueError(f"unknown phase {step.phase!r}")
+
+    def run_shards(self, step, parameters, shards, seeds):
+        """Several shards' pre-training steps as one computation where they can step together
+        (:class:`~dbn.model.rbm_group.RBMGroup`: in-memory data, minibatches of one size and number),
+        each shard's update the bits its own :meth:`run` gives; else, and for other phases, one by one."""
+        if step.phase == "pretrain" and len(shards) > 1 and not self.stream:
+            grouped = self._pretrain_group(step, parameters, shards, seeds)
+            if grouped is not None:
+                return grouped
+        return super().run_shards(step, parameters, shards, seeds)
+
+    def _pretrain_group(self, step, parameters, shards, seeds) -> list[Update] | None:
+        layer = step.info["layer"]
+        data = [self._input(shard, layer, parameters) for shard in shards]
+        rbms = [self._rbm(shard, layer) for shard in shards]
+        for rbm, seed in zip(rbms, seeds):
+            rbm.set_state(state.rbm_state(parameters, layer))
+            rbm.backend.reseed(seed)
+        try:
+            group = self._group if self._group is not None and self._group.holds(rbms) else RBMGroup(rbms)
+            found = group.train_epoch(data, step.info["epoch"], self._batches(step, data[0].shape[0], rbms[0].batch_size))
+        except GroupError:  # persistent CD, or shards whose minibatches differ: one by one
+            return None
+        self._group = group
+        return [Update(shard.index, stats.n_samples, state.named_rbm_state(layer, rbm.get_state()),
+                       {"reconstruction_error": stats.reconstruction_error})
+                for shard, rbm, stats in zip(shards, rbms, found)]
 
     def _batches(self, step, rows: int, batch_size: int) -> range:
         n_batches = rows // min(batch_size, rows)

@@ -63,6 +63,12 @@ class RBMGroup:
     def size(self) -> int:
         return len(self.members)
 
+    def holds(self, members: list[RBM]) -> bool:
+        """Whether this group is still ``members``' (the same RBMs, each still holding views of its
+        slices: loading a state of another shape would have replaced them)."""
+        return (len(members) == self.size and all(a is b for a, b in zip(members, self.members))
+                and all(getattr(rbm, key + "_").base is getattr(self, key) for rbm in members for key in RBM_KEYS))
+
     def train_epoch(self, Xs: list, epoch: int, batches: range | None = None) -> list[EpochStats]:
         """Run CD-k over one epoch (or the minibatches ``batches``) of each member's data ``Xs[g]``
         (device arrays, checked as :meth:`RBM.train_epoch` checks them), all members at each step;

@@ -188,16 +188,20 @@ class Worker:
         again); ``ahead_s``: the seconds they took ahead, counted in this step's compute time."""
         step = step_from_json(header.info_json)
         started = time.perf_counter()
-        updates = []
         for shard in header.shards:
-            self.status = {"state": "computing", "step": header.step, "phase": step.phase, "shard": shard.index}
             if shard.index not in self.shards:
+                self.status = {"state": "computing", "step": header.step, "phase": step.phase, "shard": shard.index}
                 self.shards[shard.index] = self.program.load_shard(shard.uri, shard.index)
-            kept = self._kept.get((header.step, shard.index))
-            if kept is None:  # else the step is run again after a failed exchange: same parameters, same update
-                seed = shard_seed(header.seed, header.step, shard.index)
-                kept = self.program.run(step, self.parameters, self.shards[shard.index], seed)
-            updates.append(kept)
+        # A step run again after a failed exchange keeps what it computed: same parameters, same update.
+        todo = [shard.index for shard in header.shards if (header.step, shard.index) not in self._kept]
+        computed = {}
+        if todo:
+            self.status = {"state": "computing", "step": header.step, "phase": step.phase, "shard": todo[0]}
+            computed = dict(zip(todo, self.program.run_shards(
+                step, self.parameters, [self.shards[i] for i in todo],
+                [shard_seed(header.seed, header.step, i) for i in todo])))
+        updates = [computed[s.index] if s.index in computed else self._kept[(header.step, s.index)]
+                   for s in header.shards]
         # Kept until the step ends, in case it has to be run again; a star step is never run again.
         self._kept = {(header.step, u.shard): u for u in updates} if header.reducers else {}
         self.status = {"state": "pushing", "step": header.step}
@@ -274,11 +278,11 @@ class Worker:
         try:
             joined = exchange.join_rows(pieces)
             parameters = {**self.parameters, **joined}
-            for shard in header.shards:
-                self.status = {"state": "computing", "step": header.step + 1, "phase": following.phase,
-                               "shard": shard.index, "ahead": True}
-                seed = shard_seed(header.seed, header.step + 1, shard.index)
-                updates.append(self.program.run(following, parameters, self.shards[shard.index], seed))
+            indices = [shard.index for shard in header.shards]
+            self.status = {"state": "computing", "step": header.step + 1, "phase": following.phase,
+                           "shard": indices[0], "ahead": True}
+            updates = self.program.run_shards(following, parameters, [self.shards[i] for i in indices],
+                                              [shard_seed(header.seed, header.step + 1, i) for i in indices])
         except Exception as exc:  # noqa: BLE001 - a guess: the task's own run raises what is real
             log.info("step %d: computing ahead gave up (%s)", header.step + 1, exc)
             return
