@@ -74,6 +74,11 @@ def __getattr__(name):
             _delay()
             return super().run(step, parameters, shard, seed)
 
+        def run_shards(self, step, parameters, shards, seeds):  # grouped: a delay a shard, as one by one
+            for _ in shards:
+                _delay()
+            return super().run_shards(step, parameters, shards, seeds)
+
     for cls in (SlowDBNProgram, SlowDBNWorker):
         cls.__module__ = __name__
         globals()[cls.__name__] = cls

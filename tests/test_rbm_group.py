@@ -91,20 +91,22 @@ def _subprocess_env(monkeypatch):
     subprocess_env(monkeypatch)
 
 
-@pytest.mark.parametrize("extra", [{}, {"cd_k": 2, "sync_every": 3}], ids=["plain", "cd2-parts"])
+@pytest.mark.parametrize("extra", [{}, {"cd_k": 2, "sync_every": 3},
+                                   {"dropout": 0.5, "input_dropout": 0.2, "max_norm": 2.0, "finetune_epochs": 3}],
+                         ids=["plain", "cd2-parts", "dropout"])
 def test_one_worker_holding_three_shards_trains_the_model_of_three_workers_holding_one_each(
         tmp_path, mnist_small, _subprocess_env, extra):
-    """The worker runs its shards' pre-training steps as one group (DBNWorker.run_shards); each
-    shard's update is the bits its own run gives, so the master averages the same updates and the
-    model is that of three workers with a shard each, bit for bit (fine-tuning: shard by shard)."""
+    """The worker runs its shards' pre-training and fine-tuning steps as one group each
+    (DBNWorker.run_shards); each shard's update is the bits its own run gives, so the master
+    averages the same updates and the model is that of three workers with a shard each, bit for bit."""
     from conftest_runtime import DBN_PROGRAM, load_npz, records, run_job
     from shardio.shards import write_shards
 
     x_train, y_train, _, _ = mnist_small
     shards = str(tmp_path / "shards")
     write_shards(x_train[:600], y_train[:600], shards, 3)
-    config = dict(hidden_layers=[32, 16], pretrain_epochs=2, pretrain_batch_size=25, finetune_epochs=2,
-                  finetune_batch_size=25, top_layer_epochs=1, n_classes=10, seed=3, **extra)
+    config = {**dict(hidden_layers=[32, 16], pretrain_epochs=2, pretrain_batch_size=25, finetune_epochs=2,
+                     finetune_batch_size=25, top_layer_epochs=1, n_classes=10, seed=3), **extra}
     models = {}
     for workers in (1, 3):
         out = run_job(program=DBN_PROGRAM, program_config=config, shards=shards, workers=workers,
@@ -116,17 +118,18 @@ def test_one_worker_holding_three_shards_trains_the_model_of_three_workers_holdi
         np.testing.assert_array_equal(models[1][name], models[3][name], err_msg=name)
 
 
-def test_a_workers_shards_pretrain_as_one_group_and_fall_back_one_by_one_where_they_cannot(tmp_path, mnist_small):
-    """DBNWorker.run_shards groups a pre-training step's shards (its group holds their RBMs), and
-    gives the updates of run() one shard at a time; shards of unequal minibatch counts run one by one."""
+def test_a_workers_shards_train_as_one_group_and_fall_back_one_by_one_where_they_cannot(tmp_path, mnist_small):
+    """DBNWorker.run_shards groups a pre-training or fine-tuning step's shards (its groups hold their
+    RBMs and networks), and gives the updates of run() one shard at a time; shards of unequal
+    minibatch counts run one by one."""
     from dbn.jobs.dbn_program import DBNProgram, DBNWorker
     from iterreduce.program import Step, shard_seed
     from shardio.readers import list_shards, shard_info
     from shardio.shards import write_shards
 
     x_train, y_train, _, _ = mnist_small
-    config = dict(hidden_layers=[24], pretrain_epochs=1, pretrain_batch_size=20, finetune_epochs=0, n_classes=10,
-                  seed=1)
+    config = dict(hidden_layers=[24], pretrain_epochs=1, pretrain_batch_size=20, finetune_epochs=1,
+                  finetune_batch_size=20, dropout=0.5, n_classes=10, seed=1)
     for rows, grouped in ((600, True), (610, False)):  # 610: shards of 240, 200, 170 rows: 12, 10, 8 minibatches
         folder = tmp_path / f"shards{rows}"
         uris = write_shards(x_train[:rows], y_train[:rows], str(folder), 3) if rows == 600 else [
@@ -135,17 +138,92 @@ def test_a_workers_shards_pretrain_as_one_group_and_fall_back_one_by_one_where_t
             *write_shards(x_train[440:610], y_train[440:610], str(folder), 1, prefix="c")]
         program = DBNProgram(config)
         parameters = program.initial_parameters(0, shard_info(list_shards(str(folder))))
-        step = next(s for s in program.schedule(shard_info(uris)) if s.phase == "pretrain")
-        results = {}
-        for together in (True, False):
-            worker = DBNWorker(config)
-            shards = [worker.load_shard(uri, i) for i, uri in enumerate(uris)]
-            seeds = [shard_seed(0, 1, i) for i in range(3)]
-            updates = (worker.run_shards(step, parameters, shards, seeds) if together
-                       else [worker.run(step, parameters, s, seed) for s, seed in zip(shards, seeds)])
-            assert (worker._group is not None) == (together and grouped)
-            results[together] = updates
-        for a, b in zip(results[True], results[False]):
-            assert (a.shard, a.samples, a.metrics) == (b.shard, b.samples, b.metrics)
-            for name in b.arrays:
-                np.testing.assert_array_equal(a.arrays[name], b.arrays[name], err_msg=name)
+        for phase, group in (("pretrain", "_group"), ("finetune", "_net_group")):
+            step = next(s for s in program.schedule(shard_info(uris)) if s.phase == phase)
+            parameters = program.before_step(step, parameters)  # fine-tuning: the network, as the master makes it
+            results = {}
+            for together in (True, False):
+                worker = DBNWorker(config)
+                shards = [worker.load_shard(uri, i) for i, uri in enumerate(uris)]
+                seeds = [shard_seed(0, 1, i) for i in range(3)]
+                updates = (worker.run_shards(step, parameters, shards, seeds) if together
+                           else [worker.run(step, parameters, s, seed) for s, seed in zip(shards, seeds)])
+                assert (getattr(worker, group) is not None) == (together and grouped), (phase, rows)
+                results[together] = updates
+            for a, b in zip(results[True], results[False]):
+                assert (a.shard, a.samples, a.metrics) == (b.shard, b.samples, b.metrics)
+                for name in b.arrays:
+                    np.testing.assert_array_equal(a.arrays[name], b.arrays[name], err_msg=name)
+
+
+# ------------------------------------------------------------------ fine-tuning
+
+
+def networks(n_members: int, sizes=(11, 9, 7, 4), seed: int = 0):
+    from dbn.model.backend import get_backend
+    from dbn.model.network import Network
+
+    rng = np.random.default_rng(seed)
+    weights = [rng.normal(0, 0.3, (a, b)).astype(np.float32) for a, b in zip(sizes, sizes[1:])]
+    biases = [rng.normal(0, 0.1, b).astype(np.float32) for b in sizes[1:]]
+    return [Network(weights, biases, get_backend("cpu")) for _ in range(n_members)]
+
+
+@pytest.mark.parametrize("options", [
+    {}, {"dropout": [0.2, 0.5, 0.5]}, {"dropout": [0.0, 0.5, 0.5], "max_norm": 1.5, "weight_cost": 1e-3},
+    {"train_layers": slice(-1, None)}, {"batches": range(1, 4)}],
+    ids=["plain", "dropout", "dropout-maxnorm-decay", "top-only", "minibatch-range"])
+def test_each_network_ends_where_it_ends_alone_bit_for_bit(options):
+    from dbn.model.backend import get_backend
+    from dbn.model.network_group import NetworkGroup
+
+    rng = np.random.default_rng(3)
+    Xs = [rng.random((90, 11), dtype=np.float32) for _ in range(3)]
+    ys = [rng.integers(0, 4, 90) for _ in range(3)]
+    seeds, draws = [11, 12, 13], [21, 22, 23]
+    settings = dict(learning_rate=0.3, momentum=0.5, batch_size=20, **options)
+    alone, together = networks(3), networks(3)
+    group = NetworkGroup(together)
+    for epoch in range(3):
+        expected = []
+        for net, X, y, seed, draw in zip(alone, Xs, ys, seeds, draws):
+            net.backend.reseed(draw)
+            expected.append(net.train_epoch(X, y, epoch, seed=seed, **settings))
+        got = group.train_epoch(Xs, ys, epoch, seeds=seeds, streams=[get_backend("cpu", seed=d) for d in draws],
+                                **settings)
+        assert [(s.n_samples, s.loss, s.train_error) for s in got] == \
+            [(s.n_samples, s.loss, s.train_error) for s in expected]
+    for mine, theirs in zip(together, alone):
+        a, b = mine.get_state(), theirs.get_state()
+        for key in b:
+            np.testing.assert_array_equal(a[key], b[key], err_msg=key)
+
+
+def test_a_grouped_job_whose_workers_are_killed_redoes_their_shards_and_gives_the_undisturbed_model(
+        tmp_path, monkeypatch, mnist_small):
+    """Three workers holding two shards each train them as groups; two are SIGKILLed mid-job (one
+    pre-training, one fine-tuning), their shards move to the others (groups of other members) and are
+    redone within the step: the model is the undisturbed run's, bit for bit."""
+    from conftest_runtime import SLOW_DBN, assert_same_bits, events, kill_worker, load_npz, run_job, subprocess_env
+    from shardio.shards import write_shards
+
+    subprocess_env(monkeypatch, delay=0.1)
+    x_train, y_train, _, _ = mnist_small
+    shards = str(tmp_path / "shards")
+    write_shards(x_train[:600], y_train[:600], shards, 6)
+    config = dict(hidden_layers=[16, 8], pretrain_epochs=2, pretrain_batch_size=20, finetune_epochs=3,
+                  finetune_batch_size=20, dropout=0.3, top_layer_epochs=1, n_classes=10, seed=2)
+    kills, killed = {2: "worker-1", 7: "worker-2"}, []
+    out = tmp_path / "churned"
+
+    def on_record(rec):
+        if "event" not in rec and rec.get("step") in kills and rec["step"] not in killed:
+            killed.append(rec["step"])
+            kill_worker(out, kills[rec["step"]])
+
+    run_job(program=SLOW_DBN, program_config=config, shards=shards, workers=3, output=str(out), on_record=on_record,
+            timeout=240, lost_shards="redo")
+    assert killed == sorted(kills) and len(events(out, "worker_lost")) >= 2
+    calm = run_job(program=SLOW_DBN, program_config=config, shards=shards, workers=3, output=str(tmp_path / "calm"),
+                   timeout=240)
+    assert_same_bits(load_npz(out / "model.npz"), load_npz(calm / "model.npz"))

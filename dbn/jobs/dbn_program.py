@@ -33,10 +33,12 @@ from ..data.table_data import attach_inputs
 from ..data.validation import UNIT_INTERVAL_HINT, check_features, check_labels, class_warnings, minibatch_warnings
 from ..errors import DataError
 from ..model import state
+from ..model.backend import get_backend
 from ..model.divergence import check_arrays
 from ..model.estimator import DBN, layer_seed
 from ..model.minibatch import CHUNK_ROWS, chunks, column_mean
 from ..model.network import Network
+from ..model.network_group import NetworkGroup
 from ..model.rbm import RBM
 from ..model.rbm_group import GroupError, RBMGroup
 from . import view
@@ -328,6 +330,8 @@ class DBNWorker(WorkerProgram):
         self._spill_dir: str | None = None
         self._scaled_shards: set[int] = set()  # shards whose rows _scale has scaled in place
         self._group: RBMGroup | None = None  # the shards' RBMs of one layer trained as one computation
+        self._net_group: NetworkGroup | None = None  # the shards' networks fine-tuned as one computation
+        self._streams: list = []  # the group's members' dropout streams (each reseeded a step)
 
     def load_shard(self, uri, index):
         if not self.stream:
@@ -435,14 +439,15 @@ class DBNWorker(WorkerProgram):
         raise ValueError(f"unknown phase {step.phase!r}")
 
     def run_shards(self, step, parameters, shards, seeds):
-        """Several shards' pre-training steps as one computation where they can step together
-        (:class:`~dbn.model.rbm_group.RBMGroup`: in-memory data, minibatches of one size and number),
-        each shard's update the bits its own :meth:`run` gives; else, and for other phases, one by one."""
-        if step.phase == "pretrain" and len(shards) > 1 and not self.stream:
-            grouped = self._pretrain_group(step, parameters, shards, seeds)
-            if grouped is not None:
-                return grouped
-        return super().run_shards(step, parameters, shards, seeds)
+        """Several shards' pre-training or fine-tuning steps as one computation where they can step
+        together (:class:`~dbn.model.rbm_group.RBMGroup`, :class:`~dbn.model.network_group.NetworkGroup`:
+        in-memory data, minibatches of one size and number), each shard's update the bits its own
+        :meth:`run` gives; else, and for the other phases, one by one."""
+        grouped = None
+        if len(shards) > 1 and not self.stream and step.phase in ("pretrain", "finetune"):
+            together = self._pretrain_group if step.phase == "pretrain" else self._finetune_group
+            grouped = together(step, parameters, shards, seeds)
+        return grouped if grouped is not None else super().run_shards(step, parameters, shards, seeds)
 
     def _pretrain_group(self, step, parameters, shards, seeds) -> list[Update] | None:
         layer = step.info["layer"]
@@ -480,25 +485,71 @@ class DBNWorker(WorkerProgram):
 
     def _finetune(self, step, parameters, shard, seed) -> Update:
         m, be = self.model, self.model.backend
+        data, labels = self._labelled(shard, parameters)
+        net = self._net(shard, parameters)
+        be.reseed(seed)
+        stats = net.train_epoch(data, labels, step.info["epoch"], seed=self._order_seed(shard),
+                                batches=self._batches(step, data.shape[0], m.finetune_batch_size),
+                                **self._finetune_settings(step))
+        return self._finetune_update(step, shard, net, stats)
+
+    def _finetune_update(self, step, shard, net, stats) -> Update:
+        arrays = {k: v for k, v in net.get_state().items() if k in step.arrays}
+        return Update(shard.index, stats.n_samples, arrays, {"loss": stats.loss, "train_error": stats.train_error})
+
+    def _labelled(self, shard, parameters):
+        """The shard's rows (layer 0's input) and its labels: on the device with in-memory data,
+        streamed with the rows."""
         if shard.labels is None:
             raise DataError(f"{shard.uri}: fine-tuning needs a 'label' column")
         data = self._input(shard, 0, parameters)
-        if shard.index not in self._labels:  # on the device with in-memory data, streamed with the rows
-            self._labels[shard.index] = shard.labels if isinstance(data, RowFile) else be.asarray(shard.labels, dtype=np.int64)
-        net = self._nets.get(shard.index)  # kept: set_state reuses its arrays, buffers and CUDA graphs
+        if shard.index not in self._labels:
+            self._labels[shard.index] = (shard.labels if isinstance(data, RowFile)
+                                         else self.model.backend.asarray(shard.labels, dtype=np.int64))
+        return data, self._labels[shard.index]
+
+    def _net(self, shard, parameters) -> Network:
+        """The shard's network with ``parameters`` loaded (kept: set_state reuses its arrays, buffers and CUDA graphs)."""
+        net = self._nets.get(shard.index)
         if net is None:
-            net = self._nets[shard.index] = Network.from_state(parameters, len(self.layers) + 1, be)
+            net = self._nets[shard.index] = Network.from_state(parameters, len(self.layers) + 1, self.model.backend)
         else:
             net.set_state(parameters)
-        be.reseed(seed)
-        order_seed = int(np.random.SeedSequence([m.seed, 10_000, shard.index]).generate_state(1)[0])
-        stats = net.train_epoch(
-            data, self._labels[shard.index], step.info["epoch"],
-            learning_rate=step.info["learning_rate"], momentum=step.info["momentum"], max_norm=m.max_norm,
-            weight_cost=m.finetune_weight_cost, batch_size=m.finetune_batch_size,
-            dropout=[m.input_dropout] + [m.dropout] * len(self.layers),
-            train_layers=slice(-1, None) if step.info["top_only"] else slice(None),
-            seed=order_seed, batches=self._batches(step, data.shape[0], m.finetune_batch_size),
-        )
-        arrays = {k: v for k, v in net.get_state().items() if k in step.arrays}
-        return Update(shard.index, stats.n_samples, arrays, {"loss": stats.loss, "train_error": stats.train_error})
+        return net
+
+    def _order_seed(self, shard) -> int:
+        """The seed of the shard's fine-tuning order: (job seed, shard) alone, whichever worker holds it."""
+        return int(np.random.SeedSequence([self.model.seed, 10_000, shard.index]).generate_state(1)[0])
+
+    def _finetune_settings(self, step) -> dict:
+        m = self.model
+        return dict(learning_rate=step.info["learning_rate"], momentum=step.info["momentum"], max_norm=m.max_norm,
+                    weight_cost=m.finetune_weight_cost, batch_size=m.finetune_batch_size,
+                    dropout=[m.input_dropout] + [m.dropout] * len(self.layers),
+                    train_layers=slice(-1, None) if step.info["top_only"] else slice(None))
+
+    def _finetune_group(self, step, parameters, shards, seeds) -> list[Update] | None:
+        """The shards' fine-tuning step as one computation (:class:`~dbn.model.network_group.NetworkGroup`),
+        each member's dropout drawn from a stream seeded as its own run reseeds the worker's; None
+        where they cannot step together."""
+        if any(shard.labels is None for shard in shards):
+            return None  # run() names the shard
+        labelled = [self._labelled(shard, parameters) for shard in shards]
+        nets = [self._net(shard, parameters) for shard in shards]
+        be = self.model.backend
+        while len(self._streams) < len(shards):
+            self._streams.append(get_backend(be.device, be.dtype.name))
+        streams = self._streams[:len(shards)]
+        for stream, seed in zip(streams, seeds):
+            stream.reseed(seed)
+        data = [rows for rows, _ in labelled]
+        try:
+            group = self._net_group if self._net_group is not None and self._net_group.holds(nets) else NetworkGroup(nets)
+            found = group.train_epoch(data, [labels for _, labels in labelled], step.info["epoch"],
+                                      seeds=[self._order_seed(shard) for shard in shards], streams=streams,
+                                      batches=self._batches(step, data[0].shape[0], self.model.finetune_batch_size),
+                                      **self._finetune_settings(step))
+        except GroupError:
+            return None
+        self._net_group = group
+        return [self._finetune_update(step, shard, net, stats) for shard, net, stats in zip(shards, nets, found)]
