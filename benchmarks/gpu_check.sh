@@ -34,7 +34,7 @@ want() { [[ $PARTS == *" $1 "* ]]; }
 if want tests; then
 step tests
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_graphs.py tests/test_gpu.py \
-    tests/test_random_streams.py tests/test_rbm.py tests/test_network.py 2>&1 | tail -40 | tee "$OUT/tests.log"
+    tests/test_random_streams.py tests/test_rbm.py tests/test_network.py tests/test_rbm_group.py 2>&1 | tail -40 | tee "$OUT/tests.log"
 fi
 
 if want bench; then

@@ -200,3 +200,42 @@ def test_host_copies_land_in_pinned_memory_up_to_the_limit(monkeypatch):
     large = be.to_numpy(weights)
     assert not pinned(large)
     np.testing.assert_array_equal(large, np.arange(1, 13, dtype=np.float32).reshape(3, 4))
+
+
+def test_rbms_and_networks_trained_as_one_group_on_the_gpu_end_near_where_they_end_alone():
+    """Issue 54 on a GPU: the stacked products are cuBLAS's batched GEMM, not the gemm each runs
+    alone, so the bits may differ; within a float32 rounding tolerance after two epochs."""
+    from dbn.model.backend import get_backend
+    from dbn.model.network import Network
+    from dbn.model.network_group import NetworkGroup
+    from dbn.model.rbm_group import RBMGroup
+
+    rng = np.random.default_rng(0)
+    Xs = [(rng.random((200, 30)) < 0.3).astype(np.float32) for _ in range(3)]
+    alone = [RBM(12, device=DEVICE, seed=g).initialize(X) for g, X in enumerate(Xs)]
+    together = [RBM(12, device=DEVICE, seed=g).initialize(X) for g, X in enumerate(Xs)]
+    group = RBMGroup(together)
+    devX = [alone[0].backend.asarray(X) for X in Xs]
+    for epoch in range(2):
+        for rbm, X in zip(alone, devX):
+            rbm.train_epoch(X, epoch, checked=True)
+        group.train_epoch(devX, epoch)
+    for a, b in zip(together, alone):
+        np.testing.assert_allclose(a.get_state()["weights"], b.get_state()["weights"], rtol=1e-4, atol=1e-5)
+
+    be = get_backend(DEVICE)
+    w = [rng.normal(0, 0.3, (30, 12)).astype(np.float32), rng.normal(0, 0.3, (12, 4)).astype(np.float32)]
+    b = [np.zeros(12, np.float32), np.zeros(4, np.float32)]
+    ys = [be.asarray(rng.integers(0, 4, 200), dtype=np.int64) for _ in range(3)]
+    alone_nets = [Network(w, b, get_backend(DEVICE)) for _ in range(3)]
+    group = NetworkGroup([Network(w, b, be) for _ in range(3)])
+    settings = dict(learning_rate=0.3, momentum=0.5, batch_size=20, dropout=[0.2, 0.5])
+    for epoch in range(2):
+        for g, (net, X, y) in enumerate(zip(alone_nets, devX, ys)):
+            net.backend.reseed(50 + g)
+            net.train_epoch(X, y, epoch, seed=g, **settings)
+        group.train_epoch(devX, ys, epoch, seeds=[0, 1, 2], streams=[get_backend(DEVICE, seed=50 + g) for g in range(3)],
+                          **settings)
+    for mine, theirs in zip(group.members, alone_nets):
+        np.testing.assert_allclose(mine.get_state()["net.0.weights"], theirs.get_state()["net.0.weights"],
+                                   rtol=1e-4, atol=1e-5)
