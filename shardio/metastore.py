@@ -121,8 +121,9 @@ def split_reference(reference: str) -> tuple[str, str]:
     return metastore, name
 
 
-class _Client:
-    """One connection to a metastore's Thrift API, closed on exit."""
+class MetastoreClient:
+    """One connection to the metastore at ``uri``'s Thrift API: ``with MetastoreClient(uri) as client``
+    gives the connected ``ThriftHiveMetastore.Client``, closed on exit."""
 
     def __init__(self, uri: str):
         try:
@@ -158,7 +159,7 @@ def lookup(uri: str, name: str) -> MetastoreTable:
 
     database, table = name.split(".")
     try:
-        with _Client(uri) as client:
+        with MetastoreClient(uri) as client:
             found = client.get_table_req(GetTableRequest(dbName=database, tblName=table)).table
             names = [] if not found.partitionKeys else client.get_partition_names(database, table, -1)
             partitions = []
@@ -171,11 +172,12 @@ def lookup(uri: str, name: str) -> MetastoreTable:
     except Exception as exc:  # thrift's transport and protocol errors, the metastore's own
         raise TableError(f"{name}: the metastore {uri} could not describe it "
                          f"({type(exc).__name__}: {' '.join(str(exc).split())[:300]})") from None
-    return _described(uri, name, found, partitions)
+    return described(uri, name, found, partitions)
 
 
-def _described(uri: str, name: str, table, partitions) -> MetastoreTable:
-    """The :class:`MetastoreTable` of a Thrift ``Table`` and its ``Partition`` list."""
+def described(uri: str, name: str, table, partitions) -> MetastoreTable:
+    """The :class:`MetastoreTable` of a Thrift ``Table`` and its ``Partition`` list (from the
+    metastore at ``uri``, asked for ``name``); a table that is not read here is a :class:`TableError`."""
     params = table.parameters or {}
     sd = table.sd
     if table.tableType == "VIRTUAL_VIEW":
@@ -238,7 +240,7 @@ class RegisteredTable:
                                  f"table ({table.location}): a table's partitions are read through one")
             files = _data_files(where, path, partition.location)
             paths += files
-            expressions += [_partition_expression(table, partition)] * len(files)
+            expressions += [partition_expression(table, partition)] * len(files)
         if not paths:
             raise ShardError(f"{table.name}: none of its {len(table.partitions)} registered partitions holds a data "
                              f"file (metastore {table.metastore})")
@@ -268,7 +270,7 @@ def _data_files(fs, path: str, location: str) -> list[str]:
     return sorted(files)
 
 
-def _partition_expression(table: MetastoreTable, partition: Partition):
+def partition_expression(table: MetastoreTable, partition: Partition):
     """The expression that gives a partition's files the column values the metastore holds."""
     if len(partition.values) != len(table.partition_columns):
         raise ShardError(f"{table.name}: partition {partition.location} has {len(partition.values)} values for "

@@ -23,6 +23,7 @@ from xml.sax.saxutils import escape
 
 from minihadoop import HadoopError, cache_dir, ensure_jars, fetch_jars, java_home
 from mlflowserver import free_port
+from shardio.metastore import MetastoreClient
 
 HERE = Path(__file__).resolve().parent / "hive"
 POM = HERE / "pom.xml"
@@ -139,9 +140,7 @@ class HiveMetastore:
 
     def client(self):
         """A connected Thrift client of the metastore (``hive_metastore``'s), for a ``with`` block."""
-        from shardio.metastore import _Client
-
-        return _Client(self.uri)
+        return MetastoreClient(self.uri)
 
     def _listening(self) -> bool:
         try:

@@ -74,12 +74,12 @@ def test_the_metastore_comes_from_the_setting_else_hive_site(tmp_path, monkeypat
 def test_partition_values_take_the_columns_types_and_hives_null():
     table = hms.MetastoreTable("s.t", "thrift://h:1", "parquet", "/t",
                                (("day", pa.int32()), ("country", pa.string())), ())
-    expression = hms._partition_expression(table, hms.Partition(("7", None), "/t/x"))
+    expression = hms.partition_expression(table, hms.Partition(("7", None), "/t/x"))
     assert ds.get_partition_keys(expression) == {"day": 7, "country": None}
     with pytest.raises(ShardError, match=r"s\.t: partition /t/y: day = 'seven' is not a int32"):
-        hms._partition_expression(table, hms.Partition(("seven", "NL"), "/t/y"))
+        hms.partition_expression(table, hms.Partition(("seven", "NL"), "/t/y"))
     with pytest.raises(ShardError, match="has 1 values for 2 partition columns"):
-        hms._partition_expression(table, hms.Partition(("7",), "/t/z"))
+        hms.partition_expression(table, hms.Partition(("7",), "/t/z"))
 
 
 def test_an_unreachable_metastore_is_a_clear_error_at_once(tmp_path):
@@ -279,4 +279,4 @@ def test_tables_that_are_not_read_are_refused_naming_them(kind, parameters, mess
                   sd=StorageDescriptor(location="hdfs://nn/t", inputFormat="org.apache.hadoop.mapred.TextInputFormat",
                                        serdeInfo=SerDeInfo(serializationLib="LazySimpleSerDe", parameters={})))
     with pytest.raises(TableError, match=rf"s\.t: {message}"):
-        hms._described("thrift://h:1", "s.t", table, [])
+        hms.described("thrift://h:1", "s.t", table, [])
