@@ -76,7 +76,7 @@ def test_gpu_cd_step_matches_naive_reference(naive_cd, visible, cd_k, persistent
     rbm.backend.graphs = False
     stats = rbm.train_epoch(X, 0, batches=range(3))
     n_drawn = len(drawn)
-    order = rbm._epoch_order(n, 0)
+    order = rbm.epoch_order(n, 0)
     ref_error = sum(ref.step(X[order[i * batch:(i + 1) * batch]], 0.5) for i in range(3))
     assert n_drawn == 3 * (cd_k + persistent) and not drawn
 

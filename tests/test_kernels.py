@@ -93,7 +93,7 @@ def test_float32_cd_step_follows_the_float64_reference(naive_cd):
             out[...] = ((bits >> 8) / 2**24).reshape(out.shape)
 
     ref = naive_cd(rbm, Float32Draws())
-    order = rbm._epoch_order(40, 0)
+    order = rbm.epoch_order(40, 0)
     for i in range(3):
         ref.step(X[order[i * 8:(i + 1) * 8]], 0.5)
     rbm.train_epoch(X.astype(np.float32), 0, batches=range(3))

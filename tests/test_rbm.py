@@ -61,7 +61,7 @@ def test_cd_minibatches_match_naive_reference(naive_cd, visible, cd_k, persisten
     ref = naive_cd(rbm, copy_rng(rbm.backend._rng))
     momentum = 0.5 if epoch < 5 else 0.9
     n_steps = 3
-    order = rbm._epoch_order(n, epoch)
+    order = rbm.epoch_order(n, epoch)
     ref_error = sum(ref.step(X[order[i * batch:(i + 1) * batch]], momentum) for i in range(n_steps))
 
     stats = rbm.train_epoch(X, epoch, batches=range(n_steps))

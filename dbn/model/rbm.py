@@ -221,14 +221,15 @@ class RBM(Estimator):
         error = buf["error"]  # summed on the device: no wait for the GPU until the epoch ends
         error[...] = 0
         step = self._step(batch, momentum)
-        for _ in minibatches(X, self._epoch_order(n, epoch), batch, batches, buf["V"][:batch], self.backend):
+        for _ in minibatches(X, self.epoch_order(n, epoch), batch, batches, buf["V"][:batch], self.backend):
             step()
         n_seen = len(batches) * batch
         stats = EpochStats(epoch, n_seen, float(error) / max(n_seen, 1))
         self.history_.append(stats)
         return stats
 
-    def _epoch_order(self, n: int, epoch: int) -> np.ndarray:
+    def epoch_order(self, n: int, epoch: int) -> np.ndarray:
+        """The order in which epoch ``epoch`` visits ``n`` rows: (seed, epoch) alone decide it."""
         return np.random.default_rng([self.seed, epoch]).permutation(n)
 
     def _buffers_for(self, batch: int) -> dict:

@@ -87,7 +87,7 @@ class RBMGroup:
         momentum = first.momentum if epoch < first.momentum_epoch else first.final_momentum
         buf = self._buffers_for(batch)
         V = buf["V"]
-        feeds = [minibatches(X, rbm._epoch_order(int(X.shape[0]), epoch), batch, batches, V[g, :batch], rbm.backend)
+        feeds = [minibatches(X, rbm.epoch_order(int(X.shape[0]), epoch), batch, batches, V[g, :batch], rbm.backend)
                  for g, (X, rbm) in enumerate(zip(Xs, self.members))]
         errors = [self.backend.zeros(()) for _ in self.members]  # each summed as its RBM sums it (on the device)
         xp = self.backend.xp
