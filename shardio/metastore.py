@@ -153,15 +153,17 @@ class MetastoreClient:
         self.transport.close()
 
 
-def lookup(uri: str, name: str) -> MetastoreTable:
-    """Table ``name`` (``db.table``) as the metastore at ``uri`` describes it now."""
+def lookup(uri: str, name: str, partitions: bool = True) -> MetastoreTable:
+    """Table ``name`` (``db.table``) as the metastore at ``uri`` describes it now; without
+    ``partitions``, its location, format and partition columns alone (a table may have hundreds
+    of thousands of partitions: they are listed where they are read, :class:`RegisteredTable`)."""
     from hive_metastore.ttypes import GetTableRequest, NoSuchObjectException
 
     database, table = name.split(".")
     try:
         with MetastoreClient(uri) as client:
             found = client.get_table_req(GetTableRequest(dbName=database, tblName=table)).table
-            names = [] if not found.partitionKeys else client.get_partition_names(database, table, -1)
+            names = client.get_partition_names(database, table, -1) if found.partitionKeys and partitions else []
             partitions = []
             for start in range(0, len(names), PARTITION_BATCH):
                 partitions += client.get_partitions_by_names(database, table, names[start:start + PARTITION_BATCH])

@@ -61,7 +61,7 @@ def located(data, name: str) -> tuple[str, str, str | None]:
     the metadata file the Iceberg catalog holds for it now; else ``name`` itself in ``[data] format``."""
     parts = None if data.catalog is not None else metastore.table_name(name)
     if parts is not None:
-        table = metastore.lookup(metastore.metastore_uri(data.metastore, name), name)
+        table = metastore.lookup(metastore.metastore_uri(data.metastore, name), name, partitions=False)
         return table.location, table.format, table.reference if table.partition_columns else None
     if data.catalog is None or name.endswith(iceberg.METADATA_SUFFIX):
         return name, data.format, None
