@@ -54,6 +54,9 @@ class Update:
     samples: int
     arrays: Arrays = field(default_factory=dict)
     metrics: dict = field(default_factory=dict)
+    #: The other shards this update stands for (:meth:`WorkerProgram.run_combined`): it carries
+    #: their samples and metrics with its own, its arrays the sample-weighted mean of them all.
+    combined: tuple[int, ...] = ()
 
 
 class Reader(ABC):
@@ -142,6 +145,14 @@ class Program(ABC):
         """
         return weighted_average(updates, step.arrays)
 
+    def averages(self, step: Step) -> bool:
+        """Whether :meth:`reduce` of ``step`` reads the updates only through their sample-weighted
+        mean (:func:`weighted_average` of ``step.arrays``; what it then computes from the mean and
+        the parameters is its own, e.g. :func:`block_momentum_average`). Then a worker holding several
+        shards may push one update for them, their mean (:attr:`MasterConfig.combine
+        <iterreduce.master.config.MasterConfig.combine>`). Default: whether :meth:`reduce` is this class's."""
+        return type(self).reduce is Program.reduce
+
     def reduces_elementwise(self) -> bool:
         """Whether :meth:`reduce` may run on rows of the arrays (see :attr:`elementwise_reduce`)."""
         return type(self).reduce is Program.reduce or self.elementwise_reduce
@@ -205,14 +216,7 @@ class Program(ABC):
 
     def summarize(self, step: Step, updates: list[Update]) -> dict:
         """Progress record for one superstep: by default sample-weighted metric means."""
-        total = sum(u.samples for u in updates)
-        record: dict = {"samples": total}
-        keys = {k for u in updates for k, v in u.metrics.items() if isinstance(v, (int, float))}
-        for key in sorted(keys):
-            weighted = [(u.metrics[key], u.samples) for u in updates if key in u.metrics]
-            weight = sum(w for _, w in weighted)
-            record[key] = sum(v * w for v, w in weighted) / weight if weight else float("nan")
-        return record
+        return {"samples": sum(u.samples for u in updates), **weighted_metrics(updates)}
 
 
 class WorkerProgram(ABC):
@@ -242,6 +246,14 @@ class WorkerProgram(ABC):
         computation (batched on one device), as long as each shard gets the update its own
         :meth:`run` gives: the master sees the same updates either way."""
         return [self.run(step, parameters, shard, seed) for shard, seed in zip(shards, seeds)]
+
+    def run_combined(self, step: Step, parameters: Arrays, shards: list, seeds: list[int]) -> Update:
+        """One update standing for this worker's updates of ``step`` on several shards (as
+        :func:`combine_updates` makes it), where the master asked for one (its program's reduce reads
+        only their mean: :meth:`Program.averages`). Default: :func:`combine_updates` of
+        :meth:`run_shards`; a program holding the shards' results on a device may average them there
+        and copy one update to the host instead of one a shard."""
+        return combine_updates(self.run_shards(step, parameters, shards, seeds), step.arrays)
 
 
 #: Elements of each array the reduces below work on at a time: their float64 temporaries stay in
@@ -276,6 +288,34 @@ def weighted_average(updates: list[Update], names) -> Arrays:
             out[block] = acc.astype(like.dtype)
         result[name] = out.reshape(like.shape)
     return result
+
+
+def combine_updates(updates: list[Update], names, average=None) -> Update:
+    """One update for several shards' ``updates``: the arrays ``names`` their sample-weighted mean
+    (``average(updates, names)``, by default :func:`weighted_average`; a program may pass its own,
+    e.g. made on a device, returning host arrays), the samples summed, each numeric metric their
+    sample-weighted mean (as :meth:`Program.summarize` weighs them), named after the first shard.
+
+    The master's average of combined updates differs from its average of the shards' own updates
+    by at most 4.5 float32 ulps of the largest of the shards' values at each element (each weighted
+    term rounds to float32, and a group's mean rounds once more before the master weighs it; 1.5
+    measured, ``tests/test_combine.py``). So the last bits then depend on which shards each worker held."""
+    ordered = sorted(updates, key=lambda u: u.shard)
+    total = sum(u.samples for u in ordered)
+    first = ordered[0]
+    # Without samples the master ignores the update (weighted_average): any arrays of the right shape do.
+    arrays = (average or weighted_average)(ordered, names) if total else {name: first.arrays[name] for name in names}
+    return Update(first.shard, total, arrays, weighted_metrics(ordered), combined=tuple(u.shard for u in ordered[1:]))
+
+
+def weighted_metrics(updates: list[Update]) -> dict:
+    """Each numeric metric of ``updates``, their sample-weighted mean (NaN where none has samples)."""
+    metrics = {}
+    for key in sorted({k for u in updates for k, v in u.metrics.items() if isinstance(v, (int, float))}):
+        weighted = [(u.metrics[key], u.samples) for u in updates if isinstance(u.metrics.get(key), (int, float))]
+        weight = sum(w for _, w in weighted)
+        metrics[key] = sum(v * w for v, w in weighted) / weight if weight else float("nan")
+    return metrics
 
 
 MASTER_ONLY = "master."  # parameters with this prefix stay on the master (checkpointed, never sent)

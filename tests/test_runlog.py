@@ -23,8 +23,11 @@ def test_step_and_event_records_have_the_documented_keys():
     rec = step(1, "train", seconds=2.0, compute=1.5, epoch=0, loss=0.5)
     assert list(rec) == ["step", "of", "phase", "epoch", "loss", "shards", "shards_total", "seconds",
                          "compute_seconds", "compute_seconds_min", "sync_seconds", "reduce_seconds", "reducers",
-                         "time"]
+                         "updates", "time"]
     assert rec["sync_seconds"] == 0.5
+    assert rec["updates"] == 2  # one a shard unless workers combined theirs
+    assert runlog.step_record(0, 1, "train", {}, shards=2, shards_total=2, seconds=2.0, compute_seconds=1.5,
+                              reduce_seconds=0.0, updates=1)["updates"] == 1
     assert rec["compute_seconds_min"] == 1.5  # one worker's figure unless the fastest is given
     assert runlog.step_record(0, 1, "train", {}, shards=2, shards_total=2, seconds=2.0, compute_seconds=1.5,
                               reduce_seconds=0.0, compute_seconds_min=0.5)["compute_seconds_min"] == 0.5

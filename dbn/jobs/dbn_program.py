@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from dbn.model.scaler import FeatureStats
-from iterreduce.program import (MASTER_STATE, Program, Step, Update, WorkerProgram, block_momentum_average, master_side,
-                                weighted_average)
+from iterreduce.program import (MASTER_STATE, Program, Step, Update, WorkerProgram, block_momentum_average, combine_updates,
+                                master_side, weighted_average)
 from iterreduce.storage.rowfile import RowFile, local_directory
 from shardio.readers import read_labels, read_shard, same_classes, shard_classes, shard_info, spill_shard
 
@@ -219,6 +219,12 @@ class DBNProgram(Program):
         increments = [name for name in step.arrays if state.is_increment(name)]
         return block_momentum_average(parameters, updates, step.arrays, momentum, plain=increments,
                                       block_learning_rate=rate, nesterov=bool(self.config.get("block_nesterov")))
+
+    def averages(self, step):
+        """Pre-training, fine-tuning and the input means reduce through the updates' mean alone
+        (block momentum, the logit follow from it); the feature statistics merge (a worker's several
+        shards stay several updates there)."""
+        return step.phase in ("transform", "pretrain", "finetune")
 
     def runs_ahead(self, step, following):
         """A worker may compute the next pre-training part of the same layer, or the next fine-tuning
@@ -433,9 +439,9 @@ class DBNWorker(WorkerProgram):
             data = self._input(shard, step.info["layer"], parameters)
             return Update(shard.index, int(data.shape[0]), {step.arrays[0]: column_mean(data, self.model.backend)}, {})
         if step.phase == "pretrain":
-            return self._pretrain(step, parameters, shard, seed)
+            return self._on_host(self._pretrain(step, parameters, shard, seed))
         if step.phase == "finetune":
-            return self._finetune(step, parameters, shard, seed)
+            return self._on_host(self._finetune(step, parameters, shard, seed))
         raise ValueError(f"unknown phase {step.phase!r}")
 
     def run_shards(self, step, parameters, shards, seeds):
@@ -443,11 +449,49 @@ class DBNWorker(WorkerProgram):
         together (:class:`~dbn.model.rbm_group.RBMGroup`, :class:`~dbn.model.network_group.NetworkGroup`:
         in-memory data, minibatches of one size and number), each shard's update the bits its own
         :meth:`run` gives; else, and for the other phases, one by one."""
-        grouped = None
-        if len(shards) > 1 and not self.stream and step.phase in ("pretrain", "finetune"):
-            together = self._pretrain_group if step.phase == "pretrain" else self._finetune_group
-            grouped = together(step, parameters, shards, seeds)
-        return grouped if grouped is not None else super().run_shards(step, parameters, shards, seeds)
+        if step.phase not in ("pretrain", "finetune"):
+            return super().run_shards(step, parameters, shards, seeds)
+        return [self._on_host(update) for update in self._trained(step, parameters, shards, seeds)]
+
+    def run_combined(self, step, parameters, shards, seeds):
+        """The shards' pre-training or fine-tuning updates combined where they were trained: their
+        sample-weighted mean made on the device from the models' own arrays, then one copy to the
+        host instead of one a shard. On NumPy the bits of the runtime's
+        :func:`~iterreduce.program.combine_updates` of :meth:`run_shards` (the same float64 sums in
+        shard order)."""
+        if step.phase not in ("pretrain", "finetune"):
+            return super().run_combined(step, parameters, shards, seeds)
+        return combine_updates(self._trained(step, parameters, shards, seeds), step.arrays, average=self._mean)
+
+    def _trained(self, step, parameters, shards, seeds) -> list[Update]:
+        """The shards' pre-training or fine-tuning updates holding the models' own device arrays
+        (read them before the models train again): as one group where they can step together."""
+        together = self._pretrain_group if step.phase == "pretrain" else self._finetune_group
+        grouped = together(step, parameters, shards, seeds) if len(shards) > 1 and not self.stream else None
+        if grouped is not None:
+            return grouped
+        train = self._pretrain if step.phase == "pretrain" else self._finetune
+        return [train(step, parameters, shard, seed) for shard, seed in zip(shards, seeds)]
+
+    def _on_host(self, update: Update) -> Update:
+        """``update`` with its device arrays copied to the host."""
+        to_numpy = self.model.backend.to_numpy
+        return Update(update.shard, update.samples, {k: to_numpy(v) for k, v in update.arrays.items()}, update.metrics)
+
+    def _mean(self, updates: list[Update], names) -> dict:
+        """The sample-weighted mean of ``updates``' device arrays ``names``, on the device, copied to
+        the host: :func:`~iterreduce.program.weighted_average`'s float64 sum in shard order."""
+        be = self.model.backend
+        counted = [u for u in sorted(updates, key=lambda u: u.shard) if u.samples > 0]
+        total = float(sum(u.samples for u in counted))
+        mean = {}
+        for name in names:
+            like = counted[0].arrays[name]
+            acc = be.xp.zeros(like.shape, dtype=np.float64)
+            for update in counted:
+                acc += (update.samples / total) * update.arrays[name]
+            mean[name] = be.to_numpy(acc.astype(like.dtype))
+        return mean
 
     def _pretrain_group(self, step, parameters, shards, seeds) -> list[Update] | None:
         layer = step.info["layer"]
@@ -462,7 +506,7 @@ class DBNWorker(WorkerProgram):
         except GroupError:  # persistent CD, or shards whose minibatches differ: one by one
             return None
         self._group = group
-        return [Update(shard.index, stats.n_samples, state.named_rbm_state(layer, rbm.get_state()),
+        return [Update(shard.index, stats.n_samples, state.named_rbm_state(layer, rbm.get_state(on_device=True)),
                        {"reconstruction_error": stats.reconstruction_error})
                 for shard, rbm, stats in zip(shards, rbms, found)]
 
@@ -480,7 +524,7 @@ class DBNWorker(WorkerProgram):
         rbm.set_state(state.rbm_state(parameters, layer))
         rbm.backend.reseed(seed)
         stats = rbm.train_epoch(data, step.info["epoch"], self._batches(step, data.shape[0], rbm.batch_size), checked=True)
-        arrays = state.named_rbm_state(layer, rbm.get_state())
+        arrays = state.named_rbm_state(layer, rbm.get_state(on_device=True))  # the RBM's own: see _trained
         return Update(shard.index, stats.n_samples, arrays, {"reconstruction_error": stats.reconstruction_error})
 
     def _finetune(self, step, parameters, shard, seed) -> Update:
@@ -494,7 +538,7 @@ class DBNWorker(WorkerProgram):
         return self._finetune_update(step, shard, net, stats)
 
     def _finetune_update(self, step, shard, net, stats) -> Update:
-        arrays = {k: v for k, v in net.get_state().items() if k in step.arrays}
+        arrays = {k: v for k, v in net.get_state(on_device=True).items() if k in step.arrays}  # see _trained
         return Update(shard.index, stats.n_samples, arrays, {"loss": stats.loss, "train_error": stats.train_error})
 
     def _labelled(self, shard, parameters):

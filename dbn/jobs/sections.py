@@ -259,8 +259,17 @@ class ClusterSection(Section):
     lost_shards: str = setting("redo", help=(
         "What a step does with the unfinished shards of a worker it lost (a crash, a container YARN preempted): "
         "`\"redo\"` has the live workers do them within the step, so that the model is bit-identical to an "
-        "undisturbed run whatever comes and goes (a loss costs about one step's compute more); `\"skip\"` goes on "
+        "undisturbed run whatever comes and goes (a loss costs about one step's compute more; with `combine` on and "
+        "several processes, to its last bits, which depend on where the shards are); `\"skip\"` goes on "
         "without them ([yarn.md](yarn.md), \"Shared queues\")."))
+    combine: bool | None = setting(None, help=(
+        "A worker process holding several shards sends the master one update for them, their sample-weighted mean, "
+        "made where they were trained (on a GPU, on the device): one update's copy to the host and through the "
+        "master instead of one a shard. One process holding every shard (one GPU): the same bits as one update a "
+        "shard. Several: a group's mean rounds once more, so the model's last bits depend on which shards each "
+        "process held (a sync's average within a few float32 ulps of the separate updates'); false: one update a "
+        "shard, the same bits however the shards are spread. none: on where the workers train on a GPU "
+        "(`job.device`, `yarn.worker_gpus`). Only where the master averages (`reduce`)."))
     ui: bool = setting(True, help=(
         "The live page while a distributed job runs: on 127.0.0.1 locally (its address is printed at the start), "
         "behind the tracking URL on YARN."))

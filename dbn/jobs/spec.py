@@ -52,6 +52,7 @@ from shardio.metastore import table_name
 from ..data.training import TrainingData, training_data
 from ..data.validation import counted
 from ..errors import ConfigError
+from ..model.backend import gpu_available
 from ..model.estimator import DBN
 from .hints import describe_value
 from .sections import (SECTIONS, ClusterSection, DataSection, JobSection, ModelSection, OutputSection, YarnSection,
@@ -192,9 +193,20 @@ class JobSpec(Specification):
         return MasterConfig(program=PROGRAM, program_config=self.program_config(stream, n_shards), shards=shards,
                             workers=c.workers, token=token, output=output, seed=self.job.seed,
                             heartbeat_timeout=c.heartbeat_timeout, float16_wire=c.float16_wire,
-                            reduce=self.reduce_on(on_yarn), lost_shards=c.lost_shards, name=self.job.name or "", ui=c.ui,
+                            reduce=self.reduce_on(on_yarn), lost_shards=c.lost_shards, combine=self.combines(on_yarn),
+                            name=self.job.name or "", ui=c.ui,
                             **({"min_workers": min(self.yarn.min_workers, c.workers),
                                 "start_timeout": self.yarn.start_timeout} if on_yarn else {}))
+
+    def combines(self, on_yarn: bool) -> bool:
+        """Whether a worker holding several shards sends one update for them (``[cluster] combine``;
+        unset: where the workers train on a GPU, whose copies to the host and the master's average of
+        one update a shard were half of a one-GPU job's time)."""
+        if self.cluster.combine is not None:
+            return self.cluster.combine
+        if on_yarn:
+            return self.yarn.worker_gpus > 0
+        return self.job.device != "cpu" and gpu_available()
 
     def differs_from(self, earlier: dict) -> str | None:
         """Why an earlier run's ``config.json`` (``earlier``, as :meth:`to_dict` wrote it) is of

@@ -80,10 +80,11 @@ class Network:
         biases = [state[net_name(i, "biases")] for i in range(n_layers)]
         return cls(weights, biases, backend).set_state(state)
 
-    def get_state(self) -> dict[str, np.ndarray]:
+    def get_state(self, on_device: bool = False) -> dict[str, np.ndarray]:
         """Parameters and momentum increments as host NumPy arrays, under their flat names
-        (``net.{i}.weights``, ..., see :mod:`dbn.model.state`)."""
-        to_np = self.backend.to_numpy
+        (``net.{i}.weights``, ..., see :mod:`dbn.model.state`); ``on_device``: the network's own
+        device arrays, no copy (read them before it trains again)."""
+        to_np = (lambda array: array) if on_device else self.backend.to_numpy
         return {net_name(i, key): to_np(getattr(self, key)[i]) for i in range(len(self.weights)) for key in NET_KEYS}
 
     def set_state(self, state: dict) -> "Network":

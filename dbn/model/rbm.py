@@ -148,8 +148,11 @@ class RBM(Estimator):
         self.hidden_bias_inc_ = xp.zeros_like(self.hidden_bias_)
         self._chain = None
 
-    def get_state(self) -> dict[str, np.ndarray]:
-        """Parameters and momentum increments as host NumPy arrays."""
+    def get_state(self, on_device: bool = False) -> dict[str, np.ndarray]:
+        """Parameters and momentum increments as host NumPy arrays; ``on_device``: the RBM's own
+        device arrays, no copy (read them before it trains again)."""
+        if on_device:
+            return {key: getattr(self, key + "_") for key in RBM_KEYS}
         return {key: self.backend.to_numpy(getattr(self, key + "_")) for key in RBM_KEYS}
 
     def set_state(self, state: dict) -> "RBM":

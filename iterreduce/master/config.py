@@ -59,6 +59,14 @@ class MasterConfig(Specification):
     float16_wire: bool = False
     reduce: str = "master"  # where the updates are reduced: "master", or "workers" (see iterreduce.transport.exchange)
     lost_shards: str = "skip"  # a lost worker's unfinished shards: see LOST_SHARDS_CHOICES
+    #: A worker holding several shards pushes one update for them, their sample-weighted mean, in
+    #: star rounds of steps whose reduce reads only that mean (Program.averages): one update's
+    #: bytes through the master instead of one a shard, and a program may make the mean where its
+    #: results are (a GPU). One worker holding every shard: the bits of one update a shard. Several:
+    #: a group's mean rounds once more, so the model's last bits depend on which shards each worker
+    #: held (iterreduce.program.combine_updates): with "redo", a lost worker's shards moving to
+    #: another may change them.
+    combine: bool = False
     name: str = ""          # the job's name, shown on its page
     ui: bool = True         # serve the job's live page (iterreduce.webui) while it runs
     ui_host: str = "127.0.0.1"  # the page's bind address: this machine only (on YARN too: skein's AM proxies it)

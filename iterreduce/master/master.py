@@ -377,7 +377,7 @@ class Master:
             index, len(self.steps), step.phase, {**dict(step.info), **self.program.summarize(step, updates), **metrics},
             shards=len(updates), shards_total=len(self.shards),
             seconds=elapsed, compute_seconds=compute, reduce_seconds=evaluated - reduce_start, reducers=reducers,
-            compute_seconds_min=fastest))
+            compute_seconds_min=fastest, updates=len(updates) - sum(len(u.combined) for u in updates)))
         self._observe(record)
         for listener in self.listeners:
             listener(record)
@@ -390,7 +390,8 @@ class Master:
 
     def _start_round(self, step, peers: bool, same_shards: bool = False) -> None:
         """Start an attempt at the current step (call with the lock held; see :meth:`Rounds.start`)."""
-        self.rounds.start(step, self.parameters, self.members, peers, same_shards)
+        self.rounds.start(step, self.parameters, self.members, peers, same_shards,
+                          combine=self.config.combine and bool(step.arrays) and self.program.averages(step))
         # The step a worker may compute while this one ends (Program.runs_ahead): only after an exchange
         # that gives every worker the new parameters, and only as a guess the next task confirms.
         following = self.steps[self.current + 1] if self.current + 1 < len(self.steps) else None

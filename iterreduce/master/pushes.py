@@ -51,4 +51,7 @@ def read_push(request_iterator, shared: SharedFolder | None = None) -> tuple[pb.
             arrays={k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)},
             metrics=json.loads(result.metrics_json or "{}"),
         )
+    if header.combined and header.results:  # one update for all (UpdateHeader.combined), the first's
+        first = header.results[0].index
+        updates[first].combined = tuple(r.index for r in header.results[1:])
     return header, arrays, updates

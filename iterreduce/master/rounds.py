@@ -54,6 +54,7 @@ class Rounds:
         self._layout_key: tuple = ()
         self.reads: dict = {}                    # the parameters the reducers read (rows of them each)
         self.ahead = ""                          # the next step's info, when workers may run ahead to it
+        self.combine = False                     # a worker pushes one update for its shards (TaskHeader.combine)
         self.reduced: dict[int, tuple[dict, list[str]]] = {}  # part -> (rows, reducers not delivered to)
         self.exchange_error: str | None = None   # why this round's exchange failed
         self.gathered: dict[str, dict[str, int]] = {}  # worker -> arrays its peers delivered: version
@@ -63,12 +64,14 @@ class Rounds:
         self.rows_held: dict[str, tuple[int, int, int, dict[str, int]]] = {}
         self.failed_exchanges = 0                # in a row; at EXCHANGE_TRIES the master reduces from then on
 
-    def start(self, step, parameters: dict, members: Membership, peers: bool, same_shards: bool = False) -> None:
+    def start(self, step, parameters: dict, members: Membership, peers: bool, same_shards: bool = False,
+              combine: bool = False) -> None:
         """Start an attempt at ``step``. ``same_shards``: the shards expected stay those of the
         failed attempt (less the lost ones). With ``peers`` (and more than one owner of the
         expected shards, each serving a Peer service) the owners reduce: each reducer's task
-        tells it its rows and the shards to reduce. :attr:`ahead` starts empty: the master names
-        the step the workers may run ahead to."""
+        tells it its rows and the shards to reduce. With ``combine``, in a round without reducers,
+        a worker pushes one update for its shards (see :class:`~iterreduce.master.config.MasterConfig`).
+        :attr:`ahead` starts empty: the master names the step the workers may run ahead to."""
         self.round += 1
         self.results, self.in_flight, self.compute_s, self.reporter = {}, {}, {}, {}
         self.reduced, self.exchange_error = {}, None
@@ -98,6 +101,7 @@ class Rounds:
         # What an elementwise reduce reads: the step's arrays and the master-only ones.
         self.reads = {k: v for k, v in parameters.items() if k in step.arrays or k.startswith(MASTER_ONLY)}
         self.ahead = ""
+        self.combine = combine and not self.reducers
 
     def collect(self, members: Membership, check: Callable[[], None]) -> None:
         """Wait until every expected shard has reported, or the exchange failed; ``check``
@@ -196,7 +200,7 @@ class Rounds:
         if part in self.reduced:  # its block is in: a later task of the round carries no order
             part = -1
         rows, order = self._order(worker_id, part, versions) if part >= 0 else ({}, {})
-        fields = dict(round=self.round, layout_version=layout_version, **layout, gathered=gathered,
+        fields = dict(round=self.round, combine=self.combine, layout_version=layout_version, **layout, gathered=gathered,
                       gathered_round=gathered_round, gathered_parts=gathered_parts, part=part, **order,
                       ahead_info_json=self.ahead)
         return fields, rows
@@ -230,11 +234,13 @@ class Rounds:
                                or self.reducers[header.part] != worker_id):
             raise Refused(f"{worker_id}: a reduced block {header.part}, not its own in "
                           f"round {self.round}", abort=False)
+        if header.combined:
+            self._check_combined(header, updates)
         for shard, update in updates.items():
             if self.in_flight.get(shard) != worker_id:
                 raise Refused(f"{header.worker_id}: shard {shard} was not given to it", abort=False)
-            if header.scattered:  # its tensors are with the reducers, which check their shapes
-                continue
+            if header.scattered or (header.combined and shard != header.results[0].index):
+                continue  # tensors with the reducers, which check their shapes; or in the combined update
             missing = set(arrays) - set(update.arrays)
             if missing:
                 raise Refused(f"{header.worker_id}: shard {shard} update lacks {sorted(missing)}")
@@ -243,6 +249,17 @@ class Rounds:
                 if want is not None and (got.shape != want.shape or got.dtype != want.dtype):
                     raise Refused(f"{header.worker_id}: shard {shard} sent {name} as "
                                   f"{got.dtype}{list(got.shape)}, expected {want.dtype}{list(want.shape)}")
+
+    def _check_combined(self, header: pb.UpdateHeader, updates: dict[int, Update]) -> None:
+        """A combined push (UpdateHeader.combined) only where asked, its arrays the first result's alone."""
+        if not self.combine or header.scattered:
+            raise Refused(f"{header.worker_id}: one update for several shards in round {self.round}, which "
+                          f"did not ask for it", abort=False)
+        first = header.results[0].index if header.results else None
+        stray = [s for s, u in updates.items() if s != first and (u.samples or u.arrays or u.metrics)]
+        if stray:
+            raise Refused(f"{header.worker_id}: a combined push with samples, arrays or metrics beside its "
+                          f"first shard's (shards {stray})")
 
     def take_push(self, header: pb.UpdateHeader, worker_id: str, updates: dict[int, Update], arrays: dict) -> None:
         """Take a push :meth:`check_push` passed: its results, its compute time, and, from a

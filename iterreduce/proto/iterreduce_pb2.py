@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!iterreduce/proto/iterreduce.proto\x12\niterreduce\"\x83\x01\n\x0fRegisterRequest\x12\x13\n\x0bworker_name\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x05\x12\x16\n\x0eresources_json\x18\x04 \x01(\t\x12\x14\n\x0cpeer_address\x18\x05 \x01(\t\x12\x12\n\nshared_dir\x18\x06 \x01(\t\"\x94\x01\n\rRegisterReply\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07program\x18\x02 \x01(\t\x12\x1b\n\x13program_config_json\x18\x03 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x04 \x01(\x01\x12\x14\n\x0c\x66loat16_wire\x18\x05 \x01(\x08\x12\x0e\n\x06shared\x18\x06 \x01(\x08\":\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0bstatus_json\x18\x02 \x01(\t\".\n\x0eHeartbeatReply\x12\r\n\x05known\x18\x01 \x01(\x08\x12\r\n\x05round\x18\x02 \x01(\x03\"\xa2\x01\n\x0bTaskRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x37\n\x08versions\x18\x02 \x03(\x0b\x32%.iterreduce.TaskRequest.VersionsEntry\x12\x16\n\x0elayout_version\x18\x03 \x01(\x03\x1a/\n\rVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"#\n\x05Shard\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0b\n\x03uri\x18\x02 \x01(\t\"\x9b\x05\n\nTaskHeader\x12)\n\x04kind\x18\x01 \x01(\x0e\x32\x1b.iterreduce.TaskHeader.Kind\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x11\n\tinfo_json\x18\x04 \x01(\t\x12!\n\x06shards\x18\x05 \x03(\x0b\x32\x11.iterreduce.Shard\x12\x0c\n\x04seed\x18\x06 \x01(\x03\x12\x36\n\x08versions\x18\x07 \x03(\x0b\x32$.iterreduce.TaskHeader.VersionsEntry\x12\r\n\x05round\x18\x08 \x01(\x03\x12%\n\x08reducers\x18\t \x03(\x0b\x32\x13.iterreduce.Reducer\x12\x0c\n\x04part\x18\n \x01(\x05\x12\x15\n\rreduce_shards\x18\x0b \x03(\x05\x12\x36\n\x08gathered\x18\x0c \x03(\x0b\x32$.iterreduce.TaskHeader.GatheredEntry\x12\x16\n\x0egathered_round\x18\r \x01(\x03\x12\x16\n\x0egathered_parts\x18\x0e \x01(\x05\x12\x16\n\x0elayout_version\x18\x0f \x01(\x03\x12\x0f\n\x07\x63olumns\x18\x10 \x01(\x05\x12\x16\n\x0eshard_reducers\x18\x11 \x03(\x05\x12\x11\n\trows_kept\x18\x12 \x03(\t\x12\x12\n\nrows_round\x18\x13 \x01(\x03\x12\x17\n\x0f\x61head_info_json\x18\x14 \x01(\t\x1a/\n\rVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a/\n\rGatheredEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"#\n\x04Kind\x12\x07\n\x03RUN\x10\x00\x12\x08\n\x04\x44ONE\x10\x01\x12\x08\n\x04WAIT\x10\x02\"-\n\x07Reducer\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"\x8c\x01\n\x0bTensorChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12\x0c\n\x04last\x18\x06 \x01(\x08\x12\x10\n\x08narrowed\x18\x07 \x01(\x08\x12\x13\n\x0bshared_file\x18\x08 \x01(\t\"]\n\tTaskChunk\x12&\n\x06header\x18\x01 \x01(\x0b\x32\x16.iterreduce.TaskHeader\x12(\n\x07tensors\x18\x02 \x03(\x0b\x32\x17.iterreduce.TensorChunk\"C\n\x0bShardResult\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0f\n\x07samples\x18\x02 \x01(\x03\x12\x14\n\x0cmetrics_json\x18\x03 \x01(\t\"\xda\x01\n\x0cUpdateHeader\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12(\n\x07results\x18\x03 \x03(\x0b\x32\x17.iterreduce.ShardResult\x12\x11\n\tcompute_s\x18\x04 \x01(\x01\x12\r\n\x05round\x18\x05 \x01(\x03\x12\x11\n\tscattered\x18\x06 \x01(\x08\x12\x0f\n\x07reduced\x18\x07 \x01(\x08\x12\x0c\n\x04part\x18\x08 \x01(\x05\x12\x13\n\x0bundelivered\x18\t \x03(\t\x12\x16\n\x0e\x65xchange_error\x18\n \x01(\t\"a\n\x0bUpdateChunk\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.iterreduce.UpdateHeader\x12(\n\x07tensors\x18\x02 \x03(\x0b\x32\x17.iterreduce.TensorChunk\"-\n\tPushReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"]\n\x0bSyncRequest\x12\'\n\x06update\x18\x01 \x01(\x0b\x32\x17.iterreduce.UpdateChunk\x12%\n\x04next\x18\x02 \x01(\x0b\x32\x17.iterreduce.TaskRequest\"f\n\tSyncReply\x12%\n\x06pushed\x18\x01 \x01(\x0b\x32\x15.iterreduce.PushReply\x12#\n\x04task\x18\x02 \x01(\x0b\x32\x15.iterreduce.TaskChunk\x12\r\n\x05\x66\x65tch\x18\x03 \x01(\x08\"R\n\x0f\x44\x61taErrorReport\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\r\n\x05shard\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\"\x10\n\x0e\x44\x61taErrorReply\"\xb1\x01\n\x0bSliceHeader\x12*\n\x04kind\x18\x01 \x01(\x0e\x32\x1c.iterreduce.SliceHeader.Kind\x12\r\n\x05round\x18\x02 \x01(\x03\x12\x0c\n\x04part\x18\x03 \x01(\x05\x12\x0e\n\x06sender\x18\x04 \x01(\t\x12(\n\x07results\x18\x05 \x03(\x0b\x32\x17.iterreduce.ShardResult\"\x1f\n\x04Kind\x12\n\n\x06UPDATE\x10\x00\x12\x0b\n\x07REDUCED\x10\x01\"J\n\nTensorMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x10\n\x08narrowed\x18\x04 \x01(\x08\"^\n\nSliceBatch\x12\'\n\x06header\x18\x01 \x01(\x0b\x32\x17.iterreduce.SliceHeader\x12\'\n\x07tensors\x18\x02 \x03(\x0b\x32\x16.iterreduce.TensorMeta\"\x0c\n\nSliceReply2\xd3\x03\n\x06Master\x12\x42\n\x08Register\x12\x1b.iterreduce.RegisterRequest\x1a\x19.iterreduce.RegisterReply\x12\x45\n\tHeartbeat\x12\x1c.iterreduce.HeartbeatRequest\x1a\x1a.iterreduce.HeartbeatReply\x12=\n\tFetchTask\x12\x17.iterreduce.TaskRequest\x1a\x15.iterreduce.TaskChunk0\x01\x12>\n\nPushUpdate\x12\x17.iterreduce.UpdateChunk\x1a\x15.iterreduce.PushReply(\x01\x12\x36\n\x04Sync\x12\x17.iterreduce.SyncRequest\x1a\x15.iterreduce.SyncReply\x12;\n\x05Steps\x12\x17.iterreduce.SyncRequest\x1a\x15.iterreduce.SyncReply(\x01\x30\x01\x12J\n\x0fReportDataError\x12\x1b.iterreduce.DataErrorReport\x1a\x1a.iterreduce.DataErrorReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n!iterreduce/proto/iterreduce.proto\x12\niterreduce\"\x83\x01\n\x0fRegisterRequest\x12\x13\n\x0bworker_name\x18\x01 \x01(\t\x12\x0c\n\x04host\x18\x02 \x01(\t\x12\x0b\n\x03pid\x18\x03 \x01(\x05\x12\x16\n\x0eresources_json\x18\x04 \x01(\t\x12\x14\n\x0cpeer_address\x18\x05 \x01(\t\x12\x12\n\nshared_dir\x18\x06 \x01(\t\"\x94\x01\n\rRegisterReply\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07program\x18\x02 \x01(\t\x12\x1b\n\x13program_config_json\x18\x03 \x01(\t\x12\x1c\n\x14heartbeat_interval_s\x18\x04 \x01(\x01\x12\x14\n\x0c\x66loat16_wire\x18\x05 \x01(\x08\x12\x0e\n\x06shared\x18\x06 \x01(\x08\":\n\x10HeartbeatRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x13\n\x0bstatus_json\x18\x02 \x01(\t\".\n\x0eHeartbeatReply\x12\r\n\x05known\x18\x01 \x01(\x08\x12\r\n\x05round\x18\x02 \x01(\x03\"\xa2\x01\n\x0bTaskRequest\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x37\n\x08versions\x18\x02 \x03(\x0b\x32%.iterreduce.TaskRequest.VersionsEntry\x12\x16\n\x0elayout_version\x18\x03 \x01(\x03\x1a/\n\rVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"#\n\x05Shard\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0b\n\x03uri\x18\x02 \x01(\t\"\xac\x05\n\nTaskHeader\x12)\n\x04kind\x18\x01 \x01(\x0e\x32\x1b.iterreduce.TaskHeader.Kind\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\r\n\x05phase\x18\x03 \x01(\t\x12\x11\n\tinfo_json\x18\x04 \x01(\t\x12!\n\x06shards\x18\x05 \x03(\x0b\x32\x11.iterreduce.Shard\x12\x0c\n\x04seed\x18\x06 \x01(\x03\x12\x36\n\x08versions\x18\x07 \x03(\x0b\x32$.iterreduce.TaskHeader.VersionsEntry\x12\r\n\x05round\x18\x08 \x01(\x03\x12%\n\x08reducers\x18\t \x03(\x0b\x32\x13.iterreduce.Reducer\x12\x0c\n\x04part\x18\n \x01(\x05\x12\x15\n\rreduce_shards\x18\x0b \x03(\x05\x12\x36\n\x08gathered\x18\x0c \x03(\x0b\x32$.iterreduce.TaskHeader.GatheredEntry\x12\x16\n\x0egathered_round\x18\r \x01(\x03\x12\x16\n\x0egathered_parts\x18\x0e \x01(\x05\x12\x16\n\x0elayout_version\x18\x0f \x01(\x03\x12\x0f\n\x07\x63olumns\x18\x10 \x01(\x05\x12\x16\n\x0eshard_reducers\x18\x11 \x03(\x05\x12\x11\n\trows_kept\x18\x12 \x03(\t\x12\x12\n\nrows_round\x18\x13 \x01(\x03\x12\x17\n\x0f\x61head_info_json\x18\x14 \x01(\t\x12\x0f\n\x07\x63ombine\x18\x15 \x01(\x08\x1a/\n\rVersionsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\x1a/\n\rGatheredEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"#\n\x04Kind\x12\x07\n\x03RUN\x10\x00\x12\x08\n\x04\x44ONE\x10\x01\x12\x08\n\x04WAIT\x10\x02\"-\n\x07Reducer\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\"\x8c\x01\n\x0bTensorChunk\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\x12\x0c\n\x04last\x18\x06 \x01(\x08\x12\x10\n\x08narrowed\x18\x07 \x01(\x08\x12\x13\n\x0bshared_file\x18\x08 \x01(\t\"]\n\tTaskChunk\x12&\n\x06header\x18\x01 \x01(\x0b\x32\x16.iterreduce.TaskHeader\x12(\n\x07tensors\x18\x02 \x03(\x0b\x32\x17.iterreduce.TensorChunk\"C\n\x0bShardResult\x12\r\n\x05index\x18\x01 \x01(\x05\x12\x0f\n\x07samples\x18\x02 \x01(\x03\x12\x14\n\x0cmetrics_json\x18\x03 \x01(\t\"\xec\x01\n\x0cUpdateHeader\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12(\n\x07results\x18\x03 \x03(\x0b\x32\x17.iterreduce.ShardResult\x12\x11\n\tcompute_s\x18\x04 \x01(\x01\x12\r\n\x05round\x18\x05 \x01(\x03\x12\x11\n\tscattered\x18\x06 \x01(\x08\x12\x0f\n\x07reduced\x18\x07 \x01(\x08\x12\x0c\n\x04part\x18\x08 \x01(\x05\x12\x13\n\x0bundelivered\x18\t \x03(\t\x12\x16\n\x0e\x65xchange_error\x18\n \x01(\t\x12\x10\n\x08\x63ombined\x18\x0b \x01(\x08\"a\n\x0bUpdateChunk\x12(\n\x06header\x18\x01 \x01(\x0b\x32\x18.iterreduce.UpdateHeader\x12(\n\x07tensors\x18\x02 \x03(\x0b\x32\x17.iterreduce.TensorChunk\"-\n\tPushReply\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\x0e\n\x06reason\x18\x02 \x01(\t\"]\n\x0bSyncRequest\x12\'\n\x06update\x18\x01 \x01(\x0b\x32\x17.iterreduce.UpdateChunk\x12%\n\x04next\x18\x02 \x01(\x0b\x32\x17.iterreduce.TaskRequest\"f\n\tSyncReply\x12%\n\x06pushed\x18\x01 \x01(\x0b\x32\x15.iterreduce.PushReply\x12#\n\x04task\x18\x02 \x01(\x0b\x32\x15.iterreduce.TaskChunk\x12\r\n\x05\x66\x65tch\x18\x03 \x01(\x08\"R\n\x0f\x44\x61taErrorReport\x12\x11\n\tworker_id\x18\x01 \x01(\t\x12\x0c\n\x04step\x18\x02 \x01(\x03\x12\r\n\x05shard\x18\x03 \x01(\x05\x12\x0f\n\x07message\x18\x04 \x01(\t\"\x10\n\x0e\x44\x61taErrorReply\"\xb1\x01\n\x0bSliceHeader\x12*\n\x04kind\x18\x01 \x01(\x0e\x32\x1c.iterreduce.SliceHeader.Kind\x12\r\n\x05round\x18\x02 \x01(\x03\x12\x0c\n\x04part\x18\x03 \x01(\x05\x12\x0e\n\x06sender\x18\x04 \x01(\t\x12(\n\x07results\x18\x05 \x03(\x0b\x32\x17.iterreduce.ShardResult\"\x1f\n\x04Kind\x12\n\n\x06UPDATE\x10\x00\x12\x0b\n\x07REDUCED\x10\x01\"J\n\nTensorMeta\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x10\n\x08narrowed\x18\x04 \x01(\x08\"^\n\nSliceBatch\x12\'\n\x06header\x18\x01 \x01(\x0b\x32\x17.iterreduce.SliceHeader\x12\'\n\x07tensors\x18\x02 \x03(\x0b\x32\x16.iterreduce.TensorMeta\"\x0c\n\nSliceReply2\xd3\x03\n\x06Master\x12\x42\n\x08Register\x12\x1b.iterreduce.RegisterRequest\x1a\x19.iterreduce.RegisterReply\x12\x45\n\tHeartbeat\x12\x1c.iterreduce.HeartbeatRequest\x1a\x1a.iterreduce.HeartbeatReply\x12=\n\tFetchTask\x12\x17.iterreduce.TaskRequest\x1a\x15.iterreduce.TaskChunk0\x01\x12>\n\nPushUpdate\x12\x17.iterreduce.UpdateChunk\x1a\x15.iterreduce.PushReply(\x01\x12\x36\n\x04Sync\x12\x17.iterreduce.SyncRequest\x1a\x15.iterreduce.SyncReply\x12;\n\x05Steps\x12\x17.iterreduce.SyncRequest\x1a\x15.iterreduce.SyncReply(\x01\x30\x01\x12J\n\x0fReportDataError\x12\x1b.iterreduce.DataErrorReport\x1a\x1a.iterreduce.DataErrorReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -52,45 +52,45 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SHARD']._serialized_start=607
   _globals['_SHARD']._serialized_end=642
   _globals['_TASKHEADER']._serialized_start=645
-  _globals['_TASKHEADER']._serialized_end=1312
+  _globals['_TASKHEADER']._serialized_end=1329
   _globals['_TASKHEADER_VERSIONSENTRY']._serialized_start=558
   _globals['_TASKHEADER_VERSIONSENTRY']._serialized_end=605
-  _globals['_TASKHEADER_GATHEREDENTRY']._serialized_start=1228
-  _globals['_TASKHEADER_GATHEREDENTRY']._serialized_end=1275
-  _globals['_TASKHEADER_KIND']._serialized_start=1277
-  _globals['_TASKHEADER_KIND']._serialized_end=1312
-  _globals['_REDUCER']._serialized_start=1314
-  _globals['_REDUCER']._serialized_end=1359
-  _globals['_TENSORCHUNK']._serialized_start=1362
-  _globals['_TENSORCHUNK']._serialized_end=1502
-  _globals['_TASKCHUNK']._serialized_start=1504
-  _globals['_TASKCHUNK']._serialized_end=1597
-  _globals['_SHARDRESULT']._serialized_start=1599
-  _globals['_SHARDRESULT']._serialized_end=1666
-  _globals['_UPDATEHEADER']._serialized_start=1669
-  _globals['_UPDATEHEADER']._serialized_end=1887
-  _globals['_UPDATECHUNK']._serialized_start=1889
-  _globals['_UPDATECHUNK']._serialized_end=1986
-  _globals['_PUSHREPLY']._serialized_start=1988
-  _globals['_PUSHREPLY']._serialized_end=2033
-  _globals['_SYNCREQUEST']._serialized_start=2035
-  _globals['_SYNCREQUEST']._serialized_end=2128
-  _globals['_SYNCREPLY']._serialized_start=2130
-  _globals['_SYNCREPLY']._serialized_end=2232
-  _globals['_DATAERRORREPORT']._serialized_start=2234
-  _globals['_DATAERRORREPORT']._serialized_end=2316
-  _globals['_DATAERRORREPLY']._serialized_start=2318
-  _globals['_DATAERRORREPLY']._serialized_end=2334
-  _globals['_SLICEHEADER']._serialized_start=2337
-  _globals['_SLICEHEADER']._serialized_end=2514
-  _globals['_SLICEHEADER_KIND']._serialized_start=2483
-  _globals['_SLICEHEADER_KIND']._serialized_end=2514
-  _globals['_TENSORMETA']._serialized_start=2516
-  _globals['_TENSORMETA']._serialized_end=2590
-  _globals['_SLICEBATCH']._serialized_start=2592
-  _globals['_SLICEBATCH']._serialized_end=2686
-  _globals['_SLICEREPLY']._serialized_start=2688
-  _globals['_SLICEREPLY']._serialized_end=2700
-  _globals['_MASTER']._serialized_start=2703
-  _globals['_MASTER']._serialized_end=3170
+  _globals['_TASKHEADER_GATHEREDENTRY']._serialized_start=1245
+  _globals['_TASKHEADER_GATHEREDENTRY']._serialized_end=1292
+  _globals['_TASKHEADER_KIND']._serialized_start=1294
+  _globals['_TASKHEADER_KIND']._serialized_end=1329
+  _globals['_REDUCER']._serialized_start=1331
+  _globals['_REDUCER']._serialized_end=1376
+  _globals['_TENSORCHUNK']._serialized_start=1379
+  _globals['_TENSORCHUNK']._serialized_end=1519
+  _globals['_TASKCHUNK']._serialized_start=1521
+  _globals['_TASKCHUNK']._serialized_end=1614
+  _globals['_SHARDRESULT']._serialized_start=1616
+  _globals['_SHARDRESULT']._serialized_end=1683
+  _globals['_UPDATEHEADER']._serialized_start=1686
+  _globals['_UPDATEHEADER']._serialized_end=1922
+  _globals['_UPDATECHUNK']._serialized_start=1924
+  _globals['_UPDATECHUNK']._serialized_end=2021
+  _globals['_PUSHREPLY']._serialized_start=2023
+  _globals['_PUSHREPLY']._serialized_end=2068
+  _globals['_SYNCREQUEST']._serialized_start=2070
+  _globals['_SYNCREQUEST']._serialized_end=2163
+  _globals['_SYNCREPLY']._serialized_start=2165
+  _globals['_SYNCREPLY']._serialized_end=2267
+  _globals['_DATAERRORREPORT']._serialized_start=2269
+  _globals['_DATAERRORREPORT']._serialized_end=2351
+  _globals['_DATAERRORREPLY']._serialized_start=2353
+  _globals['_DATAERRORREPLY']._serialized_end=2369
+  _globals['_SLICEHEADER']._serialized_start=2372
+  _globals['_SLICEHEADER']._serialized_end=2549
+  _globals['_SLICEHEADER_KIND']._serialized_start=2518
+  _globals['_SLICEHEADER_KIND']._serialized_end=2549
+  _globals['_TENSORMETA']._serialized_start=2551
+  _globals['_TENSORMETA']._serialized_end=2625
+  _globals['_SLICEBATCH']._serialized_start=2627
+  _globals['_SLICEBATCH']._serialized_end=2721
+  _globals['_SLICEREPLY']._serialized_start=2723
+  _globals['_SLICEREPLY']._serialized_end=2735
+  _globals['_MASTER']._serialized_start=2738
+  _globals['_MASTER']._serialized_end=3205
 # @@protoc_insertion_point(module_scope)

@@ -81,7 +81,7 @@ class Shard(_message.Message):
     def __init__(self, index: _Optional[int] = ..., uri: _Optional[str] = ...) -> None: ...
 
 class TaskHeader(_message.Message):
-    __slots__ = ("kind", "step", "phase", "info_json", "shards", "seed", "versions", "round", "reducers", "part", "reduce_shards", "gathered", "gathered_round", "gathered_parts", "layout_version", "columns", "shard_reducers", "rows_kept", "rows_round", "ahead_info_json")
+    __slots__ = ("kind", "step", "phase", "info_json", "shards", "seed", "versions", "round", "reducers", "part", "reduce_shards", "gathered", "gathered_round", "gathered_parts", "layout_version", "columns", "shard_reducers", "rows_kept", "rows_round", "ahead_info_json", "combine")
     class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         RUN: _ClassVar[TaskHeader.Kind]
@@ -124,6 +124,7 @@ class TaskHeader(_message.Message):
     ROWS_KEPT_FIELD_NUMBER: _ClassVar[int]
     ROWS_ROUND_FIELD_NUMBER: _ClassVar[int]
     AHEAD_INFO_JSON_FIELD_NUMBER: _ClassVar[int]
+    COMBINE_FIELD_NUMBER: _ClassVar[int]
     kind: TaskHeader.Kind
     step: int
     phase: str
@@ -144,7 +145,8 @@ class TaskHeader(_message.Message):
     rows_kept: _containers.RepeatedScalarFieldContainer[str]
     rows_round: int
     ahead_info_json: str
-    def __init__(self, kind: _Optional[_Union[TaskHeader.Kind, str]] = ..., step: _Optional[int] = ..., phase: _Optional[str] = ..., info_json: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., seed: _Optional[int] = ..., versions: _Optional[_Mapping[str, int]] = ..., round: _Optional[int] = ..., reducers: _Optional[_Iterable[_Union[Reducer, _Mapping]]] = ..., part: _Optional[int] = ..., reduce_shards: _Optional[_Iterable[int]] = ..., gathered: _Optional[_Mapping[str, int]] = ..., gathered_round: _Optional[int] = ..., gathered_parts: _Optional[int] = ..., layout_version: _Optional[int] = ..., columns: _Optional[int] = ..., shard_reducers: _Optional[_Iterable[int]] = ..., rows_kept: _Optional[_Iterable[str]] = ..., rows_round: _Optional[int] = ..., ahead_info_json: _Optional[str] = ...) -> None: ...
+    combine: bool
+    def __init__(self, kind: _Optional[_Union[TaskHeader.Kind, str]] = ..., step: _Optional[int] = ..., phase: _Optional[str] = ..., info_json: _Optional[str] = ..., shards: _Optional[_Iterable[_Union[Shard, _Mapping]]] = ..., seed: _Optional[int] = ..., versions: _Optional[_Mapping[str, int]] = ..., round: _Optional[int] = ..., reducers: _Optional[_Iterable[_Union[Reducer, _Mapping]]] = ..., part: _Optional[int] = ..., reduce_shards: _Optional[_Iterable[int]] = ..., gathered: _Optional[_Mapping[str, int]] = ..., gathered_round: _Optional[int] = ..., gathered_parts: _Optional[int] = ..., layout_version: _Optional[int] = ..., columns: _Optional[int] = ..., shard_reducers: _Optional[_Iterable[int]] = ..., rows_kept: _Optional[_Iterable[str]] = ..., rows_round: _Optional[int] = ..., ahead_info_json: _Optional[str] = ..., combine: _Optional[bool] = ...) -> None: ...
 
 class Reducer(_message.Message):
     __slots__ = ("worker_id", "address")
@@ -193,7 +195,7 @@ class ShardResult(_message.Message):
     def __init__(self, index: _Optional[int] = ..., samples: _Optional[int] = ..., metrics_json: _Optional[str] = ...) -> None: ...
 
 class UpdateHeader(_message.Message):
-    __slots__ = ("worker_id", "step", "results", "compute_s", "round", "scattered", "reduced", "part", "undelivered", "exchange_error")
+    __slots__ = ("worker_id", "step", "results", "compute_s", "round", "scattered", "reduced", "part", "undelivered", "exchange_error", "combined")
     WORKER_ID_FIELD_NUMBER: _ClassVar[int]
     STEP_FIELD_NUMBER: _ClassVar[int]
     RESULTS_FIELD_NUMBER: _ClassVar[int]
@@ -204,6 +206,7 @@ class UpdateHeader(_message.Message):
     PART_FIELD_NUMBER: _ClassVar[int]
     UNDELIVERED_FIELD_NUMBER: _ClassVar[int]
     EXCHANGE_ERROR_FIELD_NUMBER: _ClassVar[int]
+    COMBINED_FIELD_NUMBER: _ClassVar[int]
     worker_id: str
     step: int
     results: _containers.RepeatedCompositeFieldContainer[ShardResult]
@@ -214,7 +217,8 @@ class UpdateHeader(_message.Message):
     part: int
     undelivered: _containers.RepeatedScalarFieldContainer[str]
     exchange_error: str
-    def __init__(self, worker_id: _Optional[str] = ..., step: _Optional[int] = ..., results: _Optional[_Iterable[_Union[ShardResult, _Mapping]]] = ..., compute_s: _Optional[float] = ..., round: _Optional[int] = ..., scattered: _Optional[bool] = ..., reduced: _Optional[bool] = ..., part: _Optional[int] = ..., undelivered: _Optional[_Iterable[str]] = ..., exchange_error: _Optional[str] = ...) -> None: ...
+    combined: bool
+    def __init__(self, worker_id: _Optional[str] = ..., step: _Optional[int] = ..., results: _Optional[_Iterable[_Union[ShardResult, _Mapping]]] = ..., compute_s: _Optional[float] = ..., round: _Optional[int] = ..., scattered: _Optional[bool] = ..., reduced: _Optional[bool] = ..., part: _Optional[int] = ..., undelivered: _Optional[_Iterable[str]] = ..., exchange_error: _Optional[str] = ..., combined: _Optional[bool] = ...) -> None: ...
 
 class UpdateChunk(_message.Message):
     __slots__ = ("header", "tensors")

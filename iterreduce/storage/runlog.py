@@ -8,13 +8,14 @@ writes one per superstep, a *step record* (see :func:`step_record`)::
     {"step": 3, "of": 12, "phase": "...", <the step's info>, <the program's summary
      and metrics>, "shards": 4, "shards_total": 4, "seconds": 1.2,
      "compute_seconds": 1.0, "compute_seconds_min": 0.9, "sync_seconds": 0.2,
-     "reduce_seconds": 0.01, "reducers": 0, "time": 1700000000.0}
+     "reduce_seconds": 0.01, "reducers": 0, "updates": 4, "time": 1700000000.0}
 
 ``seconds`` is the step's wall time on the master, ``compute_seconds`` the slowest
 worker's compute time (``compute_seconds_min`` the fastest's: their gap is the time the
 others waited), ``sync_seconds`` the rest (transfers, waiting, reduce),
 ``reduce_seconds`` the reduce and evaluation, and ``reducers`` how many workers reduced
-the updates among themselves (0: the master did); ``time`` is a Unix timestamp. A
+the updates among themselves (0: the master did); ``updates`` how many updates the shards' results
+came in (fewer than ``shards`` where workers combined theirs); ``time`` is a Unix timestamp. A
 training loop that runs in one process may write its own progress records (no
 ``step``; it may tag them ``"event": "epoch"``): they count as progress because
 they carry a ``phase``.
@@ -54,18 +55,19 @@ def log_path(directory) -> Path:
 
 def step_record(step: int, of: int, phase: str, fields: dict, *, shards: int, shards_total: int,
                 seconds: float, compute_seconds: float, reduce_seconds: float, reducers: int = 0,
-                compute_seconds_min: float | None = None) -> dict:
+                compute_seconds_min: float | None = None, updates: int | None = None) -> dict:
     """The progress record of superstep ``step`` of ``of``; ``fields`` are the program's
     keys (step info, summary, metrics). ``sync_seconds`` is derived: seconds - compute.
     ``reducers``: how many workers reduced the step's updates (0: the master did);
-    ``compute_seconds_min``: the fastest worker's compute time (default: the slowest's)."""
+    ``compute_seconds_min``: the fastest worker's compute time (default: the slowest's);
+    ``updates``: the updates the shards' results came in (default: one a shard)."""
     return {
         "step": step, "of": of, "phase": phase, **fields,
         "shards": shards, "shards_total": shards_total,
         "seconds": seconds, "compute_seconds": compute_seconds,
         "compute_seconds_min": compute_seconds if compute_seconds_min is None else compute_seconds_min,
         "sync_seconds": max(seconds - compute_seconds, 0.0), "reduce_seconds": reduce_seconds,
-        "reducers": reducers, "time": time.time(),
+        "reducers": reducers, "updates": shards if updates is None else updates, "time": time.time(),
     }
 
 

@@ -30,7 +30,8 @@ from ..storage.runlog import is_progress, progress
 
 #: Keys of the runtime's step records (iterreduce.storage.runlog.step_record): not metrics to plot.
 RUNTIME_KEYS = frozenset({"step", "of", "phase", "shards", "shards_total", "seconds", "compute_seconds",
-                          "sync_seconds", "reduce_seconds", "reducers", "time", "samples", "event", "part"})
+                          "sync_seconds", "reduce_seconds", "reducers", "updates", "time", "samples", "event",
+                          "part"})
 
 #: How each event reads on the page (any other event: its name and fields).
 EVENT_TEXT = {

@@ -185,7 +185,8 @@ class Worker:
 
     def _compute(self, header, ahead_s: float = 0.0) -> list[Update]:
         """This task's updates, one a shard (those computed already, kept or ahead, are not computed
-        again); ``ahead_s``: the seconds they took ahead, counted in this step's compute time."""
+        again), or one for all its shards where the task says to combine them (TaskHeader.combine);
+        ``ahead_s``: the seconds they took ahead, counted in this step's compute time."""
         step = step_from_json(header.info_json)
         started = time.perf_counter()
         for shard in header.shards:
@@ -194,16 +195,17 @@ class Worker:
                 self.shards[shard.index] = self.program.load_shard(shard.uri, shard.index)
         # A step run again after a failed exchange keeps what it computed: same parameters, same update.
         todo = [shard.index for shard in header.shards if (header.step, shard.index) not in self._kept]
-        computed = {}
         if todo:
             self.status = {"state": "computing", "step": header.step, "phase": step.phase, "shard": todo[0]}
-            computed = dict(zip(todo, self.program.run_shards(
-                step, self.parameters, [self.shards[i] for i in todo],
-                [shard_seed(header.seed, header.step, i) for i in todo])))
-        updates = [computed[s.index] if s.index in computed else self._kept[(header.step, s.index)]
-                   for s in header.shards]
-        # Kept until the step ends, in case it has to be run again; a star step is never run again.
-        self._kept = {(header.step, u.shard): u for u in updates} if header.reducers else {}
+        shards, seeds = [self.shards[i] for i in todo], [shard_seed(header.seed, header.step, i) for i in todo]
+        if header.combine and len(todo) > 1 and not header.reducers:  # a star round: nothing to keep
+            updates, self._kept = [self.program.run_combined(step, self.parameters, shards, seeds)], {}
+        else:
+            computed = dict(zip(todo, self.program.run_shards(step, self.parameters, shards, seeds))) if todo else {}
+            updates = [computed[s.index] if s.index in computed else self._kept[(header.step, s.index)]
+                       for s in header.shards]
+            # Kept until the step ends, in case it has to be run again; a star step is never run again.
+            self._kept = {(header.step, u.shard): u for u in updates} if header.reducers else {}
         self.status = {"state": "pushing", "step": header.step}
         self.compute_s = time.perf_counter() - started + ahead_s
         return updates
@@ -214,10 +216,13 @@ class Worker:
         named ``<shard>/<array>``); ``fields`` go into the :class:`UpdateHeader`. Returns the next
         task when it came with the push, else None (see :meth:`MasterLink.push`)."""
         results = [pb.ShardResult(index=u.shard, samples=u.samples, metrics_json=json.dumps(u.metrics)) for u in updates]
+        # A combined update (Update.combined): the other shards it stands for report without samples.
+        results += [pb.ShardResult(index=s) for u in updates for s in u.combined]
         if arrays is None:
             arrays = {f"{u.shard}/{k}": v for u in updates for k, v in u.arrays.items()}
         first = pb.UpdateHeader(worker_id=self.worker_id, step=header.step, round=header.round,
-                                results=results, compute_s=self.compute_s, **fields)
+                                results=results, compute_s=self.compute_s,
+                                combined=any(u.combined for u in updates), **fields)
         return self.link.push(first, arrays, self.float16 if float16 is None else float16, self.versions)
 
     # ------------------------------------------------------------ the reduce on the workers
