@@ -5,7 +5,7 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
 #       -d .whl grpcio==<.venv's> protobuf==<.venv's> tomli-w     # what the GPU image lacks
 #   mkdir -p shared/data && cp -r ../shared/data/mnist shared/data/
-#   bash benchmarks/gpu_check.sh [PART...]   # parts: tests bench profile mnist accuracy transfers scaling;
+#   bash benchmarks/gpu_check.sh [PART...]   # parts: tests bench profile mnist combine accuracy transfers scaling;
 #                                            # default: tests bench mnist
 #   (scaling: the local mini-cluster on $SCALING_WORKERS CPU workers (1,8), $SCALING_EPOCHS epochs (3) a
 #   phase, $SCALING_ARGS added to cpu_scaling.py's; each run's logs kept in OUT/scaling$SCALING_TAG.tgz)
@@ -34,7 +34,7 @@ want() { [[ $PARTS == *" $1 "* ]]; }
 if want tests; then
 step tests
 timeout 200 python3 -m pytest -q -p no:cacheprovider tests/test_gpu_graphs.py tests/test_gpu.py \
-    tests/test_random_streams.py tests/test_rbm.py tests/test_network.py tests/test_rbm_group.py 2>&1 | tail -40 | tee "$OUT/tests.log"
+    tests/test_random_streams.py tests/test_rbm.py tests/test_network.py tests/test_rbm_group.py tests/test_combine.py 2>&1 | tail -40 | tee "$OUT/tests.log"
 fi
 
 if want bench; then
@@ -62,6 +62,17 @@ ITERREDUCE_LOG_LEVEL=DEBUG timeout 260 dbn mnist --local 1 --device gpu --epochs
     | tail -25 | tee "$OUT/mnist.log"
 cp /tmp/mnist-gpu/result.json "$OUT/mnist-result.json" 2>/dev/null
 tar -czf "$OUT/mnist-logs.tgz" -C /tmp/mnist-gpu log.jsonl logs 2>/dev/null
+fi
+
+if want combine; then
+# The main job (10 workers, one process on the one GPU) with one update a process (the default on a
+# GPU) and with one a shard: the training seconds, the sync share and the updates a step.
+for combine in true false; do
+    step "MNIST, 10 workers on the GPU, cluster.combine=$combine"
+    timeout 280 dbn mnist --device gpu --no-ui --out "/tmp/mnist-gpu10-$combine" --set "cluster.combine=$combine" 2>&1 \
+        | tail -12 | tee "$OUT/mnist10-combine-$combine.log"
+    cp "/tmp/mnist-gpu10-$combine/result.json" "$OUT/mnist10-combine-$combine.json" 2>/dev/null
+done
 fi
 
 if want accuracy; then

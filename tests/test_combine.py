@@ -142,8 +142,12 @@ def test_the_dbn_workers_combined_update_is_the_host_combine_of_its_updates_bit_
             a, b = made
             assert (a.shard, a.samples, a.metrics, a.combined) == (b.shard, b.samples, b.metrics, b.combined)
             assert sorted(a.arrays) == sorted(step.arrays)
+            # The mean a GPU worker makes on the device, run on NumPy: the same float64 sums in shard order.
+            updates = worker.run_shards(step, parameters, shards, seeds)
+            on_device = worker._device_mean(updates, step.arrays)
             for name in step.arrays:
                 np.testing.assert_array_equal(a.arrays[name], b.arrays[name], err_msg=f"{rows} {phase} {name}")
+                np.testing.assert_array_equal(on_device[name], b.arrays[name], err_msg=f"{rows} {phase} {name}")
 
 
 @pytest.fixture

@@ -239,3 +239,33 @@ def test_rbms_and_networks_trained_as_one_group_on_the_gpu_end_near_where_they_e
     for mine, theirs in zip(group.members, alone_nets):
         np.testing.assert_allclose(mine.get_state()["net.0.weights"], theirs.get_state()["net.0.weights"],
                                    rtol=1e-4, atol=1e-5)
+
+
+def test_a_workers_combined_update_made_on_the_gpu_is_the_host_combine_within_rounding(tmp_path, mnist_small):
+    """[cluster] combine on a GPU: DBNWorker.run_combined averages its shards' updates on the device
+    (CuPy's sums, not NumPy's), then copies one update to the host; within float32 rounding of the
+    runtime's host combine of the same updates."""
+    from dbn.jobs.dbn_program import DBNProgram, DBNWorker
+    from iterreduce.program import combine_updates, shard_seed
+    from shardio.readers import shard_info
+    from shardio.shards import write_shards
+
+    x_train, y_train, _, _ = mnist_small
+    config = dict(hidden_layers=[24], pretrain_epochs=1, pretrain_batch_size=20, finetune_epochs=1,
+                  finetune_batch_size=20, n_classes=10, seed=1)
+    uris = write_shards(x_train[:600], y_train[:600], str(tmp_path / "shards"), 3)
+    program = DBNProgram(config)
+    parameters = program.initial_parameters(0, shard_info(uris))
+    for phase in ("pretrain", "finetune"):
+        step = next(s for s in program.schedule(shard_info(uris)) if s.phase == phase)
+        parameters = program.before_step(step, parameters)
+        seeds = [shard_seed(0, 1, i) for i in range(3)]
+        made = []
+        for combined in (True, False):
+            worker = DBNWorker(config, device=DEVICE)
+            shards = [worker.load_shard(uri, i) for i, uri in enumerate(uris)]
+            made.append(worker.run_combined(step, parameters, shards, seeds) if combined
+                        else combine_updates(worker.run_shards(step, parameters, shards, seeds), step.arrays))
+        for name in step.arrays:
+            assert isinstance(made[0].arrays[name], np.ndarray)
+            np.testing.assert_allclose(made[0].arrays[name], made[1].arrays[name], rtol=1e-6, atol=1e-7, err_msg=name)
