@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sys
+import threading
 import time
 from pathlib import Path
 from urllib.parse import urlparse
@@ -287,23 +288,35 @@ def test_a_node_being_decommissioned_has_its_workers_moved_off_before_it_goes(ya
     host = next(on[name] for name in sorted(on) if on[name] != am_host)
     leaving = sorted(name for name in on if on[name] == host)
     k = node_of(yarn, host)
+    # The node's states, sampled every 0.2 s from before the drain: (Unix time, state). The
+    # application's container list lags the node's (a container may still be listed RUNNING on a
+    # node already SHUTDOWN), so what was where is judged from these times and the job's own records.
+    node_states: list[tuple[float, str | None]] = []
+    sampling = threading.Event()
+
+    def sample() -> None:
+        while not sampling.wait(0.2):
+            with contextlib.suppress(OSError):
+                node_states.append((time.time(), yarn.hadoop.node_states().get(host)))
+
+    sampler = threading.Thread(target=sample, name="node-states", daemon=True)
+    sampler.start()
     started_at = time.monotonic()
-    yarn.hadoop.decommission(k, timeout_s=600)
-    states_while_there: set[str] = set()  # the node's states while a container of the job was on it
     try:
+        yarn.hadoop.decommission(k, timeout_s=600)
         while True:  # until no container of the job is left on the node, while the job runs
             report = yarn.report(app_id)
             assert str(report.state) == "RUNNING", f"{app_id} {report.state} before its workers left {host}"
-            node_state = yarn.hadoop.node_states().get(host)
             there = [c.id for c in yarn.containers(app_id, states=["RUNNING"])
                      if c.yarn_node_http_address.split(":")[0] == host]
             if not there:
                 break
-            states_while_there.add(node_state)
             assert time.monotonic() - started_at < 180, f"{there} still on {host} after 180 s"
             time.sleep(1)
         left_s, state = time.monotonic() - started_at, yarn.hadoop.node_states().get(host)
     finally:
+        sampling.set()
+        sampler.join(15)
         yarn.hadoop.recommission(k)  # at once: once the job ends, YARN would decommission the node
     now: dict[str, str] = {}
     while str(yarn.report(app_id).state) == "RUNNING":  # their slots held elsewhere, unless the job ended first
@@ -312,17 +325,21 @@ def test_a_node_being_decommissioned_has_its_workers_moved_off_before_it_goes(ya
             break
         assert time.monotonic() - started_at < 300, f"{leaving}: {now} after 300 s"
         time.sleep(1)
-    print(f"{leaving} left {host} in {left_s:.1f} s (the node {state}, while they were there "
-          f"{sorted(states_while_there)}); their slots then on {now}")
-    # They left while the node was draining, long before the 600 s at which YARN kills what is left;
-    # once none of the job's containers is there, the ResourceManager may finish the decommission at
-    # once (DECOMMISSIONED, its NodeManager then SHUTDOWN) or wait for the application: both are its own.
-    assert "DECOMMISSIONING" in states_while_there, states_while_there
-    assert states_while_there <= {"RUNNING", "DECOMMISSIONING"}, states_while_there
+    states = [s for _, s in node_states]
+    print(f"{leaving} left {host} in {left_s:.1f} s (the node {state}; its states {sorted(set(states))}); "
+          f"their slots then on {now}")
+    assert "DECOMMISSIONING" in states, states  # drained, not lost
     assert state in ("DECOMMISSIONING", "DECOMMISSIONED", "SHUTDOWN"), state
     report = yarn.wait(app_id, timeout=300)
     yarn.assert_succeeded(report, app_id)
     records = yarn.hdfs_json_lines(urlparse(output).path + "/log.jsonl")
+    # They left while the node was draining, long before the 600 s at which YARN kills what is left:
+    # each retired before the node was first seen decommissioned. Once none of the job's containers is
+    # there, the ResourceManager may finish the decommission at once (DECOMMISSIONED, its NodeManager
+    # then SHUTDOWN) or wait for the application: both are its own.
+    gone = [t for t, s in node_states if s in ("DECOMMISSIONED", "SHUTDOWN")]
+    retired = [r["time"] for r in records if r.get("event") == "worker_retired"]
+    assert retired and (not gone or max(retired) <= gone[0]), (retired, gone[:1])
     why = f"its node {host} is being decommissioned"
     assert sorted((r["worker"].split("#")[0], r["reason"]) for r in records
                   if r.get("event") == "worker_draining") == [(name, why) for name in leaving]
