@@ -57,6 +57,10 @@ BEST, BEST_ERROR = f"{MASTER_STATE}best.", f"{MASTER_STATE}best_valid_error"
 SINCE_BEST, STOP = f"{MASTER_STATE}epochs_since_best", f"{MASTER_STATE}stop"
 
 
+#: The phases whose steps train a model on each shard (the others describe or transform the data).
+TRAINING_PHASES = ("pretrain", "finetune")
+
+
 class DBNProgram(Program):
     """Master side. ``config`` (:meth:`dbn.jobs.spec.JobSpec.program_config` makes it): DBN
     hyperparameters (see :class:`dbn.DBN`) plus ``n_classes`` (None: counted from the labels),
@@ -224,14 +228,14 @@ class DBNProgram(Program):
         """Pre-training, fine-tuning and the input means reduce through the updates' mean alone
         (block momentum, the logit follow from it); the feature statistics merge (a worker's several
         shards stay several updates there)."""
-        return step.phase in ("transform", "pretrain", "finetune")
+        return step.phase == "transform" or step.phase in TRAINING_PHASES
 
     def runs_ahead(self, step, following):
         """A worker may compute the next pre-training part of the same layer, or the next fine-tuning
         part training the same arrays, before the master confirms it: such a run starts from the
         parameters it is given (the RBM's state and chain, or a new network) and keeps only the
         layer's input and the labels, the same whatever the parameters of the layer it trains."""
-        return step.phase == following.phase in ("pretrain", "finetune") and step.arrays == following.arrays
+        return step.phase == following.phase in TRAINING_PHASES and step.arrays == following.arrays
 
     def evaluate(self, step, parameters):
         """Validation error after each fine-tuning epoch, when ``config["validation"]`` names
@@ -449,7 +453,7 @@ class DBNWorker(WorkerProgram):
         together (:class:`~dbn.model.rbm_group.RBMGroup`, :class:`~dbn.model.network_group.NetworkGroup`:
         in-memory data, minibatches of one size and number), each shard's update the bits its own
         :meth:`run` gives; else, and for the other phases, one by one."""
-        if step.phase not in ("pretrain", "finetune"):
+        if step.phase not in TRAINING_PHASES:
             return super().run_shards(step, parameters, shards, seeds)
         return [self._on_host(update) for update in self._trained(step, parameters, shards, seeds)]
 
@@ -458,7 +462,7 @@ class DBNWorker(WorkerProgram):
         sample-weighted mean made from the models' own arrays, on a GPU on the device
         (:meth:`_device_mean`), then one copy to the host instead of one a shard. On NumPy the bits of
         the runtime's :func:`~iterreduce.program.combine_updates` of :meth:`run_shards`."""
-        if step.phase not in ("pretrain", "finetune"):
+        if step.phase not in TRAINING_PHASES:
             return super().run_combined(step, parameters, shards, seeds)
         # On the host, the runtime's average a block at a time: the same bits, twice as fast (cache).
         average = weighted_average if self.model.backend.device == "cpu" else self._device_mean
