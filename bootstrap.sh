@@ -33,11 +33,17 @@ if [[ ",$extras," == *",test,"* ]] && ! command -v kinit >/dev/null; then
     echo "bootstrap: krb5-user (kinit) is not installed: the Kerberos tests get their tickets from Java" >&2
   fi
 fi
-# Reinstall only when the package metadata or the extras changed.
-stamp=".venv/.installed-$(cat pyproject.toml | sha256sum | cut -c1-16)-${extras//,/_}"
+# The test environment is installed from its lock (locks/test.txt, remade on purpose by locks/lock.py): an upstream
+# release never changes what the suite runs on. The main job's install takes the newest versions.
+constraints=()
+if [[ ",$extras," == *",test,"* ]]; then
+  constraints=(--constraint locks/test.txt)
+fi
+# Reinstall only when the package metadata, the lock or the extras changed.
+stamp=".venv/.installed-$(cat pyproject.toml "${constraints[@]:1}" | sha256sum | cut -c1-16)-${extras//,/_}"
 if [ ! -f "$stamp" ]; then
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e ".[${extras}]"
+  .venv/bin/python -m pip install --quiet "${constraints[@]}" -e ".[${extras}]"
   rm -f .venv/.installed-*
   touch "$stamp"
 fi

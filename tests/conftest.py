@@ -188,3 +188,32 @@ def secure_hadoop(tmp_path_factory):
     with started(SecureHadoop(base_dir=tmp_path_factory.mktemp("securehadoop"), keep=KEEP_CLUSTERS),
                  "the Kerberos-secured Hadoop") as cluster:
         yield cluster
+
+
+def pytest_itemcollected(item):
+    """Each test in its group (tests/scheduling.py)."""
+    import scheduling
+
+    scheduling.mark(item)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The groups first (tests/scheduling.py)."""
+    import scheduling
+
+    scheduling.order(items)
+
+
+def pytest_collection_finish(session):
+    """Refuse to run where xdist would not keep a cluster's tests together (tests/scheduling.py)."""
+    import scheduling
+
+    scheduling.check_groups_reach_the_ids(session.config, session.items)
+
+
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: unknown where it is not installed
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: twice the cores (tests/scheduling.py: the drills mostly wait)."""
+    import scheduling
+
+    return scheduling.workers()

@@ -4,13 +4,15 @@ on 127.0.0.1.
 
 The server is the full ``mlflow`` package, which the project itself never needs (it talks to a
 server with ``mlflow-skinny``): it lives in a virtual environment of its own in a per-user cache
-(``$XDG_CACHE_HOME/dbn-yarn/mlflow-server-VERSION``, made once from PyPI, the version of the
-client installed here), or is ``$DBN_MLFLOW_SERVER``, an ``mlflow`` executable.
+(``$XDG_CACHE_HOME/dbn-yarn/mlflow-server-VERSION-LOCK``, made once from PyPI: the version of the
+client installed here, the rest as ``locks/mlflow-server.txt`` pins it), or is ``$DBN_MLFLOW_SERVER``,
+an ``mlflow`` executable.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import os
 import signal
 import socket
@@ -20,6 +22,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+#: The server environment's pins (locks/lock.py makes them with the test lock's mlflow-skinny version).
+SERVER_LOCK = Path(__file__).resolve().parents[1] / "locks" / "mlflow-server.txt"
 
 
 class ServerError(RuntimeError):
@@ -45,7 +49,9 @@ def server_executable() -> Path:
     if given:
         return Path(given)
     version = mlflow_version()
-    venv = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dbn-yarn" / f"mlflow-server-{version}"
+    lock_key = hashlib.sha256(SERVER_LOCK.read_bytes()).hexdigest()[:12]
+    venv = (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dbn-yarn"
+            / f"mlflow-server-{version}-{lock_key}")
     executable, stamp = venv / "bin" / "mlflow", venv / ".complete"
     venv.parent.mkdir(parents=True, exist_ok=True)
     with open(venv.parent / f".mlflow-server-{version}.lock", "w") as lock:
@@ -53,7 +59,8 @@ def server_executable() -> Path:
         if not stamp.exists():
             subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
             done = subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
-                                   f"mlflow=={version}"], capture_output=True, text=True)
+                                   "--constraint", str(SERVER_LOCK), f"mlflow=={version}"],
+                                  capture_output=True, text=True)
             if done.returncode != 0:
                 raise ServerError(f"pip install mlflow=={version} into {venv}: {done.stderr[-2000:]}")
             stamp.touch()

@@ -46,7 +46,8 @@ def test_the_principals_of_a_keytab_are_read_holes_and_repeats_aside(tmp_path):
     (b"not a keytab at all", r"not a keytab file"),
     (keytab_bytes("alice@EXAMPLE.COM")[:-9], r"a damaged keytab file"),
     (b"\x05\x02" + struct.pack(">i", 1 << 30), r"a damaged keytab file"),  # an entry longer than the file
-])
+], ids=["not a keytab", "cut short", "an entry longer than the file"])  # ids of their own: the bytes hold a random key
+
 def test_a_file_that_is_not_a_whole_keytab_is_refused_naming_it(tmp_path, content, message):
     keytab = tmp_path / "k.keytab"
     keytab.write_bytes(content)

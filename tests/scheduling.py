@@ -1,0 +1,101 @@
+"""How the suite's tests share the machine: which must run in one process, and in what order.
+
+The suite runs on pytest-xdist workers side by side (``-n auto --dist loadgroup``, pyproject.toml),
+so the unit tests fill the cores while a Hadoop drill waits on YARN. A costly fixture lives once per
+worker process, so every test that uses one is put in that fixture's group (``xdist_group``), and
+xdist runs a group in one worker, in order:
+
+- a session cluster (:data:`CLUSTERS`): every test on it, whatever its module, in one group;
+- a module's own fixtures of wider scope than a test (a cluster of its own, a trained model): the
+  module's tests that use them, in the module's group.
+
+Groups start first, the longest first (:data:`CLUSTERS`' order, then the modules'), so the chain of
+drills that bounds the suite's time never waits behind short tests.
+"""
+
+from __future__ import annotations
+
+import os
+
+#: Session fixtures that start a cluster -> their group, in the order the groups start (longest first).
+CLUSTERS = {"hadoop": "hadoop", "hdfs": "hadoop", "secure_hadoop": "secure-hadoop"}
+_CLUSTER_ORDER = list(dict.fromkeys(CLUSTERS.values()))
+
+#: Module groups that are long drills on a cluster of their own, the longest first (2026-12-06's run:
+#: test_shared 8.4 min, test_multinode 4.5, test_kerberos_yarn's short-lived tokens 3.2): they start
+#: right after the session clusters', so that none of them ends the run alone.
+DRILLS = ["tests/test_shared.py", "tests/test_multinode.py", "tests/test_kerberos_yarn.py"]
+
+#: Workers for ``-n auto``: more than the cores, since the drills mostly wait; ``DBN_TEST_WORKERS`` overrides.
+WORKERS_PER_CORE = 2
+WORKERS_ENV = "DBN_TEST_WORKERS"
+
+
+def workers() -> int:
+    """How many xdist workers ``-n auto`` starts."""
+    given = os.environ.get(WORKERS_ENV)
+    if given:
+        if not given.isdigit() or int(given) < 1:
+            raise ValueError(f"${WORKERS_ENV}={given!r}: not a positive whole number")
+        return int(given)
+    return WORKERS_PER_CORE * (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count())
+
+
+def group_of(item) -> str | None:
+    """The group ``item`` must run in, or None where any worker may run it."""
+    definitions = item._fixtureinfo.name2fixturedefs
+    clusters = {CLUSTERS[name] for name in item.fixturenames if name in CLUSTERS and name in definitions}
+    if clusters:  # a test on two clusters joins the later one's group (the shorter chain) and starts the other there
+        return max(clusters, key=_CLUSTER_ORDER.index)
+    module = item.module.__name__ if getattr(item, "module", None) else None
+    for name in item.fixturenames:
+        for definition in definitions.get(name, ()):
+            if definition.scope in ("module", "class", "package") and _defined_in(definition, module):
+                return item.nodeid.split("::", 1)[0]
+    return None
+
+
+def _defined_in(definition, module: str | None) -> bool:
+    function = getattr(definition, "func", None)
+    return module is not None and getattr(function, "__module__", None) == module
+
+
+def rank(group: str | None) -> tuple[int, int]:
+    """Sort key of a group: clusters first (in :data:`CLUSTERS`' order), then :data:`DRILLS`, then the
+    other modules' groups, then the tests any worker may run."""
+    if group is None:
+        return (3, 0)
+    if group in _CLUSTER_ORDER:
+        return (0, _CLUSTER_ORDER.index(group))
+    return (1, DRILLS.index(group)) if group in DRILLS else (2, 0)
+
+
+def mark(item) -> None:
+    """Put ``item`` in its group (on collection: xdist reads the groups into the test ids after it)."""
+    import pytest
+
+    group = group_of(item)
+    if group is not None:
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+def order(items) -> None:
+    """Order ``items`` so that the groups start first, the longest first (a stable sort)."""
+    def key(item):
+        marker = item.get_closest_marker("xdist_group")
+        return rank(marker.args[0] if marker else None)
+
+    items.sort(key=key)
+
+
+def check_groups_reach_the_ids(config, items) -> None:
+    """On an xdist worker of ``--dist loadgroup``: fail the run unless xdist put each group into its test
+    ids (where it does not, as with pytest 9.2 and xdist 3.8, every worker would start every cluster)."""
+    import pytest
+
+    if not (hasattr(config, "workerinput") and getattr(config.option, "loadgroup", False)):
+        return
+    lost = [item.nodeid for item in items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+    if lost:
+        raise pytest.UsageError(f"pytest-xdist did not group {len(lost)} tests (the first: {lost[0]}): "
+                                "pytest and pytest-xdist must be the versions of locks/test.txt")
