@@ -198,10 +198,11 @@ def pytest_itemcollected(item):
 
 
 def pytest_collection_modifyitems(config, items):
-    """The groups first (tests/scheduling.py)."""
+    """On xdist workers, the groups first (tests/scheduling.py); in one process, the collection's order."""
     import scheduling
 
-    scheduling.order(items)
+    if hasattr(config, "workerinput"):
+        scheduling.order(items)
 
 
 def pytest_collection_finish(session):

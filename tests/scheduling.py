@@ -70,13 +70,26 @@ def rank(group: str | None) -> tuple[int, int]:
     return (1, DRILLS.index(group)) if group in DRILLS else (2, 0)
 
 
+#: The markers of tests that need more than this process and its children: a cluster, Spark, a browser, a GPU.
+HEAVY_MARKS = ("yarn", "hdfs", "kerberos", "multinode", "shared", "spark", "browser", "gpu", "slow")
+
+
+def is_quick(item, group: str | None) -> bool:
+    """Whether ``item`` belongs to the quick tier (``pytest -m quick``): no heavy marker, no cluster."""
+    return (not any(item.get_closest_marker(name) for name in HEAVY_MARKS)
+            and group not in _CLUSTER_ORDER)
+
+
 def mark(item) -> None:
-    """Put ``item`` in its group (on collection: xdist reads the groups into the test ids after it)."""
+    """Put ``item`` in its group (on collection: xdist reads the groups into the test ids after it) and,
+    where it is light, in the quick tier."""
     import pytest
 
     group = group_of(item)
     if group is not None:
         item.add_marker(pytest.mark.xdist_group(group))
+    if is_quick(item, group):
+        item.add_marker(pytest.mark.quick)
 
 
 def order(items) -> None:
