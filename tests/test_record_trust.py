@@ -123,7 +123,8 @@ def test_a_record_naming_a_path_outside_its_folder_steers_no_delete(tmp_path, vi
     assert state(victim) == before
     assert not (first / "log.jsonl").exists() and not (first / "logs").exists()  # the run's own files went
     warned = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert any(str(first / RECORD_NAME) in m and repr(name) in m for m in warned), warned
+    from iterreduce.storage.ownership.records import shown  # a long name is cut (the temporary folder's
+    assert any(str(first / RECORD_NAME) in m and shown(name) in m for m in warned), warned  # length varies)
 
 
 @pytest.mark.parametrize("entry", [["12"], [1, 2, 3], "size", None, [True, 5], [-1, 5], [1.5, 2]])
