@@ -184,16 +184,18 @@ def log_tail(output, lines: int = 8) -> str:
 
 
 def run_job(*, timeout: float = 60.0, max_restarts: int = 3, device: str = "cpu", on_record=None,
-            shared_memory: bool = True, **fields) -> Path:
+            shared_memory: bool = True, threads_per_worker: int | None = None, **fields) -> Path:
     """``iterreduce.launch.local.run_local`` of a MasterConfig with ``fields``, failing (not hanging)
-    after ``timeout`` seconds."""
+    after ``timeout`` seconds. Jobs compared bit for bit across worker counts fix ``threads_per_worker``:
+    OpenBLAS 0.3.31 (numpy 2.4.5+) gives other bits on 2 threads than on 1 for some shapes."""
     from iterreduce.launch.local import run_local
     from iterreduce.master import MasterConfig
 
     fields.setdefault("heartbeat_interval", 0.2)
     fields.setdefault("heartbeat_timeout", 2.0)
     config = MasterConfig(token="", **fields)
-    kwargs = {"max_restarts": max_restarts, "device": device, "on_record": on_record, "shared_memory": shared_memory}
+    kwargs = {"max_restarts": max_restarts, "device": device, "on_record": on_record, "shared_memory": shared_memory,
+              "threads_per_worker": threads_per_worker}
     box: dict = {}
 
     def target():

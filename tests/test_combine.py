@@ -175,7 +175,8 @@ def test_combined_pushes_train_the_model_of_one_update_a_shard_bit_for_bit_in_on
     runs = {}
     for workers, combine in ((1, True), (2, True), (3, False)):
         out = run_job(program=DBN_PROGRAM, program_config=config, shards=shards, workers=workers, combine=combine,
-                      output=str(tmp_path / f"out{workers}"), timeout=180)
+                      output=str(tmp_path / f"out{workers}"), timeout=180,
+                      threads_per_worker=1)  # the same BLAS arithmetic in each (conftest_runtime.run_job)
         runs[workers] = (records(out), load_npz(out / "model.npz"))
     separate = runs[3][0]
     for workers, updates in ((1, 1), (2, 2)):

@@ -110,7 +110,8 @@ def test_one_worker_holding_three_shards_trains_the_model_of_three_workers_holdi
     models = {}
     for workers in (1, 3):
         out = run_job(program=DBN_PROGRAM, program_config=config, shards=shards, workers=workers,
-                      output=str(tmp_path / f"out{workers}"), timeout=180)
+                      output=str(tmp_path / f"out{workers}"), timeout=180,
+                      threads_per_worker=1)  # the same BLAS arithmetic in each (conftest_runtime.run_job)
         assert {r["shards"] for r in records(out)} == {3}
         models[workers] = load_npz(out / "model.npz")
     assert sorted(models[1]) == sorted(models[3])
