@@ -2,8 +2,8 @@
 
 ``pytest -n auto`` runs the suite on pytest-xdist workers side by side (``--dist loadgroup`` is in
 pyproject.toml; the default is one process), so the unit tests fill the cores while a Hadoop drill
-waits on YARN. A costly fixture lives once per worker process, so every test that uses one is put in that fixture's group (``xdist_group``), and
-xdist runs a group in one worker, in order:
+waits on YARN. A costly fixture lives once per worker process, so every test that uses one is put
+in that fixture's group (``xdist_group``), and xdist runs a group in one worker, in order:
 
 - a session cluster (:data:`CLUSTERS`): every test on it, whatever its module, in one group;
 - a module's own fixtures of wider scope than a test (a cluster of its own, a trained model): the
