@@ -160,10 +160,9 @@ class SecureHadoop(MiniHadoop):
 
     def env(self) -> dict[str, str]:
         """:meth:`MiniHadoop.env`, plus ``KRB5_CONFIG`` (MIT's library, hdfs-native's GSSAPI), ``KRB5CCNAME``
-        (the private ticket cache; Hadoop's Java client reads it too) and ``SKEIN_DRIVER_JAVA_OPTIONS``
-        (Java reads no ``KRB5_CONFIG``: skein's driver gets ``-Djava.security.krb5.conf``)."""
-        return {**super().env(), "KRB5_CONFIG": str(self.krb5_conf), "KRB5CCNAME": f"FILE:{self.ccache}",
-                "SKEIN_DRIVER_JAVA_OPTIONS": " ".join(self._java_options())}
+        (the private ticket cache; Hadoop's Java client reads it too); Java reads no ``KRB5_CONFIG``: skein's
+        driver gets ``-Djava.security.krb5.conf`` in ``SKEIN_DRIVER_JAVA_OPTIONS``."""
+        return {**super().env(), "KRB5_CONFIG": str(self.krb5_conf), "KRB5CCNAME": f"FILE:{self.ccache}"}
 
     def kinit(self, principal: str | None = None, ccache: str | os.PathLike | None = None, *,
               java: bool = False) -> None:
@@ -196,7 +195,12 @@ class SecureHadoop(MiniHadoop):
     # -------------------------------------------------------- internals
 
     def _java_options(self) -> list[str]:
-        return [f"-Djava.security.krb5.conf={self.krb5_conf}"]
+        return [*super()._java_options(), f"-Djava.security.krb5.conf={self.krb5_conf}"]
+
+    def _container_env(self) -> dict[str, str]:
+        # Every node of a real cluster has /etc/krb5.conf; here each container is told where this one is
+        # (Java in containers, e.g. skein's application master, fails with "Can't get Kerberos realm").
+        return {**super()._container_env(), "KRB5_CONFIG": str(self.krb5_conf)}
 
     def _settings(self, jars: Path) -> dict[str, object]:
         service, http, keytab = self.service_principal(SERVICE), self.service_principal(HTTP), self.keytab
@@ -237,10 +241,6 @@ class SecureHadoop(MiniHadoop):
             "yarn.resourcemanager.system-credentials.valid-time-remaining": self.token_max_lifetime_s * 1000 // 2,
             "yarn.nodemanager.container-executor.class":
                 "org.apache.hadoop.yarn.server.nodemanager.DefaultContainerExecutor",
-            # Every node of a real cluster has /etc/krb5.conf; here each container is told where this one is
-            # (Java in containers, e.g. skein's application master, fails with "Can't get Kerberos realm").
-            "yarn.nodemanager.admin-env": f"KRB5_CONFIG={self.krb5_conf},"
-                                          f"JAVA_TOOL_OPTIONS={' '.join(self._java_options())}",
             # SPNEGO on every web endpoint
             "hadoop.http.filter.initializers": "org.apache.hadoop.security.AuthenticationFilterInitializer",
             "hadoop.http.authentication.type": "kerberos",
