@@ -368,7 +368,14 @@ class MiniHadoop:
 
         states = "NEW,RUNNING,UNHEALTHY,DECOMMISSIONING,DECOMMISSIONED,LOST,REBOOTED,SHUTDOWN"
         with urllib.request.urlopen(f"http://{self.rm_web}/ws/v1/cluster/nodes?states={states}", timeout=10) as r:
-            return {n["nodeHostName"]: n["state"] for n in (json.load(r).get("nodes") or {}).get("node", [])}
+            nodes = (json.load(r).get("nodes") or {}).get("node", [])
+        # A NodeManager started again on a host is a new node (a new port): the old one stays listed,
+        # SHUTDOWN or LOST, beside it, in no fixed order. The host's state is its newest NodeManager's.
+        gone = ("SHUTDOWN", "LOST")
+        found: dict[str, str] = {}
+        for node in sorted(nodes, key=lambda n: n["state"] not in gone):  # the gone first, the live override
+            found[node["nodeHostName"]] = node["state"]
+        return found
 
     def _refresh_nodes(self, *args: str) -> None:
         done = self.run("yarn", "rmadmin", "-refreshNodes", *args)

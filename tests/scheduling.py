@@ -16,6 +16,8 @@ drills that bounds the suite's time never waits behind short tests.
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 #: Session fixtures that start a cluster -> their group, in the order the groups start (longest first).
 CLUSTERS = {"hadoop": "hadoop", "hdfs": "hadoop", "secure_hadoop": "secure-hadoop"}
@@ -74,10 +76,67 @@ def rank(group: str | None) -> tuple[int, int]:
 HEAVY_MARKS = ("yarn", "hdfs", "kerberos", "multinode", "shared", "spark", "browser", "gpu", "slow")
 
 
+#: The tests measured too slow for the quick tier (a local mini-cluster job, a fuzzing run), one
+#: ``SECONDS NODE_ID`` a line, made by ``python tests/scheduling.py slow REPORT.xml`` from a junit report
+#: of the quick tier (``pytest -m quick -n auto --junitxml REPORT.xml``).
+SLOW_LIST = Path(__file__).resolve().parent / "slow-tests.txt"
+#: A test that took this long (setup, call and teardown, on xdist workers on 2 cores) is not quick.
+QUICK_LIMIT_S = 1.0
+
+
+def read_slow(path: Path = SLOW_LIST) -> frozenset[str]:
+    """The node ids of :data:`SLOW_LIST` (none where the file is missing); a line that is not
+    ``SECONDS NODE_ID`` is refused, naming the file and line."""
+    if not path.is_file():
+        return frozenset()
+    ids = set()
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip() or line.startswith("#"):
+            continue
+        seconds, _, node = line.partition(" ")
+        try:
+            float(seconds)
+        except ValueError:
+            node = ""
+        if not node.startswith("tests/") or "::" not in node:
+            raise ValueError(f"{path}:{number}: {line[:80]!r} is not 'SECONDS tests/...::test'")
+        ids.add(node.strip())
+    return frozenset(ids)
+
+
+_SLOW: frozenset[str] | None = None
+
+
 def is_quick(item, group: str | None) -> bool:
-    """Whether ``item`` belongs to the quick tier (``pytest -m quick``): no heavy marker, no cluster."""
+    """Whether ``item`` belongs to the quick tier (``pytest -m quick``): no heavy marker, no cluster,
+    not measured slow (:data:`SLOW_LIST`)."""
+    global _SLOW
+    if _SLOW is None:
+        _SLOW = read_slow()
     return (not any(item.get_closest_marker(name) for name in HEAVY_MARKS)
-            and group not in _CLUSTER_ORDER)
+            and group not in _CLUSTER_ORDER and _base_id(item.nodeid) not in _SLOW)
+
+
+def _base_id(node_id: str) -> str:
+    """A node id without xdist's ``@group`` suffix."""
+    return node_id.split("@", 1)[0]
+
+
+def slow_lines(report: Path, limit: float = QUICK_LIMIT_S) -> list[str]:
+    """:data:`SLOW_LIST`'s lines from a junit report: the tests that took ``limit`` seconds or more,
+    the slowest first (a parametrised test's cases each on its own)."""
+    import xml.etree.ElementTree as ET
+
+    took: dict[str, float] = {}
+    for case in ET.parse(report).iter("testcase"):
+        module = case.get("classname", "").split(".")
+        name, seconds = case.get("name", ""), float(case.get("time") or 0)
+        # junit writes tests.test_x.TestClass for tests/test_x.py::TestClass
+        path = [p for p in module if p.startswith("test_") or p == "tests"]
+        classes = module[len(path):]
+        node = "/".join(path) + ".py::" + "::".join([*classes, name])
+        took[node] = took.get(node, 0.0) + seconds
+    return [f"{took[n]:.1f} {n}" for n in sorted(took, key=lambda n: -took[n]) if took[n] >= limit]
 
 
 def mark(item) -> None:
@@ -112,3 +171,11 @@ def check_groups_reach_the_ids(config, items) -> None:
     if lost:
         raise pytest.UsageError(f"pytest-xdist did not group {len(lost)} tests (the first: {lost[0]}): "
                                 "pytest and pytest-xdist must be the versions of locks/test.txt")
+
+
+if __name__ == "__main__":  # python tests/scheduling.py slow REPORT.xml > tests/slow-tests.txt
+    if sys.argv[1:2] != ["slow"] or len(sys.argv) != 3:
+        sys.exit("usage: python tests/scheduling.py slow REPORT.xml > tests/slow-tests.txt")
+    print(f"# Measured too slow for the quick tier (>= {QUICK_LIMIT_S} s): seconds, then the test.\n"
+          "# Made by: pytest -m quick -n auto --junitxml REPORT.xml; python tests/scheduling.py slow REPORT.xml")
+    print("\n".join(slow_lines(Path(sys.argv[2]))))

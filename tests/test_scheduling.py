@@ -63,3 +63,44 @@ def test_the_worker_count_is_twice_the_cores_or_the_environments(monkeypatch):
         monkeypatch.setenv(scheduling.WORKERS_ENV, bad)
         with pytest.raises(ValueError, match=f"DBN_TEST_WORKERS={bad!r}"):
             scheduling.workers()
+
+
+def test_a_test_measured_slow_leaves_the_quick_tier(monkeypatch):
+    item = Item({})
+    monkeypatch.setattr(scheduling, "_SLOW", frozenset({item.nodeid}))
+    assert not scheduling.is_quick(item, None)
+    item.nodeid += "@tests/test_x.py"  # as xdist renames a grouped test
+    assert not scheduling.is_quick(item, None)
+    monkeypatch.setattr(scheduling, "_SLOW", frozenset())
+    assert scheduling.is_quick(item, None)
+
+
+def test_the_slow_list_is_made_from_a_junit_report_and_read_back(tmp_path):
+    report = tmp_path / "report.xml"
+    report.write_text('<testsuites><testsuite name="pytest">'
+                      '<testcase classname="tests.test_a" name="test_job[2]" time="7.25"/>'
+                      '<testcase classname="tests.test_a.TestThings" name="test_one" time="1.5"/>'
+                      '<testcase classname="tests.test_b" name="test_unit" time="0.02"/>'
+                      '</testsuite></testsuites>')
+    lines = scheduling.slow_lines(report, limit=1.0)
+    assert lines == ["7.2 tests/test_a.py::test_job[2]", "1.5 tests/test_a.py::TestThings::test_one"]
+    listed = tmp_path / "slow.txt"
+    listed.write_text("# a comment\n" + "\n".join(lines) + "\n")
+    assert scheduling.read_slow(listed) == {"tests/test_a.py::test_job[2]", "tests/test_a.py::TestThings::test_one"}
+    assert scheduling.read_slow(tmp_path / "none.txt") == frozenset()
+    listed.write_text("fast tests/test_a.py::test_job\n")
+    with pytest.raises(ValueError, match=r"slow.txt:1: 'fast tests/test_a.py::test_job'"):
+        scheduling.read_slow(listed)
+
+
+def test_every_test_the_slow_list_names_exists():
+    """A renamed or removed test leaves a stale line: the list is remade (tests/scheduling.py slow)."""
+    import subprocess
+    import sys
+
+    listed = scheduling.read_slow()
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider",
+                          *sorted({n.split("::")[0] for n in listed})], capture_output=True, text=True,
+                         cwd=scheduling.SLOW_LIST.parents[1], timeout=600)
+    collected = {line.strip() for line in out.stdout.splitlines() if "::" in line}
+    assert listed <= collected, sorted(listed - collected)[:5]

@@ -24,6 +24,7 @@ from dbn.jobs.spec import load_spec  # noqa: E402
 from dbn.jobs.tracking import MlflowTracker, metrics_of, params_of, tracker_for  # noqa: E402
 
 PRETRAIN_EPOCHS, FINETUNE_EPOCHS = 3, 4
+DETACHED_FINETUNE_EPOCHS = 30
 
 
 @pytest.fixture(scope="module")
@@ -143,7 +144,7 @@ def yarn(hadoop, tmp_path_factory):
         yield yarn
 
 
-def yarn_job(tmp_path, yarn, server, name: str, folder: str, model_name: str):
+def yarn_job(tmp_path, yarn, server, name: str, folder: str, model_name: str, finetune_epochs: int = FINETUNE_EPOCHS):
     """A small job for the suite's YARN (data on this machine, output on HDFS in ``folder``), tracked on ``server``."""
     rng = np.random.default_rng(4)
     X = rng.random((400, 12), dtype=np.float32)
@@ -155,7 +156,7 @@ train = "{tmp_path / 'data.npz'}"
 [model]
 hidden_layers = [8, 6]
 pretrain_epochs = {PRETRAIN_EPOCHS}
-finetune_epochs = {FINETUNE_EPOCHS}
+finetune_epochs = {finetune_epochs}
 pretrain_batch_size = 20
 finetune_batch_size = 20
 [output]
@@ -185,7 +186,10 @@ def test_a_detached_yarn_job_is_recorded_by_its_master_and_status_shows_the_run(
     from dbn.cli import main
     from iterreduce.launch.yarn import client as yarn_client
 
-    path = yarn_job(tmp_path, yarn, server, "yarn-tracked", "tracked-on-yarn", "yarn-digits")
+    # Fine-tuned long enough that `dbn status`, one call a second or two on a busy machine, sees the link
+    # while the job runs (with 4 epochs it once ended between two calls, 2026-12-07).
+    path = yarn_job(tmp_path, yarn, server, "yarn-tracked", "tracked-on-yarn", "yarn-digits",
+                    finetune_epochs=DETACHED_FINETUNE_EPOCHS)
     assert main(["submit", str(path), "--quiet"]) == 0
     app_id = capsys.readouterr().out.strip().splitlines()[-1]
     shown = set()
@@ -203,7 +207,7 @@ def test_a_detached_yarn_job_is_recorded_by_its_master_and_status_shows_the_run(
     for layer in (0, 1):
         history = client.get_metric_history(run_id, f"pretrain.layer{layer}.reconstruction_error")
         assert sorted(m.step for m in history) == list(range(PRETRAIN_EPOCHS)), history
-    assert len(client.get_metric_history(run_id, "finetune.train_error")) == FINETUNE_EPOCHS
+    assert len(client.get_metric_history(run_id, "finetune.train_error")) == DETACHED_FINETUNE_EPOCHS
     link = f"{server.uri}/#/experiments/{found.info.experiment_id}/runs/{run_id}"
     assert shown == {f"mlflow run: {link}"}, shown
     logged = [json.loads(line) for line in yarn.hadoop.run("hdfs", "dfs", "-cat", "/user/test/tracked-on-yarn/log.jsonl")

@@ -33,7 +33,10 @@ BATCH_METRICS = 500
 FINISH_WAIT_S = 60.0
 #: MLflow's client settings for the tracking thread, unless the user set them: a down server is
 #: said after one try, not after minutes of retries, and the client prints nothing
-CLIENT_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+# No retries, and a timeout the sending thread can afford (the run never waits on it): a busy server
+# answered the run's creation in over 10 s on a loaded 2-core machine (2026-12-07), and a run whose
+# creation fails records nothing.
+CLIENT_ENV = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "30",
               "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}  # the run's output is the run's
 #: a step record's figures that become metrics (the rest of a record says where it is)
 METRICS = ("reconstruction_error", "train_error", "valid_error", "loss", "seconds", "sync_seconds",
