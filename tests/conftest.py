@@ -197,10 +197,12 @@ def pytest_itemcollected(item):
     scheduling.mark(item)
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m and -k deselect any
 def pytest_collection_modifyitems(config, items):
     """On xdist workers, the groups first (tests/scheduling.py); in one process, the collection's order."""
     import scheduling
 
+    scheduling.note_collected(items)
     if hasattr(config, "workerinput"):
         scheduling.order(items)
 
