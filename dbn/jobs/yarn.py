@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -42,8 +43,9 @@ from .memory_plan import plan as plan_memory
 from .spec import JobSpec
 from .tracking import master_settings
 
-#: Where submissions keep their job files and packed environments.
-CACHE = Path.home() / ".cache" / "dbn-yarn"
+#: Where submissions keep their job files and packed environments: the user's cache folder
+#: (``$XDG_CACHE_HOME``, else ``~/.cache``), as pip and the test tools use it.
+CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dbn-yarn"
 
 
 @dataclass
