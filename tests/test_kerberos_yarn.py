@@ -27,7 +27,7 @@ import skein
 
 from dbn.cli import main
 from iterreduce.storage.filesystems import KEYTAB_LOGIN_VARS
-from yarnjobs import Yarn, job_file, shared_driver, upload
+from yarnjobs import Yarn, job_file, shared_driver, shipped_job, upload
 
 pytestmark = [pytest.mark.kerberos, pytest.mark.yarn, pytest.mark.hdfs,
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -288,9 +288,7 @@ def test_a_job_submitted_with_a_keytab_outlives_its_delegation_tokens(short_live
 
     started = time.monotonic()
     app_id = submit(capsys, str(path), *keytab)
-    from dbn.jobs.yarn import CACHE
-
-    shipped = json.loads(max((CACHE / "submissions").glob("*/job.json"), key=lambda p: p.stat().st_mtime).read_text())
+    shipped = shipped_job(output)
     assert shipped["slots"] and all(s["host"] for s in shipped["slots"]), shipped["slots"]  # fsck, with the keytab's ticket
     with skein.Client(principal=cluster.principal, keytab=str(cluster.user_keytab)) as client:
         yarn = Yarn(cluster, client)

@@ -6,7 +6,6 @@ NodeManager or its DataNode lost while a job trains."""
 from __future__ import annotations
 
 import contextlib
-import json
 import sys
 import threading
 import time
@@ -18,7 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from yarnjobs import KEEP_CLUSTERS, N_FEATURES, job_file, shared_driver, started
+from yarnjobs import KEEP_CLUSTERS, N_FEATURES, job_file, shared_driver, shipped_job, started
 from dbn import DBN
 from dbn.cli import main
 from iterreduce.launch.yarn import client as yarn_client
@@ -127,9 +126,7 @@ def test_workers_run_where_their_shards_are_and_say_so(yarn, tmp_path, capsys):
         ("worker_registered", f"worker-{k}") for k in range(3)], events  # none lost or restarted
     print("placements:", [(r["worker"], r["host"], r["local"]) for r in events])
     assert {r["host"] for r in events} == containers, events
-    from dbn.jobs.yarn import CACHE
-
-    shipped = json.loads(max((CACHE / "submissions").glob("*/job.json"), key=lambda p: p.stat().st_mtime).read_text())
+    shipped = shipped_job(output)
     assert all(s["bytes_on"][s["host"]] == s["bytes"] > 0 for s in shipped["slots"]), shipped["slots"]
     # Issue 40's bar: at least 90 % of each worker's bytes local, as YARN placed the containers.
     assert [r["local"] for r in events] == [1.0] * 3 and [r["host"] for r in events] == [
@@ -244,9 +241,7 @@ def test_a_lost_nodemanager_restarts_its_worker_elsewhere_and_the_model_matches_
     logs = yarn.node_logs(app_id, tail=10**6)
     assert f"no container on its data's node after {LOCALITY_WAIT} s; asked for one on any node instead" in logs
     first = {r["worker"].split("#")[0]: r for r in reversed(records) if r.get("event") == "worker_registered"}
-    from dbn.jobs.yarn import CACHE
-
-    shipped = json.loads(max((CACHE / "submissions").glob("*/job.json"), key=lambda p: p.stat().st_mtime).read_text())
+    shipped = shipped_job(output)
     print("first placements:", {name: (r["host"], r.get("local")) for name, r in first.items()},
           "asked:", shipped["slots"])
     # Issue 40's bar on a table: its shares were cut by where the files are, and each worker ran on

@@ -192,10 +192,11 @@ def test_a_detached_yarn_job_is_recorded_by_its_master_and_status_shows_the_run(
                     finetune_epochs=DETACHED_FINETUNE_EPOCHS)
     assert main(["submit", str(path), "--quiet"]) == 0
     app_id = capsys.readouterr().out.strip().splitlines()[-1]
-    shown = set()
+    shown, said = set(), []
     deadline = time.monotonic() + 300
     while (st := yarn_client.status(yarn.client, app_id)).state not in yarn_client.TERMINAL_STATES:
         assert time.monotonic() < deadline, st.describe()
+        said.append(f"{time.monotonic():.1f}: {st.describe()}")
         shown |= {line.strip() for line in st.describe().splitlines() if line.strip().startswith("mlflow run:")}
         time.sleep(0.5)
     assert st.final_status == "SUCCEEDED", st.describe()
@@ -209,7 +210,7 @@ def test_a_detached_yarn_job_is_recorded_by_its_master_and_status_shows_the_run(
         assert sorted(m.step for m in history) == list(range(PRETRAIN_EPOCHS)), history
     assert len(client.get_metric_history(run_id, "finetune.train_error")) == DETACHED_FINETUNE_EPOCHS
     link = f"{server.uri}/#/experiments/{found.info.experiment_id}/runs/{run_id}"
-    assert shown == {f"mlflow run: {link}"}, shown
+    assert shown == {f"mlflow run: {link}"}, (shown, said[-4:])  # what status said last, while it ran
     logged = [json.loads(line) for line in yarn.hadoop.run("hdfs", "dfs", "-cat", "/user/test/tracked-on-yarn/log.jsonl")
               .stdout.splitlines()]
     assert [r["links"] for r in logged if r.get("event") == "links"] == [{"mlflow_run": link}]

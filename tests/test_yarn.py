@@ -26,7 +26,7 @@ import pytest
 import skein
 
 from browser import console_errors, needs_browser, start_browser, wait_for
-from yarnjobs import N_FEATURES, TERMINAL, job_file, shared_driver, upload
+from yarnjobs import N_FEATURES, TERMINAL, job_file, shared_driver, shipped_job, upload
 from dbn import DBN
 from dbn.cli import main
 from iterreduce.launch.yarn import KV_ADDRESS
@@ -167,14 +167,6 @@ def test_the_run_path_on_yarn_tests_the_model_and_writes_the_report_locally(yarn
 # earlier submission's checkpoint of the same job, here its last: it trained nothing.
 
 
-def newest_job_file() -> dict:
-    """The job file ``dbn submit`` just wrote and shipped."""
-    from dbn.jobs.yarn import CACHE
-
-    path = max((CACHE / "submissions").glob("*/job.json"), key=lambda p: p.stat().st_mtime)
-    return json.loads(path.read_text())
-
-
 def plant_another_submissions_checkpoint(job: dict, tmp_path) -> tuple[str, str]:
     """A checkpoint of the very same job, as an earlier submission into that output folder would
     have left it, at the job's last step; returns (its URI, the job's fingerprint)."""
@@ -196,7 +188,7 @@ def test_a_new_attempt_never_resumes_another_submissions_checkpoint_of_the_same_
                                                                                     capsys):
     output = yarn.hadoop.uri("/user/test/own-checkpoints")
     app_id = submit(capsys, job_file(tmp_path, output, env=env_archive, epochs=6))
-    planted, _ = plant_another_submissions_checkpoint(newest_job_file(), tmp_path)
+    planted, _ = plant_another_submissions_checkpoint(shipped_job(output), tmp_path)
     # Kill the first attempt as early as it can be seen: before its first checkpoint.
     am_container = f"container_{app_id.removeprefix('application_')}_01_000001"
     deadline = time.monotonic() + 120

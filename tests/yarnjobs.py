@@ -157,6 +157,21 @@ device = "cpu"
     return str(path)
 
 
+def shipped_job(output: str) -> dict:
+    """The job file ``dbn submit`` wrote and shipped for the newest submission whose output folder is
+    ``output``: not merely the newest in the cache, which the submissions of tests on other xdist
+    workers share."""
+    from dbn.jobs.yarn import CACHE
+
+    mine = []
+    for path in (CACHE / "submissions").glob("*/job.json"):
+        job = json.loads(path.read_text())
+        if job["spec"]["output"]["dir"] == output:
+            mine.append((path.stat().st_mtime, job))
+    assert mine, f"no job file in {CACHE / 'submissions'} writes to {output}"
+    return max(mine, key=lambda found: found[0])[1]
+
+
 def upload(fs, local: Path, remote: str) -> None:
     """Copy the folder ``local`` to ``remote`` on HDFS, as it is (side files included)."""
     for path in sorted(local.rglob("*")):
