@@ -100,3 +100,24 @@ def test_the_cluster_stops_itself_when_the_process_that_started_it_dies(tmp_path
         assert time.monotonic() < deadline, f"still running after the starter died: {processes_of(directory)}"
         time.sleep(0.5)
     shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.mark.parametrize("order", ["old-first", "new-first"])
+def test_a_hosts_state_is_its_newest_nodemanagers_whatever_order_yarn_lists_them_in(monkeypatch, order):
+    """A NodeManager started again on a host is a new node at the ResourceManager: the old one stays
+    listed beside it, SHUTDOWN or LOST. The host's state is the live one's."""
+    import io
+    import json
+    import urllib.request
+
+    from minihadoop import MiniHadoop
+
+    nodes = [{"nodeHostName": "127.0.0.2", "state": "SHUTDOWN"}, {"nodeHostName": "127.0.0.2", "state": "DECOMMISSIONING"},
+             {"nodeHostName": "127.0.0.3", "state": "LOST"}, {"nodeHostName": "127.0.0.4", "state": "RUNNING"}]
+    if order == "new-first":
+        nodes = [nodes[1], nodes[0], *nodes[2:]]
+    monkeypatch.setattr(urllib.request, "urlopen",
+                        lambda url, timeout: io.BytesIO(json.dumps({"nodes": {"node": nodes}}).encode()))
+    cluster = MiniHadoop(nodes=3)
+    cluster.rm_web = "rm:8088"
+    assert cluster.node_states() == {"127.0.0.2": "DECOMMISSIONING", "127.0.0.3": "LOST", "127.0.0.4": "RUNNING"}
