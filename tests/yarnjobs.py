@@ -165,8 +165,8 @@ def shipped_job(output: str) -> dict:
 
     mine = []
     for path in (CACHE / "submissions").glob("*/job.json"):
-        job = json.loads(path.read_text())
-        if job["spec"]["output"]["dir"] == output:
+        job = json.loads(path.read_text())  # other commands' job files (dbn score's) hold no job spec
+        if ((job.get("spec") or {}).get("output") or {}).get("dir") == output:
             mine.append((path.stat().st_mtime, job))
     assert mine, f"no job file in {CACHE / 'submissions'} writes to {output}"
     return max(mine, key=lambda found: found[0])[1]
