@@ -15,6 +15,7 @@ drills that bounds the suite's time never waits behind short tests.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -105,7 +106,6 @@ def read_slow(path: Path = SLOW_LIST) -> frozenset[str]:
     return frozenset(ids)
 
 
-_SLOW: frozenset[str] | None = None
 #: Every test id this process collected, before any was deselected (:func:`note_collected`).
 COLLECTED: set[str] = set()
 
@@ -118,11 +118,14 @@ def note_collected(items) -> None:
 def is_quick(item, group: str | None) -> bool:
     """Whether ``item`` belongs to the quick tier (``pytest -m quick``): no heavy marker, no cluster,
     not measured slow (:data:`SLOW_LIST`)."""
-    global _SLOW
-    if _SLOW is None:
-        _SLOW = read_slow()
     return (not any(item.get_closest_marker(name) for name in HEAVY_MARKS)
-            and group not in _CLUSTER_ORDER and _base_id(item.nodeid) not in _SLOW)
+            and group not in _CLUSTER_ORDER and _base_id(item.nodeid) not in _slow())
+
+
+@functools.cache
+def _slow() -> frozenset[str]:
+    """:data:`SLOW_LIST` read once a process."""
+    return read_slow()
 
 
 def _base_id(node_id: str) -> str:

@@ -67,11 +67,12 @@ def test_the_worker_count_is_twice_the_cores_or_the_environments(monkeypatch):
 
 def test_a_test_measured_slow_leaves_the_quick_tier(monkeypatch):
     item = Item({})
-    monkeypatch.setattr(scheduling, "_SLOW", frozenset({item.nodeid}))
+    slow = frozenset({item.nodeid})
+    monkeypatch.setattr(scheduling, "_slow", lambda: slow)
     assert not scheduling.is_quick(item, None)
     item.nodeid += "@tests/test_x.py"  # as xdist renames a grouped test
     assert not scheduling.is_quick(item, None)
-    monkeypatch.setattr(scheduling, "_SLOW", frozenset())
+    monkeypatch.setattr(scheduling, "_slow", frozenset)
     assert scheduling.is_quick(item, None)
 
 
