@@ -22,6 +22,7 @@ import time
 import numpy as np
 
 from iterreduce.storage import runlog
+from threadwatch import NewThreads
 from iterreduce.webui import ViewServer
 
 LOOPBACK, OTHER_LOOPBACK = "127.0.0.1", "127.0.0.2"
@@ -131,13 +132,6 @@ def get_page_within(port: int, seconds: float, source: str = LOOPBACK) -> tuple[
     return status, time.monotonic() - start
 
 
-def wait_for_threads(count: int, seconds: float = 10.0) -> int:
-    end = time.monotonic() + seconds
-    while threading.active_count() > count and time.monotonic() < end:
-        time.sleep(0.05)
-    return threading.active_count()
-
-
 def test_slow_clients_beyond_the_thread_cap_are_closed_at_their_deadline_and_a_reader_gets_the_page(tmp_path):
     """Twice the cap of slow clients, each trickling a head that would take far longer than the
     deadline (but never silent for the idle timeout): the first ``cap`` are answered 408 and closed
@@ -146,7 +140,7 @@ def test_slow_clients_beyond_the_thread_cap_are_closed_at_their_deadline_and_a_r
     cap, deadline = 4, 1.5
     server = ViewServer(small_log(tmp_path), job={"name": "j"}, max_connections=cap, idle_timeout=30.0,
                         request_timeout=deadline, max_per_address=cap)
-    baseline = threading.active_count()
+    started = NewThreads()
     server.start()
     slow = None
     try:
@@ -167,7 +161,7 @@ def test_slow_clients_beyond_the_thread_cap_are_closed_at_their_deadline_and_a_r
                 assert slow.answers[i] == b"", slow.answers[i]
         for i in refused:
             assert slow.closed_after[i] is not None and slow.closed_after[i] < deadline, (i, slow.closed_after[i])
-        assert wait_for_threads(baseline + 1) == baseline + 1  # serve_forever's thread alone
+        assert started.settle(1) == 1, started.alive()  # serve_forever's thread alone
     finally:
         if slow is not None:
             slow.close()

@@ -5,7 +5,6 @@ rows in every minibatch, the same blocks through every layer."""
 
 from __future__ import annotations
 
-import threading
 
 import numpy as np
 import pytest
@@ -18,6 +17,7 @@ from iterreduce.storage.rowfile import RowFile, prefetch
 from shardio import shards as shards_module
 from shardio.readers import read_shard, spill_shard
 from shardio.shards import as_float32, write_shards
+from threadwatch import NewThreads
 
 DBN_PROGRAM = "dbn.jobs.dbn_program:DBNProgram"
 
@@ -83,11 +83,11 @@ def test_prefetch_yields_in_order_and_raises_the_producers_error():
 
 
 def test_an_abandoned_prefetch_stops_its_thread():
-    before = threading.active_count()
+    started = NewThreads()
     items = prefetch(iter(range(10_000)), depth=2)
-    assert next(items) == 0
+    assert next(items) == 0 and started.count() == 1  # the prefetch's own thread
     items.close()  # the consumer stops early (e.g. an error in training)
-    assert threading.active_count() == before
+    assert started.count() == 0, started.alive()
 
 
 # ----------------------------------------------------------- spilled shards

@@ -25,6 +25,7 @@ from iterreduce.storage import runlog
 from iterreduce.webui import ViewServer, png, snapshot
 from iterreduce.webui.server import to_json_bytes
 from shardio.shards import write_shards
+from threadwatch import NewThreads
 
 # ------------------------------------------------------------------ helpers
 
@@ -331,7 +332,7 @@ def test_idle_connections_hold_at_most_the_cap_of_threads_and_are_closed_after_t
     once idle for ``idle_timeout`` seconds; the page still answers meanwhile and after."""
     cap, idle = 8, 6.0  # longer than SYN retries (1 s, 3 s) of connections past the backlog
     server = ViewServer(small_log(tmp_path), job={"name": "j"}, max_connections=cap, idle_timeout=idle)
-    baseline = threading.active_count()
+    started = NewThreads()
     server.start()
     conns = []
     try:
@@ -339,7 +340,7 @@ def test_idle_connections_hold_at_most_the_cap_of_threads_and_are_closed_after_t
             conns.append(socket.create_connection(("127.0.0.1", server.port), timeout=idle + 10))
         opened = time.monotonic()
         time.sleep(0.5)
-        assert threading.active_count() <= baseline + 1 + cap  # serve_forever's thread and the cap
+        assert started.count() <= 1 + cap, started.alive()  # serve_forever's thread and the cap
         answers = []
         for conn in conns:  # each is answered 503 at once, or served and closed once idle for `idle` s
             answer = b""
@@ -351,10 +352,7 @@ def test_idle_connections_hold_at_most_the_cap_of_threads_and_are_closed_after_t
         # while the 200 are still being accepted, on a loaded machine, may serve a few more).
         refused = sum(a.startswith(b"HTTP/1.1 503 ") for a in answers)
         assert refused + answers.count(b"") == 200 and 200 - 2 * cap <= refused <= 200 - cap
-        deadline = time.monotonic() + 5
-        while threading.active_count() > baseline + 1 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert threading.active_count() == baseline + 1
+        assert started.settle(1, seconds=5) == 1, started.alive()
         assert ask(server.port, "/api/state")[0] == 200
     finally:
         for conn in conns:
