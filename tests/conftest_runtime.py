@@ -60,6 +60,24 @@ class SlowSoftmaxWorker(SoftmaxWorker):
         return super().run(step, parameters, shard, seed)
 
 
+class LateLinkSoftmax(SoftmaxRegression):
+    """Softmax whose link (a tracking server's run, say) becomes known only once the master has
+    written the last step's record: a slow tracking server's case."""
+
+    LINK = {"run": "http://tracking.invalid/runs/1"}
+
+    def __init__(self, config):
+        super().__init__(config)
+        self._last_step_seen = False
+
+    def observe(self, record):
+        if record.get("step") == record.get("of", 0) - 1:
+            self._last_step_seen = True
+
+    def links(self):
+        return dict(self.LINK) if self._last_step_seen else {}
+
+
 def __getattr__(name):
     """The slow DBN classes, built on first use so a softmax process never imports ``dbn``."""
     if name not in ("SlowDBNProgram", "SlowDBNWorker"):

@@ -11,8 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from conftest_runtime import (DELAY_ENV, SLOW_SOFTMAX, SOFTMAX, InProcessJob, blobs, events, load_npz, records,
-                              simulate)
+from conftest_runtime import (DELAY_ENV, SLOW_SOFTMAX, SOFTMAX, InProcessJob, blobs, events, load_npz, read_log,
+                              records, simulate)
 from iterreduce.master import checkpoint
 from iterreduce.proto import iterreduce_pb2 as pb
 from iterreduce.transport import wire
@@ -263,6 +263,25 @@ def test_wrongly_shaped_update_is_rejected(jobs, tmp_path):
         assert exc.code() == grpc.StatusCode.INVALID_ARGUMENT
     else:
         assert not reply.accepted
+
+
+def test_the_listeners_see_every_record_and_a_link_found_after_the_last_step(jobs, tmp_path):
+    """A listener (YARN's reporter) is told each record as the log holds it, events too, so a link
+    the program comes to know after the last step still reaches it (it waited for a next step)."""
+    from conftest_runtime import LateLinkSoftmax
+
+    job = make_job(jobs, tmp_path, workers=1, program="conftest_runtime:LateLinkSoftmax",
+                   program_config={"n_classes": 3, "epochs": 2})
+    heard = []
+    job.master.listeners.append(heard.append)
+    job.add_worker("worker-0")
+    job.start().wait()
+    logged = read_log(tmp_path / "out")
+    assert heard == logged[len(logged) - len(heard):]  # the records since it listened, in the log's order
+    steps = [r for r in heard if "step" in r]
+    links = [r for r in heard if r.get("event") == "links"]
+    assert steps and links == [r for r in logged if r.get("event") == "links"]
+    assert [r["links"] for r in links] == [LateLinkSoftmax.LINK] and heard.index(links[0]) > heard.index(steps[-1])
 
 
 def test_softmax_job_on_list_typed_shards(jobs, tmp_path):

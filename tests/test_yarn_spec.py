@@ -466,3 +466,22 @@ def test_yarns_refusal_of_a_submission_is_one_line_naming_the_reason():
     assert java_reason(said) == ("Queue root.small already has 0 applications, cannot accept submission of "
                                  "application: application_1_0001")
     assert java_reason("plain words") == "plain words" and java_reason("") == ""
+
+
+def test_the_master_reports_each_steps_progress_and_the_links_once_logged_and_nothing_for_other_events():
+    from types import SimpleNamespace
+
+    from iterreduce.launch.yarn import KV_LINKS, KV_PROGRESS
+    from iterreduce.launch.yarn.container import _report
+    from iterreduce.storage import runlog
+
+    progress, kv = [], {}
+    app = SimpleNamespace(set_progress=progress.append, kv=kv)
+    _report(app, runlog.event_record("data", shards=2, rows=10))
+    assert progress == [] and kv == {}
+    step = runlog.step_record(1, 4, "train", {"loss": 0.5}, shards=2, shards_total=2, seconds=1.0,
+                              compute_seconds=0.5, reduce_seconds=0.1)
+    _report(app, step)
+    assert progress == [0.5] and json.loads(kv[KV_PROGRESS]) == step and KV_LINKS not in kv
+    _report(app, runlog.event_record("links", links={"mlflow_run": "http://m/#/runs/1"}))  # after the last step too
+    assert json.loads(kv[KV_LINKS]) == {"mlflow_run": "http://m/#/runs/1"} and progress == [0.5]

@@ -107,6 +107,9 @@ class Master:
         self.failure: Exception | None = None  # bad data a worker reports, or a launcher's error: ends the job
         self._ahead_since: float | None = None   # when the workers could start the step they ran ahead to
         self.links: dict[str, str] = {}  # where the job is shown beyond its page (Program.links), as logged
+        # Called with each record the master writes, a step's progress or an event (e.g. to report
+        # progress and links to YARN); added before the job starts.
+        self.listeners: list = []
         self._log = runlog.RunLog(runlog.log_path(self.out))
         # Before any worker starts: refuse data the program cannot use, and log what it found.
         facts = self.program.check_shards(self.shards)  # its "rows" win: a program may read them (a filter)
@@ -118,8 +121,6 @@ class Master:
                      "heartbeats a second)", config.workers, self.heartbeat_interval, self.heartbeat_timeout,
                      HEARTBEATS_PER_S)
             self._event("heartbeat", interval=self.heartbeat_interval, timeout=self.heartbeat_timeout)
-        # Called with each superstep's progress record (e.g. to report progress to YARN).
-        self.listeners: list = []
         self.view: ViewServer | None = None      # the live page, while serving
         # The live page's path secret (None: none); set where a proxy alone is told it (on YARN).
         self.view_secret: str | None = None
@@ -171,8 +172,11 @@ class Master:
         self._observe(self._log.event(event, **fields))
 
     def _observe(self, record: dict) -> None:
-        """The program sees each record written; links it has come to know are logged once each."""
+        """The program and the listeners see each record written, in the log's order; links the
+        program has come to know are logged once each, as an event of their own."""
         self.program.observe(record)
+        for listener in self.listeners:
+            listener(record)
         links = self.program.links()
         if links and links != self.links:
             self.links = dict(links)
@@ -379,8 +383,6 @@ class Master:
             seconds=elapsed, compute_seconds=compute, reduce_seconds=evaluated - reduce_start, reducers=reducers,
             compute_seconds_min=fastest, updates=len(updates) - sum(len(u.combined) for u in updates)))
         self._observe(record)
-        for listener in self.listeners:
-            listener(record)
 
     def _peer_reduce(self, step) -> bool:
         """Whether the workers may reduce this step's updates (see :mod:`iterreduce.transport.exchange`)."""

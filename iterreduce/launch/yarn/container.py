@@ -44,6 +44,7 @@ from ...exceptions import STOPPED_ON_BAD_DATA, DataError, JobFailed
 from ...master.config import MasterConfig
 from ...master.master import JOB_ERRORS, Master
 from ...program import reader_of
+from ...storage import runlog
 from ...storage.filesystems import filesystem, join, open_output_file
 from ...transport.security import TlsCredentials, from_skein, new_token
 from ...worker.worker import Worker
@@ -148,7 +149,7 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
         config = master_config(job, local_out, new_token(), restart=attempt > 1, run_id=app.id or "")
         master = Master(config)
         master.view_secret = new_token()  # told to skein's proxy alone (register_page), never logged
-        master.listeners.append(lambda record: _report(app, record, master.links))
+        master.listeners.append(lambda record: _report(app, record))
 
         def publish(address: str) -> None:
             app.kv[KV_TOKEN] = config.token.encode()
@@ -243,13 +244,15 @@ def _max_attempts(app) -> int:
         return 1
 
 
-def _report(app, record: dict, links: dict[str, str]) -> None:
-    """Progress to YARN (the RM's progress bar), the newest record and the job's links for `status`."""
+def _report(app, record: dict) -> None:
+    """A step's progress to YARN (the RM's progress bar) and its record, and the job's links as soon
+    as the master logs them, for `dbn status`; other events are the log's alone."""
     try:
-        app.set_progress(min(1.0, (record["step"] + 1) / record["of"]))
-        app.kv[KV_PROGRESS] = json.dumps(record).encode()
-        if links:
-            app.kv[KV_LINKS] = json.dumps(links).encode()
+        if runlog.is_progress(record):
+            app.set_progress(min(1.0, (record["step"] + 1) / record["of"]))
+            app.kv[KV_PROGRESS] = json.dumps(record).encode()
+        elif record.get("event") == "links":
+            app.kv[KV_LINKS] = json.dumps(record["links"]).encode()
     except Exception as exc:  # noqa: BLE001 - progress is informative; never fail the job for it
         log.warning("could not report progress: %s", exc)
 
