@@ -22,7 +22,9 @@ import sys, time
 import numpy as np
 sys.path.insert(0, sys.argv[1])
 from dbn.model.backend import get_backend
+from dbn.model import kernels
 from dbn.model.network import Network
+kernels.load()  # the fused passes from the start (a process loads them after enough work otherwise)
 rng = np.random.default_rng(0)
 sizes = [784, 500, 500, 2000, 10]
 weights = [(0.1 * rng.standard_normal((a, b))).astype(np.float32) for a, b in zip(sizes, sizes[1:])]
@@ -42,7 +44,9 @@ CHILD_RBM = r'''
 import sys, time
 import numpy as np
 sys.path.insert(0, sys.argv[1])
+from dbn.model import kernels
 from dbn.model.rbm import RBM
+kernels.load()  # the fused passes from the start (a process loads them after enough work otherwise)
 n_visible, n_hidden = map(int, sys.argv[3].split("x"))
 rows = int(sys.argv[2])
 X = (np.random.default_rng(0).random((rows, n_visible)) < 0.3).astype(np.float32)

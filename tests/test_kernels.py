@@ -11,7 +11,14 @@ from dbn.model import kernels
 from dbn.model.backend import Backend
 from dbn.model.rbm import RBM
 
-pytestmark = pytest.mark.skipif(kernels.kernels() is None, reason="numba is not installed")
+pytestmark = pytest.mark.skipif(kernels.load() is None, reason="numba is not installed")
+
+
+@pytest.fixture(autouse=True)
+def compiled():
+    """The kernels loaded, whatever work this process did before (a process loads them only once it
+    has done enough in NumPy's expressions): these tests compare them with those expressions."""
+    assert kernels.load() is not None and kernels.kernels() is kernels.load()
 
 
 def _awkward_values(rng, n):
@@ -152,14 +159,14 @@ def _example_arguments(name: str) -> tuple:
             "sigmoid_backward": (a, b, c, f32(2), f32(1)), "uniform_from_bits": (np.ones(n, np.uint32), a)}[name]
 
 
-@pytest.mark.parametrize("name", sorted(kernels.kernels() or {}))
+@pytest.mark.parametrize("name", sorted(kernels.load() or {}))
 def test_every_float32_kernel_compiles_to_a_vector_loop(name):
     """The kernels exist to make one pass in SIMD registers; a branch or a Python-level check in a
     loop body silently makes it scalar. Recompiled uncached (numba cannot show cached code)."""
     numba = pytest.importorskip("numba")
     import re
 
-    fresh = numba.njit(error_model="numpy", nogil=True)(kernels.kernels()[name].py_func)
+    fresh = numba.njit(error_model="numpy", nogil=True)(kernels.load()[name].py_func)
     fresh(*_example_arguments(name))
     llvm_ir = next(iter(fresh.inspect_llvm().values()))
     assert re.search(r"<(4|8|16) x float>", llvm_ir), f"{name} has no vector loop over float32"
@@ -186,7 +193,7 @@ def test_every_kernel_loads_from_the_disk_cache_in_the_next_process(tmp_path):
     import subprocess
     import sys
 
-    child = f"from dbn.model import kernels\nimport numpy as np\n{inspect.getsource(_call_every_kernel)}\n_call_every_kernel()"
+    child = f"from dbn.model import kernels\nimport numpy as np\n{inspect.getsource(_call_every_kernel)}\nkernels.load()\n_call_every_kernel()"
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path), NUMBA_DEBUG_CACHE="1")
 
     def run() -> str:
@@ -196,7 +203,50 @@ def test_every_kernel_loads_from_the_disk_cache_in_the_next_process(tmp_path):
         return done.stdout
 
     first, second = run(), run()
-    n = len(kernels.kernels())
+    n = len(kernels.load())
     assert first.count("data saved") == n
     assert second.count("data loaded") == n and "data saved" not in second, second
     assert len(list(tmp_path.rglob("*.nbc"))) == n
+
+
+#: A child that fits a small DBN (dropout on, so every kernel is met) with the kernels loaded after
+#: ``argv[1]`` elements of NumPy's passes, and says whether numba was loaded, how many elements NumPy's
+#: expressions took and the digest of the model's arrays.
+FIT_CHILD = """
+import hashlib, json, sys
+import numpy as np
+from dbn.model import kernels
+kernels.LOAD_AFTER_ELEMENTS = float(sys.argv[1])
+from dbn import DBN
+rng = np.random.default_rng(0)
+X = rng.random((300, 20), dtype=np.float32)
+y = (X[:, :4].sum(axis=1) > 2).astype(np.int64)
+model = DBN([16, 8], pretrain_epochs=2, finetune_epochs=2, pretrain_batch_size=10, finetune_batch_size=10,
+            dropout=0.5, input_dropout=0.2, device="cpu", seed=3).fit(X, y)
+digest = hashlib.sha256()
+for name, array in sorted(model.get_state().items()):
+    digest.update(name.encode() + np.ascontiguousarray(array).tobytes())
+print(json.dumps({"numba": "numba" in sys.modules, "elements": kernels._numpy_elements, "digest": digest.hexdigest()}))
+"""
+
+
+def test_a_short_fit_never_loads_numba_and_one_that_loads_it_early_or_midway_learns_the_same_bits():
+    """The kernels are loaded only once a process has done :data:`~dbn.model.kernels.LOAD_AFTER_ELEMENTS`
+    of work in NumPy's expressions (a job's short processes never pay numba's load); whenever that
+    happens, before the first pass or between two, the model is the same bits."""
+    import json
+    import subprocess
+    import sys
+
+    def fit(load_after) -> dict:
+        done = subprocess.run([sys.executable, "-c", FIT_CHILD, str(load_after)], capture_output=True, text=True,
+                              timeout=300, cwd=Path(__file__).resolve().parents[1])
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.splitlines()[-1])
+
+    short = fit(kernels.LOAD_AFTER_ELEMENTS)
+    assert not short["numba"] and 0 < short["elements"] < kernels.LOAD_AFTER_ELEMENTS
+    at_once, midway = fit(0), fit(short["elements"] // 2)
+    assert at_once["numba"] and at_once["elements"] < short["elements"] // 100  # the first pass loaded them
+    assert midway["numba"] and short["elements"] // 2 <= midway["elements"] < short["elements"]
+    assert short["digest"] == at_once["digest"] == midway["digest"]

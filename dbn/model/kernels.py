@@ -3,7 +3,8 @@
 At batch 100 the products of a training step are small, and the passes between them
 (the sigmoids, the momentum update) cost as much as a quarter of the step when each
 is a chain of NumPy ufuncs on one core. These kernels fuse each chain into one loop,
-compiled with numba on first use and cached on disk.
+compiled with numba and cached on disk, and loaded once a process has done enough work
+to repay their load (:data:`LOAD_AFTER_ELEMENTS`; before, NumPy's expressions give the same bits).
 
 Exact arithmetic: no fast-math, so every element gets the same IEEE operations in the
 same order whether the compiled loop handles it in its vector body or its scalar tail.
@@ -134,9 +135,32 @@ def _compile():
 _kernels: dict | None = None
 _sig = None  # the element sigmoid the float32 kernels inline (set by _compile)
 
+#: Loading numba and the kernels from its cache costs a process about half a second of CPU, which
+#: a short job or a small prediction never earns back. So a process does the passes in NumPy's
+#: expressions (the same bits) until it has passed this many elements through them, and loads
+#: the kernels then: a long job pays at most the load's cost again in slower passes (ski rental).
+#: Measured (2026-12-07, the 2-core VM, one thread): the load 0.45-0.5 s; a fit of 10,000 rows of 196
+#: features, [256, 256], 3 + 3 epochs passed 1.1e8 elements and took about 0.5 s more in NumPy's
+#: expressions than in the kernels, so the two cost the same near 1e8 elements.
+LOAD_AFTER_ELEMENTS = 100_000_000
+_numpy_elements = 0  # elements passed through NumPy's expressions so far (a lost update between threads only delays)
 
-def kernels() -> dict | None:
-    """The compiled kernels by name (compiled on the first call), or None without numba."""
+
+def kernels(elements: int = 0) -> dict | None:
+    """The compiled kernels by name, or None where NumPy's expressions do the passes: before this
+    process has passed :data:`LOAD_AFTER_ELEMENTS` through them (``elements``: those of the pass
+    asking, counted when NumPy's take it), or without numba."""
+    global _numpy_elements
+    if _kernels is None:
+        _numpy_elements += elements
+        if _numpy_elements < LOAD_AFTER_ELEMENTS:
+            return None
+    return load()
+
+
+def load() -> dict | None:
+    """The compiled kernels by name, loaded now (compiled where numba's disk cache has none), or
+    None without numba."""
     global _kernels
     if _kernels is None:
         _kernels = _compile() or {}
@@ -144,17 +168,18 @@ def kernels() -> dict | None:
 
 
 def fusable(*arrays) -> bool:
-    """True when the kernels can take these arrays: NumPy, C-contiguous, all float32 or all float64."""
+    """True when the kernels can take these arrays (NumPy, C-contiguous, all float32 or all float64)
+    and are loaded or now worth loading (:func:`kernels`)."""
     dtype = arrays[0].dtype
     return all(isinstance(a, np.ndarray) and a.flags.c_contiguous and a.dtype == dtype for a in arrays) \
-        and dtype in (np.float32, np.float64) and kernels() is not None
+        and dtype in (np.float32, np.float64) and kernels(arrays[0].size) is not None
 
 
 def sigmoid_(x: np.ndarray, bias: np.ndarray | None = None) -> np.ndarray:
     """In place on a C-contiguous float32 NumPy array: ``x = sigmoid(x + bias)``, ``bias``
     (optional) broadcast along the last axis; returns ``x``. float64 uses :func:`sigmoid_exact`."""
-    k = kernels()
-    if x.dtype != _f32 or k is None or not x.flags.c_contiguous:
+    k = kernels(x.size) if x.dtype == _f32 and x.flags.c_contiguous else None
+    if k is None:
         if bias is not None:
             x += bias
         if x.dtype == _f32:
@@ -234,8 +259,8 @@ def uniform_float32_(bit_generator, out: np.ndarray) -> np.ndarray:
     ``Generator.random(dtype=float32)`` here. An odd count leaves the last half unused."""
     flat = out.reshape(-1)
     bits = bit_generator.random_raw((flat.size + 1) // 2).view(np.uint32)
-    k = kernels()
-    if k is None or not out.flags.c_contiguous:
+    k = kernels(flat.size) if out.flags.c_contiguous else None
+    if k is None:
         flat[...] = (bits[:flat.size] >> np.uint32(8)).astype(_f32) * _f32(2.0 ** -24)
         return out
     k["uniform_from_bits"](bits, flat)
