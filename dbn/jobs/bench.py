@@ -40,7 +40,7 @@ from iterreduce import THREAD_VARS
 from iterreduce.process import stopping
 
 from ..errors import BackendError
-from ..model import flops
+from ..model import flops, kernels
 from ..model.backend import Backend
 from ..model.network import Network
 from ..model.rbm import RBM
@@ -99,6 +99,7 @@ class _Trainer:
             self.model = Network(weights, [np.zeros(b, np.float32) for b in sizes[1:]], be)
             self.X, self.y = be.asarray(X), be.asarray(y, dtype=np.int64)
         self.backend = getattr(self.model, "backend", None)
+        kernels.load()  # a training job's speed: the fused passes a long job loads within its first epoch
         self.run(0.0)  # warm-up: buffers, compiled kernels, first products
 
     def _chunk(self) -> int:
