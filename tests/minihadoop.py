@@ -85,8 +85,9 @@ def java_home() -> str:
 
 def cache_dir() -> Path:
     """Where :func:`ensure_jars` keeps the jars."""
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "dbn-yarn" / f"hadoop-{HADOOP_VERSION}"
+    from dbn.user_cache import cache_dir as user_cache
+
+    return user_cache(f"hadoop-{HADOOP_VERSION}")
 
 
 def ensure_jars() -> Path:

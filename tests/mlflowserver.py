@@ -22,6 +22,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from dbn.user_cache import cache_dir
+
 #: The server environment's pins (locks/lock.py makes them with the test lock's mlflow-skinny version).
 SERVER_LOCK = Path(__file__).resolve().parents[1] / "locks" / "mlflow-server.txt"
 
@@ -50,8 +52,7 @@ def server_executable() -> Path:
         return Path(given)
     version = mlflow_version()
     lock_key = hashlib.sha256(SERVER_LOCK.read_bytes()).hexdigest()[:12]
-    venv = (Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dbn-yarn"
-            / f"mlflow-server-{version}-{lock_key}")
+    venv = cache_dir(f"mlflow-server-{version}-{lock_key}")
     executable, stamp = venv / "bin" / "mlflow", venv / ".complete"
     venv.parent.mkdir(parents=True, exist_ok=True)
     with open(venv.parent / f".mlflow-server-{version}.lock", "w") as lock:

@@ -161,14 +161,15 @@ def shipped_job(output: str) -> dict:
     """The job file ``dbn submit`` wrote and shipped for the newest submission whose output folder is
     ``output``: not merely the newest in the cache, which the submissions of tests on other xdist
     workers share."""
-    from dbn.jobs.yarn import CACHE
+    from dbn.jobs.yarn import SUBMISSIONS
+    from dbn.user_cache import cache_dir
 
     mine = []
-    for path in (CACHE / "submissions").glob("*/job.json"):
+    for path in cache_dir(SUBMISSIONS).glob("*/job.json"):
         job = json.loads(path.read_text())  # other commands' job files (dbn score's) hold no job spec
         if ((job.get("spec") or {}).get("output") or {}).get("dir") == output:
             mine.append((path.stat().st_mtime, job))
-    assert mine, f"no job file in {CACHE / 'submissions'} writes to {output}"
+    assert mine, f"no job file in {cache_dir(SUBMISSIONS)} writes to {output}"
     return max(mine, key=lambda found: found[0])[1]
 
 

@@ -32,7 +32,9 @@ from pathlib import Path
 from typing import Iterable, NamedTuple
 
 import numpy as np
+
 from ..errors import MnistError
+from ..user_cache import cache_home
 
 __all__ = [
     "DEFAULT_MIRRORS",
@@ -174,9 +176,7 @@ def read_idx(path: str | os.PathLike) -> np.ndarray:
 
 def default_cache_dir() -> Path:
     """``$XDG_CACHE_HOME/dbn/mnist``, or ``~/.cache/dbn/mnist`` when that is unset."""
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
-    return base / "dbn" / "mnist"
+    return cache_home() / "dbn" / "mnist"  # before the project's own folder was named: kept where users have it
 
 
 def _has_all_files(d: Path) -> bool:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass
@@ -41,11 +40,12 @@ from ..data.validation import counted
 from ..errors import ConfigError, UsageError
 from .memory_plan import plan as plan_memory
 from .spec import JobSpec
+from ..user_cache import cache_dir
 from .tracking import master_settings
 
-#: Where submissions keep their job files and packed environments: the user's cache folder
-#: (``$XDG_CACHE_HOME``, else ``~/.cache``), as pip and the test tools use it.
-CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dbn-yarn"
+#: The cache's folder of submissions' job files (each in a folder of its own).
+SUBMISSIONS = "submissions"
+
 
 
 @dataclass
@@ -167,7 +167,7 @@ def write_job_file(name: str, job: dict) -> Path:
     the cache; returns its path."""
     text = json.dumps(job, indent=2)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    job_file = CACHE / "submissions" / f"{name}-{stamp}-{hashlib.sha256(text.encode()).hexdigest()[:8]}" / "job.json"
+    job_file = cache_dir(SUBMISSIONS) / f"{name}-{stamp}-{hashlib.sha256(text.encode()).hexdigest()[:8]}" / "job.json"
     job_file.parent.mkdir(parents=True, exist_ok=True)
     job_file.write_text(text)
     return job_file
@@ -178,7 +178,7 @@ def ship_environment(opts: YarnOptions, *, dry_run: bool = False, log=print) -> 
     in the cache) and ship it (``dry_run``: only name the archive)."""
     if opts.python or opts.env_archive:
         return
-    archive = CACHE / "environments" / f"{hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]}.tar.gz"
+    archive = cache_dir("environments") / f"{hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]}.tar.gz"
     if not dry_run:
         log(f"packing this Python environment ({sys.prefix}) into {archive}")
         pack_environment(str(archive), require=("iterreduce", "shardio", "dbn"))
