@@ -24,7 +24,7 @@ from dbn.jobs.spec import load_spec  # noqa: E402
 from dbn.jobs.tracking import MlflowTracker, metrics_of, params_of, tracker_for  # noqa: E402
 
 PRETRAIN_EPOCHS, FINETUNE_EPOCHS = 3, 4
-DETACHED_FINETUNE_EPOCHS = 30
+DETACHED_FINETUNE_EPOCHS = 12
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +111,51 @@ def test_no_server_at_all_is_said_once_and_the_run_ends_as_usual(tmp_path):
     assert len([w for w in said if "MLflow tracking" in str(w.message)]) == 1
 
 
+def test_a_run_made_at_submission_is_the_one_the_master_records_into_its_link_known_at_once(server, tmp_path):
+    """`dbn submit` makes the run (begin_master_run), so the master's tracker knows its link before its
+    own client has started; the master records into it (no second run); a job file's run id that is not
+    one submit writes is refused with a warning (the master makes its own), and an unreachable server
+    leaves the settings as they were, said once."""
+    from mlflowserver import free_port
+
+    from dbn.jobs.tracking import abandon_master_run, begin_master_run, master_tracker
+
+    settings = {"uri": server.uri, "experiment": "made-at-submission", "model_name": None, "name": "early",
+                "params": {"model.hidden_layers": "[4]"}}
+    said = []
+    made = begin_master_run(settings, log=said.append)
+    client = mlflow.tracking.MlflowClient(server.uri)
+    experiment = client.get_experiment_by_name("made-at-submission")
+    assert made["link"] == f"{server.uri}/#/experiments/{experiment.experiment_id}/runs/{made['run_id']}"
+    assert said == [f"MLflow run: {made['link']}"]
+    tracker = master_tracker(made)
+    assert tracker.link == made["link"]  # before its thread has sent anything
+    tracker.record({"step": 0, "of": 1, "phase": "finetune", "epoch": 0, "train_error": 0.25})
+    tracker.finish(None, tmp_path)
+    (found,) = client.search_runs([experiment.experiment_id])
+    assert found.info.run_id == made["run_id"] and found.data.params == {"model.hidden_layers": "[4]"}
+    assert found.info.status == "FINISHED"
+    assert [m.value for m in client.get_metric_history(made["run_id"], "finetune.train_error")] == [0.25]
+
+    with pytest.warns(UserWarning, match="not one dbn submit writes"):
+        forged = master_tracker({**made, "run_id": "../../x"})
+    assert forged.link is None and forged._run_id is None
+    forged._queue.put(tracking_end())
+
+    nowhere = {**settings, "uri": f"http://127.0.0.1:{free_port()}"}
+    told = []
+    assert begin_master_run(nowhere, log=told.append) == nowhere and len(told) == 1 and "could not be made" in told[0]
+    again = begin_master_run({**settings, "name": "never-submitted"}, log=lambda _: None)
+    abandon_master_run(again)
+    assert client.get_run(again["run_id"]).info.status == "FAILED"
+
+
+def tracking_end():
+    from dbn.jobs import tracking
+
+    return tracking._END
+
+
 def test_a_model_name_without_a_tracking_server_is_refused_before_the_run(tmp_path, monkeypatch):
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     spec = job(tmp_path, "unnamed", 'model_name = "x"')
@@ -186,8 +231,9 @@ def test_a_detached_yarn_job_is_recorded_by_its_master_and_status_shows_the_run(
     from dbn.cli import main
     from iterreduce.launch.yarn import client as yarn_client
 
-    # Fine-tuned long enough that `dbn status`, one call a second or two on a busy machine, sees the link
-    # while the job runs (with 4 epochs it once ended between two calls, 2026-12-07).
+    # Fine-tuned long enough that `dbn status`, one call a second or two on a busy machine, sees the job
+    # run (with 4 epochs it once ended between two calls, 2026-12-07). `dbn submit` makes the run, so its
+    # link is there from the master's start (the master's own client once took longer than the job).
     path = yarn_job(tmp_path, yarn, server, "yarn-tracked", "tracked-on-yarn", "yarn-digits",
                     finetune_epochs=DETACHED_FINETUNE_EPOCHS)
     assert main(["submit", str(path), "--quiet"]) == 0
@@ -211,6 +257,8 @@ def test_a_detached_yarn_job_is_recorded_by_its_master_and_status_shows_the_run(
     assert len(client.get_metric_history(run_id, "finetune.train_error")) == DETACHED_FINETUNE_EPOCHS
     link = f"{server.uri}/#/experiments/{found.info.experiment_id}/runs/{run_id}"
     assert shown == {f"mlflow run: {link}"}, (shown, said[-4:])  # what status said last, while it ran
+    stepping = [line for line in said if "superstep" in line]
+    assert stepping and all(f"mlflow run: {link}" in line for line in stepping), stepping[:2]  # from the first step
     logged = [json.loads(line) for line in yarn.hadoop.run("hdfs", "dfs", "-cat", "/user/test/tracked-on-yarn/log.jsonl")
               .stdout.splitlines()]
     assert [r["links"] for r in logged if r.get("event") == "links"] == [{"mlflow_run": link}]

@@ -110,9 +110,62 @@ def master_settings(spec) -> dict | None:
             "name": spec.job.name or "dbn", "params": params_of(spec.to_dict())}
 
 
+def begin_master_run(settings: dict, log=print) -> dict:
+    """``settings`` (:func:`master_settings`) with their run made on the tracking server now, by the
+    submitting process (``run_id`` and ``link``): the master then records into it, and its link is
+    known from the job's first record (the master's own client may take longer to start than a short
+    job runs, on a busy machine). Where the server cannot be reached now: ``settings`` as given, said
+    in ``log``, and the master makes the run."""
+    from mlflow.tracking import MlflowClient
+
+    for key, value in CLIENT_ENV.items():
+        os.environ.setdefault(key, value)
+    try:
+        client = MlflowClient(tracking_uri=settings["uri"])
+        run_id, link = _new_run(client, settings["uri"], settings["experiment"], settings["name"])
+    except Exception as exc:  # noqa: BLE001 - the master tries again; the submission goes on
+        log(f"MLflow tracking: the run could not be made before the job starts ({type(exc).__name__}); "
+            f"its application master makes it")
+        return settings
+    log(f"MLflow run: {link}")
+    return {**settings, "run_id": run_id, "link": link}
+
+
+def abandon_master_run(settings: dict | None) -> None:
+    """Mark the run :func:`begin_master_run` made FAILED: its job was never submitted."""
+    if not (settings and settings.get("run_id")):
+        return
+    from mlflow.tracking import MlflowClient
+
+    with contextlib.suppress(Exception):  # the submission's own error is the one to say
+        MlflowClient(tracking_uri=settings["uri"]).set_terminated(settings["run_id"], "FAILED")
+
+
+def _new_run(client, uri: str, experiment: str, name: str) -> tuple[str, str]:
+    """A new run named ``name`` in ``experiment`` (made when missing): its id and its page's link."""
+    found = client.get_experiment_by_name(experiment)
+    experiment_id = found.experiment_id if found is not None else client.create_experiment(experiment)
+    run = client.create_run(experiment_id, run_name=name, tags={"dbn-yarn.job": name})
+    return run.info.run_id, f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run.info.run_id}"
+
+
+def _made_run(settings: dict) -> tuple[str, str] | None:
+    """The (run id, link) of a run :func:`begin_master_run` made, from the job file; None for none."""
+    run_id, link = settings.get("run_id"), settings.get("link")
+    if run_id is None:
+        return None
+    if not (isinstance(run_id, str) and run_id.isalnum() and isinstance(link, str)
+            and link.startswith(("http://", "https://"))):
+        warnings.warn(f"MLflow tracking: the job file's run_id {str(run_id)[:40]!r} or its link is not one dbn "
+                      f"submit writes; the master makes a run of its own", stacklevel=2)
+        return None
+    return run_id, link
+
+
 def master_tracker(settings: dict | None) -> Tracker:
     """The tracker a master builds from :func:`master_settings` (none without them, or where mlflow
-    cannot be imported: said once, as a warning; the job goes on), its run begun."""
+    cannot be imported: said once, as a warning; the job goes on), its run begun (or taken up, where
+    the submission made it: :func:`begin_master_run`)."""
     if not settings:
         return Tracker()
     if importlib.util.find_spec("mlflow") is None:
@@ -120,7 +173,7 @@ def master_tracker(settings: dict | None) -> Tracker:
                       f"goes on untracked", stacklevel=2)
         return Tracker()
     tracker = MlflowTracker(settings["uri"], experiment=settings["experiment"], model_name=settings.get("model_name"))
-    tracker.begin(settings["name"], settings["params"])
+    tracker.begin(settings["name"], settings["params"], made=_made_run(settings))
     return tracker
 
 
@@ -164,13 +217,18 @@ class MlflowTracker(Tracker):
     def start(self, spec, out: Path) -> None:
         self.begin(spec.job.name or "dbn", params_of(spec.to_dict()))
 
-    def begin(self, name: str, params: dict[str, str]) -> None:
-        """The run begins, named ``name``, with the job's settings as ``params``."""
+    def begin(self, name: str, params: dict[str, str], made: tuple[str, str] | None = None) -> None:
+        """The run begins, named ``name``, with the job's settings as ``params``; ``made``: the
+        (run id, link) of a run made already, recorded into (its link known at once)."""
         for key, value in CLIENT_ENV.items():
             os.environ.setdefault(key, value)
         mlflow_log = logging.getLogger("mlflow")  # its client's notes ("View run at ...") are not the run's
         mlflow_log.setLevel(max(mlflow_log.getEffectiveLevel(), logging.WARNING))
-        self._put(("start", name, params))
+        if made is None:
+            self._put(("start", name, params))
+        else:
+            self._run_id, self.link = made
+            self._put(("params", params))
         self._thread = threading.Thread(target=self._send_all, name="mlflow-tracking", daemon=True)
         self._thread.start()
 
@@ -232,13 +290,12 @@ class MlflowTracker(Tracker):
                 self._warn(f"{type(exc).__name__}: {str(exc)[:300]}")
 
     def _send_start(self, client, name: str, params: dict) -> None:
+        self._run_id, self.link = _new_run(client, self.uri, self.experiment, name)
+        self._send_params(client, params)
+
+    def _send_params(self, client, params: dict) -> None:
         from mlflow.entities import Param
 
-        found = client.get_experiment_by_name(self.experiment)
-        experiment_id = found.experiment_id if found is not None else client.create_experiment(self.experiment)
-        run = client.create_run(experiment_id, run_name=name, tags={"dbn-yarn.job": name})
-        self._run_id = run.info.run_id
-        self.link = f"{self.uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{self._run_id}"
         items = [Param(key, value) for key, value in sorted(params.items())]
         for first in range(0, len(items), 100):  # MLflow takes 100 parameters a call
             client.log_batch(self._run_id, params=items[first:first + 100])

@@ -41,7 +41,7 @@ from ..errors import ConfigError, UsageError
 from .memory_plan import plan as plan_memory
 from .spec import JobSpec
 from ..user_cache import cache_dir
-from .tracking import master_settings
+from .tracking import abandon_master_run, begin_master_run, master_settings
 
 #: The cache's folder of submissions' job files (each in a folder of its own).
 SUBMISSIONS = "submissions"
@@ -140,12 +140,12 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
     master["workers"] = opts.workers  # the containers started (fewer where the shards are fewer)
     master["min_workers"] = min(master["min_workers"], opts.workers)
     del master["token"]  # each application master attempt makes its own
+    ship_environment(opts, dry_run=dry_run, log=log)
     tracked = master_settings(cfg)  # the application master records the run: it runs on when nobody waits
-    if tracked:
-        master["program_config"]["mlflow"] = tracked
+    if tracked:  # made now where it can be, so that its link is known from the job's start
+        master["program_config"]["mlflow"] = tracked if dry_run else begin_master_run(tracked, log)
     job = {"master": master, "slots": placed, "spec": cfg.to_dict()}
     job_file = write_job_file(cfg.job.name, job)
-    ship_environment(opts, dry_run=dry_run, log=log)
     spec = build_spec(f"dbn-{cfg.job.name}", str(job_file), opts, device=cfg.job.device)
     return Submission(spec, job, job_file)
 
@@ -229,11 +229,14 @@ def submit(cfg: JobSpec, *, log=print, overwrite: bool = False):
     shared_uri("[output] dir (or --out)", cfg.output.dir)
     client = yarn.connect(cfg.yarn.principal, cfg.yarn.keytab)
     lock = claim_remote_output(cfg, running=lambda held: holder_running(client, held), overwrite=overwrite, log=log)
+    submission = None
     try:
         submission = prepare(cfg, log=log)
         app_id, url = yarn.submit(client, submission.spec)
     except BaseException:
         lock.release()
+        if submission is not None:  # its run was made for a job that never started
+            abandon_master_run(submission.job["master"]["program_config"].get("mlflow"))
         raise
     lock.name_holder(app_id=app_id)
     if cfg.yarn.priority:  # the job runs whatever comes of it: said either way

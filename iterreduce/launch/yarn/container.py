@@ -150,6 +150,8 @@ def run_master(job_file: str, app: skein.ApplicationClient) -> int:
         master = Master(config)
         master.view_secret = new_token()  # told to skein's proxy alone (register_page), never logged
         master.listeners.append(lambda record: _report(app, record))
+        if master.links:  # known already while the master started (a run made at submission): said now
+            _report(app, runlog.event_record("links", links=master.links))
 
         def publish(address: str) -> None:
             app.kv[KV_TOKEN] = config.token.encode()
