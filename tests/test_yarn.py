@@ -101,6 +101,7 @@ def test_submit_from_a_packed_virtualenv_trains_with_data_and_model_on_hdfs(yarn
     with venv-pack, starts skein's driver itself; the NodeManager localizes the archive."""
     output = yarn.hadoop.uri("/user/test/packed")
     env = {**os.environ, "HOME": str(tmp_path / "home")}  # dbn's caches (job files, archive) go here
+    env.pop("XDG_CACHE_HOME", None)  # ... under HOME, also where the suite runs with a cache folder of its own
     env.pop("ITERREDUCE_SKEIN_DRIVER")  # a driver of its own, as for a user
     env.pop("PYTHONPATH", None)  # the suite's (this checkout): the venv's dbn imports what it installed
     done = subprocess.run([str(venv / "bin" / "dbn"), "submit", job_file(tmp_path, output), "--wait"],
