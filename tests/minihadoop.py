@@ -11,7 +11,8 @@ the NodeManager starts containers as real processes. Nothing is built:
   ``bin/`` with ``yarn`` and ``hdfs`` scripts, so that skein's own Java driver
   (which runs ``yarn classpath --glob``) and a person's ``yarn logs`` work unmodified.
 
-The cluster has log aggregation on and declares ``yarn.io/gpu`` as a countable
+The cluster has log aggregation on (the nodes keep their copy of a finished application's logs
+while the cluster lives) and declares ``yarn.io/gpu`` as a countable
 resource with ``gpus`` units on the NodeManager (no GPU is used: YARN only counts them).
 
 By hand, for a person who wants to try ``dbn submit`` without a cluster::
@@ -206,6 +207,9 @@ def _script(name: str, java: str, conf: Path, jars: Path, java_options: list[str
 
 #: The ResourceManager's exclude file (yarn.resourcemanager.nodes.exclude-path), in the configuration folder.
 EXCLUDE_FILE = "excluded-nodes"
+#: How long a NodeManager keeps what it would delete (a finished application's logs and files): longer
+#: than a suite runs.
+KEEP_NODE_FILES_S = 4 * 3600
 #: Seconds after which a silent NodeManager is lost to the ResourceManager, and (about) a silent
 #: DataNode dead to the NameNode, on a multi-node cluster (production: 10 minutes each).
 NODE_EXPIRY_S = 15
@@ -477,6 +481,10 @@ class MiniHadoop:
             "yarn.nodemanager.vmem-check-enabled": "false",  # virtual memory means little on 64-bit Linux
             "yarn.nodemanager.disk-health-checker.max-disk-utilization-per-disk-percentage": 100,
             "yarn.log-aggregation-enable": "true",
+            # Aggregation deletes a finished application's container logs from its nodes a moment
+            # after its end, where the tests read them (Yarn.node_logs): keep them as long as a
+            # cluster of the suite lives (the folder goes with the cluster).
+            "yarn.nodemanager.delete.debug-delay-sec": KEEP_NODE_FILES_S,
             "yarn.nodemanager.admin-env": ",".join(f"{k}={v}" for k, v in self._container_env().items()),
             # The hosts an administrator takes out (decommission): none until decommission() names one.
             "yarn.resourcemanager.nodes.exclude-path": str(self.conf_dir / EXCLUDE_FILE),

@@ -27,6 +27,30 @@ def test_the_scripts_answer_what_skein_and_a_person_ask(hadoop):
     assert unknown.returncode == 1 and "yarn top: not available in this MiniHadoop" in unknown.stderr
 
 
+def test_a_finished_applications_container_logs_stay_readable_on_its_node_after_aggregation(hadoop, tmp_path):
+    """YARN aggregates a finished application's container logs to HDFS and then deletes them from
+    the node; the tests read them from the node (Yarn.node_logs) after the end: the cluster keeps
+    them (CI once saw "(no container logs)" where a drill asserted its master's message)."""
+    from pyarrow import fs as pafs
+
+    from yarnjobs import shared_driver
+
+    marker = f"logged-by-{tmp_path.name}"
+    with shared_driver(hadoop, tmp_path / "skein") as yarn:
+        spec = skein.ApplicationSpec(name="echo", master=skein.Master(
+            resources=skein.Resources(memory="256 MiB", vcores=1), script=f"echo {marker}"))
+        app_id = yarn.client.submit(spec)
+        assert str(yarn.wait(app_id, timeout=120).final_status) == "SUCCEEDED"
+        deadline = time.monotonic() + 60
+        while not (aggregated := [info.path for info in hadoop.fs().get_file_info(
+                pafs.FileSelector("/tmp/logs", recursive=True)) if f"/{app_id}/" in info.path
+                and info.type == pafs.FileType.File and not info.path.endswith(".tmp")]):
+            assert time.monotonic() < deadline, f"{app_id}'s logs not aggregated to /tmp/logs after 60 s"
+            time.sleep(0.5)
+        time.sleep(2)  # where the node would delete them: just after the upload
+        assert marker in yarn.node_logs(app_id), (aggregated, yarn.node_logs(app_id))
+
+
 def cmdline(pid: int) -> bytes:
     """A process's command line, or b"" once it has ended (containers' launch scripts come and go)."""
     try:
