@@ -340,7 +340,8 @@ def _command(sub, name: str, parents, help_: str, func, *args) -> argparse.Argum
 
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback on errors")
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the traceback on errors, and the log of the skein driver a command starts")
     job = argparse.ArgumentParser(add_help=False, parents=[common])
     job.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
                      help="override a setting, e.g. --set model.dropout=0.3 (repeatable)")
@@ -497,6 +498,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _show_driver_log() -> None:
+    """``--debug``: the Java log of a skein driver this command starts, on stderr (without it, kept
+    in memory for an error's message only)."""
+    import logging
+
+    from iterreduce.launch.yarn.client import DRIVER_LOGGER
+
+    log = logging.getLogger(DRIVER_LOGGER)
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("skein driver: %(message)s"))
+        log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+
+
 def main(argv=None) -> int:
     """Run the command line; returns the exit status (0 ok, 1 job failed, 2 bad input, 130 Ctrl-C)."""
     parser = build_parser()
@@ -508,6 +525,8 @@ def main(argv=None) -> int:
         parser.print_help(sys.stderr)
         return EXIT_ERROR
     debug = getattr(args, "debug", False)
+    if debug:
+        _show_driver_log()
     try:
         return args.func(args)
     except BrokenPipeError:  # e.g. `dbn train --json | head`: stop quietly

@@ -319,6 +319,41 @@ def test_yarn_commands_without_yarn_fail_cleanly_and_write_nothing(tmp_path, com
     assert not (home / ".skein").exists()
 
 
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+def test_a_driver_that_fails_to_start_is_quoted_in_the_error_and_shown_whole_with_debug(tmp_path, debug):
+    """skein's Java driver logs to the terminal unless told otherwise: its log goes to the project's
+    logger, so the terminal shows one error naming the driver's last words (no INFO line of its own),
+    and --debug shows every line it logged."""
+    import os
+
+    home, bin_dir, jdk = tmp_path / "home", tmp_path / "bin", tmp_path / "jdk" / "bin"
+    for folder in (home, bin_dir, jdk):
+        folder.mkdir(parents=True)
+    (bin_dir / "yarn").write_text("#!/bin/sh\necho /nowhere/hadoop.jar\n")  # skein asks for the classpath
+    (jdk / "java").write_text("#!/bin/sh\n" + "".join(
+        f'echo "26/12/07 21:0{k}:00 INFO skein.Driver: noise {k}" >&2\n' for k in range(40))
+        + 'echo "Error: Could not find or load main class com.anaconda.skein.Driver" >&2\nexit 1\n')
+    for script in (bin_dir / "yarn", jdk / "java"):
+        script.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("HADOOP_CONF_DIR", "ITERREDUCE_SKEIN_DRIVER", "SKEIN_CONFIG")}
+    env.update(HOME=str(home), JAVA_HOME=str(jdk.parent),
+               PATH=os.pathsep.join([str(bin_dir), str(Path(sys.executable).parent), "/usr/bin", "/bin"]))
+    proc = subprocess.run([sys.executable, "-m", "dbn.cli", "status", "application_1_1", *(["--debug"] * debug)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == (1 if debug else 2), proc.stderr
+    last_words = "Error: Could not find or load main class com.anaconda.skein.Driver"
+    if debug:  # every line, each once, marked as the driver's; then the traceback
+        shown = [line for line in proc.stderr.splitlines() if line.startswith("skein driver: ")]
+        assert len(shown) == 41 and shown[0].endswith("noise 0") and shown[-1] == f"skein driver: {last_words}"
+        assert "Traceback" in proc.stderr
+    else:
+        message, *quoted = proc.stderr.splitlines()
+        assert message.startswith("dbn: error: cannot reach YARN through skein's driver: Failed to start java process")
+        assert message.endswith("The driver's last words:"), message
+        assert len(quoted) == 30 and quoted[-1] == last_words and quoted[0].endswith("noise 11"), quoted
+    assert not (home / ".skein").exists()
+
+
 @pytest.mark.parametrize("command", ["status", "logs", "kill"])
 @pytest.mark.parametrize("app_id", ["notanid", "application_1", "app_1_2", "application_1_2 "])
 def test_yarn_commands_refuse_what_is_not_an_application_id_before_reaching_yarn(capsys, command, app_id):

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import skein
+from iterreduce.launch.yarn.skein_import import skein
 
 from dbn.cli import main
 

@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
-import skein
+from iterreduce.launch.yarn.skein_import import skein
 
 from dbn.cli import main
 from iterreduce.storage.filesystems import KEYTAB_LOGIN_VARS

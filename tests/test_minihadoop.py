@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-import skein
+from iterreduce.launch.yarn.skein_import import skein
 
 pytestmark = [pytest.mark.yarn, pytest.mark.hdfs]
 
@@ -27,28 +27,63 @@ def test_the_scripts_answer_what_skein_and_a_person_ask(hadoop):
     assert unknown.returncode == 1 and "yarn top: not available in this MiniHadoop" in unknown.stderr
 
 
-def test_a_finished_applications_container_logs_stay_readable_on_its_node_after_aggregation(hadoop, tmp_path):
-    """YARN aggregates a finished application's container logs to HDFS and then deletes them from
-    the node; the tests read them from the node (Yarn.node_logs) after the end: the cluster keeps
-    them (CI once saw "(no container logs)" where a drill asserted its master's message)."""
+@pytest.fixture(scope="module")
+def echo_app(hadoop, tmp_path_factory):
+    """A finished application of the session's cluster whose one container echoed a marker, once
+    YARN has aggregated its logs to HDFS: (its id, the marker, the aggregated files)."""
     from pyarrow import fs as pafs
 
     from yarnjobs import shared_driver
 
-    marker = f"logged-by-{tmp_path.name}"
-    with shared_driver(hadoop, tmp_path / "skein") as yarn:
+    folder = tmp_path_factory.mktemp("echo")
+    marker = f"logged-by-{folder.name}"
+    with shared_driver(hadoop, folder / "skein") as yarn:
         spec = skein.ApplicationSpec(name="echo", master=skein.Master(
             resources=skein.Resources(memory="256 MiB", vcores=1), script=f"echo {marker}"))
         app_id = yarn.client.submit(spec)
         assert str(yarn.wait(app_id, timeout=120).final_status) == "SUCCEEDED"
-        deadline = time.monotonic() + 60
-        while not (aggregated := [info.path for info in hadoop.fs().get_file_info(
-                pafs.FileSelector("/tmp/logs", recursive=True)) if f"/{app_id}/" in info.path
-                and info.type == pafs.FileType.File and not info.path.endswith(".tmp")]):
-            assert time.monotonic() < deadline, f"{app_id}'s logs not aggregated to /tmp/logs after 60 s"
-            time.sleep(0.5)
-        time.sleep(2)  # where the node would delete them: just after the upload
-        assert marker in yarn.node_logs(app_id), (aggregated, yarn.node_logs(app_id))
+    deadline = time.monotonic() + 60
+    while not (aggregated := [info.path for info in hadoop.fs().get_file_info(
+            pafs.FileSelector("/tmp/logs", recursive=True)) if f"/{app_id}/" in info.path
+            and info.type == pafs.FileType.File and not info.path.endswith(".tmp")]):
+        assert time.monotonic() < deadline, f"{app_id}'s logs not aggregated to /tmp/logs after 60 s"
+        time.sleep(0.5)
+    return app_id, marker, aggregated
+
+
+def test_a_finished_applications_container_logs_stay_readable_on_its_node_after_aggregation(hadoop, echo_app):
+    """YARN aggregates a finished application's container logs to HDFS and then deletes them from
+    the node; the tests read them from the node (Yarn.node_logs) after the end: the cluster keeps
+    them (CI once saw "(no container logs)" where a drill asserted its master's message)."""
+    from yarnjobs import Yarn
+
+    app_id, marker, aggregated = echo_app
+    time.sleep(2)  # where the node would delete them: just after the upload
+    logs = Yarn(hadoop, None).node_logs(app_id)
+    assert marker in logs, (aggregated, logs)
+
+
+@pytest.mark.parametrize("debug", [False, True], ids=["plain", "debug"])
+def test_dbn_status_with_a_driver_of_its_own_shows_the_projects_words_only_and_the_drivers_with_debug(
+        hadoop, echo_app, tmp_path, debug):
+    """`dbn status APP` where no skein driver runs starts one: its Java log (INFO and WARN lines of
+    Hadoop's client) stays off the terminal; --debug shows it, each line marked as the driver's."""
+    import subprocess
+    import sys
+
+    app_id = echo_app[0]
+    env = {k: v for k, v in os.environ.items() if k not in ("ITERREDUCE_SKEIN_DRIVER", "SKEIN_CONFIG")}
+    env.update(hadoop.env(), HOME=str(tmp_path))
+    proc = subprocess.run([sys.executable, "-m", "dbn.cli", "status", app_id, *(["--debug"] * debug)],
+                          env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    assert app_id in proc.stdout and "FINISHED" in proc.stdout, proc.stdout
+    if debug:
+        shown = proc.stderr.splitlines()
+        assert shown and all(line.startswith("skein driver: ") for line in shown), proc.stderr
+        assert any(" INFO " in line for line in shown), proc.stderr
+    else:
+        assert proc.stderr == ""
 
 
 def cmdline(pid: int) -> bytes:

@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 import pytest
-import skein
+from iterreduce.launch.yarn.skein_import import skein
 
 from yarnjobs import KEEP_CLUSTERS, job_file, shared_driver, started
 from dbn.cli import main

@@ -12,7 +12,7 @@ import threading
 import grpc
 import numpy as np
 import pytest
-import skein
+from iterreduce.launch.yarn.skein_import import skein
 
 from conftest_runtime import SOFTMAX, blobs, load_npz, records, simulate
 from iterreduce.exceptions import JobFailed

@@ -10,7 +10,7 @@ import stat
 import time
 
 import pytest
-import skein
+from iterreduce.launch.yarn.skein_import import skein
 
 from iterreduce.exceptions import JobFailed
 from iterreduce.launch.yarn import tokens

@@ -23,7 +23,7 @@ import grpc
 import numpy as np
 import pyarrow.fs as pafs
 import pytest
-import skein
+from iterreduce.launch.yarn.skein_import import skein
 
 from browser import console_errors, needs_browser, start_browser, wait_for
 from yarnjobs import N_FEATURES, TERMINAL, job_file, shared_driver, shipped_job, upload

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import pytest
-import skein
+from iterreduce.launch.yarn.skein_import import skein
 
 from dbn.cli import main
 from iterreduce.launch.yarn.appspec import YarnOptions, build_spec

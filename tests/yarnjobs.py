@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-import skein
+from iterreduce.launch.yarn.skein_import import skein
 
 from iterreduce.launch.yarn import KV_PROGRESS
 from iterreduce.launch.yarn import client as yarn_client

@@ -25,12 +25,12 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import pyarrow.fs as pafs
-from skein.model import parse_memory
 
 from iterreduce.exceptions import ForeignFileError, YarnError
 from iterreduce.launch.yarn import locality
 from iterreduce.launch.yarn.appspec import YarnOptions, build_spec
 from iterreduce.launch.yarn.envpack import pack_environment
+from iterreduce.launch.yarn.skein_import import skein
 from iterreduce.storage import ownership
 from iterreduce.storage.filesystems import filesystem, join, open_output_file
 from shardio.readers import list_shards, shard_info
@@ -131,7 +131,7 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
     stream = cfg.cluster.stream == "always"
     if uris:  # the shards are known: check the workers fit their containers, and stream if they must
         stream, _ = plan_memory(shard_info(uris), opts.workers, cfg.model.hidden_layers, choice=cfg.cluster.stream,
-                                budget_bytes=parse_memory(cfg.yarn.worker_memory) * 2**20,
+                                budget_bytes=skein.model.parse_memory(cfg.yarn.worker_memory) * 2**20,
                                 budget_name="[yarn] worker_memory", exchange=cfg.reduce_on(True) == "workers")
         if stream:
             log("the workers' data will not fit their memory: they stream it from local disk")

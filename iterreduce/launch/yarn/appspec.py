@@ -16,7 +16,6 @@ import os
 import shlex
 from dataclasses import dataclass, field
 
-import skein
 import yaml
 
 from ... import LOG_LEVEL_VAR, THREAD_VARS, log_level
@@ -24,6 +23,7 @@ from ...exceptions import AppSpecError
 from . import tokens
 from .envpack import ENV_DIR
 from .relax import SPARE_SERVICE, WAIT_VAR
+from .skein_import import skein
 
 JOB_FILE = "job.json"
 #: Worker slot K's container is asked for as the single container of service ``worker-K``.

@@ -19,22 +19,24 @@ where ``status`` finds them, and removed once ``status`` sees the application en
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import os
 import re
 import shutil
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import skein
 
 from ...exceptions import STOPPED_ON_BAD_DATA, HadoopConfigError
 from ...storage import hadoopconf, kerberos
 from ...storage.filesystems import kerberos_login, keytab_login
 from . import KV_LINKS, KV_PROGRESS, KV_SLOT, KV_UI, KV_WORKERS, KV_WORKERS_ASKED, YarnError
+from .skein_import import skein
 
 
 def _config_dir() -> str:
@@ -62,6 +64,48 @@ def _keep(credentials: skein.Security) -> None:
         pass  # another client saved its own meanwhile; this one's still serve this client
     except OSError as exc:
         logging.getLogger(__name__).warning("cannot save skein's credentials in %s: %s", _config_dir(), exc)
+
+
+#: The logger of a driver started here: its Java log, a line a record at DEBUG (``dbn --debug`` shows
+#: them); a terminal shows the project's own words only.
+DRIVER_LOGGER = "iterreduce.launch.yarn.driver"
+
+
+class DriverLog:
+    """The Java log of a skein driver this process starts, read from a pipe (no file is written):
+    each line goes to :data:`DRIVER_LOGGER` at DEBUG, and the last ones are kept for the message
+    of an error. Give :attr:`path` as skein's ``log``, then call :meth:`started`."""
+
+    LINES_KEPT = 30
+    LINE_BYTES = 8192  # longer lines are cut: the memory kept stays bounded
+
+    def __init__(self):
+        read, self._write = os.pipe()
+        self.path = f"/dev/fd/{self._write}"  # skein opens its log by path
+        self.lines: collections.deque[str] = collections.deque(maxlen=self.LINES_KEPT)
+        self.ended = threading.Event()  # the driver's end of the pipe closed: all its lines are read
+        threading.Thread(target=self._read, args=(read,), name="skein-driver-log", daemon=True).start()
+
+    def started(self) -> None:
+        """Close this process's end: the driver holds its own, and the reader ends with the driver."""
+        if self._write is not None:
+            os.close(self._write)
+            self._write = None
+
+    def _read(self, fd: int) -> None:
+        log = logging.getLogger(DRIVER_LOGGER)
+        try:
+            with open(fd, "rb") as pipe:
+                for raw in iter(lambda: pipe.readline(self.LINE_BYTES), b""):
+                    line = raw.decode(errors="replace").rstrip()
+                    self.lines.append(line)
+                    log.debug("%s", line)
+        finally:
+            self.ended.set()
+
+    def tail(self) -> str:
+        """The last lines the driver logged (joined), or "" when it logged none."""
+        return "\n".join(self.lines)
 
 
 class _Client(skein.Client):
@@ -117,6 +161,7 @@ def _connect(principal: str | None, keytab: str | None) -> skein.Client:
     kerberos_login(principal, keytab)  # HDFS as YARN: with the keytab where one is given
     _java_reads_krb5_config()
     address = os.environ.get("ITERREDUCE_SKEIN_DRIVER")
+    driver_log = None
     hint = "Check that `java` and `yarn` are on PATH and HADOOP_CONF_DIR points at the cluster's configuration"
     try:
         if address:
@@ -131,14 +176,29 @@ def _connect(principal: str | None, keytab: str | None) -> skein.Client:
             raise YarnError(f"cannot reach YARN: {missing}. {hint}, or set ITERREDUCE_SKEIN_DRIVER to a running "
                             f"skein driver's host:port")
         credentials = security()
-        client = _Client(security=credentials, principal=principal, keytab=keytab and str(Path(keytab).expanduser()))
+        driver_log = DriverLog()
+        try:
+            client = _Client(security=credentials, principal=principal,
+                             keytab=keytab and str(Path(keytab).expanduser()), log=driver_log.path)
+        finally:
+            driver_log.started()
         _keep(credentials)
         return client
     except (skein.exceptions.DriverError, ConnectionError, subprocess.CalledProcessError, OSError) as exc:
-        why = kerberos.explain(exc)
+        said = _driver_said(driver_log)
+        why = kerberos.explain(f"{exc}\n{said}")
         if why:
             raise YarnError(f"YARN refused skein's driver: {why}") from exc
-        raise YarnError(f"cannot reach YARN through skein's driver: {str(exc).rstrip('.')}. {hint}") from exc
+        raise YarnError(f"cannot reach YARN through skein's driver: {str(exc).rstrip('.')}. {hint}"
+                        + (f". The driver's last words:\n{said}" if said else "")) from exc
+
+
+def _driver_said(driver_log: DriverLog | None, wait: float = 5.0) -> str:
+    """The tail of a failed driver's log, once its reader has read to the end (at most ``wait`` s)."""
+    if driver_log is None:
+        return ""
+    driver_log.ended.wait(wait)
+    return driver_log.tail()
 
 
 def _check_allowed(client: skein.Client) -> skein.Client:

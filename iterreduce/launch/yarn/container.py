@@ -38,7 +38,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import skein
 
 from ...exceptions import STOPPED_ON_BAD_DATA, DataError, JobFailed
 from ...master.config import MasterConfig
@@ -53,6 +52,7 @@ from .appspec import slot_of
 from .drain import Drainer
 from .keeper import Keeper
 from .relax import SPARE_SERVICE, Relaxer
+from .skein_import import skein
 from .tokens import KV_TOKENS, TokenRefresher, remove_staged_keytab
 from .tokens import follow as follow_tokens
 
