@@ -48,6 +48,12 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 
+# The compatibility tier's wheelhouses (tests/pythons.py): the dependencies' wheels for this machine's other
+# supported Pythons, pinned by the test lock, downloaded once here rather than inside the suite's time.
+if [[ ",$extras," == *",test,"* ]]; then
+  .venv/bin/python tests/pythons.py >/dev/null \
+    || echo "bootstrap: could not fill the other Pythons' wheelhouses: tests/test_pythons.py will try again" >&2
+fi
 # The MLflow tests' tracking server (tests/mlflowserver.py): full mlflow in an environment of its own in the
 # per-user cache, made once here rather than inside the suite's time.
 if [[ ",$extras," == *",test,"* ]]; then

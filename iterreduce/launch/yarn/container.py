@@ -30,6 +30,7 @@ import argparse
 import json
 import logging
 import os
+import platform
 import re
 import shutil
 import socket
@@ -345,6 +346,7 @@ def main(argv=None) -> int:
     ap.add_argument("job", help="the job file shipped with the application")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {args.role} %(levelname)s %(message)s")
+    log.info("Python %s (%s)", platform.python_version(), sys.executable)  # which of the node's Pythons runs
     app = skein.ApplicationClient.from_current()
     if args.role == "master":
         return run_master(args.job, app)
