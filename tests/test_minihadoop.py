@@ -58,7 +58,9 @@ def test_a_finished_applications_container_logs_stay_readable_on_its_node_after_
     from yarnjobs import Yarn
 
     app_id, marker, aggregated = echo_app
-    time.sleep(2)  # where the node would delete them: just after the upload
+    # The node schedules the deletion before it renames the upload into place (seen by echo_app):
+    # without the cluster's keeping, the logs are gone within milliseconds of it.
+    time.sleep(0.5)
     logs = Yarn(hadoop, None).node_logs(app_id)
     assert marker in logs, (aggregated, logs)
 

@@ -50,17 +50,10 @@ def yarn(hadoop, tmp_path_factory):
 @pytest.fixture(scope="module")
 def venv(tmp_path_factory):
     """A real virtual environment with dbn-yarn installed from this checkout (not editable), as a user has."""
-    import shutil
-    import tomllib
+    from pythons import project_source
 
     base = tmp_path_factory.mktemp("venv")
-    source = base / "src"  # a copy, so the build leaves nothing in the checkout
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(REPO / name, source / name)
-    find = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
-    for name in {pattern.rstrip("*") for pattern in find["include"]}:  # the packages the project ships
-        shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    source = project_source(base)  # a copy, so the build leaves nothing in the checkout
     path = base / "env"
     subprocess.run([sys.executable, "-m", "venv", str(path)], check=True)
     done = subprocess.run([str(path / "bin" / "python"), "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
