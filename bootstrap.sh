@@ -54,6 +54,12 @@ if [[ ",$extras," == *",test,"* ]]; then
   .venv/bin/python tests/pythons.py >/dev/null \
     || echo "bootstrap: could not fill the other Pythons' wheelhouses: tests/test_pythons.py will try again" >&2
 fi
+# The jars of the suite's Hadoops (tests/minihadoop.py: 3.5.0 and the older releases of the compatibility
+# tier), fetched by Maven once here rather than inside the suite's time.
+if [[ ",$extras," == *",test,"* ]]; then
+  .venv/bin/python tests/minihadoop.py --fetch-jars >/dev/null \
+    || echo "bootstrap: could not fetch Hadoop's jars: the Hadoop tests will try again" >&2
+fi
 # The MLflow tests' tracking server (tests/mlflowserver.py): full mlflow in an environment of its own in the
 # per-user cache, made once here rather than inside the suite's time.
 if [[ ",$extras," == *",test,"* ]]; then

@@ -49,6 +49,10 @@ POM = HERE / "pom.xml"
 LAUNCHER = HERE / "MiniHadoop.java"
 NODE_LAUNCHER = HERE / "MiniNode.java"
 HADOOP_VERSION = re.search(r"<hadoop.version>([^<]+)<", POM.read_text()).group(1)  # one place: the pom
+#: The older Hadoops the suite also proves a job on (tests/test_hadoop_versions.py): those that users'
+#: clusters run (EMR 6.x and Dataproc 2.1/2.2: 3.3.6; EMR 7.x: 3.4.x). Their jars are cached beside
+#: :data:`HADOOP_VERSION`'s.
+OLDER_VERSIONS = ("3.3.6", "3.4.2")
 JARS_ENV = "DBN_HADOOP_JARS"
 MIN_JAVA = 17
 
@@ -84,15 +88,16 @@ def java_home() -> str:
     return os.environ.get("JAVA_HOME") or str(Path(java).resolve().parents[1])
 
 
-def cache_dir() -> Path:
-    """Where :func:`ensure_jars` keeps the jars."""
+def cache_dir(version: str = HADOOP_VERSION) -> Path:
+    """Where :func:`ensure_jars` keeps the jars of Hadoop ``version``."""
     from dbn.user_cache import cache_dir as user_cache
 
-    return user_cache(f"hadoop-{HADOOP_VERSION}")
+    return user_cache(f"hadoop-{version}")
 
 
-def ensure_jars() -> Path:
-    """The folder of Hadoop jars: ``$DBN_HADOOP_JARS``, or the cache, filled by Maven on first use.
+def ensure_jars(version: str = HADOOP_VERSION) -> Path:
+    """The folder of Hadoop ``version``'s jars: ``$DBN_HADOOP_JARS`` (for :data:`HADOOP_VERSION`
+    only), or the cache, filled by Maven on first use.
 
     Maven copies into a temporary folder that is renamed into place when complete, so an
     interrupted download never leaves a half-filled cache; a file lock keeps parallel
@@ -100,16 +105,17 @@ def ensure_jars() -> Path:
     :class:`HadoopError` (with Maven's output) when the download fails.
     """
     given = os.environ.get(JARS_ENV)
-    if given:
+    if given and version == HADOOP_VERSION:
         jars = Path(given).expanduser()
         if not list(jars.glob("hadoop-minicluster-*.jar")):
             raise HadoopError(f"${JARS_ENV}={jars}: holds no hadoop-minicluster-*.jar")
         return jars
-    return fetch_jars(POM, cache_dir() / "jars")
+    return fetch_jars(POM, cache_dir(version) / "jars", version)
 
 
-def fetch_jars(pom: Path, target: Path) -> Path:
-    """``target``, filled once by Maven with the dependencies of ``pom`` (see :func:`ensure_jars`)."""
+def fetch_jars(pom: Path, target: Path, version: str = HADOOP_VERSION) -> Path:
+    """``target``, filled once by Maven with the dependencies of ``pom`` at ``hadoop.version`` =
+    ``version`` (see :func:`ensure_jars`)."""
     if (target / ".complete").is_file():
         return target
     mvn = shutil.which("mvn")
@@ -123,8 +129,9 @@ def fetch_jars(pom: Path, target: Path) -> Path:
         staged = Path(tempfile.mkdtemp(prefix=".jars-", dir=target.parent))
         started = time.monotonic()
         print(f"fetching the jars of {pom.name} with Maven into {target} (once)", file=sys.stderr)
-        proc = subprocess.run([mvn, "-B", "-q", "-f", str(pom), "dependency:copy-dependencies",
-                               f"-Dhadoop.version={HADOOP_VERSION}", f"-DoutputDirectory={staged}"],
+        older = ["-Dolder.hadoop"] if version in OLDER_VERSIONS else []  # the pom's profile for them
+        proc = subprocess.run([mvn, "-B", "-q", "-f", str(pom), "dependency:copy-dependencies", *older,
+                               f"-Dhadoop.version={version}", f"-DoutputDirectory={staged}"],
                               capture_output=True, text=True)
         if proc.returncode != 0:
             shutil.rmtree(staged, ignore_errors=True)
@@ -219,6 +226,9 @@ NODE_EXPIRY_S = 15
 #: pays back; measured 2026-12-07 (the 2-core VM): a cluster's start 28 -> 14 s of CPU, idle 7.5 -> 3.8 %
 #: of a core.
 LEAN_JAVA = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", "-XX:CICompilerCount=1")
+#: What a Hadoop before 3.5 needs on Java 17 besides: its web apps' Guice makes classes with cglib by
+#: reflection into java.lang, which Java 16+ refuses unless opened (3.5 runs without).
+OLDER_HADOOP_ON_JAVA17 = ("--add-opens=java.base/java.lang=ALL-UNNAMED",)
 
 
 class MiniHadoop:
@@ -231,14 +241,18 @@ class MiniHadoop:
     ``gpus``: ``yarn.io/gpu`` units the (first) NodeManager declares, the others none;
     ``memory_mb``/``vcores``: each NodeManager's capacity for containers; ``conf``: more Hadoop
     settings; ``base_dir``: parent of the cluster's directory; ``keep``: leave that directory (data
-    and logs) after ``stop()``.
+    and logs) after ``stop()``; ``version``: the Hadoop release (:data:`HADOOP_VERSION`, or one of
+    :data:`OLDER_VERSIONS`), whose jars the cluster, its tools and its containers run.
     """
 
     def __init__(self, *, nodes: int = 1, gpus: int = 2, memory_mb: int = 8192, vcores: int = 8, heap: str = "1g",
                  conf: dict[str, object] | None = None, base_dir: str | os.PathLike | None = None,
-                 keep: bool = False, startup_timeout: float = 180.0):
+                 keep: bool = False, startup_timeout: float = 180.0, version: str = HADOOP_VERSION):
         if nodes < 1:
             raise ValueError(f"nodes={nodes}: a cluster has at least one node")
+        if version not in (HADOOP_VERSION, *OLDER_VERSIONS):
+            raise ValueError(f"version={version!r}: the suite's Hadoops are {HADOOP_VERSION}, {', '.join(OLDER_VERSIONS)}")
+        self.version = version
         self.nodes, self.gpus, self.memory_mb, self.vcores, self.heap = nodes, gpus, memory_mb, vcores, heap
         self.extra_conf = dict(conf or {})
         self.base_dir, self.keep, self.startup_timeout = base_dir, keep, startup_timeout
@@ -306,7 +320,7 @@ class MiniHadoop:
         if self._proc is not None:
             raise HadoopError("MiniHadoop already started")
         self._java_home = java_home()
-        jars = ensure_jars()
+        jars = ensure_jars(self.version)
         for attempt in range(1, PORT_TRIES + 1):
             self.dir = Path(tempfile.mkdtemp(prefix="minihadoop-", dir=self.base_dir))
             try:
@@ -449,13 +463,14 @@ class MiniHadoop:
         self.stop()
 
     def __repr__(self) -> str:
-        return f"<MiniHadoop {self.url or 'stopped'} RM {self.rm_address or '-'}>"
+        return f"<MiniHadoop {self.version} {self.url or 'stopped'} RM {self.rm_address or '-'}>"
 
     # -------------------------------------------------------- internals
 
     def _java_options(self) -> list[str]:
-        """The options of every Java the cluster runs (:data:`LEAN_JAVA`; a subclass adds its own)."""
-        return list(LEAN_JAVA)
+        """The options of every Java the cluster runs (:data:`LEAN_JAVA`, and what an older Hadoop needs;
+        a subclass adds its own)."""
+        return [*LEAN_JAVA, *(OLDER_HADOOP_ON_JAVA17 if self.version in OLDER_VERSIONS else ())]
 
     def _container_env(self) -> dict[str, str]:
         """What the NodeManagers set in every container (``yarn.nodemanager.admin-env``): YARN's default,
@@ -638,17 +653,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, default=2, help="yarn.io/gpu units the first node declares (default 2)")
     parser.add_argument("--memory-mb", type=int, default=8192, help="NodeManager memory for containers")
     parser.add_argument("--keep", action="store_true", help="keep the cluster's directory (data, logs)")
+    parser.add_argument("--hadoop", default=HADOOP_VERSION, choices=(HADOOP_VERSION, *OLDER_VERSIONS),
+                        help=f"the Hadoop release (default {HADOOP_VERSION})")
+    parser.add_argument("--fetch-jars", action="store_true",
+                        help="only fetch every suite Hadoop's jars into the cache (bootstrap.sh test), then exit")
     args = parser.parse_args(argv)
+    if args.fetch_jars:
+        try:
+            for version in (HADOOP_VERSION, *OLDER_VERSIONS):
+                print(ensure_jars(version))
+        except HadoopError as exc:
+            print(f"minihadoop: {exc}", file=sys.stderr)
+            return 1
+        return 0
     started = time.monotonic()
     try:
-        cluster = MiniHadoop(nodes=args.nodes, gpus=args.gpus, memory_mb=args.memory_mb, keep=args.keep).start()
+        cluster = MiniHadoop(nodes=args.nodes, gpus=args.gpus, memory_mb=args.memory_mb, keep=args.keep,
+                             version=args.hadoop).start()
     except HadoopError as exc:
         print(f"minihadoop: {exc}", file=sys.stderr)
         return 1
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         env = cluster.env()
-        print(f"Hadoop {HADOOP_VERSION} up in {time.monotonic() - started:.0f} s: HDFS {cluster.url}, "
+        print(f"Hadoop {cluster.version} up in {time.monotonic() - started:.0f} s: HDFS {cluster.url}, "
               f"ResourceManager {cluster.rm_address} (web http://{cluster.rm_web})\nIn another shell:\n"
               f"  export HADOOP_CONF_DIR={env['HADOOP_CONF_DIR']} JAVA_HOME={env['JAVA_HOME']} "
               f"PATH={cluster.bin_dir}:$PATH\n"

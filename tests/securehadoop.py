@@ -64,12 +64,13 @@ def ensure_kdc_jars() -> Path:
     return fetch_jars(KDC_POM, cache_dir() / "minikdc-jars")
 
 
-def secure_io_shim(java_home: str, jars: Path) -> Path:
-    """The folder of the compiled :data:`SECURE_IO_SHIM` (``javac`` once per version of its source)."""
+def secure_io_shim(java_home: str, jars: Path, version: str = HADOOP_VERSION) -> Path:
+    """The folder of the compiled :data:`SECURE_IO_SHIM` (``javac`` once per version of its source and
+    of Hadoop: ``jars`` are Hadoop ``version``'s)."""
     import hashlib
 
     source = SECURE_IO_SHIM.read_bytes()
-    out = cache_dir() / f"secureio-{hashlib.sha256(source).hexdigest()[:12]}"
+    out = cache_dir(version) / f"secureio-{hashlib.sha256(source).hexdigest()[:12]}"
     if (out / "org" / "apache" / "hadoop" / "io" / "SecureIOUtils.class").is_file():
         return out
     javac = Path(java_home) / "bin" / "javac"
@@ -190,7 +191,7 @@ class SecureHadoop(MiniHadoop):
             self.ccache.unlink()
 
     def __repr__(self) -> str:
-        return f"<SecureHadoop {self.url or 'stopped'} RM {self.rm_address or '-'} realm {self.realm or '-'}>"
+        return f"<SecureHadoop {self.version} {self.url or 'stopped'} RM {self.rm_address or '-'} realm {self.realm or '-'}>"
 
     # -------------------------------------------------------- internals
 
@@ -253,7 +254,7 @@ class SecureHadoop(MiniHadoop):
 
     def _cluster_classpath(self, jars: Path) -> str:
         # The stand-in SecureIOUtils before Hadoop's own, in the cluster's JVM alone.
-        return f"{self.conf_dir}:{secure_io_shim(self._java_home, jars)}:{jars}/*"
+        return f"{self.conf_dir}:{secure_io_shim(self._java_home, jars, self.version)}:{jars}/*"
 
     def _start(self, jars: Path) -> None:
         self._java = str(Path(self._java_home) / "bin" / "java")

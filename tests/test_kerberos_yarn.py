@@ -290,7 +290,9 @@ def test_a_job_submitted_with_a_keytab_outlives_its_delegation_tokens(short_live
     app_id = submit(capsys, str(path), *keytab)
     shipped = shipped_job(output)
     assert shipped["slots"] and all(s["host"] for s in shipped["slots"]), shipped["slots"]  # fsck, with the keytab's ticket
-    with skein.Client(principal=cluster.principal, keytab=str(cluster.user_keytab)) as client:
+    # The test's own credentials, named: skein's default is ~/.skein, made there when missing.
+    with skein.Client(principal=cluster.principal, keytab=str(cluster.user_keytab),
+                      security=skein.Security.from_directory(str(security_dir))) as client:
         yarn = Yarn(cluster, client)
         yarn.wait_step(app_id, 2)
         # The keytab is in the application master's container alone.
