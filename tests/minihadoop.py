@@ -192,6 +192,7 @@ _COMMANDS = {
     "hdfs": {"dfs": ("org.apache.hadoop.fs.FsShell", False),
              "fsck": ("org.apache.hadoop.hdfs.tools.DFSck", False),
              "getconf": ("org.apache.hadoop.hdfs.tools.GetConf", False),
+             "haadmin": ("org.apache.hadoop.hdfs.tools.DFSHAAdmin", False),
              "fetchdt": ("org.apache.hadoop.hdfs.tools.DelegationTokenFetcher", False)},
 }
 
@@ -242,14 +243,21 @@ class MiniHadoop:
     ``memory_mb``/``vcores``: each NodeManager's capacity for containers; ``conf``: more Hadoop
     settings; ``base_dir``: parent of the cluster's directory; ``keep``: leave that directory (data
     and logs) after ``stop()``; ``version``: the Hadoop release (:data:`HADOOP_VERSION`, or one of
-    :data:`OLDER_VERSIONS`), whose jars the cluster, its tools and its containers run.
+    :data:`OLDER_VERSIONS`), whose jars the cluster, its tools and its containers run;
+    ``name_service``: HDFS highly available under that name (one node only): two NameNodes, ``nn1``
+    active and ``nn2`` standby, reached as ``hdfs://NAME`` (:attr:`url`); :meth:`fail_over` moves the
+    active role to the standby and stops the old active (once).
     """
 
     def __init__(self, *, nodes: int = 1, gpus: int = 2, memory_mb: int = 8192, vcores: int = 8, heap: str = "1g",
                  conf: dict[str, object] | None = None, base_dir: str | os.PathLike | None = None,
-                 keep: bool = False, startup_timeout: float = 180.0, version: str = HADOOP_VERSION):
+                 keep: bool = False, startup_timeout: float = 180.0, version: str = HADOOP_VERSION,
+                 name_service: str | None = None):
         if nodes < 1:
             raise ValueError(f"nodes={nodes}: a cluster has at least one node")
+        if name_service is not None and (nodes != 1 or not re.fullmatch(r"[a-z][a-z0-9-]*", name_service)):
+            raise ValueError(f"name_service={name_service!r}: a lower-case name, on a cluster of one node")
+        self.name_service = name_service
         if version not in (HADOOP_VERSION, *OLDER_VERSIONS):
             raise ValueError(f"version={version!r}: the suite's Hadoops are {HADOOP_VERSION}, {', '.join(OLDER_VERSIONS)}")
         self.version = version
@@ -292,9 +300,16 @@ class MiniHadoop:
         return self.url + "/" + path.lstrip("/")
 
     def fsspec(self):
-        """An fsspec file system (hdfs-native's, no JVM) on this HDFS."""
+        """An fsspec file system (hdfs-native's, no JVM) on this HDFS (a name service's NameNodes found
+        in the cluster's configuration)."""
         from hdfs_native.fsspec import HdfsFileSystem
 
+        if self.name_service:  # hdfs-native's configuration: the service's keys of the cluster's own
+            from iterreduce.storage.hadoopconf import SITE_FILES, site_settings
+
+            settings = site_settings(self.conf_dir, SITE_FILES)
+            service = {k: v for k, v in settings.items() if k == "dfs.nameservices" or self.name_service in k}
+            return HdfsFileSystem(host=self.name_service, skip_instance_cache=True, **service)
         host, port = self.url.removeprefix("hdfs://").split(":")
         return HdfsFileSystem(host=host, port=int(port), skip_instance_cache=True)
 
@@ -344,6 +359,24 @@ class MiniHadoop:
         proc.wait()
         kill_leftovers(self.dir / "nodes" / str(k))
         self._nodes[k] = None
+
+    def fail_over(self) -> None:
+        """HDFS's active NameNode fails over, as an administrator's ``hdfs haadmin -failover`` followed by
+        the old active's loss: it steps down to standby, the standby becomes active, then the old one
+        is stopped. Returns when done. Once a cluster: then no standby is left (:class:`HadoopError`)."""
+        if not self.name_service:
+            raise HadoopError("fail_over: this cluster's HDFS is not highly available (name_service)")
+        said = re.compile(r"^MiniHadoop: fail over: (done|failed: .*)$", re.MULTILINE)
+        before = len(said.findall(self.log_file.read_text(errors="replace")))
+        self._proc.stdin.write(b"fail over\n")
+        self._proc.stdin.flush()
+        deadline = time.monotonic() + 180
+        while len(answers := said.findall(self.log_file.read_text(errors="replace"))) == before:
+            if time.monotonic() > deadline or self._proc.poll() is not None:
+                raise HadoopError(f"HDFS did not fail over in 180 s:\n{self._tail()}")
+            time.sleep(0.2)
+        if answers[-1] != "done":
+            raise HadoopError(f"HDFS could not fail over: {answers[-1]}\n{self._tail()}")
 
     def stop_nodemanager(self, k: int) -> None:
         """Stop node ``k``'s NodeManager (its containers go with it; it leaves the cluster)."""
@@ -512,6 +545,7 @@ class MiniHadoop:
             # What skein's application master and our containers run Java with.
             "yarn.application.classpath": f"{self.conf_dir},{jars}/*",
             **(self._node_settings() if self.nodes > 1 else {}),
+            **({"minihadoop.ha.nameservice": self.name_service} if self.name_service else {}),
             **self.extra_conf,
         }
 

@@ -26,10 +26,10 @@ _CLUSTER_ORDER = list(dict.fromkeys(CLUSTERS.values()))
 
 #: Module groups that are long drills on a cluster of their own, the longest first (2026-12-06's run:
 #: test_shared 8.4 min, test_multinode 4.5, test_kerberos_yarn's short-lived tokens 3.2; 2026-12-08:
-#: test_hadoop_versions 3.0): they start right after the session clusters', so that none of them ends
+#: test_hadoop_versions 3.0, test_ha_hdfs 1.8): they start right after the session clusters', so that none of them ends
 #: the run alone.
 DRILLS = ["tests/test_shared.py", "tests/test_multinode.py", "tests/test_kerberos_yarn.py",
-          "tests/test_hadoop_versions.py"]
+          "tests/test_hadoop_versions.py", "tests/test_ha_hdfs.py"]
 
 #: Workers for ``-n auto``: more than the cores, since the drills mostly wait; ``DBN_TEST_WORKERS`` overrides.
 WORKERS_PER_CORE = 2

@@ -81,6 +81,20 @@ def test_an_output_that_is_a_file_is_refused_and_left_as_it_was(job, capsys, loc
     assert out.read_bytes() == b"someone's file"
 
 
+@pytest.mark.parametrize("uri", ["hdfs://namenode:8020/user/me/run", "file:///tmp/run", "s3://bucket/run"])
+@pytest.mark.parametrize("local", [(), ("--local", "2", "--no-ui")], ids=["in-process", "local-2"])
+def test_a_run_on_this_machine_refuses_an_output_uri_and_writes_nothing(job, capsys, local, uri, monkeypatch):
+    """A URI taken as a path made a local folder `hdfs:` holding the run (2026-12-08): refused, naming
+    the setting and what to do, before anything is written."""
+    config, _ = job
+    monkeypatch.chdir(config.parent)
+    before = sorted(config.parent.rglob("*"))
+    assert train(config, uri, *local) == 2
+    err = capsys.readouterr().err
+    assert f"[output] dir = {uri!r}: a run on this machine" in err and "dbn submit" in err and "Traceback" not in err
+    assert sorted(config.parent.rglob("*")) == before
+
+
 def test_a_model_without_config_is_another_jobs_run(job, capsys):
     config, out = job
     assert train(config, out) == 0

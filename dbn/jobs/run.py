@@ -124,7 +124,7 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
     """
     check_environment()
     tracker = tracker_for(spec, in_master=launcher.tracks_in_master)  # before anything is written
-    out = Path(launcher.output_dir(spec)).resolve()
+    out = local_folder(launcher.output_dir(spec))
     made = _first_missing(out)
     check_folder(out)
     with ownership.hold(out):  # first: a second run is refused before it reads any data
@@ -253,6 +253,18 @@ def _nothing_but_config(out: Path) -> bool:
     before training failed, say), besides the lock and run record."""
     return all(path in (out / CONFIG_FILE, *(out / name for name in ownership.BOOKKEEPING))
                or path.stat().st_size == 0 for path in out.rglob("*") if path.is_file())
+
+
+def local_folder(where: str) -> Path:
+    """The folder on this machine that a run writes, ``where`` made absolute. A URI (``hdfs://``,
+    ``s3://``, ``file://``) is refused (:class:`UsageError`), before anything is written: a run on
+    this machine writes a local folder, where a URI taken as a path would be a folder named
+    ``hdfs:``; ``dbn submit`` writes a job's output to HDFS."""
+    if "://" in where:
+        raise UsageError(f"[output] dir = {where!r}: a run on this machine (in process or --local) writes a "
+                         f"folder here; give a path (or --out), or run the job on YARN (dbn submit) to write "
+                         f"its output to {where.split('://', 1)[0]}://")
+    return Path(where).resolve()
 
 
 def check_folder(out: Path) -> None:
