@@ -190,6 +190,17 @@ def secure_hadoop(tmp_path_factory):
         yield cluster
 
 
+@pytest.fixture(scope="module")
+def yarn(hadoop, tmp_path_factory):
+    """The session cluster as a module's tests see it (:class:`yarnjobs.Yarn`): its client environment
+    in this process, skein credentials of the module's own, and one skein driver that the in-process
+    CLI calls share. A module with a cluster of its own defines ``yarn`` on that one."""
+    from yarnjobs import shared_driver
+
+    with shared_driver(hadoop, tmp_path_factory.mktemp("skein")) as yarn:
+        yield yarn
+
+
 def pytest_itemcollected(item):
     """Each test in its group (tests/scheduling.py)."""
     import scheduling

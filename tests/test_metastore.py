@@ -236,14 +236,6 @@ def test_a_missing_table_is_named_with_its_metastore(tmp_path, metastore, capsys
     assert not (tmp_path / "out").exists()
 
 
-@pytest.fixture(scope="module")
-def yarn(hadoop, tmp_path_factory):
-    from yarnjobs import shared_driver
-
-    with shared_driver(hadoop, tmp_path_factory.mktemp("skein")) as yarn:
-        yield yarn
-
-
 def test_a_table_by_name_trains_on_its_registered_partitions_on_yarn(tmp_path, metastore, events, yarn):
     """The client asks the metastore and cuts the shares (each piece names its file and partition
     values); the containers read the files, with no metastore of their own."""

@@ -181,14 +181,6 @@ def test_a_step_records_figures_are_keyed_by_phase_and_layer_and_stepped_by_epoc
 # ------------------------------------------------------------------ on YARN: the master records
 
 
-@pytest.fixture(scope="module")
-def yarn(hadoop, tmp_path_factory):
-    from yarnjobs import shared_driver
-
-    with shared_driver(hadoop, tmp_path_factory.mktemp("skein")) as yarn:
-        yield yarn
-
-
 def yarn_job(tmp_path, yarn, server, name: str, folder: str, model_name: str, finetune_epochs: int = FINETUNE_EPOCHS):
     """A small job for the suite's YARN (data on this machine, output on HDFS in ``folder``), tracked on ``server``."""
     rng = np.random.default_rng(4)

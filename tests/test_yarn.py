@@ -26,7 +26,7 @@ import pytest
 from iterreduce.launch.yarn.skein_import import skein
 
 from browser import console_errors, needs_browser, start_browser, wait_for
-from yarnjobs import N_FEATURES, TERMINAL, job_file, shared_driver, shipped_job, upload
+from yarnjobs import N_FEATURES, TERMINAL, job_file, shipped_job, upload
 from dbn import DBN
 from dbn.cli import main
 from iterreduce.launch.yarn import KV_ADDRESS
@@ -38,13 +38,6 @@ from iterreduce.storage.ownership import MANIFEST_NAME
 pytestmark = [pytest.mark.yarn, pytest.mark.hdfs, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def yarn(hadoop, tmp_path_factory):
-    """Client environment for the cluster, and one skein driver the in-process CLI calls share."""
-    with shared_driver(hadoop, tmp_path_factory.mktemp("skein")) as yarn:
-        yield yarn
 
 
 @pytest.fixture(scope="module")

@@ -19,19 +19,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from test_scoring import CLASSES, FEATURES, job_file, write_table
-from yarnjobs import shared_driver
 from dbn.cli import main
 
 pytestmark = [pytest.mark.yarn, pytest.mark.hdfs, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 #: The bar's table: a million rows in 10 files of row groups of 25,000 (40 pieces).
 ROWS, FILES, ROW_GROUP = 1_000_000, 10, 25_000
-
-
-@pytest.fixture(scope="module")
-def yarn(hadoop, tmp_path_factory):
-    with shared_driver(hadoop, tmp_path_factory.mktemp("skein")) as yarn:
-        yield yarn
 
 
 def write_big_table(fs, folder: str, seed: int = 1) -> None:
