@@ -197,12 +197,16 @@ def cmd_evaluate(args) -> int:
 
 
 def cmd_predict(args) -> int:
+    from iterreduce.storage.ownership import check_not_within
+
     from .data.training import scored_rows
     from .jobs.run import load_classifier
     from .jobs.spec import load_spec
     from .model.estimator import DBN
 
     spec = load_spec(args.job)
+    for setting, given in {**spec.inputs(), "the model": str(args.model), "--table": args.table}.items():
+        check_not_within(setting, given, args.out, "where the rows scored are written (replaced with --overwrite)")
     keep = tuple(name for name in (args.keep or "").split(",") if name)
     rows = scored_rows(spec.data)
     rows.check_options(keep, args.filter, args.job)

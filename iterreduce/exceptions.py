@@ -81,6 +81,10 @@ class ForeignFileError(IterReduceError, ValueError):
     (see :mod:`iterreduce.storage.ownership`)."""
 
 
+class InputInsideOutput(IterReduceError, ValueError):
+    """An input of a run lies inside what the run deletes, moves or overwrites in its output folder."""
+
+
 class OutputBusy(IterReduceError, RuntimeError):
     """Another run is writing into the output folder (it holds the folder's lock): refused at
     once, naming the folder and the holder (see :func:`iterreduce.storage.ownership.hold`)."""

@@ -262,7 +262,12 @@ def _read_csv(path: Path, label: str | None = None, columns: tuple[str, ...] | N
 def shard_dataset(source: str, out: str, n_shards: int, *, labels: bool = False, **kwargs) -> list[str]:
     """Write ``source`` as ``n_shards`` Parquet shards under ``out`` (a path or URI); string
     labels are written as class indices, their classes kept in every shard's metadata.
-    ``labels=True`` (a job that fine-tunes) refuses a source without labels before writing."""
+    ``labels=True`` (a job that fine-tunes) refuses a source without labels before writing, and a
+    source inside ``out`` (whose earlier shards the new set replaces) before anything is read."""
+    from iterreduce.storage.ownership import check_not_within
+
+    if source != "mnist":
+        check_not_within("the source", source, out, "the folder the shards are written into (its set is replaced)")
     X, y = load_source(source, **kwargs)
     if labels and y is None:
         raise no_labels(source, kwargs.get("label"))

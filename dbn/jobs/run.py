@@ -55,12 +55,14 @@ from ..model.estimator import DBN
 from ..model.persist import atomic_write
 from .memory_plan import check_one_process, plan as plan_memory
 from .figures import commit, device_name, flop_figures, phase_timings
-from .spec import JobSpec
+from .spec import SHARDS_FOLDER, JobSpec
 from .tracking import Tracker, tracker_for
 
 MODEL_FILE, RESULT_FILE, CONFIG_FILE = "model.npz", "result.json", "config.json"
 #: Every name a run writes in its output folder: none may be a file the project cannot prove its own.
 RUN_NAMES = (CONFIG_FILE, MODEL_FILE, RESULT_FILE, *RUN_FILES)
+#: What a run may delete, move or overwrite in its output folder: its names, and earlier runs kept aside.
+REWRITTEN = (*RUN_NAMES, PREVIOUS)
 
 OnRecord = Callable[[dict], None]
 
@@ -125,6 +127,7 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
     check_environment()
     tracker = tracker_for(spec, in_master=launcher.tracks_in_master)  # before anything is written
     out = local_folder(launcher.output_dir(spec))
+    spec.check_inputs_outside(str(out), REWRITTEN)  # before anything is written
     made = _first_missing(out)
     check_folder(out)
     with ownership.hold(out):  # first: a second run is refused before it reads any data
@@ -529,7 +532,7 @@ def local_shards(spec: JobSpec, out: Path, n_shards: int) -> str:
     source = data.source_note(n_shards)
     if source is None:  # shards already
         return data.uri
-    shards = out / "shards"
+    shards = out / SHARDS_FOLDER
     ownership.check_not_link(shards)  # a link there: its target is not this run's to rewrite
     if shards.is_dir() and shard_note(str(shards), SHARDS_SOURCE) == source:
         return str(shards)

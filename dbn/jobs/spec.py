@@ -180,6 +180,28 @@ class JobSpec(Specification):
             params["pretrain_learning_rate"] = list(params["pretrain_learning_rate"])
         return {**params, "device": self.job.device, "seed": self.job.seed}
 
+    def inputs(self) -> dict[str, str]:
+        """The job's data that lies at a path or URI, by setting (``data.train``, ``data.test``,
+        ``cluster.shards``, ``cluster.validation``): not MNIST, nor a table named in a catalog or a
+        metastore."""
+        found = {"data.train": self.data.train, "data.test": self.data.test, "cluster.shards": self.cluster.shards,
+                 "cluster.validation": self.cluster.validation}
+        named = self.data.catalog is not None
+        return {key: value for key, value in found.items() if value and value != "mnist" and not (
+            key.startswith("data.") and (named or table_name(value) is not None))}
+
+    def check_inputs_outside(self, out: str, rewritten: tuple[str, ...]) -> None:
+        """Refuse the job (:class:`~iterreduce.exceptions.InputInsideOutput`, naming the setting and
+        the entry) when its data lies in what a run into ``out`` rewrites: the entries ``rewritten``
+        there, and ``shards`` (where the data is cut into shards), except for ``[cluster] shards``,
+        which is read there and never rewritten."""
+        from iterreduce.storage import ownership
+
+        inputs = self.inputs()
+        shards = {"cluster.shards": inputs.pop("cluster.shards")} if "cluster.shards" in inputs else {}
+        ownership.check_inputs_outside(inputs, out, (*rewritten, SHARDS_FOLDER))
+        ownership.check_inputs_outside(shards, out, rewritten)
+
     def master_config(self, *, shards, output: str, token: str = "", stream: bool = False,
                       on_yarn: bool = False, n_shards: int | None = None) -> MasterConfig:
         """The runtime's part of this job: the master's configuration for ``shards`` (a list of
@@ -285,6 +307,10 @@ class JobSpec(Specification):
         """The job's :class:`~dbn.data.training.TrainingData` (shards, a table read in place or a data
         file), decided once for this spec: every path of the job asks the same one."""
         return training_data(self)
+
+
+#: The folder of a run's output in which its data is cut into shards (when it is not shards already).
+SHARDS_FOLDER = "shards"
 
 
 def dotted(settings, prefix: str = "") -> dict:

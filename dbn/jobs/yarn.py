@@ -39,7 +39,7 @@ from shardio.table_shard import TableShard
 from ..data.validation import counted
 from ..errors import ConfigError, UsageError
 from .memory_plan import plan as plan_memory
-from .spec import JobSpec
+from .spec import SHARDS_FOLDER, JobSpec
 from ..user_cache import cache_dir
 from .tracking import abandon_master_run, begin_master_run, master_settings
 
@@ -109,7 +109,7 @@ def prepare(cfg: JobSpec, *, dry_run: bool = False, log=print) -> Submission:
     if table:
         shared_uri("[data] train (a table the workers read in place)", data.location)
     if not shards:  # cut into the job's own folder (a table: only its shares, naming its pieces)
-        shards = join(output, "shards")
+        shards = join(output, SHARDS_FOLDER)
         if not dry_run:
             log(data.cut_message(opts.workers, shards))
             locate = _asked_once(locality.file_blocks)  # a table's shares are cut by where its files are
@@ -286,6 +286,7 @@ def claim_remote_output(cfg: JobSpec, *, running, overwrite: bool = False, log=p
     deleted); then this job's ``config.json`` is written and its names claimed. Returns the
     lock (let go with its ``release`` when the submission fails)."""
     uri = cfg.output.dir.rstrip("/")
+    cfg.check_inputs_outside(uri, (*REMOTE_RUN_NAMES, ownership.PREVIOUS))  # before anything is written
     fs, base = filesystem(uri)
     fs.create_dir(base, recursive=True)
     lock = ownership.acquire_remote(fs, base, uri, running=running)

@@ -18,6 +18,8 @@ no link is followed at any depth, and any pyarrow file system, HDFS):
   settling names, deleting only what a record proves (:func:`remove_owned`).
 - :mod:`.previous`: an earlier run's files kept in ``previous/N`` (:func:`set_aside`), pruned to
   the newest :data:`KEEP_PREVIOUS` (:func:`prune_previous`).
+- :mod:`.inputs`: no input of a run lies inside what it may delete, move or overwrite
+  (:func:`check_inputs_outside`).
 - :mod:`.shardsets`: the **shard manifest** :data:`MANIFEST_NAME` beside a set of shards: a later
   write replaces only files it lists, as it lists them; a folder holding anything else is
   refused, touching no byte.
@@ -32,6 +34,7 @@ from ...exceptions import OutputBusy
 from .claims import check_owned, claim, foreign_file, remote_claim, remote_foreign, remove_owned, settle
 from .folders import ArrowFolder, Entry, Folder, LocalFolder, check_not_link, folder_on
 from .holders import describe_holder, ended_here, holder_text
+from .inputs import check_inputs_outside, check_not_within, within
 from .locks import hold, holder, shard_folder
 from .names import BOOKKEEPING, LOCK_NAME, MANIFEST_NAME, PREVIOUS, RECORD_NAME, RUN_FILES, STALE_SUFFIX
 from .previous import KEEP_PREVIOUS, prune_previous, remote_set_aside, set_aside
@@ -42,8 +45,8 @@ from .shardsets import finish_shard_set, plain_name, read_manifest, set_shard_no
 __all__ = [
     "ArrowFolder", "BOOKKEEPING", "Entry", "Folder", "KEEP_PREVIOUS", "LOCK_NAME", "LocalFolder", "MANIFEST_NAME",
     "OutputBusy", "PREVIOUS", "RECORD_NAME", "RUN_FILES", "RemoteLock", "RunRecord", "STALE_SUFFIX", "acquire_remote",
-    "check_not_link", "check_owned", "claim", "create_exclusive", "describe_holder", "ended_here", "finish_shard_set",
+    "check_inputs_outside", "check_not_link", "check_not_within", "check_owned", "claim", "create_exclusive", "describe_holder", "ended_here", "finish_shard_set",
     "folder_on", "foreign_file", "hold", "holder", "holder_text", "plain_name", "prune_previous", "read_manifest",
     "remote_claim", "remote_foreign", "remote_set_aside", "remove_owned", "set_aside", "set_shard_note", "settle",
-    "shard_folder", "shard_note", "shard_writer_running", "start_shard_set",
+    "shard_folder", "shard_note", "shard_writer_running", "start_shard_set", "within",
 ]
