@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from iterreduce.exceptions import HdfsAccessError, IterReduceError, ShardError
-from iterreduce.storage import ownership
+from iterreduce.storage import durable, ownership
 from iterreduce.storage.filesystems import filesystem, join
 
 from .labels import LabelMap
@@ -413,7 +413,7 @@ def write_shards(X: np.ndarray, y: np.ndarray | None, uri: str, n_shards: int, *
         metadata[COLUMNS_KEY] = json.dumps(list(columns)).encode()
     names = [f"{prefix}-{i:05d}.parquet" for i in range(n_shards)]
     written = []
-    with shard_set(uri, names, prefix) as (fs, path):
+    with shard_set(uri, names, prefix) as shards:
         for name, rows in zip(names, np.array_split(np.arange(X.shape[0]), n_shards)):
             flat = pa.array(X[rows].reshape(-1))
             arrays = {FEATURES: pa.FixedSizeListArray.from_arrays(flat, X.shape[1])}
@@ -422,24 +422,48 @@ def write_shards(X: np.ndarray, y: np.ndarray | None, uri: str, n_shards: int, *
             table = pa.table(arrays)
             if metadata:
                 table = table.replace_schema_metadata(metadata)
-            pq.write_table(table, join(path, name), filesystem=fs, write_page_checksum=True)
+            with shards.writing(name) as (path, _):
+                pq.write_table(table, path, filesystem=shards.fs, write_page_checksum=True)
             written.append(join(uri, name))
     return written
+
+
+class ShardSetWriter:
+    """The shard files of one set being written into a folder (:func:`shard_set`)."""
+
+    def __init__(self, fs, path: str, uri: str):
+        self.fs, self.path, self.uri = fs, path, uri
+
+    @contextlib.contextmanager
+    def writing(self, name: str):
+        """Write the shard file ``name`` in the ``with`` block, which gets ``(file system path, URI)``
+        of a hidden name beside it to write the whole file to; once the block ends the file is
+        recorded with its SHA-256 and renamed to ``name``
+        (:func:`iterreduce.storage.ownership.commit_shard`). A block that fails leaves no file."""
+        hidden = durable.hidden_name(name, durable.PARTIAL_SUFFIX)
+        try:
+            yield join(self.path, hidden), join(self.uri, hidden)
+            ownership.commit_shard(self.fs, self.path, name, hidden)
+        except BaseException:
+            with contextlib.suppress(OSError, pa.ArrowException):
+                self.fs.delete_file(join(self.path, hidden))
+            raise
 
 
 @contextlib.contextmanager
 def shard_set(uri: str, names: list[str], prefix: str = "part"):
     """Write the shard files ``names`` (of a set named ``prefix``-...) into folder ``uri`` in the
-    ``with`` block, which gets ``(file system, path)``. Only shards this module wrote and listed
-    in the folder's manifest (:data:`iterreduce.storage.ownership.MANIFEST_NAME`) are replaced: the
-    earlier set of the same prefix goes, other sets it lists stay, and a folder holding any file
-    it does not list is refused (:class:`~iterreduce.exceptions.ForeignFileError`) untouched.
-    One writer at a time: the folder is held (:func:`iterreduce.storage.ownership.shard_folder`) for the
-    whole write, and a second writer is refused (:class:`~iterreduce.exceptions.OutputBusy`)."""
+    ``with`` block, which gets a :class:`ShardSetWriter` (each file written through its
+    ``writing(name)``). Only shards this module wrote and listed in the folder's manifest
+    (:data:`iterreduce.storage.ownership.MANIFEST_NAME`) with the SHA-256 of their bytes are
+    replaced: the earlier set of the same prefix goes, other sets it lists stay, and a folder
+    holding any file it cannot prove its own is refused (:class:`~iterreduce.exceptions.ForeignFileError`)
+    untouched. One writer at a time: the folder is held (:func:`iterreduce.storage.ownership.shard_folder`)
+    for the whole write, and a second writer is refused (:class:`~iterreduce.exceptions.OutputBusy`)."""
     fs, path = filesystem(uri)
     with ownership.shard_folder(fs, path, uri):
         ownership.start_shard_set(fs, path, uri, names, prefix)
-        yield fs, path
+        yield ShardSetWriter(fs, path, uri)
         ownership.finish_shard_set(fs, path, names)
 
 

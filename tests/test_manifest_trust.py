@@ -37,6 +37,7 @@ from iterreduce.exceptions import ForeignFileError, IterReduceError, OutputBusy
 from iterreduce.storage import durable, ownership
 from shardio.readers import list_shards, read_shard
 from shardio.shards import write_shards
+from dbn.cli import main
 
 MANIFEST = ownership.MANIFEST_NAME
 
@@ -238,7 +239,7 @@ def test_two_dbn_shard_processes_into_one_folder_one_is_refused(tmp_path, victim
     assert [Path(u).name for u in shards] == [f"part-{i:05d}.parquet" for i in range(3)]
     np.testing.assert_array_equal(np.concatenate([read_shard(u).features for u in shards]), X_a)
     manifest = json.loads((out / MANIFEST).read_text())
-    assert manifest["files"] == {Path(u).name: Path(u).stat().st_size for u in shards}
+    assert manifest["files"] == {Path(u).name: proof(Path(u)) for u in shards}
     assert sorted(p.name for p in out.iterdir()) == [MANIFEST, *(Path(u).name for u in shards)]  # no lock left
     assert snapshot(victim) == outside
 
@@ -384,6 +385,52 @@ def test_a_stale_lock_unchanged_is_replaced(tmp_path):
     assert not lock.exists()
 
 
+def proof(path: Path) -> dict:
+    """What the manifest lists for a shard file the tool wrote: its size and the SHA-256 of its bytes."""
+    return {"size": path.stat().st_size, "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
+
+
+@pytest.mark.parametrize("listed", ["being written", "its size", "its size and another hash", "an old size"])
+def test_a_copied_or_hand_written_manifest_proves_no_file_the_tools(tmp_path, capsys, listed):
+    """Issue 64's probe: a person's part-00007.parquet and a manifest naming it (as being written,
+    or with its size: what a copied manifest or a write cut short leaves) lost that file to
+    `dbn shard data.npz S1 --shards 2`. Only the hash of its bytes proves a file the tool's."""
+    folder = tmp_path / "S1"
+    folder.mkdir()
+    theirs = folder / "part-00007.parquet"
+    theirs.write_bytes(b"PAR1 a person's own table" * 40)
+    size = theirs.stat().st_size
+    entry = {"being written": None, "its size": {"size": size, "sha256": "0" * 64},
+             "its size and another hash": {"size": size, "sha256": hashlib.sha256(b"other").hexdigest()},
+             "an old size": size}[listed]
+    (folder / MANIFEST).write_text(json.dumps({"files": {"part-00007.parquet": entry}}))
+    X, y = rows()
+    np.savez(tmp_path / "data.npz", X=X, y=y)
+    before = snapshot(folder)
+    capsys.readouterr()
+    assert main(["shard", str(tmp_path / "data.npz"), str(folder), "--shards", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "part-00007.parquet, which this tool cannot prove it wrote" in err and "Traceback" not in err, err
+    assert snapshot(folder) == before
+
+
+def test_a_shard_the_tool_wrote_is_replaced_and_one_changed_since_is_not(tmp_path, capsys):
+    X, y = rows()
+    np.savez(tmp_path / "data.npz", X=X, y=y)
+    folder = tmp_path / "S"
+    assert main(["shard", str(tmp_path / "data.npz"), str(folder), "--shards", "3"]) == 0
+    assert main(["shard", str(tmp_path / "data.npz"), str(folder), "--shards", "2"]) == 0  # its own: replaced
+    assert sorted(p.name for p in folder.iterdir()) == [MANIFEST, "part-00000.parquet", "part-00001.parquet"]
+    shard = folder / "part-00001.parquet"
+    changed = bytearray(shard.read_bytes())
+    changed[len(changed) // 2] ^= 0xFF  # one byte, the size unchanged
+    shard.write_bytes(bytes(changed))
+    capsys.readouterr()
+    assert main(["shard", str(tmp_path / "data.npz"), str(folder), "--shards", "2"]) == 2
+    assert "part-00001.parquet, which this tool cannot prove it wrote" in capsys.readouterr().err
+    assert shard.read_bytes() == bytes(changed)
+
+
 # ------------------------------------------------------------------ the manifest, whatever it holds
 
 
@@ -392,15 +439,20 @@ def test_a_name_that_is_not_plain_is_ignored_with_a_warning(tmp_path, victim, ca
     out.mkdir()
     bad = ["../victim/thesis.tex", "/etc/passwd", "a/../../x", "", "..", "sub/part-00000.parquet", "x" * 300,
            "part-\udcff.parquet", "a\x00b"]
-    files = {name: 10 for name in bad} | {"part-00000.parquet": None, "part-00001.parquet": -1,
-                                          "part-00002.parquet": "12", "part-00003.parquet": True}
+    good = {"size": 10, "sha256": "a" * 64}
+    files = {name: good for name in bad} | {
+        "part-00000.parquet": None, "part-00001.parquet": -1, "part-00002.parquet": "12", "part-00003.parquet": True,
+        "part-00004.parquet": 10,  # an earlier version's bare size: no proof
+        "part-00005.parquet": {"size": 10, "sha256": "not hex"}, "part-00006.parquet": {"size": -1, "sha256": "a" * 64},
+        "part-00007.parquet": {**good, "more": 1}, "part-00008.parquet": good}
     (out / MANIFEST).write_text(json.dumps({"files": files, "notes": {"source": "s"}}))
     outside = snapshot(victim)
     with caplog.at_level(logging.WARNING, logger="iterreduce.storage.ownership"):
         manifest = ownership.read_manifest(pafs.LocalFileSystem(), str(out))
-    assert manifest["files"] == {"part-00000.parquet": None} and manifest["notes"] == {"source": "s"}
+    assert manifest["files"] == {"part-00000.parquet": None, "part-00008.parquet": good}
+    assert manifest["notes"] == {"source": "s"}
     said = "\n".join(r.getMessage() for r in caplog.records)
-    for name in [*bad, "part-00001.parquet", "part-00002.parquet", "part-00003.parquet"]:
+    for name in [*bad, *(f"part-0000{i}.parquet" for i in range(1, 8))]:
         assert repr(name)[:60] in said, (name, said)
     assert str(out / MANIFEST) in said
     assert snapshot(victim) == outside
@@ -467,11 +519,11 @@ def test_no_manifest_makes_the_shard_calls_touch_anything_outside_their_folder(r
             with ownership.shard_folder(fs, str(out), str(out)):
                 ownership.start_shard_set(fs, str(out), str(out), names, "part")
                 for name in names:
-                    (out / name).write_bytes(name.encode() * 3)
+                    (out / f".{name}.0123abcd.tmp").write_bytes(name.encode() * 3)
+                    ownership.commit_shard(fs, str(out), name, f".{name}.0123abcd.tmp")
                 ownership.finish_shard_set(fs, str(out), names)
             manifest = ownership.read_manifest(fs, str(out))
-            assert {name: manifest["files"][name] for name in names} == {name: 3 * len(name) for name in names}
-            assert all(isinstance(size, int) and size >= 0 for size in manifest["files"].values())
+            assert {name: manifest["files"][name] for name in names} == {name: proof(out / name) for name in names}
             assert all(ownership.plain_name(name) for name in manifest["files"])
             assert not (out / "link.parquet").exists() or (out / "link.parquet").is_symlink()
         except ForeignFileError as exc:

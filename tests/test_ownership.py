@@ -95,7 +95,9 @@ def test_write_shards_replaces_only_its_own_set(tmp_path):
     assert len(write_shards(X, y, out, 4)) == 4
     manifest = json.loads((tmp_path / "s" / ownership.MANIFEST_NAME).read_text())
     assert sorted(manifest["files"]) == [f"part-{i:05d}.parquet" for i in range(4)]
-    assert all(size == (tmp_path / "s" / name).stat().st_size for name, size in manifest["files"].items())
+    assert all(listed == {"size": (tmp_path / "s" / name).stat().st_size,
+                          "sha256": hashlib.sha256((tmp_path / "s" / name).read_bytes()).hexdigest()}
+               for name, listed in manifest["files"].items())
     write_shards(X, y, out, 2)  # fewer: the earlier set goes, as the manifest lists it
     assert [Path(u).name for u in list_shards(out)] == ["part-00000.parquet", "part-00001.parquet"]
     write_shards(X[:5], None, out, 1, prefix="b")  # another set of its own stays beside

@@ -167,9 +167,10 @@ def table_shards(whole: OpenedTable, workers: int, directory: str, locate=None) 
     homes = [b.on for b in piece_blocks(whole.source.uri, pieces, locate)] if locate else None
     shares = [share for share in assign(pieces, workers, homes) if share]
     names = [f"part-{i:05d}{TableShard.suffix}" for i in range(len(shares))]
-    with shard_set(directory, names):  # replaces only shards written here (their manifest's), refuses others
+    with shard_set(directory, names) as written:  # replaces only shards written here (proven), refuses others
         for name, share in zip(names, shares):
-            whole.shard(share).save(join(directory, name))
+            with written.writing(name) as (_, uri):
+                whole.shard(share).save(uri)
     return [join(directory, name) for name in names]
 
 

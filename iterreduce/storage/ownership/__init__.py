@@ -21,8 +21,8 @@ no link is followed at any depth, and any pyarrow file system, HDFS):
 - :mod:`.inputs`: no input of a run lies inside what it may delete, move or overwrite
   (:func:`check_inputs_outside`).
 - :mod:`.shardsets`: the **shard manifest** :data:`MANIFEST_NAME` beside a set of shards: a later
-  write replaces only files it lists, as it lists them; a folder holding anything else is
-  refused, touching no byte.
+  write replaces only files it lists with the SHA-256 their bytes still have; a folder holding
+  anything else is refused, touching no byte.
 
 None of these is written, and nothing in a folder is deleted, through a symbolic link at any
 depth; a link is never the runtime's. The lock and the record are never changed in place while
@@ -40,12 +40,12 @@ from .names import BOOKKEEPING, LOCK_NAME, MANIFEST_NAME, PREVIOUS, RECORD_NAME,
 from .previous import KEEP_PREVIOUS, prune_previous, remote_set_aside, set_aside
 from .records import RunRecord
 from .remote_locks import RemoteLock, acquire_remote, create_exclusive, shard_writer_running
-from .shardsets import finish_shard_set, plain_name, read_manifest, set_shard_note, shard_note, start_shard_set
+from .shardsets import commit_shard, finish_shard_set, plain_name, read_manifest, set_shard_note, shard_note, start_shard_set
 
 __all__ = [
     "ArrowFolder", "BOOKKEEPING", "Entry", "Folder", "KEEP_PREVIOUS", "LOCK_NAME", "LocalFolder", "MANIFEST_NAME",
     "OutputBusy", "PREVIOUS", "RECORD_NAME", "RUN_FILES", "RemoteLock", "RunRecord", "STALE_SUFFIX", "acquire_remote",
-    "check_inputs_outside", "check_not_link", "check_not_within", "check_owned", "claim", "create_exclusive", "describe_holder", "ended_here", "finish_shard_set",
+    "check_inputs_outside", "check_not_link", "commit_shard", "check_not_within", "check_owned", "claim", "create_exclusive", "describe_holder", "ended_here", "finish_shard_set",
     "folder_on", "foreign_file", "hold", "holder", "holder_text", "plain_name", "prune_previous", "read_manifest",
     "remote_claim", "remote_foreign", "remote_set_aside", "remove_owned", "set_aside", "set_shard_note", "settle",
     "shard_folder", "shard_note", "shard_writer_running", "start_shard_set", "within",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 from abc import ABC, abstractmethod
 import os
 import shutil
@@ -75,11 +76,28 @@ class Folder(ABC):
         """The names in the folder ``rel`` with what each is, sorted by name; none where ``rel``
         is not a plain folder."""
 
-    @abstractmethod
+
+    def digest(self, rel: str) -> str | None:
+        """The SHA-256 (hex) of the file ``rel``'s bytes (None where it is missing), read
+        ``CHUNK_BYTES`` at a time; ValueError and OSError as :meth:`read`."""
+        with self._reader(rel) as read:
+            if read is None:
+                return None
+            hashed = hashlib.sha256()
+            while chunk := read(CHUNK_BYTES):
+                hashed.update(chunk)
+            return hashed.hexdigest()
+
     def read(self, rel: str, most: int) -> bytes | None:
         """At most ``most`` bytes of the file ``rel`` (None where it is missing), read
         ``CHUNK_BYTES`` at a time. ValueError where it is a link or not a plain file (it is
         then not read); OSError where it cannot be read."""
+        with self._reader(rel) as read:
+            return None if read is None else _read_chunks(read, most)
+
+    @abstractmethod
+    def _reader(self, rel: str):
+        """A context giving the ``read(n)`` of the file ``rel``, or None where it is missing (see :meth:`read`)."""
 
     @abstractmethod
     def write(self, rel: str, data: bytes) -> None:
@@ -177,13 +195,15 @@ class LocalFolder(Folder):
             return []
         return found
 
-    def read(self, rel: str, most: int) -> bytes | None:
+    @contextlib.contextmanager
+    def _reader(self, rel: str):
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # O_NONBLOCK: a pipe never blocks
         try:
             with self._parent(rel) as (folder, name):
                 fd = os.open(name, flags, dir_fd=folder)
         except FileNotFoundError:
-            return None
+            yield None
+            return
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise ValueError("a link, which this tool never makes: not followed") from None
@@ -191,7 +211,7 @@ class LocalFolder(Folder):
         with os.fdopen(fd, "rb", buffering=0) as f:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise ValueError("not a plain file")
-            return _read_chunks(f.read, most)
+            yield f.read
 
     def write(self, rel: str, data: bytes) -> None:
         durable.write_local(self.path(rel), lambda f: f.write(data))
@@ -257,22 +277,32 @@ class ArrowFolder(Folder):
             return []
         return sorted((info.base_name, _entry_of_info(info)) for info in infos)
 
-    def read(self, rel: str, most: int) -> bytes | None:
+    @contextlib.contextmanager
+    def _reader(self, rel: str):
         path = self.path(rel)
         try:
-            with self.fs.open_input_stream(path, compression=None) as f:
-                return _read_chunks(f.read, most)
+            stream = self.fs.open_input_stream(path, compression=None)
         except HdfsAccessError:
             raise  # HDFS refused this process: said as it is
         except FileNotFoundError:
-            return None
+            stream = None
         except (OSError, pa.ArrowException) as exc:
             found = self.entry(rel)
-            if found is None:
-                return None  # gone meanwhile
-            if found.kind != "file":
+            if found is not None and found.kind != "file":
                 raise ValueError("not a plain file") from None
-            raise OSError(f"{path}: cannot read: {exc}") from exc
+            if found is not None:
+                raise OSError(f"{path}: cannot read: {exc}") from exc
+            stream = None  # gone meanwhile
+        if stream is None:
+            yield None
+            return
+        with stream:
+            def read(n: int) -> bytes:
+                try:
+                    return stream.read(n)
+                except pa.ArrowException as exc:
+                    raise OSError(f"{path}: cannot read: {exc}") from exc
+            yield read
 
     def write(self, rel: str, data: bytes) -> None:
         path = self.path(rel)

@@ -1,7 +1,11 @@
 """The shard manifest (:data:`~.names.MANIFEST_NAME`) beside a set of shards: the file names
-written, with their sizes (:func:`start_shard_set`, :func:`finish_shard_set`). A later write
-replaces only files the manifest lists (and whose size still matches it); a folder holding
-anything else is refused, touching no byte. Written once over a :class:`~.folders.Folder` (local
+written, each with its size and the SHA-256 of its bytes (:func:`start_shard_set`,
+:func:`commit_shard`). A later write replaces only files the manifest lists and whose bytes still
+hash as listed: a proof a person's file cannot have by accident, nor by a copied or hand-written
+manifest (a listed size, or a name listed as being written, proves nothing). A folder holding
+anything else is refused, touching no byte. Each shard is written beside its name, hashed and
+recorded, then renamed into place: a write cut short leaves a hidden leftover or a proven file,
+never an unproven file at a listed name. Written once over a :class:`~.folders.Folder` (local
 disk, where no link is followed; HDFS); one writer at a time holds the folder
 (:func:`~.locks.shard_folder`)."""
 
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 
 import pyarrow.fs as pafs
 
@@ -40,9 +45,15 @@ def plain_name(name) -> bool:
         return False
 
 
-def _listed_size(size) -> bool:
-    """Whether a manifest's size is one the tool writes: bytes (an int, not a bool), or None (being written)."""
-    return size is None or (type(size) is int and size >= 0)
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+
+
+def _listed(value) -> bool:
+    """Whether a manifest's entry is one the tool writes: ``{"size": bytes, "sha256": hex}`` (a
+    file written), or None (being written: proves nothing)."""
+    return value is None or (isinstance(value, dict) and set(value) == {"size", "sha256"}
+                             and type(value["size"]) is int and value["size"] >= 0
+                             and isinstance(value["sha256"], str) and _SHA256.fullmatch(value["sha256"]) is not None)
 
 
 def _manifest_json(folder: Folder):
@@ -79,11 +90,11 @@ def _manifest_json(folder: Folder):
 
 
 def read_manifest(fs: pafs.FileSystem, path: str) -> dict:
-    """The shard manifest in folder ``path`` (``{"files": {name: size or None}, "notes": {...}}``);
-    empty where there is none or it is unreadable (then nothing there is proven the runtime's).
-    Only what the tool writes is taken: an entry whose name is not a plain name in the folder
-    (:func:`plain_name`) or whose size is not bytes or None is left out, with a warning naming
-    the manifest and the entry."""
+    """The shard manifest in folder ``path`` (``{"files": {name: {"size", "sha256"} or None},
+    "notes": {...}}``); empty where there is none or it is unreadable (then nothing there is proven
+    the runtime's). Only what the tool writes is taken: an entry whose name is not a plain name in
+    the folder (:func:`plain_name`) or whose value is not a size and a hash, or None, is left out
+    (an earlier version's bare sizes too), with a warning naming the manifest and the entry."""
     return _read_manifest(folder_on(fs, path))
 
 
@@ -93,12 +104,12 @@ def _read_manifest(folder: Folder) -> dict:
         return {"files": {}, "notes": {}}
     where = folder.path(MANIFEST_NAME)
     files = {}
-    for name, size in data.get("files", {}).items():
-        if plain_name(name) and _listed_size(size):
-            files[name] = size
+    for name, value in data.get("files", {}).items():
+        if plain_name(name) and _listed(value):
+            files[name] = value
         else:
-            log.warning("%s: ignored its entry %s (size %s): not a file name inside this folder with its size in "
-                        "bytes, so nothing is done to it", where, shown(name), shown(size))
+            log.warning("%s: ignored its entry %s (%s): not a file name inside this folder with its size and "
+                        "SHA-256, so nothing is done to it", where, shown(name), shown(value))
     notes = data.get("notes", {})
     if not isinstance(notes, dict):
         log.warning("%s: ignored its notes %s: not an object", where, shown(notes))
@@ -112,15 +123,21 @@ def _write_manifest(folder: Folder, manifest: dict) -> None:
     folder.write(MANIFEST_NAME, text)  # whole, or the earlier one
 
 
-def _ours(name: str, entry: Entry, files: dict) -> bool:
-    """Whether a folder entry is a shard file the manifest ``files`` lists as it is (its size;
-    None: being written), or a leftover of an interrupted write of one or of the manifest
+def _ours(folder: Folder, name: str, entry: Entry, files: dict) -> bool:
+    """Whether a folder entry is a shard file the manifest ``files`` lists as it is (its size, and
+    its bytes' SHA-256: read whole), or a leftover of an interrupted write of one or of the manifest
     (exactly :mod:`iterreduce.storage.durable`'s hidden names, :func:`~iterreduce.storage.durable.hidden_target`).
     A link is never the tool's: it writes none."""
     if entry.kind != "file":
         return False
     if name in files:
-        return files[name] is None or files[name] == entry.size
+        listed = files[name]
+        if listed is None or listed["size"] != entry.size:
+            return False
+        try:
+            return folder.digest(name) == listed["sha256"]
+        except ValueError:  # a link or not a plain file meanwhile
+            return False
     leftover = durable.hidden_target(name)
     return leftover is not None and (leftover[0] in files or leftover[0] == MANIFEST_NAME)
 
@@ -150,35 +167,41 @@ def start_shard_set(fs: pafs.FileSystem, path: str, uri: str, names: list[str], 
             continue  # the manifest itself: replaced whole, never written through
         if _lock_file(name):
             continue
-        if not _ours(name, entry, files):
+        if not _ours(folder, name, entry, files):
             raise ForeignFileError(
-                f"{uri}: holds {name}, which this tool did not write (not listed as it is in "
-                f"{MANIFEST_NAME}): shards are written into an empty folder or one holding shards written here; "
-                f"nothing was changed: choose another folder")
+                f"{uri}: holds {name}, which this tool cannot prove it wrote (not listed in {MANIFEST_NAME} with "
+                f"its size and the SHA-256 of its bytes): shards are written into an empty folder or one holding "
+                f"shards written here; nothing was changed: choose another folder, or move the file away")
         if name not in files or name.startswith(f"{prefix}-") or name in names:
             replaced.append(name)
-    # First the record of what may be there now (old and new names, sizes unknown): an
-    # interrupted write leaves nothing the next one cannot prove its own.
-    here = {name for name, _ in entries}  # a listed name with no file (a write cut short) is dropped: nothing to prove
-    manifest["files"] = {**{name: size for name, size in files.items() if name in here},
-                         **{name: None for name in replaced if name in files},
+    # The files that stay keep their proof; the new names are being written (proof comes with each
+    # file, :func:`commit_shard`). A listed name with no file (a write cut short) is dropped.
+    here = {name for name, _ in entries}
+    manifest["files"] = {**{name: value for name, value in files.items() if name in here and name not in replaced},
                          **{name: None for name in names}}
-    _write_manifest(folder, manifest)
-    for name in replaced:
+    for name in replaced:  # each proven just above
         folder.remove_file(name)
-        if name not in names:
-            manifest["files"].pop(name, None)
     _write_manifest(folder, manifest)
+
+
+def commit_shard(fs: pafs.FileSystem, path: str, name: str, written: str) -> None:
+    """Put the shard file ``written`` (a hidden name beside it, whole) in folder ``path`` under its
+    name ``name``: first recorded in the manifest with its size and SHA-256, then renamed."""
+    folder = folder_on(fs, path)
+    entry = folder.entry(written)
+    if entry is None or entry.kind != "file":
+        raise ForeignFileError(f"{folder.path(written)}: the shard just written is not there as a file")
+    manifest = _read_manifest(folder)
+    manifest["files"][name] = {"size": entry.size, "sha256": folder.digest(written)}
+    _write_manifest(folder, manifest)
+    folder.move(written, name)
 
 
 def finish_shard_set(fs: pafs.FileSystem, path: str, names: list[str]) -> None:
-    """Record the shard files ``names`` in folder ``path`` with their sizes, once written."""
-    folder = folder_on(fs, path)
-    manifest = _read_manifest(folder)
-    for name in names:
-        found = folder.entry(name)
-        manifest["files"][name] = None if found is None else found.size
-    _write_manifest(folder, manifest)
+    """Check that every shard file ``names`` in folder ``path`` was committed (:func:`commit_shard`)."""
+    missing = [name for name in names if read_manifest(fs, path)["files"].get(name) is None]
+    if missing:
+        raise ForeignFileError(f"{folder_on(fs, path).path(missing[0])}: not written (its set is incomplete)")
 
 
 def shard_note(fs: pafs.FileSystem, path: str, key: str):
