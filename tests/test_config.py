@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from dbn import DBN
+from dbn.cli import main
 from dbn.jobs.spec import (
     PAPER, QUICK, ConfigError, DataSection, JobSpec, ModelSection, load_recipe, load_spec, parse_override,
 )
@@ -370,3 +371,37 @@ def test_every_shipped_example_loads_and_names_its_own_output(example):
     others = [load_spec(path) for path in EXAMPLES.glob("*.toml") if path != example]
     assert spec.output.dir not in {other.output.dir for other in others}
     assert spec.job.name not in {other.job.name for other in others}
+
+
+# ------------------------------------------------------------------ every number finite and bounded (issue 64, class 4)
+
+
+def _float_settings():
+    import typing
+
+    from dbn.jobs.sections import SECTIONS
+
+    return [(section, key) for section, cls in SECTIONS.items()
+            for key, hint in typing.get_type_hints(cls).items() if "float" in str(hint)]
+
+
+@pytest.mark.parametrize("section, key", _float_settings(), ids=lambda v: str(v))
+@pytest.mark.parametrize("bad", ["nan", "inf", "-inf"])  # as TOML and the command line spell them
+def test_every_float_setting_refuses_nan_and_infinity_by_name(section, key, bad):
+    """`heartbeat_timeout = nan` passed `value <= 0` and the job hung: every float setting, from a
+    job file or the command line, refuses what is not a finite number, naming the setting."""
+    from dbn.jobs.sections import check_setting
+
+    for value, strings in ((float(bad), False), (bad, True)):
+        with pytest.raises(ConfigError, match=rf"\[{section}\] {key}: must be a finite number"):
+            check_setting("job.toml", section, key, value, parse_strings=strings)
+
+
+def test_an_epoch_count_whose_schedule_would_not_fit_memory_is_refused_by_name(tmp_path, capsys):
+    """`finetune_epochs = 10**21` grew the master to 3.3 GB before any step."""
+    job = tmp_path / "job.toml"
+    job.write_text("[data]\ntrain = 'mnist'\n[model]\nfinetune_epochs = 1000000000000000000000\n")
+    assert main(["train", str(job), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "[model] finetune_epochs: at most 100,000 epochs" in err and "Traceback" not in err, err
+

@@ -601,3 +601,29 @@ def test_a_worker_beats_only_when_the_master_has_not_heard_from_it(jobs, tmp_pat
     else:
         assert steps == 5 and len(heard) >= 2 * 2 * 5, heard
     assert not events(tmp_path / "out", "worker_lost")
+
+
+def softmax_config(tmp_path, epochs=2, **values):
+    from iterreduce.master import MasterConfig
+
+    X, y = blobs(60, d=4, k=3)
+    uris = write_shards(X, y, str(tmp_path / "shards"), 2)
+    return MasterConfig(program=SOFTMAX, program_config={"n_classes": 3, "epochs": epochs}, shards=uris, workers=1,
+                        token=new_token(), output=str(tmp_path / "out"), **values)
+
+
+def test_the_master_refuses_a_schedule_longer_than_it_holds(tmp_path, monkeypatch):
+    """Whatever a program's schedule (`finetune_epochs = 10**21` grew the master to 3.3 GB): the
+    master takes at most MAX_STEPS steps from it, lazily, and refuses a longer one."""
+    import iterreduce.master.master as master_module
+
+    monkeypatch.setattr(master_module, "MAX_STEPS", 5)
+    with pytest.raises(master_module.JobFailed, match="more than 5 steps"):
+        master_module.Master(softmax_config(tmp_path, epochs=10**12))
+
+
+@pytest.mark.parametrize("name", ["heartbeat_interval", "heartbeat_timeout", "start_timeout"])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 0.0, -1.0])
+def test_the_masters_waits_are_finite_positive_seconds(tmp_path, name, bad):
+    with pytest.raises(ValueError, match=f"{name} = .*: expected a finite number of seconds above 0"):
+        softmax_config(tmp_path, **{name: bad})

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import re
 import typing
 from dataclasses import dataclass
@@ -380,6 +381,8 @@ CHOICES = {("data", "format"): FORMATS, ("data", "scale"): SCALINGS, ("model", "
            ("cluster", "reduce"): ("auto", *REDUCE_CHOICES), ("cluster", "lost_shards"): LOST_SHARDS_CHOICES}
 
 _AT_LEAST_ONE = {"cd_k", "pretrain_batch_size", "finetune_batch_size"}
+#: The most epochs of a phase (the paper's runs take 50-200): a run's schedule of steps is held in memory.
+MAX_EPOCHS = 100_000
 
 
 def check_setting(origin: str, section: str, key: str, value, parse_strings: bool = False):
@@ -402,6 +405,11 @@ def check_setting(origin: str, section: str, key: str, value, parse_strings: boo
         value = convert(value, hint)
     except TypeError as exc:
         raise ConfigError(f"{where} {key}: expected {exc}, got {describe_value(value)}") from None
+    if any(isinstance(v, float) and not math.isfinite(v) for v in (value if isinstance(value, (list, tuple)) else [value])):
+        raise ConfigError(f"{where} {key}: must be a finite number, got {describe_value(value)}")
+    if section == "model" and key.endswith("_epochs") and type(value) is int and value > MAX_EPOCHS:
+        raise ConfigError(f"{where} {key}: at most {MAX_EPOCHS:,} epochs (the run's schedule is held in memory), "
+                          f"got {value:,}")
     if (section, key) == ("job", "name") and value is not None and name_problem(value):
         raise ConfigError(f"{where} name: {name_problem(value)}")
     choices = CHOICES.get((section, key))

@@ -3,6 +3,7 @@ launcher writes it to the job file."""
 
 from __future__ import annotations
 
+import math
 import uuid
 from dataclasses import dataclass, field
 
@@ -73,6 +74,10 @@ class MasterConfig(Specification):
     ui_port: int = 0
 
     def __post_init__(self):
+        for name in ("heartbeat_interval", "heartbeat_timeout", "start_timeout"):  # seconds a wait lasts
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} = {value!r}: expected a finite number of seconds above 0")
         if self.reduce not in REDUCE_CHOICES:
             raise ValueError(f"reduce = {self.reduce!r}: expected one of {', '.join(map(repr, REDUCE_CHOICES))}")
         if not 0 <= self.min_workers <= self.workers:

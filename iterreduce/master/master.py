@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -62,6 +63,8 @@ EXIT_DATA_ERROR = 2
 
 #: Errors that fail the job with their message (bad input or a program's refusal), not as a crash.
 JOB_ERRORS = (IterReduceError, ValueError, TypeError, KeyError)
+#: The most steps a job's schedule may have: the master holds them all (some 300 MB at this bound).
+MAX_STEPS = 1_000_000
 
 class Master:
     """Holds the job's state; :meth:`run` drives the schedule, ``service``
@@ -79,7 +82,10 @@ class Master:
         self.out.mkdir(parents=True, exist_ok=True)
         self.shards = reader_of(config.program).describe(config.shards)
         self.program: Program = load_class(config.program)(config.program_config)
-        self.steps = list(self.program.schedule(self.shards))
+        self.steps = list(itertools.islice(self.program.schedule(self.shards), MAX_STEPS + 1))
+        if len(self.steps) > MAX_STEPS:  # held in memory (and fingerprinted): a bounded schedule
+            raise JobFailed(f"the job's schedule has more than {MAX_STEPS:,} steps: fewer epochs, or more "
+                            f"work a step")
         # What a checkpoint must match to be resumed: same program, config, seed, data and schedule.
         self.run_id = config.run_id  # in every checkpoint; a resume of another run's checkpoint continues that run
         self.fingerprint = job_fingerprint(config.program, config.program_config, config.seed, self.shards, self.steps)
