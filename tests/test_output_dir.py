@@ -95,6 +95,19 @@ def test_a_run_on_this_machine_refuses_an_output_uri_and_writes_nothing(job, cap
     assert sorted(config.parent.rglob("*")) == before
 
 
+def test_an_output_of_the_root_folder_is_refused_and_a_tilde_is_the_home(job, capsys, monkeypatch, tmp_path):
+    """`--out /` wrote the run's files into / (2026-12-08); `--out "~"` made a folder named ~."""
+    config, _ = job
+    assert train(config, "/") == 2
+    assert "[output] dir = '/': the file system's root" in capsys.readouterr().err
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    assert train(config, "~/run") == 0
+    assert (home / "run" / "model.npz").is_file() and not (tmp_path / "~").exists()
+
+
 def test_a_model_without_config_is_another_jobs_run(job, capsys):
     config, out = job
     assert train(config, out) == 0

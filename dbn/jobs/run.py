@@ -259,7 +259,8 @@ def _nothing_but_config(out: Path) -> bool:
 
 
 def local_folder(where: str) -> Path:
-    """The folder on this machine that a run writes, ``where`` made absolute. A URI (``hdfs://``,
+    """The folder on this machine that a run writes, ``where`` made absolute (``~`` expanded). The
+    root folder is refused, and so is a URI (``hdfs://``,
     ``s3://``, ``file://``) is refused (:class:`UsageError`), before anything is written: a run on
     this machine writes a local folder, where a URI taken as a path would be a folder named
     ``hdfs:``; ``dbn submit`` writes a job's output to HDFS."""
@@ -267,7 +268,10 @@ def local_folder(where: str) -> Path:
         raise UsageError(f"[output] dir = {where!r}: a run on this machine (in process or --local) writes a "
                          f"folder here; give a path (or --out), or run the job on YARN (dbn submit) to write "
                          f"its output to {where.split('://', 1)[0]}://")
-    return Path(where).resolve()
+    folder = Path(where).expanduser().resolve()  # "~" is the home folder, not a folder named ~
+    if folder == Path(folder.anchor):
+        raise UsageError(f"[output] dir = {where!r}: the file system's root; name a folder for the run's files")
+    return folder
 
 
 def check_folder(out: Path) -> None:
