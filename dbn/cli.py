@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 from iterreduce.exceptions import IterReduceError
+from iterreduce.redact import redact
 
 from . import __version__
 from .errors import DBNError, UsageError
@@ -541,7 +542,7 @@ def main(argv=None) -> int:
         if debug:
             raise
         message = f"{exc.filename}: {exc.strerror}" if isinstance(exc, OSError) and exc.filename and exc.strerror else str(exc)
-        print(f"dbn: error: {message}", file=sys.stderr)
+        print(f"dbn: error: {redact(message)}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         if debug:

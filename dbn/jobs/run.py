@@ -179,7 +179,7 @@ def _run(spec: JobSpec, launcher: Launcher, out: Path, made: Path | None, *, on_
     None when it was there), its lock held, recorded by ``tracker`` as it goes."""
     claim_output(out, spec, resume=launcher.resume, overwrite=overwrite)
     out.mkdir(parents=True, exist_ok=True)
-    write_json(out / CONFIG_FILE, spec.to_dict())
+    write_json(out / CONFIG_FILE, spec.public_dict())
     tracker.start(spec, out)
     told = on_record or (lambda record: None)
 
@@ -416,7 +416,7 @@ class InProcess:
             write({"event": "start", "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "version": __version__,
                    "where": f"{X.shape[0]} x {X.shape[1]} -> {self.describe(spec)}", "output": str(out),
                    "device": model.backend.device, "n_train": int(X.shape[0]), "n_features": int(X.shape[1]),
-                   "config": spec.to_dict()})
+                   "config": spec.public_dict()})
             batches = minibatch_warnings(int(X.shape[0]), model, name=str(source), fine_tunes=y is not None)
             if y is None:
                 write({"event": "data", "rows": int(X.shape[0]), "warnings": batches})

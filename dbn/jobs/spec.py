@@ -46,6 +46,7 @@ from typing import Any
 import tomli_w
 
 from iterreduce.master.config import MasterConfig
+from iterreduce.redact import redact_all
 from iterreduce.specification import Specification, did_you_mean
 from shardio.metastore import table_name
 
@@ -153,6 +154,11 @@ class JobSpec(Specification):
             raise ConfigError(f"{where}: [{section}] {exc}") from None
         return spec
 
+    def public_dict(self) -> dict:
+        """:meth:`to_dict` with any password in a URI hidden (:func:`iterreduce.redact.redact_all`): what
+        the project keeps and shows of the job (``config.json``, the log, a tracking server's parameters)."""
+        return redact_all(self.to_dict())
+
     def to_toml(self) -> str:
         """The spec as a job file that :func:`load_spec` reads back (unset values left out)."""
         doc = {section: {k: v for k, v in table.items() if v is not None}
@@ -237,7 +243,7 @@ class JobSpec(Specification):
         def counts(key: str) -> bool:
             return not any(key == name or key.startswith(f"{name}.") for name in NOT_THE_JOB)
 
-        a, b = dotted(earlier), dotted(self.to_dict())
+        a, b = dotted(earlier), dotted(self.public_dict())  # config.json holds the public view
         differ = [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if counts(k) and a.get(k) != b.get(k)]
         if not differ:
             return None

@@ -22,6 +22,8 @@ import time
 import warnings
 from pathlib import Path
 
+from iterreduce.redact import redact
+
 from ..errors import ConfigError, ModelFileError
 from .spec import dotted
 
@@ -84,7 +86,7 @@ def tracking_uri(spec) -> str | None:
                               f"$MLFLOW_TRACKING_URI)")
         return None
     if importlib.util.find_spec("mlflow") is None:  # said before the run starts, not at its end
-        raise ConfigError(f"tracking runs in MLflow ({uri}) needs mlflow (or mlflow-skinny): "
+        raise ConfigError(f"tracking runs in MLflow ({redact(uri)}) needs mlflow (or mlflow-skinny): "
                           f"pip install 'dbn-yarn[mlflow]'")
     return uri
 
@@ -107,7 +109,7 @@ def master_settings(spec) -> dict | None:
     if uri is None:
         return None
     return {"uri": uri, "experiment": spec.job.name or "dbn", "model_name": spec.output.model_name,
-            "name": spec.job.name or "dbn", "params": params_of(spec.to_dict())}
+            "name": spec.job.name or "dbn", "params": params_of(spec.public_dict())}
 
 
 def begin_master_run(settings: dict, log=print) -> dict:
@@ -146,7 +148,7 @@ def _new_run(client, uri: str, experiment: str, name: str) -> tuple[str, str]:
     found = client.get_experiment_by_name(experiment)
     experiment_id = found.experiment_id if found is not None else client.create_experiment(experiment)
     run = client.create_run(experiment_id, run_name=name, tags={"dbn-yarn.job": name})
-    return run.info.run_id, f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run.info.run_id}"
+    return run.info.run_id, f"{redact(uri).rstrip('/')}/#/experiments/{experiment_id}/runs/{run.info.run_id}"
 
 
 def _made_run(settings: dict) -> tuple[str, str] | None:
@@ -169,7 +171,7 @@ def master_tracker(settings: dict | None) -> Tracker:
     if not settings:
         return Tracker()
     if importlib.util.find_spec("mlflow") is None:
-        warnings.warn(f"MLflow tracking ({settings['uri']}): mlflow is not installed where the master runs; the run "
+        warnings.warn(f"MLflow tracking ({redact(settings['uri'])}): mlflow is not installed where the master runs; the run "
                       f"goes on untracked", stacklevel=2)
         return Tracker()
     tracker = MlflowTracker(settings["uri"], experiment=settings["experiment"], model_name=settings.get("model_name"))
@@ -195,7 +197,7 @@ def metrics_of(record: dict) -> list[tuple[str, float, int]]:
 
 def params_of(settings: dict) -> dict[str, str]:
     """A job's settings (``JobSpec.to_dict()``) as flat ``section.key`` parameters, unset ones left out."""
-    return {name: str(value)[:PARAM_CHARS] for name, value in dotted(settings).items() if value is not None}
+    return {name: redact(str(value))[:PARAM_CHARS] for name, value in dotted(settings).items() if value is not None}
 
 
 class MlflowTracker(Tracker):
@@ -215,7 +217,7 @@ class MlflowTracker(Tracker):
     # ------------------------------------------------------------ the run's side: never waits
 
     def start(self, spec, out: Path) -> None:
-        self.begin(spec.job.name or "dbn", params_of(spec.to_dict()))
+        self.begin(spec.job.name or "dbn", params_of(spec.public_dict()))
 
     def begin(self, name: str, params: dict[str, str], made: tuple[str, str] | None = None) -> None:
         """The run begins, named ``name``, with the job's settings as ``params``; ``made``: the
@@ -257,7 +259,7 @@ class MlflowTracker(Tracker):
     def _warn(self, what: str) -> None:
         if not self._warned:
             self._warned = True
-            warnings.warn(f"MLflow tracking ({self.uri}): {what}; the run goes on, and records what it can",
+            warnings.warn(f"MLflow tracking ({redact(self.uri)}): {redact(str(what))}; the run goes on, and records what it can",
                           stacklevel=2)
 
     # ------------------------------------------------------------ the sending thread

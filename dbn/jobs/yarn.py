@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -164,12 +165,16 @@ def place_workers(opts: YarnOptions, slots: list[locality.Blocks], log=print) ->
 
 def write_job_file(name: str, job: dict) -> Path:
     """Save a submission's job file (shipped with the application) in a folder of its own under
-    the cache; returns its path."""
+    the cache, readable by this user alone (0600 in a 0700 folder: it holds the job's settings as
+    given, a password in a URI too); returns its path."""
     text = json.dumps(job, indent=2)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     job_file = cache_dir(SUBMISSIONS) / f"{name}-{stamp}-{hashlib.sha256(text.encode()).hexdigest()[:8]}" / "job.json"
-    job_file.parent.mkdir(parents=True, exist_ok=True)
-    job_file.write_text(text)
+    job_file.parent.parent.mkdir(parents=True, exist_ok=True)
+    job_file.parent.mkdir(mode=0o700, exist_ok=True)
+    fd = os.open(job_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
     return job_file
 
 
@@ -306,7 +311,7 @@ def claim_remote_output(cfg: JobSpec, *, running, overwrite: bool = False, log=p
             log(f"the earlier run in {uri} is kept in {aside}")
         ownership.remote_claim(fs, base, REMOTE_RUN_NAMES)
         with open_output_file(join(uri, "config.json")) as f:
-            f.write((json.dumps(cfg.to_dict(), indent=2) + "\n").encode())
+            f.write((json.dumps(cfg.public_dict(), indent=2) + "\n").encode())
     except BaseException:
         lock.release()
         raise

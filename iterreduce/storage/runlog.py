@@ -41,6 +41,8 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from ..redact import redact_all
+
 #: The log's file name in a job's output directory.
 LOG_NAME = "log.jsonl"
 
@@ -102,8 +104,9 @@ class RunLog:
         self._file = open_append(self.path)
 
     def write(self, record: dict) -> dict:
-        """Append ``record`` (a progress record, or any record built by the caller); returns it."""
-        self._file.write((json.dumps(record) + "\n").encode("utf-8"))
+        """Append ``record`` (a progress record, or any record built by the caller), with any
+        password in a URI hidden (:func:`iterreduce.redact.redact_all`); returns it."""
+        self._file.write((json.dumps(redact_all(record)) + "\n").encode("utf-8"))
         return record
 
     def event(self, event: str, **fields) -> dict:
