@@ -371,7 +371,10 @@ def test_a_local_job_stopped_from_its_terminal_ends_quietly_and_leaves_nothing_r
         assert dbn.returncode == 130 and "dbn: interrupted (Ctrl-C)" in err, err
     else:
         assert dbn.returncode == 128 + signum and f"dbn: interrupted ({signum.name})" in err, err
-    assert "continue with the same command and --resume" in err, err
+    # What to do next says what the folder holds: a checkpoint to resume from, or none yet.
+    resumable = any((tmp_path / "out" / "checkpoints").glob("ckpt-*.npz"))
+    assert ("continue with the same command and --resume" if resumable else
+            "before its first checkpoint, so nothing to resume: run the same command again") in err, err
     assert not still_alive(processes), "processes of the job outlived it"
     assert not in_group(dbn.pid)
     assert folders and not [f for f in folders if f.exists()], "the job's folders stayed"

@@ -123,6 +123,17 @@ def test_a_folder_at_out_stays_refused_with_or_without_overwrite(request, tmp_pa
     assert (out / "part-00000.parquet").read_bytes() == USERS_OWN
 
 
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("which", JOBS)
+def test_an_out_that_names_a_folder_is_refused_and_makes_nothing(request, tmp_path, capsys, which, command):
+    """`--out nope/` made an empty folder nope and said it "already exists" (2026-12-08)."""
+    for given in (f"{tmp_path}/nope/", f"{tmp_path}/nope/."):
+        assert run(request, which, command, given) == 2
+        err = capsys.readouterr().err
+        assert "a folder's name: name the file to write" in err and "already exists" not in err, err
+    assert not (tmp_path / "nope").exists()
+
+
 def test_the_python_api_refuses_too_unless_told_to_overwrite(tmp_path, table_job, file_job):
     from dbn.jobs.spec import load_spec
 

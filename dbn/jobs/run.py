@@ -521,8 +521,11 @@ class MiniCluster:
             raise MasterKilled(f"{killed}: continue the job with the same command and --resume",
                                killed.checkpoint) from None
         except (KeyboardInterrupt, StopSignal) as stop:
-            raise Interrupted(f"checkpoints are in {out / 'checkpoints'}: continue with the same command "
-                              f"and --resume", getattr(stop, "signum", signal.SIGINT)) from None
+            if any((out / "checkpoints").glob("ckpt-*.npz")):
+                hint = f"checkpoints are in {out / 'checkpoints'}: continue with the same command and --resume"
+            else:  # stopped before the first: there is nothing to resume from
+                hint = "before its first checkpoint, so nothing to resume: run the same command again"
+            raise Interrupted(hint, getattr(stop, "signum", signal.SIGINT)) from None
         return {**cluster_figures(out), "shards": len(uris), "processes": config.workers, "memory": memory}
 
 

@@ -167,6 +167,8 @@ def check_output_file(uri: str, *, overwrite: bool = False, resolve=None) -> Non
     Nothing is read, written or made. ``resolve`` (default :func:`filesystem`) maps ``uri`` to
     its file system and path. :func:`open_output_file` checks the same again when it starts
     and, without ``overwrite``, when it moves the finished file in."""
+    if uri.endswith("/") or posixpath.basename(uri) in ("", ".", ".."):  # a folder's name: nothing is made
+        raise IsADirectoryError(errno.EISDIR, "a folder's name: name the file to write", uri)
     fs, path = (resolve or filesystem)(uri)
     kind = fs.get_file_info(path).type
     if kind == pafs.FileType.Directory:
