@@ -382,3 +382,27 @@ def test_dbn_mnist_passes_overwrite_on_to_its_runs(job, monkeypatch, capsys):
     assert f"{out}: holds a run of another job" in capsys.readouterr().err
     assert main(["mnist", "--quiet", "--json", "--overwrite"]) == 0
     assert DBN.load(out / "model.npz", device="cpu").hidden_layers == [12]
+
+
+@pytest.mark.parametrize("local", [(), ("--local", "2", "--no-ui")], ids=["in-process", "local-2"])
+def test_a_run_refused_by_a_folder_of_someone_elses_leaves_no_lock_there(job, capsys, local):
+    """A folder holding a person's config.json: the run is refused, and the folder is as it was (its
+    lock, made for the run, went with it; 2026-12-08 it stayed)."""
+    config, out = job
+    out.mkdir()
+    (out / "config.json").write_text('{"mine": true}')
+    (out / "notes.txt").write_text("mine")
+    before = sorted(p.name for p in out.iterdir())
+    assert train(config, out, *local) == 2
+    capsys.readouterr()
+    assert sorted(p.name for p in out.iterdir()) == before
+
+
+def test_a_refused_run_keeps_a_lock_that_was_there(job, capsys):
+    """The lock of an earlier run of the project stays (it is the folder's, not this run's)."""
+    config, out = job
+    assert train(config, out) == 0
+    assert (out / ownership.LOCK_NAME).exists()
+    assert train(config, out, "--layers", "12") == 2  # another job: refused
+    capsys.readouterr()
+    assert (out / ownership.LOCK_NAME).exists()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import os
 import shutil
 import signal
 import time
@@ -130,6 +131,7 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
     spec.check_inputs_outside(str(out), REWRITTEN)  # before anything is written
     made = _first_missing(out)
     check_folder(out)
+    new_lock = not os.path.lexists(out / ownership.LOCK_NAME)
     with ownership.hold(out):  # first: a second run is refused before it reads any data
         try:
             check_test_data(spec)
@@ -142,7 +144,7 @@ def run(spec: JobSpec, launcher: Launcher, *, on_record: OnRecord | None = None,
             raise
         try:
             result = _run(spec, launcher, out, made, on_record=on_record, extra=extra, overwrite=overwrite,
-                          tracker=tracker)
+                          tracker=tracker, new_lock=new_lock)
         except BaseException as exc:
             tracker.finish(None, out, error=exc)
             raise
@@ -174,10 +176,16 @@ def _unmake_parents(out: Path, made: Path) -> None:
 
 
 def _run(spec: JobSpec, launcher: Launcher, out: Path, made: Path | None, *, on_record: OnRecord | None,
-         extra: dict | None, overwrite: bool, tracker: Tracker) -> dict:
+         extra: dict | None, overwrite: bool, tracker: Tracker, new_lock: bool = False) -> dict:
     """:func:`run` in the output folder ``out`` (``made``: the topmost folder this run made for it,
-    None when it was there), its lock held, recorded by ``tracker`` as it goes."""
-    claim_output(out, spec, resume=launcher.resume, overwrite=overwrite)
+    None when it was there), its lock held (``new_lock``: made by this run), recorded by ``tracker``
+    as it goes."""
+    try:
+        claim_output(out, spec, resume=launcher.resume, overwrite=overwrite)
+    except Exception:  # refused: a folder of someone else's keeps no lock of this run's
+        if new_lock:
+            (out / ownership.LOCK_NAME).unlink(missing_ok=True)
+        raise
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / CONFIG_FILE, spec.public_dict())
     tracker.start(spec, out)
