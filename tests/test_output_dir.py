@@ -406,3 +406,21 @@ def test_a_refused_run_keeps_a_lock_that_was_there(job, capsys):
     assert train(config, out, "--layers", "12") == 2  # another job: refused
     capsys.readouterr()
     assert (out / ownership.LOCK_NAME).exists()
+
+
+@pytest.mark.parametrize("below", ["", "sub"], ids=["the-link", "below-it"])
+def test_an_output_through_a_symbolic_link_is_refused_and_its_target_untouched(job, capsys, tmp_path, below,
+                                                                              monkeypatch):
+    """`--out LINK` and `--out LINK/sub` wrote into the link's target (docs/cli.md: no write goes
+    through a symbolic link)."""
+    config, _ = job
+    target = tmp_path / "someone-elses"
+    target.mkdir()
+    (target / "theirs.txt").write_text("theirs")
+    (tmp_path / "LINK").symlink_to(target)
+    monkeypatch.chdir(tmp_path)
+    out = "LINK/sub" if below else "LINK"
+    assert train(config, out) == 2
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'LINK'} is a symbolic link, and a run writes through none" in err, err
+    assert sorted(p.name for p in target.iterdir()) == ["theirs.txt"]

@@ -268,7 +268,7 @@ def _nothing_but_config(out: Path) -> bool:
 
 def local_folder(where: str) -> Path:
     """The folder on this machine that a run writes, ``where`` made absolute (``~`` expanded). The
-    root folder is refused, and so is a URI (``hdfs://``,
+    root folder is refused, a path through a symbolic link, and a URI (``hdfs://``,
     ``s3://``, ``file://``) is refused (:class:`UsageError`), before anything is written: a run on
     this machine writes a local folder, where a URI taken as a path would be a folder named
     ``hdfs:``; ``dbn submit`` writes a job's output to HDFS."""
@@ -276,7 +276,18 @@ def local_folder(where: str) -> Path:
         raise UsageError(f"[output] dir = {where!r}: a run on this machine (in process or --local) writes a "
                          f"folder here; give a path (or --out), or run the job on YARN (dbn submit) to write "
                          f"its output to {where.split('://', 1)[0]}://")
-    folder = Path(where).expanduser().resolve()  # "~" is the home folder, not a folder named ~
+    given = Path(where).expanduser()  # "~" is the home folder, not a folder named ~
+    written = given if given.is_absolute() else Path.cwd() / given  # as the user wrote it: links kept
+    # No write goes through a link: none among the folders the path names below the current or the
+    # home folder (where a person makes links; a system's own, such as /home on some, are above them).
+    base = next((b for b in (Path.cwd(), Path.home()) if written.is_relative_to(b)), written.parent)
+    part = base
+    for name in written.relative_to(base).parts:
+        part = part / name
+        if part.is_symlink():
+            raise UsageError(f"[output] dir = {where!r}: {part} is a symbolic link, and a run writes through "
+                             f"none; give the folder it points to ({part.resolve()}), or another")
+    folder = written.resolve()
     if folder == Path(folder.anchor):
         raise UsageError(f"[output] dir = {where!r}: the file system's root; name a folder for the run's files")
     return folder
