@@ -627,3 +627,37 @@ def test_the_master_refuses_a_schedule_longer_than_it_holds(tmp_path, monkeypatc
 def test_the_masters_waits_are_finite_positive_seconds(tmp_path, name, bad):
     with pytest.raises(ValueError, match=f"{name} = .*: expected a finite number of seconds above 0"):
         softmax_config(tmp_path, **{name: bad})
+
+
+@pytest.mark.parametrize("fields, why", [
+    ({"worker_name": "worker-" + "9" * 5000}, "worker_name"),  # failed the running job (int's digit limit)
+    ({"worker_name": "../x"}, "worker_name"), ({"worker_name": "a b"}, "worker_name"),
+    ({"worker_name": "w", "host": "h" * 5000}, "host"), ({"worker_name": "w", "peer_address": "p" * 5000}, "peer_address"),
+])
+def test_a_registration_no_worker_sends_is_invalid_and_changes_nothing(jobs, tmp_path, fields, why):
+    """Issue 64, class 3: a worker's messages are input too."""
+    job = make_job(jobs, tmp_path, n_shards=2, rows=100, workers=1)
+    stub = job.stub()
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Register(pb.RegisterRequest(**fields), metadata=metadata(job.token), timeout=5)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and why in info.value.details()
+    with job.master.lock:
+        assert job.master.members.workers == {} and job.master.members.names == []
+    job.add_worker("w0")  # the job goes on
+    job.start()
+    job.wait(timeout=60)
+
+
+@pytest.mark.parametrize("status", ["[]", "[1, 2]", "1", "not json", "{" * 100, '{"a": "' + "x" * 70000 + '"}'])
+def test_a_heartbeat_whose_status_is_not_an_object_is_invalid_and_the_live_state_still_answers(jobs, tmp_path,
+                                                                                               status):
+    """`status_json = "[]"` made the live page's /api/state answer 500."""
+    job = make_job(jobs, tmp_path, n_shards=2, rows=100, workers=1)
+    stub = job.stub()
+    worker = stub.Register(pb.RegisterRequest(worker_name="w"), metadata=metadata(job.token), timeout=5).worker_id
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Heartbeat(pb.HeartbeatRequest(worker_id=worker, status_json=status), metadata=metadata(job.token),
+                       timeout=5)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    with job.master.lock:
+        assert isinstance(job.master.members.workers[worker].status, dict)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from concurrent import futures
 
@@ -30,6 +31,34 @@ LONG_POLL_S = 5.0
 MAX_RESOURCES_JSON = 4096
 
 
+#: A worker's name: a letter, then letters, digits, ``_.-`` (its slot's number, ``worker-7``, stays short).
+WORKER_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.-]{0,63}")
+#: The longest host or peer address a worker may give (a DNS name is at most 253 characters).
+MAX_ADDRESS_CHARS = 300
+#: The largest status a heartbeat may carry.
+MAX_STATUS_JSON = 65536
+
+
+def _unfit_registration(request) -> str | None:
+    """Why a Register request is not one a worker of this runtime sends (None: it is)."""
+    if request.worker_name and not WORKER_NAME.fullmatch(request.worker_name):
+        return f"worker_name {request.worker_name[:40]!r}: a letter, then at most 63 letters, digits or _.-"
+    for field in ("host", "peer_address"):
+        if len(getattr(request, field)) > MAX_ADDRESS_CHARS:
+            return f"{field}: longer than {MAX_ADDRESS_CHARS} characters"
+    return None
+
+
+def _a_status(status_json: str) -> bool:
+    """Whether a heartbeat's status is what a worker sends: a JSON object, not too large."""
+    if len(status_json) > MAX_STATUS_JSON:
+        return False
+    try:
+        return isinstance(json.loads(status_json), dict)
+    except (ValueError, RecursionError):
+        return False
+
+
 def _local_share(resources_json: str) -> dict:
     """``{"local": f}`` where a worker says which share (0 to 1) of its data's bytes are stored on its
     own host (a launcher that knows the blocks' places, such as YARN's, tells it), else ``{}``."""
@@ -52,6 +81,9 @@ class MasterService(pb_grpc.MasterServicer):
 
     def Register(self, request, context):
         master = self.master
+        why = _unfit_registration(request)
+        if why:  # checked before anything of the job changes
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, why)
         with master.lock:
             name = request.worker_name or f"anonymous-{len(master.members.names)}"
             for w in master.members.workers.values():
@@ -75,6 +107,9 @@ class MasterService(pb_grpc.MasterServicer):
 
     def Heartbeat(self, request, context):
         master = self.master
+        if request.status_json and not _a_status(request.status_json):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"status_json: not a JSON object of at most "
+                                                            f"{MAX_STATUS_JSON} characters")
         with master.lock:
             if master.members.heard(request.worker_id, request.status_json) is None:
                 return pb.HeartbeatReply(known=False)
