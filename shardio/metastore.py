@@ -198,16 +198,35 @@ def described(uri: str, name: str, table, partitions) -> MetastoreTable:
     provider = params.get("spark.sql.sources.provider", "").lower()
     if provider == "delta":
         return MetastoreTable(name, uri, "delta", location)
-    stored = " ".join(filter(None, [provider, sd.inputFormat or "", sd.serdeInfo.serializationLib or ""])).lower()
+    serde = (sd.serdeInfo.serializationLib if sd.serdeInfo else None) or ""  # a reply's optional fields may be unset
+    stored = " ".join(filter(None, [provider, sd.inputFormat or "", serde])).lower()
     fmt = "parquet" if "parquet" in stored else "orc" if "orc" in stored else None
     if fmt is None:
         raise TableError(f"{name}: stored as {sd.inputFormat or provider or 'unknown'} (metastore {uri}): only "
                          f"Parquet, ORC, Delta Lake and Apache Iceberg tables are read")
-    columns = tuple((key.name, HIVE_TYPES.get(key.type.split("(")[0].lower(), pa.string()))
+    columns = tuple((key.name, HIVE_TYPES.get((key.type or "string").split("(")[0].lower(), pa.string()))
                     for key in table.partitionKeys or ())
-    registered = tuple(Partition(tuple(None if v == NULL_PARTITION else v for v in p.values), p.sd.location)
-                       for p in partitions)
-    return MetastoreTable(name, uri, fmt, location, columns, registered)
+    if not all(isinstance(column, str) and column for column, _ in columns):
+        raise TableError(f"{name}: the metastore {uri} gives it a partition column without a name")
+    return MetastoreTable(name, uri, fmt, location, columns, _registered(uri, name, partitions, len(columns)))
+
+
+def _registered(uri: str, name: str, partitions, n_columns: int) -> tuple:
+    """The table's partitions as the reply lists them, each checked (its values, one a partition
+    column, and its location) and each read once: a partition (by its values) listed twice is
+    one partition, as Spark reads it."""
+    found, seen = [], set()
+    for k, partition in enumerate(partitions):
+        values = tuple(partition.values or ())
+        where = partition.sd.location if partition.sd else None
+        if len(values) != n_columns or not all(isinstance(v, str) for v in values) or not where:
+            what = "a location" if not where else f"its {n_columns} values (it gives {values!r})"
+            raise TableError(f"{name}: the metastore {uri} lists its partition {k} without {what}")
+        values = tuple(None if v == NULL_PARTITION else v for v in values)
+        if values not in seen:
+            seen.add(values)
+            found.append(Partition(values, where))
+    return tuple(found)
 
 
 class RegisteredTable:

@@ -272,3 +272,43 @@ def test_tables_that_are_not_read_are_refused_naming_them(kind, parameters, mess
                                        serdeInfo=SerDeInfo(serializationLib="LazySimpleSerDe", parameters={})))
     with pytest.raises(TableError, match=rf"s\.t: {message}"):
         hms.described("thrift://h:1", "s.t", table, [])
+
+
+def _table(keys=(("day", "string"),), serde=True):
+    from hive_metastore.ttypes import FieldSchema, SerDeInfo, StorageDescriptor, Table
+
+    return Table(tableName="t", dbName="s", tableType="EXTERNAL_TABLE", parameters={},
+                 partitionKeys=[FieldSchema(name=n, type=t) for n, t in keys],
+                 sd=StorageDescriptor(location="hdfs://nn/t", inputFormat="org.apache.hadoop.hive.ql.io.parquet."
+                                      "MapredParquetInputFormat",
+                                      serdeInfo=SerDeInfo(serializationLib="ParquetHiveSerDe") if serde else None))
+
+
+def _partition(values, location="hdfs://nn/t/day=1"):
+    from hive_metastore.ttypes import Partition, StorageDescriptor
+
+    return Partition(values=values, sd=None if location is None else StorageDescriptor(location=location))
+
+
+@pytest.mark.parametrize("partition, what", [
+    (lambda: _partition(None), "without its 1 values"), (lambda: _partition(["1", "2"]), "without its 1 values"),
+    (lambda: _partition(["1"], location=None), "without a location"), (lambda: _partition([None]), "without its 1"),
+])
+def test_a_reply_with_an_unset_field_is_a_clear_error_naming_the_partition(partition, what):
+    """Issue 64, class 5: a partition with `sd` or `values` unset was a traceback (exit 1)."""
+    with pytest.raises(TableError, match=rf"s\.t: the metastore thrift://h:1 lists its partition 1 {what}"):
+        hms.described("thrift://h:1", "s.t", _table(), [_partition(["0"], "hdfs://nn/t/day=0"), partition()])
+
+
+def test_unset_optional_fields_of_a_table_are_read_as_their_defaults():
+    table = hms.described("thrift://h:1", "s.t", _table(keys=(("day", None),), serde=False), [_partition(["1"])])
+    assert table.partition_columns == (("day", pa.string()),) and table.format == "parquet"
+
+
+def test_a_partition_listed_five_times_is_read_once_and_two_on_one_folder_each():
+    """The same partition listed five times trained 1,000 rows from 200; two partitions (by their
+    values) registered on one folder are two, as Spark reads them."""
+    same = [_partition(["1"]) for _ in range(5)]
+    table = hms.described("thrift://h:1", "s.t", _table(), [*same, _partition(["2"], "hdfs://nn/t/day=1")])
+    assert [(p.values, p.location) for p in table.partitions] == [(("1",), "hdfs://nn/t/day=1"),
+                                                                  (("2",), "hdfs://nn/t/day=1")]
