@@ -255,6 +255,7 @@ class RegisteredTable:
         fs, _ = filesystem(table.location)
         paths, expressions = [], []
         for partition in table.partitions:
+            _check_location(table, partition.location)
             where, path = filesystem(partition.location)
             if where.type_name != fs.type_name:
                 raise ShardError(f"{table.name}: partition {partition.location} is on another file system than the "
@@ -272,6 +273,14 @@ class RegisteredTable:
         found = ds.FileSystemDataset.from_paths(paths, schema=schema, format=file_format, filesystem=fs,
                                                 partitions=expressions)
         return with_merged_schema(found)
+
+
+def _check_location(table: MetastoreTable, location: str) -> None:
+    """Refuse a partition's location that is relative: it would be read against this process's
+    folder. (One on another file system than the table's is refused where its files are listed.)"""
+    if "://" not in location and not location.startswith("/"):
+        raise ShardError(f"{table.name}: partition {location!r} (metastore {table.metastore}) is not an absolute "
+                         f"location: nothing is read from it")
 
 
 def _data_files(fs, path: str, location: str) -> list[str]:

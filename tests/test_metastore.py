@@ -312,3 +312,12 @@ def test_a_partition_listed_five_times_is_read_once_and_two_on_one_folder_each()
     table = hms.described("thrift://h:1", "s.t", _table(), [*same, _partition(["2"], "hdfs://nn/t/day=1")])
     assert [(p.values, p.location) for p in table.partitions] == [(("1",), "hdfs://nn/t/day=1"),
                                                                   (("2",), "hdfs://nn/t/day=1")]
+
+
+def test_a_relative_partition_location_is_refused_before_reading(monkeypatch):
+    """A relative location `../../x` resolved against this process's folder."""
+    table = hms.described("thrift://h:1", "s.t", _table(), [_partition(["1"], "../../x")])
+    monkeypatch.setattr(hms, "lookup", lambda *args, **kwargs: table)
+    monkeypatch.setattr(hms, "split_reference", lambda reference: ("thrift://h:1", "s.t"))
+    with pytest.raises(ShardError, match="is not an absolute location"):
+        hms.RegisteredTable("thrift://h:1#s.t", "parquet").dataset("hdfs://nn/t")
