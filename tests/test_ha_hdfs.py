@@ -25,7 +25,7 @@ from dbn import DBN
 from dbn.cli import main
 from iterreduce.launch.yarn import client as yarn_client
 from iterreduce.storage import hadoopconf
-from yarnjobs import KEEP_CLUSTERS, N_FEATURES, job_file, shared_driver, started
+from yarnjobs import KEEP_CLUSTERS, N_FEATURES, job_file, labelled_rows, shared_driver, started
 
 pytestmark = [pytest.mark.yarn, pytest.mark.hdfs, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
@@ -63,14 +63,6 @@ def yarn(cluster, tmp_path_factory):
         yield yarn
 
 
-def data(rows=600, seed=0):
-    rng = np.random.default_rng(seed)
-    y = rng.integers(0, 3, rows)
-    X = (rng.random((rows, N_FEATURES)) < 0.2 + 0.2 * y[:, None] * (np.arange(N_FEATURES) % 3 == y[:, None])
-         ).astype(np.float32)
-    return X, y
-
-
 def model_at(cluster, uri: str, local: Path) -> DBN:
     with cluster.fs().open_input_stream(urlparse(uri).path) as f:
         local.write_bytes(f.read())
@@ -92,7 +84,7 @@ def test_a_yarn_job_survives_a_failover_mid_job_with_the_model_of_an_undisturbed
     the old one is stopped). The job ends SUCCEEDED, asked YARN for the name service's delegation
     tokens (its file systems), and its model is bit-identical to an undisturbed `--local 2` run's."""
     hadoop = yarn.hadoop
-    X, y = data()
+    X, y = labelled_rows()
     np.savez(tmp_path / "rows.npz", X=X, y=y)
     shards, output = hadoop.uri("/data/shards"), hadoop.uri("/user/test/failover")
     assert main(["shard", str(tmp_path / "rows.npz"), shards, "--shards", "2"]) == 0
@@ -134,9 +126,9 @@ def test_a_local_job_reads_a_table_in_place_through_a_failover(own_cluster, tmp_
     for key, value in hadoop.env().items():  # this process a client of the cluster too (the undisturbed run)
         monkeypatch.setenv(key, value)
     fs = hadoop.fs()
-    X, y = data(seed=1)
+    X, y = labelled_rows(seed=1)
     write_table(fs, "/tables/train", X, y)
-    write_table(fs, "/tables/test", *data(rows=150, seed=2), files=1)
+    write_table(fs, "/tables/test", *labelled_rows(rows=150, seed=2), files=1)
     features = ", ".join(f'"f{j}"' for j in range(N_FEATURES))
 
     def job(out: Path) -> str:

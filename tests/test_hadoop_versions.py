@@ -25,7 +25,7 @@ from dbn.cli import main
 from iterreduce.launch.yarn import client as yarn_client
 from minihadoop import OLDER_VERSIONS, MiniHadoop, ensure_jars
 from shardio.shards import write_shards
-from yarnjobs import KEEP_CLUSTERS, N_FEATURES, job_file, shared_driver, started
+from yarnjobs import KEEP_CLUSTERS, N_FEATURES, job_file, labelled_rows, shared_driver, started
 
 pytestmark = [pytest.mark.multinode, pytest.mark.yarn, pytest.mark.hdfs,
               pytest.mark.filterwarnings("ignore::DeprecationWarning")]
@@ -50,14 +50,6 @@ def yarn(cluster, tmp_path_factory):
         yield yarn
 
 
-def data(rows=600, seed=0):
-    rng = np.random.default_rng(seed)
-    y = rng.integers(0, 3, rows)
-    X = (rng.random((rows, N_FEATURES)) < 0.2 + 0.2 * y[:, None] * (np.arange(N_FEATURES) % 3 == y[:, None])
-         ).astype(np.float32)
-    return X, y
-
-
 #: Long enough for a drained worker's slot to move to the other node while the job trains.
 EPOCHS, FINETUNE = 40, 20
 
@@ -78,7 +70,7 @@ def test_the_cluster_runs_the_version_it_was_asked_for(yarn):
 def test_a_job_runs_by_its_data_shows_its_page_leaves_a_draining_node_and_trains_the_undisturbed_model(
         yarn, tmp_path, capsys):
     hadoop = yarn.hadoop
-    X, y = data()
+    X, y = labelled_rows()
     shards = hadoop.uri("/data/shards")
     write_shards(X, y, shards, 2)
     output = hadoop.uri("/user/test/job")

@@ -118,13 +118,19 @@ class Yarn:
             return [json.loads(line) for line in f.read().decode().splitlines()]
 
 
+def labelled_rows(rows=600, seed=0) -> tuple[np.ndarray, np.ndarray]:
+    """A small labelled data set of :data:`N_FEATURES` binary features in three learnable classes."""
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, rows)
+    X = (rng.random((rows, N_FEATURES)) < 0.2 + 0.2 * y[:, None] * (np.arange(N_FEATURES) % 3 == y[:, None])
+         ).astype(np.float32)
+    return X, y
+
+
 def job_file(tmp_path, output: str, *, env: str | None = None, workers=2, epochs=6, finetune=4,
              gpus=0, extra="", cluster_extra="") -> str:
     """A small labelled data set and a job config that trains a 16-12-8-3 DBN on it."""
-    rng = np.random.default_rng(0)
-    y = rng.integers(0, 3, 600)
-    X = (rng.random((600, N_FEATURES)) < 0.2 + 0.2 * y[:, None] * (np.arange(N_FEATURES) % 3 == y[:, None])
-         ).astype(np.float32)
+    X, y = labelled_rows()
     np.savez(tmp_path / "train.npz", X=X, y=y)
     path = tmp_path / "job.toml"
     path.write_text(f"""
